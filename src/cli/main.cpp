@@ -1,0 +1,129 @@
+// streamplan command line.
+//
+//   streamplan demo [--tokens N] [--layers N] [--dtype fp32|bf16|fp16] [--json] ...
+//   streamplan plan --explain [--consumer NAME] [--format NAME] [--patch NAME]... [--json]
+//
+// Exit status: 0 success, 1 a usage or input error (message on stderr).
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "exec/device.hpp"
+#include "exec/memory.hpp"
+#include "models/builder.hpp"
+#include "report/report.hpp"
+
+namespace {
+
+using namespace sp;
+
+struct ModelArgs {
+  int64_t tokens = 0;
+  int layers = 2;
+  std::string dtype = "fp32";
+  std::string consumer = "sdpa";
+  std::string format = "dense";
+  std::vector<std::string> patches;
+  int64_t chunk = 0;
+  int64_t feature_slice = 0;
+  std::string device = "auto";
+  uint64_t seed = 0;
+  bool json = false;
+  bool explain = false;
+};
+
+void add_model_options(CLI::App* cmd, ModelArgs& a) {
+  const auto& reg_names = [] {
+    static contracts::Registry reg = contracts::Registry::builtin();
+    return &reg;
+  }();
+  cmd->add_option("--tokens", a.tokens, "total tokens (text + video) of the demo model")->check(CLI::PositiveNumber);
+  cmd->add_option("--layers", a.layers, "number of blocks")->check(CLI::Range(1, 1000));
+  cmd->add_option("--dtype", a.dtype, "activation dtype")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  cmd->add_option("--consumer", a.consumer, "attention consumer")->check(CLI::IsMember(reg_names->consumer_names()));
+  cmd->add_option("--format", a.format, "weight format of the block linears")
+      ->check(CLI::IsMember(reg_names->format_names()));
+  cmd->add_option("--patch", a.patches, "patch to apply (repeatable)")->check(CLI::IsMember(reg_names->patch_names()));
+  cmd->add_option("--chunk", a.chunk, "token chunk (default: automatic)")->check(CLI::PositiveNumber);
+  cmd->add_option("--feature-slice", a.feature_slice, "MLP feature slice (default: automatic; -1: off)");
+  cmd->add_option("--device", a.device, "cpu, cuda, cuda:N or auto");
+  cmd->add_option("--seed", a.seed, "random seed of weights and inputs");
+  cmd->add_flag("--json", a.json, "print the run report as JSON");
+  cmd->add_flag("--explain", a.explain, "print the plan with every rejection");
+}
+
+ir::DType parse_dtype(const std::string& s) {
+  if (s == "bf16") return ir::DType::BF16;
+  if (s == "fp16") return ir::DType::F16;
+  return ir::DType::F32;
+}
+
+models::ModelConfig config_from(const ModelArgs& a, const contracts::Registry& reg) {
+  models::ModelConfig c = models::demo_config();
+  c.layers = a.layers;
+  c.dtype = parse_dtype(a.dtype);
+  c.consumer = a.consumer;
+  c.format = a.format;
+  c.seed = a.seed;
+  if (a.tokens > 0) models::set_total_tokens(c, a.tokens);
+  for (const auto& name : a.patches) {
+    const auto& p = reg.patch(name);
+    const bool mlp = p.modifies.count(contracts::TensorRole::MlpHidden) != 0;
+    (mlp ? c.mlp_patches : c.attn_patches).push_back(name);
+  }
+  return c;
+}
+
+plan::Options plan_options(const ModelArgs& a) { return {a.chunk, a.feature_slice}; }
+
+int cmd_plan(const ModelArgs& a) {
+  const auto reg = contracts::Registry::builtin();
+  const at::Device d = exec::pick_device(a.device);
+  const auto dev = exec::describe_device(d);
+  const ir::Model m = models::build_ir(config_from(a, reg));
+  const plan::Plan p = plan::make_plan(m, reg, dev, plan_options(a));
+  if (a.json) {
+    nlohmann::json j{{"model", m.name}, {"tokens", m.tokens()}, {"device", dev.name}, {"dtype", ir::to_string(m.dtype)}};
+    j["planned"] = {{"estimated_peak_bytes", p.estimated_peak_bytes}};
+    j["floor_bytes"] = p.floor_bytes;
+    j["plan"] = report::to_json(p);
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << plan::explain(p);
+  }
+  return 0;
+}
+
+int cmd_demo(const ModelArgs& a) {
+  const auto reg = contracts::Registry::builtin();
+  const at::Device d = exec::pick_device(a.device);
+  const auto dev = exec::describe_device(d);
+  exec::install_cpu_meter();
+  const models::Instance inst = models::instantiate(config_from(a, reg), reg, d);
+  const plan::Plan p = plan::make_plan(inst.model, reg, dev, plan_options(a));
+  if (!a.json) std::cout << plan::explain(p) << "\n";
+  const report::RunReport r = report::compare(inst, p, reg, dev, {});
+  if (a.json) std::cout << report::to_json(r).dump(2) << "\n";
+  else std::cout << report::to_table(r);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"streamplan: run transformer models with bounded activation memory"};
+  app.require_subcommand(1);
+  ModelArgs demo_args, plan_args;
+  auto* demo = app.add_subcommand("demo", "run the embedded default model: naive vs planned");
+  add_model_options(demo, demo_args);
+  auto* plan_cmd = app.add_subcommand("plan", "print the plan for the demo model without running it");
+  add_model_options(plan_cmd, plan_args);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (demo->parsed()) return cmd_demo(demo_args);
+    return cmd_plan(plan_args);
+  } catch (const std::exception& e) {
+    std::cerr << "streamplan: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,119 @@
+// Capability contracts: what each party of a run permits, as plain data.
+//
+// Design note. Legality never asks "which implementation is this?"; it asks the
+// contract. Every capability is tri-state: Yes, No, or Unknown — and Unknown is
+// treated exactly like No (fail closed), but reported as "undeclared" so a user can
+// tell a missing declaration from a real limitation. Consumers, weight formats and
+// patches are registered by name in a Registry; the planner looks them up and never
+// lists known implementations. Sizes that an implementation allocates internally
+// (a consumer's output slab and scratch, a format's dequantized slice) are declared
+// here as pure functions, so the cost model and the executor cannot disagree.
+//
+// Example:
+//     sp::contracts::Registry reg = sp::contracts::Registry::builtin();
+//     const auto& c = reg.consumer("sdpa");
+//     if (c.accepts_bounded_q == sp::contracts::Cap::Yes) { ... }
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ir/model.hpp"
+
+namespace sp::contracts {
+
+enum class Cap { Unknown, No, Yes };
+const char* to_string(Cap);
+
+enum class DeviceKind { CPU, CUDA };
+
+// Shapes an attention call sees: q_rows query rows per head group against kv_rows keys.
+struct AttnShape {
+  int64_t q_rows = 0, kv_rows = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  ir::DType dtype = ir::DType::F32;
+  DeviceKind device = DeviceKind::CPU;
+  int threads = 1;  // CPU worker threads (per-thread scratch)
+};
+
+struct ConsumerCaps {
+  std::string name;
+  std::string description;
+  Cap accepts_bounded_q = Cap::Unknown;  // bounded Q slab against global K/V
+  Cap requires_global_k = Cap::Unknown;  // Yes: K must be complete before any Q slab
+  Cap requires_global_v = Cap::Unknown;
+  Cap slab_output = Cap::Unknown;        // output produced per Q slab
+  Cap gqa = Cap::Unknown;                // kv_heads < heads accepted
+  std::set<ir::DType> dtypes;            // accepted activation dtypes
+  int64_t q_align = 1;                   // Q slab rows must be a multiple (except the last)
+  int64_t kv_align = 1;
+  // Bytes the consumer allocates for one call (output + scratch), by shape.
+  std::function<int64_t(const AttnShape&)> call_bytes;
+};
+
+struct FormatCaps {
+  std::string name;
+  std::string description;
+  ir::DType storage = ir::DType::F32;  // element type as stored (dense: the model dtype)
+  bool dense = true;                   // usable directly, no conversion on acquire
+  Cap out_slicing = Cap::Unknown;      // row (output-feature) slices
+  Cap in_slicing = Cap::Unknown;       // column (input-feature) slices
+  int64_t out_align = 1, in_align = 1;
+  Cap held_execution = Cap::Unknown;   // acquire once per block, reuse for every slab
+};
+
+enum class TensorRole { Q, K, V, AttnOut, MlpHidden, BlockInput, BlockOutput };
+const char* to_string(TensorRole);
+
+struct PatchCaps {
+  std::string name;   // instance name used in the IR
+  std::string kind;   // implementation kind in the executor
+  std::string description;
+  std::set<TensorRole> reads, modifies;
+  Cap row_local = Cap::Unknown;      // may run on a token slab
+  Cap feature_local = Cap::Unknown;  // may run on a feature slice of a row
+  double param = 1.0;                // kind-specific scalar
+};
+
+struct DeviceCaps {
+  std::string name;
+  DeviceKind kind = DeviceKind::CPU;
+  int64_t memory_total = 0, memory_free = 0;
+  std::set<ir::DType> dtypes;
+  int cc_major = 0, cc_minor = 0;
+  int threads = 1;
+  // CUDA's caching allocator rounds each block up; CPU allocations are exact.
+  int64_t alloc_round = 1;
+  int64_t round_alloc(int64_t bytes) const;
+};
+
+class ContractError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+class Registry {
+ public:
+  static Registry builtin();
+  void add(ConsumerCaps c);
+  void add(FormatCaps f);
+  void add(PatchCaps p);
+  const ConsumerCaps& consumer(const std::string& name) const;  // throws ContractError listing known names
+  const FormatCaps& format(const std::string& name) const;
+  const PatchCaps& patch(const std::string& name) const;
+  bool has_consumer(const std::string& n) const { return consumers_.count(n) != 0; }
+  std::vector<std::string> consumer_names() const;
+  std::vector<std::string> format_names() const;
+  std::vector<std::string> patch_names() const;
+
+ private:
+  std::map<std::string, ConsumerCaps> consumers_;
+  std::map<std::string, FormatCaps> formats_;
+  std::map<std::string, PatchCaps> patches_;
+};
+
+}  // namespace sp::contracts

@@ -1,0 +1,89 @@
+#include "exec/device.hpp"
+
+#include <ATen/Parallel.h>
+#include <ATen/Context.h>
+
+#include <fstream>
+#include <stdexcept>
+
+#ifdef STREAMPLAN_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+namespace sp::exec {
+
+namespace {
+
+int64_t meminfo(const std::string& key) {
+  std::ifstream f("/proc/meminfo");
+  std::string k;
+  int64_t kb = 0;
+  std::string unit;
+  while (f >> k >> kb >> unit)
+    if (k == key + ":") return kb * 1024;
+  return 0;
+}
+
+bool cuda_present() {
+#ifdef STREAMPLAN_WITH_CUDA
+  return at::hasCUDA() && c10::cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+at::Device pick_device(const std::string& name) {
+  if (name == "auto") return cuda_present() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  if (name == "cpu") return at::Device(at::kCPU);
+  if (name.rfind("cuda", 0) == 0) {
+    if (!cuda_present())
+      throw std::invalid_argument("--device " + name + ": no CUDA device is available in this build or machine");
+    return at::Device(name == "cuda" ? std::string("cuda:0") : name);
+  }
+  throw std::invalid_argument("--device: expected cpu, cuda, cuda:N or auto, got '" + name + "'");
+}
+
+contracts::DeviceCaps describe_device(const at::Device& d) {
+  using ir::DType;
+  contracts::DeviceCaps c;
+  if (d.is_cpu()) {
+    c.name = "cpu";
+    c.kind = contracts::DeviceKind::CPU;
+    c.memory_total = meminfo("MemTotal");
+    c.memory_free = meminfo("MemAvailable");
+    c.dtypes = {DType::F32, DType::BF16, DType::F16, DType::F64};
+    c.threads = at::get_num_threads();
+    c.alloc_round = 1;
+    return c;
+  }
+#ifdef STREAMPLAN_WITH_CUDA
+  const auto* p = at::cuda::getDeviceProperties(d.index());
+  c.name = std::string("cuda:") + std::to_string(d.index()) + " (" + p->name + ")";
+  c.kind = contracts::DeviceKind::CUDA;
+  size_t free_b = 0, total_b = 0;
+  AT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  c.memory_total = static_cast<int64_t>(total_b);
+  c.memory_free = static_cast<int64_t>(free_b);
+  c.cc_major = p->major;
+  c.cc_minor = p->minor;
+  c.dtypes = {DType::F32, DType::F16, DType::F64};
+  if (p->major >= 8) c.dtypes.insert(DType::BF16);
+  if (p->major > 8 || (p->major == 8 && p->minor >= 9)) c.dtypes.insert(DType::F8E4M3);
+  c.alloc_round = 512;  // the caching allocator rounds every block to 512 bytes
+  c.threads = 1;
+  return c;
+#else
+  throw std::invalid_argument("device " + d.str() + " is not supported by this CPU-only build");
+#endif
+}
+
+void synchronize(const at::Device& d) {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (d.is_cuda()) c10::cuda::device_synchronize();
+#endif
+}
+
+}  // namespace sp::exec

@@ -1,0 +1,21 @@
+// The run's device as a capability contract (contracts::DeviceCaps).
+//
+// Example:
+//     at::Device d = sp::exec::pick_device("auto");        // cuda:0 when present, else cpu
+//     sp::contracts::DeviceCaps caps = sp::exec::describe_device(d);
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "contracts/contracts.hpp"
+
+namespace sp::exec {
+
+// "cpu", "cuda", "cuda:N" or "auto"; throws std::invalid_argument for anything else or an absent GPU.
+at::Device pick_device(const std::string& name);
+contracts::DeviceCaps describe_device(const at::Device& d);
+void synchronize(const at::Device& d);
+
+}  // namespace sp::exec

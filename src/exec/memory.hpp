@@ -1,0 +1,36 @@
+// Memory accounting: the activation high-water mark of a forward pass.
+//
+// Design note. On the CPU every ATen allocation goes through c10's CPU allocator; a
+// wrapper installed once (with priority over the default) counts live bytes and their
+// peak exactly, as requested. On CUDA the caching allocator's own statistics are used
+// (allocated bytes, which include its 512-byte rounding). A measurement is
+// peak - (live bytes when it started): weights and inputs allocated before are excluded.
+//
+// Example:
+//     sp::exec::PeakMeter meter(at::kCPU);
+//     at::Tensor out = run(...);
+//     int64_t activation_peak = meter.peak_above_start();
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace sp::exec {
+
+class PeakMeter {
+ public:
+  explicit PeakMeter(at::Device device);  // resets the peak to the current live bytes
+  int64_t peak_above_start() const;
+  int64_t live_above_start() const;
+
+ private:
+  at::Device device_;
+  int64_t start_ = 0;
+};
+
+// Installs the counting CPU allocator (idempotent); called by PeakMeter.
+void install_cpu_meter();
+int64_t cpu_live_bytes();
+
+}  // namespace sp::exec

@@ -1,0 +1,93 @@
+#include "exec/ops.hpp"
+
+#include <cmath>
+
+namespace sp::exec {
+
+template <typename F>
+void Ops::mod_pieces(const ir::Modulation& mod, int idx, int64_t row0, int64_t n, F&& f) const {
+  const at::Tensor& t = in_.table(mod.table);
+  if (mod.scope == ir::ModScope::PerToken) {
+    f(0, n, t.narrow(0, row0, n).select(1, idx));
+    return;
+  }
+  int64_t start = 0;
+  for (size_t s = 0; s < m_.segments.size(); ++s) {
+    const int64_t a = std::max(row0, start), b = std::min(row0 + n, start + m_.segments[s].length);
+    if (a < b) f(a - row0, b - a, t.select(0, int64_t(s)).select(0, idx));
+    start += m_.segments[s].length;
+  }
+}
+
+void Ops::norm_modulate(const at::Tensor& x_rows, const ir::Norm& n, const ir::Modulation& mod, const ir::ModRef& r,
+                        int64_t row0, at::Tensor& n32) const {
+  n32.copy_(x_rows);
+  if (n.kind == ir::NormKind::LayerNorm) n32.sub_(n32.mean(-1, true));
+  at::Tensor rs = at::linalg_vector_norm(n32, 2, {-1}, true);
+  rs.square_().div_(double(n32.size(-1))).add_(n.eps).rsqrt_();
+  n32.mul_(rs);
+  if (n.affine) {
+    n32.mul_(w_.tensor(n.weight));
+    if (!n.bias.empty()) n32.add_(w_.tensor(n.bias));
+  }
+  if (mod.scope == ir::ModScope::None) return;
+  const int64_t rows = n32.size(0);
+  if (r.scale >= 0)
+    mod_pieces(mod, r.scale, row0, rows, [&](int64_t lb, int64_t len, const at::Tensor& sc) {
+      at::Tensor p = n32.narrow(0, lb, len);
+      p.addcmul_(p, sc);
+    });
+  if (r.shift >= 0)
+    mod_pieces(mod, r.shift, row0, rows,
+               [&](int64_t lb, int64_t len, const at::Tensor& sh) { n32.narrow(0, lb, len).add_(sh); });
+}
+
+void Ops::qk_norm_(at::Tensor& t32, const ir::QkNorm& qn, const std::string& weight, int64_t heads,
+                   int64_t head_dim) const {
+  if (qn.kind == ir::QkNormKind::None) return;
+  const int64_t n = t32.size(0);
+  at::Tensor v = qn.kind == ir::QkNormKind::PerHead ? t32.view({n, heads, head_dim}) : t32;
+  at::Tensor rs = at::linalg_vector_norm(v, 2, {-1}, true);
+  rs.square_().div_(double(v.size(-1))).add_(qn.eps).rsqrt_();
+  v.mul_(rs);
+  v.mul_(w_.tensor(weight));
+}
+
+void Ops::rope_(const at::Tensor& t3, const ir::Rope& r, const at::Tensor& cos, const at::Tensor& sin,
+                const at::Tensor& tmp) const {
+  const int64_t half = r.rotary_dim / 2;
+  at::Tensor a, b;
+  if (r.style == ir::RopeStyle::SplitHalf) {
+    a = t3.narrow(-1, 0, half);
+    b = t3.narrow(-1, half, half);
+  } else {
+    at::Tensor pairs = t3.narrow(-1, 0, r.rotary_dim).unflatten(-1, {half, 2});
+    a = pairs.select(-1, 0);
+    b = pairs.select(-1, 1);
+  }
+  at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  tmp.copy_(a);
+  a.mul_(c).addcmul_(b, s, -1);  // a' = a cos - b sin
+  b.mul_(c).addcmul_(tmp, s);    // b' = b cos + a sin
+}
+
+void Ops::activate_(at::Tensor& t, ir::ActKind a) const {
+  switch (a) {
+    case ir::ActKind::Gelu: at::gelu_(t); return;
+    case ir::ActKind::GeluTanh: at::gelu_(t, "tanh"); return;
+    case ir::ActKind::Silu: at::silu_(t); return;
+  }
+}
+
+void Ops::gated_add(const at::Tensor& x_rows, const at::Tensor& y, const ir::Modulation& mod, const ir::ModRef& r,
+                    int64_t row0) const {
+  if (r.gate < 0 || mod.scope == ir::ModScope::None) {
+    x_rows.add_(y);
+    return;
+  }
+  mod_pieces(mod, r.gate, row0, x_rows.size(0), [&](int64_t lb, int64_t len, const at::Tensor& g) {
+    x_rows.narrow(0, lb, len).addcmul_(y.narrow(0, lb, len), g);
+  });
+}
+
+}  // namespace sp::exec

@@ -1,0 +1,42 @@
+// In-place row operations of the bounded schedule. Each works on a slab of rows
+// [row0, row0 + n) and allocates nothing larger than one value per row.
+//
+// Example:
+//     sp::exec::Ops ops(model, weights, inputs);
+//     ops.norm_modulate(x.narrow(0, r0, n), sub.norm, block.modulation, sub.mod, r0, n32);
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "exec/executor.hpp"
+
+namespace sp::exec {
+
+class Ops {
+ public:
+  Ops(const ir::Model& m, const WeightSource& w, const Inputs& in) : m_(m), w_(w), in_(in) {}
+
+  // n32 := modulate(norm(x_rows)) in the accumulation dtype.
+  void norm_modulate(const at::Tensor& x_rows, const ir::Norm& n, const ir::Modulation& mod, const ir::ModRef& r,
+                     int64_t row0, at::Tensor& n32) const;
+  // t32 [n, heads*head_dim] normalized per head or across heads, times the named weight.
+  void qk_norm_(at::Tensor& t32, const ir::QkNorm& qn, const std::string& weight, int64_t heads,
+                int64_t head_dim) const;
+  // t3 [n, heads, head_dim]: rotates the leading rotary_dim dims; tmp [n, heads, rotary_dim/2].
+  void rope_(const at::Tensor& t3, const ir::Rope& r, const at::Tensor& cos, const at::Tensor& sin,
+             const at::Tensor& tmp) const;
+  void activate_(at::Tensor& t, ir::ActKind a) const;
+  // x_rows += gate * y (gate from the modulation table, or 1).
+  void gated_add(const at::Tensor& x_rows, const at::Tensor& y, const ir::Modulation& mod, const ir::ModRef& r,
+                 int64_t row0) const;
+
+ private:
+  // Calls f(local_begin, length, modulation_row_view) for each segment piece of the slab.
+  template <typename F>
+  void mod_pieces(const ir::Modulation& mod, int idx, int64_t row0, int64_t n, F&& f) const;
+  const ir::Model& m_;
+  const WeightSource& w_;
+  const Inputs& in_;
+};
+
+}  // namespace sp::exec

@@ -1,0 +1,61 @@
+#include "exec/weights.hpp"
+
+#include <stdexcept>
+
+namespace sp::exec {
+
+at::ScalarType to_aten(ir::DType d) {
+  switch (d) {
+    case ir::DType::F32: return at::kFloat;
+    case ir::DType::BF16: return at::kBFloat16;
+    case ir::DType::F16: return at::kHalf;
+    case ir::DType::F64: return at::kDouble;
+    case ir::DType::I8: return at::kChar;
+    case ir::DType::F8E4M3: return at::kFloat8_e4m3fn;
+  }
+  throw std::invalid_argument("unsupported dtype");
+}
+
+at::Tensor slice(const at::Tensor& t, int64_t dim, Slice s) {
+  const int64_t len = s.length < 0 ? (t.size(dim) - s.begin + s.step - 1) / s.step : s.length;
+  if (s.begin < 0 || len < 0 || s.begin + (len - 1) * s.step >= t.size(dim) + (len == 0 ? 1 : 0))
+    throw std::out_of_range("slice [" + std::to_string(s.begin) + ", +" + std::to_string(len) + " step " +
+                            std::to_string(s.step) + ") outside dimension " + std::to_string(dim) + " of size " +
+                            std::to_string(t.size(dim)));
+  return t.slice(dim, s.begin, s.begin + (len - 1) * s.step + 1, s.step);
+}
+
+void TensorWeights::add(const std::string& name, at::Tensor t) { t_[name] = std::move(t); }
+
+const at::Tensor& TensorWeights::tensor(const std::string& name) const {
+  auto it = t_.find(name);
+  if (it == t_.end()) throw std::out_of_range("weight '" + name + "' is not in the weight source");
+  return it->second;
+}
+
+int64_t TensorWeights::total_bytes() const {
+  int64_t b = 0;
+  for (const auto& [k, v] : t_) b += v.nbytes();
+  return b;
+}
+
+at::Tensor TensorWeights::acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype) const {
+  const at::Tensor& w = tensor(l.weight);
+  if (w.dim() != 2 || w.size(0) != l.out_features || w.size(1) != l.in_features)
+    throw std::invalid_argument("weight '" + l.weight + "': shape " + std::to_string(w.size(0)) + "x" +
+                                std::to_string(w.dim() > 1 ? w.size(1) : 0) + " does not match the IR's [" +
+                                std::to_string(l.out_features) + ", " + std::to_string(l.in_features) + "]");
+  at::Tensor view = slice(slice(w, 0, rows), 1, cols);
+  if (reg_->format(l.format).dense) {
+    if (view.scalar_type() != dtype)
+      throw std::invalid_argument("weight '" + l.weight + "' is " + std::string(c10::toString(view.scalar_type())) +
+                                  " but compute dtype is " + c10::toString(dtype) + " (format " + l.format + ")");
+    return view;
+  }
+  // int8 with one scale per output row: convert the slice only, then scale in place.
+  at::Tensor out = view.to(dtype);
+  out.mul_(slice(tensor(l.weight + ".scale"), 0, rows).unsqueeze(1));
+  return out;
+}
+
+}  // namespace sp::exec

@@ -1,0 +1,226 @@
+#include "ir/model.hpp"
+
+#include <sstream>
+
+namespace sp::ir {
+
+const char* to_string(DType d) {
+  switch (d) {
+    case DType::F32: return "fp32";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "fp16";
+    case DType::F64: return "fp64";
+    case DType::I8: return "int8";
+    case DType::F8E4M3: return "fp8_e4m3";
+  }
+  return "?";
+}
+const char* to_string(NormKind k) { return k == NormKind::LayerNorm ? "layernorm" : "rmsnorm"; }
+const char* to_string(ActKind a) {
+  switch (a) {
+    case ActKind::Gelu: return "gelu";
+    case ActKind::GeluTanh: return "gelu-tanh";
+    case ActKind::Silu: return "silu";
+  }
+  return "?";
+}
+const char* to_string(RopeStyle r) {
+  switch (r) {
+    case RopeStyle::None: return "none";
+    case RopeStyle::Interleaved: return "interleaved";
+    case RopeStyle::SplitHalf: return "split-half";
+  }
+  return "?";
+}
+const char* to_string(QkNormKind k) {
+  switch (k) {
+    case QkNormKind::None: return "none";
+    case QkNormKind::PerHead: return "per-head";
+    case QkNormKind::AcrossHeads: return "across-heads";
+  }
+  return "?";
+}
+const char* to_string(GateUpLayout l) {
+  switch (l) {
+    case GateUpLayout::None: return "none";
+    case GateUpLayout::Separate: return "separate";
+    case GateUpLayout::FusedHalves: return "fused-halves";
+    case GateUpLayout::Interleaved: return "interleaved";
+  }
+  return "?";
+}
+const char* to_string(ModScope s) {
+  switch (s) {
+    case ModScope::None: return "none";
+    case ModScope::PerSegment: return "per-segment";
+    case ModScope::PerToken: return "per-token";
+  }
+  return "?";
+}
+
+size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::F32: return 4;
+    case DType::BF16:
+    case DType::F16: return 2;
+    case DType::F64: return 8;
+    case DType::I8:
+    case DType::F8E4M3: return 1;
+  }
+  return 0;
+}
+
+ActKind parse_act(const std::string& s, const std::string& field) {
+  for (ActKind a : {ActKind::Gelu, ActKind::GeluTanh, ActKind::Silu})
+    if (s == to_string(a)) return a;
+  throw IrError(field + ": unknown activation '" + s + "' (expected gelu, gelu-tanh or silu)");
+}
+
+const Region* Linear::out_region(const std::string& n) const {
+  for (const auto& r : out_regions)
+    if (r.name == n) return &r;
+  return nullptr;
+}
+
+int64_t Model::tokens() const {
+  int64_t t = 0;
+  for (const auto& s : segments) t += s.length;
+  return t;
+}
+
+namespace {
+
+template <typename... Args>
+[[noreturn]] void fail(const std::string& field, Args&&... parts) {
+  std::ostringstream os;
+  os << field << ": ";
+  (os << ... << parts);
+  throw IrError(os.str());
+}
+
+void check_regions(const std::string& field, const std::vector<Region>& regions, int64_t total) {
+  if (regions.empty()) return;
+  int64_t at = 0;
+  for (const auto& r : regions) {
+    if (r.size <= 0) fail(field + "." + r.name, "region size must be positive, got ", r.size);
+    if (r.offset != at)
+      fail(field + "." + r.name, "region offset ", r.offset, " leaves a gap or overlap (expected ", at, ")");
+    at += r.size;
+  }
+  if (at != total) fail(field, "regions add up to ", at, " but the weight has ", total);
+}
+
+void check_linear(const std::string& field, const Linear& l, int64_t in, int64_t out) {
+  if (l.weight.empty()) fail(field + ".weight", "missing weight name");
+  if (l.in_features != in) fail(field + ".in_features", "expected ", in, ", got ", l.in_features);
+  if (l.out_features != out) fail(field + ".out_features", "expected ", out, ", got ", l.out_features);
+  check_regions(field + ".out_regions", l.out_regions, l.out_features);
+  check_regions(field + ".in_regions", l.in_regions, l.in_features);
+}
+
+void check_norm(const std::string& field, const Norm& n) {
+  if (!(n.eps > 0)) fail(field + ".eps", "must be positive, got ", n.eps);
+  if (n.affine && n.weight.empty()) fail(field + ".weight", "affine norm without a weight name");
+  if (n.kind == NormKind::RMSNorm && !n.bias.empty())
+    fail(field + ".bias", "RMSNorm has no bias, got '", n.bias, "'");
+}
+
+void check_mod(const std::string& field, const ModRef& r, const Modulation& m) {
+  for (int idx : {r.shift, r.scale, r.gate}) {
+    if (idx < 0) continue;
+    if (m.scope == ModScope::None)
+      fail(field, "refers to modulation vector ", idx, " but the block has no modulation");
+    if (idx >= m.count) fail(field, "modulation index ", idx, " out of range [0, ", m.count, ")");
+  }
+}
+
+void check_attention(const std::string& f, const Attention& a, int64_t dim) {
+  if (a.heads <= 0 || a.kv_heads <= 0 || a.head_dim <= 0)
+    fail(f, "heads, kv_heads and head_dim must be positive, got ", a.heads, ", ", a.kv_heads, ", ",
+         a.head_dim);
+  if (a.heads % a.kv_heads != 0)
+    fail(f + ".kv_heads", "heads ", a.heads, " is not a multiple of kv_heads ", a.kv_heads);
+  const int64_t qw = a.heads * a.head_dim, kvw = a.kv_heads * a.head_dim;
+  if (a.fused()) {
+    if (a.q || a.k || a.v) fail(f, "both fused qkv and separate q/k/v given");
+    check_linear(f + ".qkv", *a.qkv, dim, qw + 2 * kvw);
+    const Linear& l = *a.qkv;
+    const Region* q = l.out_region("q");
+    const Region* k = l.out_region("k");
+    const Region* v = l.out_region("v");
+    if (!q || !k || !v) fail(f + ".qkv.out_regions", "fused qkv needs regions q, k and v");
+    if (q->size != qw) fail(f + ".qkv.out_regions.q", "size ", q->size, " != heads*head_dim ", qw);
+    if (k->size != kvw) fail(f + ".qkv.out_regions.k", "size ", k->size, " != kv_heads*head_dim ", kvw);
+    if (v->size != kvw) fail(f + ".qkv.out_regions.v", "size ", v->size, " != kv_heads*head_dim ", kvw);
+  } else {
+    if (!a.q || !a.k || !a.v) fail(f, "needs fused qkv or all of q, k, v");
+    check_linear(f + ".q", *a.q, dim, qw);
+    check_linear(f + ".k", *a.k, dim, kvw);
+    check_linear(f + ".v", *a.v, dim, kvw);
+  }
+  check_linear(f + ".out", a.out, qw, dim);
+  if (a.rope.style != RopeStyle::None) {
+    if (a.rope.rotary_dim <= 0 || a.rope.rotary_dim > a.head_dim || a.rope.rotary_dim % 2 != 0)
+      fail(f + ".rope.rotary_dim", "must be even and in (0, head_dim=", a.head_dim, "], got ",
+           a.rope.rotary_dim);
+  }
+  if (a.qk_norm.kind != QkNormKind::None) {
+    if (a.qk_norm.q_weight.empty() || a.qk_norm.k_weight.empty())
+      fail(f + ".qk_norm", "needs q_weight and k_weight names");
+    if (!(a.qk_norm.eps > 0)) fail(f + ".qk_norm.eps", "must be positive, got ", a.qk_norm.eps);
+  }
+  if (a.consumer.empty()) fail(f + ".consumer", "empty consumer name");
+}
+
+void check_mlp(const std::string& f, const Mlp& m, int64_t dim) {
+  if (m.hidden <= 0) fail(f + ".hidden", "must be positive, got ", m.hidden);
+  if (!m.up) fail(f + ".up", "missing up projection");
+  const int64_t up_out = (m.layout == GateUpLayout::FusedHalves || m.layout == GateUpLayout::Interleaved)
+                             ? 2 * m.hidden
+                             : m.hidden;
+  check_linear(f + ".up", *m.up, dim, up_out);
+  if (m.layout == GateUpLayout::Separate) {
+    if (!m.gate) fail(f + ".gate", "separate gate/up layout without a gate projection");
+    check_linear(f + ".gate", *m.gate, dim, m.hidden);
+  } else if (m.gate) {
+    fail(f + ".gate", "gate projection given for layout ", to_string(m.layout));
+  }
+  check_linear(f + ".down", m.down, m.hidden, dim);
+}
+
+}  // namespace
+
+void validate(const Model& m) {
+  if (m.dim <= 0) fail("model.dim", "must be positive, got ", m.dim);
+  if (m.dtype == DType::I8 || m.dtype == DType::F8E4M3)
+    fail("model.dtype", "activations must be floating point, got ", to_string(m.dtype));
+  if (m.segments.empty()) fail("model.segments", "at least one token segment is required");
+  for (size_t i = 0; i < m.segments.size(); ++i)
+    if (m.segments[i].length <= 0)
+      fail("model.segments[" + std::to_string(i) + "]." + m.segments[i].name,
+           "length must be positive, got ", m.segments[i].length);
+  if (m.embed) check_linear("model.embed", *m.embed, m.embed->in_features, m.dim);
+  for (size_t b = 0; b < m.blocks.size(); ++b) {
+    const Block& blk = m.blocks[b];
+    const std::string bf = "blocks[" + std::to_string(b) + "]";
+    if (blk.modulation.scope != ModScope::None && blk.modulation.table.empty())
+      fail(bf + ".modulation.table", "modulated block without a table name");
+    for (size_t s = 0; s < blk.sublayers.size(); ++s) {
+      const Sublayer& sl = blk.sublayers[s];
+      const std::string f = bf + "." + (sl.name.empty() ? "sublayers[" + std::to_string(s) + "]" : sl.name);
+      check_norm(f + ".norm", sl.norm);
+      check_mod(f + ".mod", sl.mod, blk.modulation);
+      if (const auto* a = std::get_if<Attention>(&sl.body)) check_attention(f, *a, m.dim);
+      else check_mlp(f, std::get<Mlp>(sl.body), m.dim);
+    }
+  }
+  if (m.final_layer) {
+    const FinalLayer& fl = *m.final_layer;
+    check_norm("final.norm", fl.norm);
+    check_mod("final.mod", fl.mod, fl.modulation);
+    check_linear("final.proj", fl.proj, m.dim, fl.proj.out_features);
+    if (fl.proj.out_features <= 0) fail("final.proj.out_features", "must be positive, got ", fl.proj.out_features);
+  }
+}
+
+}  // namespace sp::ir

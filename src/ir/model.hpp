@@ -1,0 +1,173 @@
+// Model IR: the semantics of a transformer as a planner sees it.
+//
+// Design note. A model is a token-major residual stream (width `dim`) made of named
+// token segments, an optional input projection, a list of blocks and a final layer.
+// A block is a short sequence of sublayers; every sublayer has the same shape:
+//
+//     x += gate * body(modulate(norm(x)))
+//
+// where body is an Attention or an Mlp. This is exactly the granularity the schedule
+// transformations of DESIGN.md act on, so legality and cost can reason per sublayer
+// without pattern-matching a graph. Weights are referenced by name (with their format),
+// never owned; runtime tensors (modulation tables, RoPE tables) are named inputs.
+// Nothing here includes ATen.
+//
+// Example:
+//     sp::ir::Model m = ...;          // filled by a model builder or recognizer
+//     sp::ir::validate(m);            // throws sp::ir::IrError naming field and values
+//     for (const auto& b : m.blocks)
+//       for (const auto& s : b.sublayers) use(s.body);
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace sp::ir {
+
+enum class DType { F32, BF16, F16, F64, I8, F8E4M3 };
+enum class NormKind { LayerNorm, RMSNorm };
+enum class ActKind { Gelu, GeluTanh, Silu };
+enum class RopeStyle { None, Interleaved, SplitHalf };
+enum class QkNormKind { None, PerHead, AcrossHeads };
+// How gate and up projections of a gated MLP are stored.
+enum class GateUpLayout { None /* plain MLP */, Separate, FusedHalves, Interleaved };
+enum class ModScope { None, PerSegment, PerToken };
+
+const char* to_string(DType);
+const char* to_string(NormKind);
+const char* to_string(ActKind);
+const char* to_string(RopeStyle);
+const char* to_string(QkNormKind);
+const char* to_string(GateUpLayout);
+const char* to_string(ModScope);
+size_t dtype_size(DType);
+// Parses "gelu", "gelu-tanh", "silu"; throws IrError naming `field` otherwise.
+ActKind parse_act(const std::string& s, const std::string& field);
+
+class IrError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// A named range of a fused weight's output (rows) or input (columns).
+struct Region {
+  std::string name;
+  int64_t offset = 0;
+  int64_t size = 0;
+};
+
+struct Linear {
+  std::string weight;          // name in the weight source; weight shape [out, in]
+  std::string bias;            // empty: no bias
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  std::string format = "dense";  // weight format name (contracts registry)
+  bool fp32_compute = false;     // computed in fp32 (final projections)
+  std::vector<Region> out_regions;
+  std::vector<Region> in_regions;
+  const Region* out_region(const std::string& name) const;
+};
+
+struct Norm {
+  NormKind kind = NormKind::RMSNorm;
+  bool affine = false;
+  std::string weight, bias;  // used when affine (bias only for LayerNorm, may be empty)
+  double eps = 1e-6;
+};
+
+// Indices into a per-block modulation table of `count` vectors of width dim.
+// A negative index means "not present" (scale 0, shift 0, gate 1).
+struct ModRef {
+  int shift = -1, scale = -1, gate = -1;
+};
+
+struct Rope {
+  RopeStyle style = RopeStyle::None;
+  int64_t rotary_dim = 0;  // leading head dims rotated; <= head_dim, even
+  std::string table = "rope";  // runtime input: cos/sin [tokens, rotary_dim/2]
+};
+
+struct QkNorm {
+  QkNormKind kind = QkNormKind::None;
+  double eps = 1e-6;
+  std::string q_weight, k_weight;
+};
+
+struct Attention {
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  // Fused: `qkv` with out regions q|k|v. Separate: q, k, v.
+  std::optional<Linear> qkv;
+  std::optional<Linear> q, k, v;
+  QkNorm qk_norm;
+  Rope rope;
+  std::string consumer = "sdpa";
+  Linear out;
+  std::vector<std::string> patches;  // patch instance names (contracts registry)
+  bool fused() const { return qkv.has_value(); }
+};
+
+struct Mlp {
+  GateUpLayout layout = GateUpLayout::None;
+  ActKind act = ActKind::GeluTanh;
+  int64_t hidden = 0;          // FFN width (per half for gated MLPs)
+  std::optional<Linear> up;    // plain: [hidden, dim]; FusedHalves/Interleaved: [2*hidden, dim]
+  std::optional<Linear> gate;  // Separate only: [hidden, dim]
+  Linear down;                 // [dim, hidden]
+  std::vector<std::string> patches;
+  bool gated() const { return layout != GateUpLayout::None; }
+};
+
+struct Sublayer {
+  std::string name;
+  Norm norm;
+  ModRef mod;
+  std::variant<Attention, Mlp> body;
+  bool is_attention() const { return std::holds_alternative<Attention>(body); }
+};
+
+struct Modulation {
+  ModScope scope = ModScope::None;
+  int count = 0;          // vectors per segment (or per token)
+  std::string table;      // runtime input: [segments|tokens, count, dim]
+};
+
+struct Block {
+  std::string name;
+  Modulation modulation;
+  std::vector<Sublayer> sublayers;
+};
+
+struct FinalLayer {
+  Norm norm;
+  Modulation modulation;  // count 2: shift, scale
+  ModRef mod;
+  Linear proj;            // fp32_compute typically true
+};
+
+struct Segment {
+  std::string name;
+  int64_t length = 0;
+};
+
+struct Model {
+  std::string name;
+  int64_t dim = 0;
+  DType dtype = DType::F32;       // activation dtype
+  std::vector<Segment> segments;  // in token order
+  std::optional<Linear> embed;    // input projection [dim, in_features]
+  std::vector<Block> blocks;
+  std::optional<FinalLayer> final_layer;
+
+  int64_t tokens() const;
+  int64_t input_features() const { return embed ? embed->in_features : dim; }
+  int64_t output_features() const { return final_layer ? final_layer->proj.out_features : dim; }
+};
+
+// Throws IrError naming the field path and the values on any inconsistency.
+void validate(const Model& m);
+
+}  // namespace sp::ir

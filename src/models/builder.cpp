@@ -1,0 +1,291 @@
+#include "models/builder.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <stdexcept>
+
+namespace sp::models {
+
+int64_t ModelConfig::tokens() const {
+  int64_t t = 0;
+  for (const auto& s : segments) t += s.length;
+  return t;
+}
+
+ModelConfig demo_config() {
+  ModelConfig c;
+  c.video_t = 8;
+  c.video_h = 16;
+  c.video_w = 24;
+  c.segments = {{"text", 128}, {"video", c.video_t * c.video_h * c.video_w}};
+  return c;
+}
+
+void set_total_tokens(ModelConfig& c, int64_t tokens) {
+  int64_t other = 0;
+  ir::Segment* video = nullptr;
+  for (auto& s : c.segments) {
+    if (s.name == "video") video = &s;
+    else other += s.length;
+  }
+  if (!video) throw std::invalid_argument("--tokens: the model has no 'video' segment to resize");
+  if (tokens <= other)
+    throw std::invalid_argument("--tokens: " + std::to_string(tokens) + " leaves no video tokens after " +
+                                std::to_string(other) + " text tokens");
+  video->length = tokens - other;
+}
+
+namespace {
+
+std::string blk(int i) { return "blocks." + std::to_string(i) + "."; }
+
+ir::Linear linear(const std::string& name, int64_t in, int64_t out, bool bias, const std::string& format) {
+  ir::Linear l;
+  l.weight = name + ".weight";
+  if (bias) l.bias = name + ".bias";
+  l.in_features = in;
+  l.out_features = out;
+  l.format = format;
+  return l;
+}
+
+ir::Norm norm(const ModelConfig& c, const std::string& name) {
+  ir::Norm n;
+  n.kind = c.norm;
+  n.eps = c.eps;
+  n.affine = c.norm_affine;
+  if (c.norm_affine) {
+    n.weight = name + ".weight";
+    if (c.norm == ir::NormKind::LayerNorm) n.bias = name + ".bias";
+  }
+  return n;
+}
+
+}  // namespace
+
+ir::Model build_ir(const ModelConfig& c) {
+  ir::Model m;
+  m.name = c.name;
+  m.dim = c.dim;
+  m.dtype = c.dtype;
+  m.segments = c.segments;
+  if (c.embed) m.embed = linear("embed", c.in_features, c.dim, true, "dense");
+  const int64_t wq = c.heads * c.head_dim, wkv = c.kv_heads * c.head_dim;
+  for (int i = 0; i < c.layers; ++i) {
+    ir::Block b;
+    b.name = std::to_string(i);
+    b.modulation = {c.mod_scope, c.mod_scope == ir::ModScope::None ? 0 : 6, blk(i) + "mod"};
+    const bool mod = c.mod_scope != ir::ModScope::None;
+
+    ir::Attention a;
+    a.heads = c.heads;
+    a.kv_heads = c.kv_heads;
+    a.head_dim = c.head_dim;
+    if (c.fused_qkv) {
+      a.qkv = linear(blk(i) + "attn.qkv", c.dim, wq + 2 * wkv, c.qkv_bias, c.format);
+      a.qkv->out_regions = {{"q", 0, wq}, {"k", wq, wkv}, {"v", wq + wkv, wkv}};
+    } else {
+      a.q = linear(blk(i) + "attn.q", c.dim, wq, c.qkv_bias, c.format);
+      a.k = linear(blk(i) + "attn.k", c.dim, wkv, c.qkv_bias, c.format);
+      a.v = linear(blk(i) + "attn.v", c.dim, wkv, c.qkv_bias, c.format);
+    }
+    a.qk_norm.kind = c.qk_norm;
+    a.qk_norm.eps = c.eps;
+    if (c.qk_norm != ir::QkNormKind::None) {
+      a.qk_norm.q_weight = blk(i) + "attn.norm_q.weight";
+      a.qk_norm.k_weight = blk(i) + "attn.norm_k.weight";
+    }
+    a.rope.style = c.rope;
+    a.rope.rotary_dim = c.rope == ir::RopeStyle::None ? 0 : c.rotary_dim;
+    a.consumer = c.consumer;
+    a.out = linear(blk(i) + "attn.out", wq, c.dim, c.out_bias, c.format);
+    a.patches = c.attn_patches;
+    b.sublayers.push_back({"attn", norm(c, blk(i) + "norm1"), mod ? ir::ModRef{0, 1, 2} : ir::ModRef{}, a});
+
+    ir::Mlp f;
+    f.layout = c.layout;
+    f.act = c.act;
+    f.hidden = c.hidden;
+    const bool two = c.layout == ir::GateUpLayout::FusedHalves || c.layout == ir::GateUpLayout::Interleaved;
+    f.up = linear(blk(i) + "mlp.fc1", c.dim, two ? 2 * c.hidden : c.hidden, c.mlp_bias, c.format);
+    if (c.layout == ir::GateUpLayout::Separate) f.gate = linear(blk(i) + "mlp.gate", c.dim, c.hidden, c.mlp_bias, c.format);
+    f.down = linear(blk(i) + "mlp.fc2", c.hidden, c.dim, c.mlp_bias, c.format);
+    f.patches = c.mlp_patches;
+    b.sublayers.push_back({"mlp", norm(c, blk(i) + "norm2"), mod ? ir::ModRef{3, 4, 5} : ir::ModRef{}, f});
+    m.blocks.push_back(std::move(b));
+  }
+  if (c.final_layer) {
+    ir::FinalLayer fl;
+    fl.norm = norm(c, "final.norm");
+    fl.modulation = {c.mod_scope, c.mod_scope == ir::ModScope::None ? 0 : 2, "final.mod"};
+    if (c.mod_scope != ir::ModScope::None) fl.mod = {0, 1, -1};
+    fl.proj = linear("final.proj", c.dim, c.out_features, true, "dense");
+    fl.proj.fp32_compute = true;
+    m.final_layer = fl;
+  }
+  ir::validate(m);
+  return m;
+}
+
+namespace {
+
+struct Maker {
+  at::Generator gen;
+  at::ScalarType dt;
+  const contracts::Registry& reg;
+  exec::TensorWeights& w;
+
+  at::Tensor randn(at::IntArrayRef shape, double std, double mean = 0.0) {
+    return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).mul_(std).add_(mean);
+  }
+  void dense(const std::string& name, at::Tensor t) { w.add(name, t.to(dt)); }
+  void linear(const ir::Linear& l) {
+    at::Tensor t = randn({l.out_features, l.in_features}, 1.0 / std::sqrt(double(l.in_features)));
+    if (reg.format(l.format).dense) {
+      dense(l.weight, t);
+    } else {
+      // Symmetric int8, one fp32 scale per output row.
+      at::Tensor scale = t.abs().amax(1).clamp_min(1e-8).div_(127.0);
+      w.add(l.weight, t.div(scale.unsqueeze(1)).round_().clamp_(-127, 127).to(at::kChar));
+      w.add(l.weight + ".scale", scale);
+    }
+    if (!l.bias.empty()) dense(l.bias, randn({l.out_features}, 0.02));
+  }
+  void norm(const ir::Norm& n, int64_t dim) {
+    if (!n.affine) return;
+    dense(n.weight, randn({dim}, 0.1, 1.0));
+    if (!n.bias.empty()) dense(n.bias, randn({dim}, 0.05));
+  }
+};
+
+// cos/sin [T, half]: text (and any non-video segment) at position 0; video along (t, h, w)
+// with the frequencies split across the three axes, or along one axis without a grid.
+std::pair<at::Tensor, at::Tensor> rope_tables(const ModelConfig& c, int64_t half) {
+  const int64_t T = c.tokens();
+  at::Tensor angle = at::zeros({T, half}, at::kFloat);
+  int64_t start = 0;
+  for (const auto& s : c.segments) {
+    if (s.name == "video") {
+      at::Tensor idx = at::arange(s.length, at::kLong);
+      std::vector<std::pair<at::Tensor, int64_t>> axes;
+      if (c.video_h > 0 && c.video_w > 0) {
+        const int64_t hw = c.video_h * c.video_w, n = half / 3;
+        axes = {{idx.div(hw, "floor"), half - 2 * n}, {idx.remainder(hw).div(c.video_w, "floor"), n},
+                {idx.remainder(c.video_w), n}};
+      } else {
+        axes = {{idx, half}};
+      }
+      int64_t col = 0;
+      for (auto& [pos, n] : axes) {
+        at::Tensor inv = at::pow(10000.0, at::arange(n, at::kFloat).div_(-double(std::max<int64_t>(n, 1))));
+        angle.narrow(0, start, s.length).narrow(1, col, n).copy_(pos.to(at::kFloat).unsqueeze(1) * inv);
+        col += n;
+      }
+    }
+    start += s.length;
+  }
+  return {angle.cos(), angle.sin()};
+}
+
+}  // namespace
+
+Instance instantiate(const ModelConfig& c, const contracts::Registry& reg, const at::Device& device) {
+  Instance inst;
+  inst.model = build_ir(c);
+  inst.weights = std::make_shared<exec::TensorWeights>(&reg);
+  const ir::Model& m = inst.model;
+  const at::ScalarType dt = exec::to_aten(c.dtype);
+  Maker mk{at::make_generator<at::CPUGeneratorImpl>(c.seed), dt, reg, *inst.weights};
+  const int64_t T = m.tokens();
+  const int64_t mod_rows = c.mod_scope == ir::ModScope::PerToken ? T : int64_t(m.segments.size());
+
+  if (m.embed) mk.linear(*m.embed);
+  for (const auto& b : m.blocks) {
+    if (b.modulation.scope != ir::ModScope::None) {
+      // shift/scale near 0, gates near 1, as trained AdaLN tables are.
+      at::Tensor t = mk.randn({mod_rows, b.modulation.count, m.dim}, 0.1);
+      t.select(1, 2).add_(1.0);
+      t.select(1, 5).add_(1.0);
+      inst.inputs.tables[b.modulation.table] = t.to(dt);
+    }
+    for (const auto& s : b.sublayers) {
+      mk.norm(s.norm, m.dim);
+      if (const auto* a = std::get_if<ir::Attention>(&s.body)) {
+        for (const auto* l : {a->qkv ? &*a->qkv : nullptr, a->q ? &*a->q : nullptr, a->k ? &*a->k : nullptr,
+                              a->v ? &*a->v : nullptr})
+          if (l) mk.linear(*l);
+        if (a->qk_norm.kind != ir::QkNormKind::None) {
+          const int64_t width = a->qk_norm.kind == ir::QkNormKind::PerHead ? a->head_dim : a->heads * a->head_dim;
+          const int64_t kwidth = a->qk_norm.kind == ir::QkNormKind::PerHead ? a->head_dim : a->kv_heads * a->head_dim;
+          mk.dense(a->qk_norm.q_weight, mk.randn({width}, 0.1, 1.0));
+          mk.dense(a->qk_norm.k_weight, mk.randn({kwidth}, 0.1, 1.0));
+        }
+        mk.linear(a->out);
+      } else {
+        const auto& f = std::get<ir::Mlp>(s.body);
+        if (f.gate) mk.linear(*f.gate);
+        mk.linear(*f.up);
+        mk.linear(f.down);
+      }
+    }
+  }
+  if (m.final_layer) {
+    const auto& fl = *m.final_layer;
+    mk.norm(fl.norm, m.dim);
+    if (fl.modulation.scope != ir::ModScope::None)
+      inst.inputs.tables[fl.modulation.table] = mk.randn({mod_rows, fl.modulation.count, m.dim}, 0.1).to(dt);
+    mk.linear(fl.proj);
+  }
+  if (c.rope != ir::RopeStyle::None) {
+    auto [cs, sn] = rope_tables(c, c.rotary_dim / 2);
+    inst.inputs.tables["rope.cos"] = cs;
+    inst.inputs.tables["rope.sin"] = sn;
+  }
+  inst.inputs.x = mk.randn({T, m.input_features()}, 1.0).to(dt);
+
+  if (!device.is_cpu()) {
+    auto moved = std::make_shared<exec::TensorWeights>(&reg);
+    for (const auto& [k, v] : inst.weights->all()) moved->add(k, v.to(device));
+    inst.weights = moved;
+    inst.inputs.x = inst.inputs.x.to(device);
+    for (auto& [k, v] : inst.inputs.tables) v = v.to(device);
+  }
+  return inst;
+}
+
+Instance upcast_f64(const Instance& src, const contracts::Registry& reg) {
+  Instance out;
+  out.model = src.model;
+  out.model.dtype = ir::DType::F64;
+  out.weights = std::make_shared<exec::TensorWeights>(&reg);
+  // Dequantize every non-dense linear through its own format, then mark it dense.
+  auto fix = [&](ir::Linear& l) {
+    if (!reg.format(l.format).dense)
+      out.weights->add(l.weight, src.weights->acquire(l, {}, {}, at::kDouble));
+    l.format = "dense";
+  };
+  for (const auto& [k, v] : src.weights->all())
+    if (v.is_floating_point()) out.weights->add(k, v.to(at::kDouble));
+  if (out.model.embed) fix(*out.model.embed);
+  for (auto& b : out.model.blocks)
+    for (auto& s : b.sublayers) {
+      if (auto* a = std::get_if<ir::Attention>(&s.body)) {
+        for (auto* l : {a->qkv ? &*a->qkv : nullptr, a->q ? &*a->q : nullptr, a->k ? &*a->k : nullptr,
+                        a->v ? &*a->v : nullptr})
+          if (l) fix(*l);
+        fix(a->out);
+      } else {
+        auto& f = std::get<ir::Mlp>(s.body);
+        if (f.gate) fix(*f.gate);
+        fix(*f.up);
+        fix(f.down);
+      }
+    }
+  if (out.model.final_layer) fix(out.model.final_layer->proj);
+  out.inputs.x = src.inputs.x.to(at::kDouble);
+  for (const auto& [k, v] : src.inputs.tables) out.inputs.tables[k] = v.to(at::kDouble);
+  return out;
+}
+
+}  // namespace sp::models

@@ -1,0 +1,162 @@
+#include "report/report.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "exec/device.hpp"
+#include "exec/memory.hpp"
+
+namespace sp::report {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Prints "<label> sublayer i/n, t s" on stderr, at most once a second, after 3 seconds.
+exec::Progress progress_printer(const std::string& label, bool enabled) {
+  if (!enabled) return {};
+  auto start = std::make_shared<Clock::time_point>(Clock::now());
+  auto last = std::make_shared<double>(0.0);
+  return [=](int64_t done, int64_t total) {
+    const double s = std::chrono::duration<double>(Clock::now() - *start).count();
+    if (s < 3.0 || (s - *last < 1.0 && done < total)) return;
+    *last = s;
+    std::fprintf(stderr, "[%s] sublayer %lld/%lld, %.1f s\n", label.c_str(), static_cast<long long>(done),
+                 static_cast<long long>(total), s);
+  };
+}
+
+template <typename F>
+std::pair<at::Tensor, Measurement> measure(const at::Device& d, F&& f) {
+  exec::synchronize(d);
+  exec::PeakMeter meter(d);
+  const auto t0 = Clock::now();
+  at::Tensor out = f();
+  exec::synchronize(d);
+  Measurement m;
+  m.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  m.peak_bytes = meter.peak_above_start();
+  return {out, m};
+}
+
+std::string mib(int64_t b) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(b) / (1 << 20));
+  return buf;
+}
+
+}  // namespace
+
+RunReport compare(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,
+                  const contracts::DeviceCaps& dev, const CompareOptions& opt) {
+  RunReport r;
+  r.model = inst.model.name;
+  r.tokens = inst.model.tokens();
+  r.device = dev.name;
+  r.dtype = ir::to_string(inst.model.dtype);
+  r.estimated_peak_bytes = p.estimated_peak_bytes;
+  r.floor_bytes = p.floor_bytes;
+  r.plan = to_json(p);
+  const at::Device d = inst.inputs.x.device();
+  at::Tensor ref;
+  if (opt.run_naive) {
+    auto [out, m] = measure(d, [&] {
+      return exec::run_naive(inst.model, *inst.weights, inst.inputs, reg, progress_printer("naive", opt.progress));
+    });
+    ref = out;
+    r.naive = m;
+  }
+  auto [out, m] = measure(d, [&] {
+    return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev,
+                             progress_printer("planned", opt.progress));
+  });
+  r.planned = m;
+  if (ref.defined()) {
+    at::Tensor diff = out.to(at::kDouble) - ref.to(at::kDouble);
+    r.max_abs = diff.abs().max().item<double>();
+    r.rel_l2 = (diff.norm() / ref.to(at::kDouble).norm().clamp_min(1e-300)).item<double>();
+  }
+  return r;
+}
+
+nlohmann::json to_json(const plan::Plan& p) {
+  auto decisions = [](const std::vector<plan::Decision>& ds) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& d : ds) {
+      nlohmann::json j{{"transformation", legality::to_string(d.transform)}, {"chosen", d.chosen}};
+      if (!d.note.empty()) j["note"] = d.note;
+      nlohmann::json rs = nlohmann::json::array();
+      for (const auto& r : d.rejections)
+        rs.push_back({{"component", r.component}, {"check", r.check}, {"required", r.required}, {"actual", r.actual}});
+      j["rejections"] = rs;
+      arr.push_back(j);
+    }
+    return arr;
+  };
+  nlohmann::json blocks = nlohmann::json::array();
+  for (const auto& b : p.blocks) {
+    nlohmann::json subs = nlohmann::json::array();
+    for (const auto& s : b.sublayers) {
+      nlohmann::json j{{"name", s.name},
+                       {"kind", s.attention ? "attention" : "mlp"},
+                       {"token_chunk", s.token_chunk},
+                       {"estimated_peak_bytes", s.estimated_peak},
+                       {"transformations", decisions(s.decisions)}};
+      if (s.attention) j["q_chunk"] = s.q_chunk;
+      else j["feature_slice"] = s.feature_slice;
+      subs.push_back(j);
+    }
+    blocks.push_back({{"name", b.name}, {"sublayers", subs}});
+  }
+  nlohmann::json j{{"model", p.model},     {"tokens", p.tokens},
+                   {"dtype", ir::to_string(p.dtype)}, {"device", p.device},
+                   {"residual_bytes", p.residual_bytes}, {"floor_bytes", p.floor_bytes},
+                   {"estimated_peak_bytes", p.estimated_peak_bytes}, {"blocks", blocks}};
+  if (p.final_layer.present)
+    j["final_layer"] = {{"chunk", p.final_layer.chunk},
+                        {"estimated_peak_bytes", p.final_layer.estimated_peak},
+                        {"transformations", decisions(p.final_layer.decisions)}};
+  return j;
+}
+
+nlohmann::json to_json(const RunReport& r) {
+  nlohmann::json j{{"model", r.model}, {"tokens", r.tokens}, {"device", r.device}, {"dtype", r.dtype}};
+  j["naive"] = r.naive ? nlohmann::json{{"peak_bytes", r.naive->peak_bytes}, {"ms", r.naive->ms}}
+                       : nlohmann::json{{"peak_bytes", nullptr}, {"ms", nullptr}};
+  j["planned"] = {{"peak_bytes", r.planned.peak_bytes},
+                  {"estimated_peak_bytes", r.estimated_peak_bytes},
+                  {"ms", r.planned.ms}};
+  j["floor_bytes"] = r.floor_bytes;
+  j["error"] = {{"max_abs", r.max_abs ? nlohmann::json(*r.max_abs) : nlohmann::json(nullptr)},
+                {"rel_l2", r.rel_l2 ? nlohmann::json(*r.rel_l2) : nlohmann::json(nullptr)}};
+  j["plan"] = r.plan;
+  return j;
+}
+
+std::string to_table(const RunReport& r) {
+  std::ostringstream os;
+  char line[256];
+  os << r.model << ", " << r.tokens << " tokens, " << r.dtype << ", " << r.device << "\n";
+  std::snprintf(line, sizeof line, "  %-8s %14s %12s %10s\n", "schedule", "peak", "time", "x floor");
+  os << line;
+  auto row = [&](const char* name, const Measurement& m) {
+    std::snprintf(line, sizeof line, "  %-8s %14s %9.1f ms %9.2fx\n", name, mib(m.peak_bytes).c_str(), m.ms,
+                  double(m.peak_bytes) / double(r.floor_bytes));
+    os << line;
+  };
+  if (r.naive) row("naive", *r.naive);
+  row("planned", r.planned);
+  os << "  floor " << mib(r.floor_bytes) << ", estimate " << mib(r.estimated_peak_bytes) << " ("
+     << (r.planned.peak_bytes ? 100.0 * (double(r.estimated_peak_bytes) / double(r.planned.peak_bytes) - 1.0) : 0.0)
+     << "% vs measured)\n";
+  if (r.naive) {
+    std::snprintf(line, sizeof line, "  planned/naive: peak %.3f, time %.3f; error max_abs %.3g rel_l2 %.3g\n",
+                  double(r.planned.peak_bytes) / double(r.naive->peak_bytes), r.planned.ms / r.naive->ms,
+                  r.max_abs.value_or(0), r.rel_l2.value_or(0));
+    os << line;
+  }
+  return os.str();
+}
+
+}  // namespace sp::report
