@@ -1,2 +1,44 @@
-#!/bin/sh
-exit 0
+#!/usr/bin/env bash
+# The command line: demo JSON keys and targets, plan --explain rejections, errors.
+set -euo pipefail
+bin="$1"
+fail() { echo "cli_test: $*" >&2; exit 1; }
+
+json=$("$bin" demo --tokens 1200 --layers 1 --json)
+python3 - "$json" <<'PY' || fail "demo --json report"
+import json, sys
+r = json.loads(sys.argv[1])
+for k in ("model", "tokens", "device", "dtype", "naive", "planned", "floor_bytes", "error", "plan"):
+    assert k in r, k
+for k in ("peak_bytes", "ms"):
+    assert isinstance(r["naive"][k], (int, float)), k
+for k in ("peak_bytes", "estimated_peak_bytes", "ms"):
+    assert isinstance(r["planned"][k], (int, float)), k
+assert r["tokens"] == 1200
+assert r["error"]["rel_l2"] <= 1e-5, r["error"]
+assert r["planned"]["peak_bytes"] < r["naive"]["peak_bytes"]
+assert abs(r["planned"]["estimated_peak_bytes"] - r["planned"]["peak_bytes"]) <= 0.05 * r["planned"]["peak_bytes"]
+PY
+
+out=$("$bin" plan --explain --consumer whole --patch mlp-hidden-rownorm --format int8-rowwise)
+for s in "rejected by consumer 'whole': accepts bounded Q against global K/V — required yes, actual undeclared" \
+         "rejected by patch 'mlp-hidden-rownorm' on MLP hidden: runs on a feature slice — required yes, actual no" \
+         "[x] bounded QKV" "[x] token-chunked MLP"; do
+  grep -qF -- "$s" <<<"$out" || fail "plan --explain lacks: $s"
+done
+"$bin" plan --json --patch attn-out-renorm | python3 -c '
+import json, sys
+p = json.load(sys.stdin)["plan"]
+t = {d["transformation"]: d for d in p["blocks"][0]["sublayers"][0]["transformations"]}
+assert not t["streamed output projection"]["chosen"]
+assert "attn-out-renorm" in t["streamed output projection"]["rejections"][0]["component"]
+assert t["global K/V + streamed Q"]["chosen"]' || fail "plan --json rejection"
+
+# Bad input: clear errors, nonzero status.
+if err=$("$bin" demo --tokens 100 2>&1); then fail "--tokens 100 should fail"; fi
+grep -q "leaves no video tokens after 128 text tokens" <<<"$err" || fail "unexpected error: $err"
+if err=$("$bin" plan --consumer nope 2>&1); then fail "--consumer nope should fail"; fi
+grep -q "consumer" <<<"$err" || fail "unexpected error: $err"
+if err=$("$bin" plan --feature-slice 100 --format int8-rowwise 2>&1); then fail "misaligned slice should fail"; fi
+grep -q "not a multiple of the weight formats' alignment 256" <<<"$err" || fail "unexpected error: $err"
+echo "cli_test: ok"

@@ -1,1 +1,173 @@
+// Executor pieces: input validation, weight acquisition, consumers, patches, workspaces.
 #include <gtest/gtest.h>
+
+#include "exec/consumers.hpp"
+#include <ATen/Parallel.h>
+
+#include "exec/device.hpp"
+#include "exec/memory.hpp"
+#include "exec/patches.hpp"
+#include "exec/workspace.hpp"
+#include "models/builder.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using namespace sp;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+struct Small {
+  contracts::Registry reg = contracts::Registry::builtin();
+  contracts::DeviceCaps dev = exec::describe_device(at::Device(at::kCPU));
+  models::Instance inst;
+  Small() {
+    auto c = models::demo_config();
+    c.layers = 1;
+    models::set_total_tokens(c, 300);
+    inst = models::instantiate(c, reg, at::kCPU);
+  }
+};
+
+TEST(Inputs, WrongInputShapeNamesTheInputAndShapes) {
+  Small s;
+  s.inst.inputs.x = at::randn({299, 64});
+  const auto p = plan::make_plan(s.inst.model, s.reg, s.dev, {});
+  const std::string e = error_of([&] { exec::run_planned(s.inst.model, p, *s.inst.weights, s.inst.inputs, s.reg, s.dev); });
+  EXPECT_NE(e.find("input x"), std::string::npos) << e;
+  EXPECT_NE(e.find("[300, 64]"), std::string::npos) << e;
+  EXPECT_NE(e.find("[299, 64]"), std::string::npos) << e;
+}
+
+TEST(Inputs, MissingOrMisshapenTablesAreNamed) {
+  Small s;
+  auto in = s.inst.inputs;
+  in.tables.erase("rope.sin");
+  EXPECT_NE(error_of([&] { exec::run_naive(s.inst.model, *s.inst.weights, in, s.reg); }).find("'rope.sin' is missing"),
+            std::string::npos);
+  in = s.inst.inputs;
+  in.tables["blocks.0.mod"] = at::zeros({2, 5, 384});
+  const std::string e = error_of([&] { exec::run_naive(s.inst.model, *s.inst.weights, in, s.reg); });
+  EXPECT_NE(e.find("blocks.0.mod"), std::string::npos) << e;
+  EXPECT_NE(e.find("[2, 6, 384]"), std::string::npos) << e;
+}
+
+TEST(Inputs, DtypeMismatchIsNamed) {
+  Small s;
+  s.inst.inputs.x = s.inst.inputs.x.to(at::kDouble);
+  const std::string e = error_of([&] { exec::run_naive(s.inst.model, *s.inst.weights, s.inst.inputs, s.reg); });
+  EXPECT_NE(e.find("does not match the model dtype fp32"), std::string::npos) << e;
+}
+
+TEST(Inputs, PlanOfAnotherModelIsRefused) {
+  Small s;
+  auto other = models::demo_config();
+  other.layers = 3;
+  const auto p = plan::make_plan(models::build_ir(other), s.reg, s.dev, {});
+  const std::string e = error_of([&] { exec::run_planned(s.inst.model, p, *s.inst.weights, s.inst.inputs, s.reg, s.dev); });
+  EXPECT_NE(e.find("plan does not belong to this model"), std::string::npos) << e;
+}
+
+TEST(Weights, Int8SliceEqualsSliceOfDequantizedWhole) {
+  const auto reg = contracts::Registry::builtin();
+  exec::TensorWeights w(&reg);
+  at::Tensor q = at::randint(-127, 128, {40, 600}, at::kChar), sc = at::rand({40}) + 0.1;
+  w.add("l.weight", q);
+  w.add("l.weight.scale", sc);
+  ir::Linear l;
+  l.weight = "l.weight";
+  l.in_features = 600;
+  l.out_features = 40;
+  l.format = "int8-rowwise";
+  const at::Tensor whole = w.acquire(l, {}, {}, at::kFloat);
+  EXPECT_TRUE(at::allclose(whole, q.to(at::kFloat) * sc.unsqueeze(1)));
+  const at::Tensor part = w.acquire(l, {3, 10, 2}, {256, 300}, at::kFloat);
+  EXPECT_TRUE(at::equal(part, whole.slice(0, 3, 22, 2).slice(1, 256, 556)));
+}
+
+TEST(Weights, DenseWeightOfWrongDtypeOrShapeIsRefused) {
+  const auto reg = contracts::Registry::builtin();
+  exec::TensorWeights w(&reg);
+  w.add("l.weight", at::randn({4, 6}));
+  ir::Linear l;
+  l.weight = "l.weight";
+  l.in_features = 6;
+  l.out_features = 4;
+  EXPECT_NE(error_of([&] { w.acquire(l, {}, {}, at::kBFloat16); }).find("compute dtype is BFloat16"), std::string::npos);
+  l.in_features = 7;
+  EXPECT_NE(error_of([&] { w.acquire(l, {}, {}, at::kFloat); }).find("does not match the IR's [4, 7]"), std::string::npos);
+  EXPECT_NE(error_of([&] { w.tensor("nope"); }).find("'nope'"), std::string::npos);
+}
+
+TEST(Consumers, MathAndSdpaAgreeOnBoundedQAgainstGlobalKv) {
+  at::Tensor q = at::randn({1, 3, 37, 16}), k = at::randn({1, 3, 101, 16}), v = at::randn({1, 3, 101, 16});
+  const at::Tensor a = exec::consumer_impl("sdpa")(q, k, v, 0.25);
+  const at::Tensor b = exec::consumer_impl("math")(q, k, v, 0.25);
+  EXPECT_LT(test::rel_l2(a, b), 1e-5);
+  EXPECT_NE(error_of([] { exec::consumer_impl("flash9"); }).find("known: "), std::string::npos);
+}
+
+TEST(Consumers, DeclaredCallBytesMatchWhatTheCallAllocates) {
+  const auto reg = contracts::Registry::builtin();
+  exec::install_cpu_meter();
+  for (const std::string name : {"sdpa", "math"}) {
+    for (auto dt : {at::kFloat, at::kBFloat16}) {
+      for (int64_t rows : {37, 200, 800}) {
+        at::Tensor q = at::randn({1, 2, rows, 32}).to(dt), k = at::randn({1, 2, 611, 32}).to(dt), v = k.clone();
+        exec::PeakMeter m(at::Device(at::kCPU));
+        exec::consumer_impl(name)(q, k, v, 0.2);
+        contracts::AttnShape s{rows, 611, 2, 2, 32, dt == at::kFloat ? ir::DType::F32 : ir::DType::BF16,
+                               contracts::DeviceKind::CPU, at::get_num_threads()};
+        EXPECT_EQ(m.peak_above_start(), reg.consumer(name).call_bytes(s)) << name << " " << dt << " rows " << rows;
+      }
+    }
+  }
+}
+
+TEST(Patches, ImplementationsDoWhatTheyDeclare) {
+  const auto reg = contracts::Registry::builtin();
+  at::Tensor t = at::randn({8, 32});
+  at::Tensor q = t.clone();
+  exec::apply_patch(reg.patch("q-temperature"), q);
+  EXPECT_TRUE(at::allclose(q, t * 1.25));
+  at::Tensor c = t.clone();
+  exec::apply_patch(reg.patch("mlp-hidden-clamp"), c);
+  EXPECT_LE(c.abs().max().item<float>(), 0.5f);
+  at::Tensor r = t.clone();
+  exec::apply_patch(reg.patch("attn-out-renorm"), r);
+  EXPECT_NEAR(r.pow(2).mean().sqrt().item<double>(), 1.0, 1e-4);
+  at::Tensor n = t.clone();
+  exec::apply_patch(reg.patch("mlp-hidden-rownorm"), n);
+  EXPECT_TRUE(at::allclose(n.pow(2).mean(-1).sqrt(), at::ones({8}), 1e-4, 1e-4));
+  contracts::PatchCaps bogus;
+  bogus.name = "x";
+  bogus.kind = "nothing";
+  EXPECT_NE(error_of([&] { exec::apply_patch(bogus, t); }).find("no implementation for kind 'nothing'"),
+            std::string::npos);
+}
+
+TEST(Workspace, HandoffCarriesMatchingBuffersAndFreesTheRestFirst) {
+  using plan::Buf;
+  exec::install_cpu_meter();
+  plan::PhaseSpec a{"a", {{Buf::K, {4, 10, 8}, ir::DType::F32}, {Buf::N32, {5, 16}, ir::DType::F32}}, {}};
+  plan::PhaseSpec b{"b", {{Buf::K, {4, 10, 8}, ir::DType::F32}, {Buf::Y, {5, 16}, ir::DType::F32}}, {}};
+  exec::PeakMeter m(at::Device(at::kCPU));
+  exec::Workspace ws(at::Device(at::kCPU), a);
+  ws.full(Buf::K).fill_(3.0);
+  ws = ws.handoff(b);
+  EXPECT_TRUE(ws.has(Buf::Y));
+  EXPECT_FALSE(ws.has(Buf::N32));
+  EXPECT_EQ(m.peak_above_start(), (320 + 80) * 4);
+  EXPECT_EQ(ws.full(Buf::K).sum().item<float>(), 3.0f * 320);
+  EXPECT_NE(error_of([&] { ws.get(Buf::Y, {6, 16}); }).find("holds 80 elements, 96 requested"), std::string::npos);
+  EXPECT_NE(error_of([&] { ws.get(Buf::Q, {1}); }).find("was not planned"), std::string::npos);
+}
+
+}  // namespace

@@ -1,1 +1,115 @@
+// Memory accounting: the plan's estimate against the measured activation peak, the demo's
+// acceptance figures, and that runs leave their inputs untouched.
 #include <gtest/gtest.h>
+
+#include "exec/device.hpp"
+#include "exec/memory.hpp"
+#include "models/builder.hpp"
+#include "report/report.hpp"
+
+namespace {
+
+using namespace sp;
+
+struct Variant {
+  std::string label;
+  models::ModelConfig cfg;
+  plan::Options opt;
+};
+
+std::vector<Variant> variants() {
+  std::vector<Variant> v;
+  auto base = models::demo_config();
+  base.layers = 1;
+  models::set_total_tokens(base, 1501);
+  for (int64_t chunk : {97, 256, 1000, 1501}) v.push_back({"demo chunk " + std::to_string(chunk), base, {chunk, 0}});
+  auto gqa = base;
+  gqa.heads = 8;
+  gqa.kv_heads = 2;
+  gqa.head_dim = 48;
+  gqa.rotary_dim = 32;
+  gqa.fused_qkv = false;
+  gqa.qkv_bias = gqa.out_bias = true;
+  v.push_back({"gqa separate qkv", gqa, {333, 0}});
+  auto i8 = base;
+  i8.format = "int8-rowwise";
+  v.push_back({"int8 weights", i8, {300, 256}});
+  auto whole = base;
+  whole.consumer = "whole";
+  v.push_back({"whole consumer", whole, {300, 0}});
+  auto math = base;
+  math.consumer = "math";
+  v.push_back({"math consumer", math, {128, 0}});
+  auto renorm = base;
+  renorm.attn_patches = {"attn-out-renorm"};
+  renorm.layout = ir::GateUpLayout::Interleaved;
+  v.push_back({"renorm patch, interleaved", renorm, {300, 300}});
+  auto bf = base;
+  bf.dtype = ir::DType::BF16;
+  bf.mod_scope = ir::ModScope::PerToken;
+  bf.norm = ir::NormKind::LayerNorm;
+  bf.norm_affine = true;
+  v.push_back({"bf16 per-token layernorm", bf, {200, 0}});
+  return v;
+}
+
+TEST(Memory, EstimateWithinFivePercentOfMeasured) {
+  const auto reg = contracts::Registry::builtin();
+  const auto dev = exec::describe_device(at::Device(at::kCPU));
+  for (const auto& v : variants()) {
+    SCOPED_TRACE(v.label);
+    const auto inst = models::instantiate(v.cfg, reg, at::kCPU);
+    const auto p = plan::make_plan(inst.model, reg, dev, v.opt);
+    const auto r = report::compare(inst, p, reg, dev, {false, false});
+    const double dev_pct = 100.0 * double(r.estimated_peak_bytes - r.planned.peak_bytes) / double(r.planned.peak_bytes);
+    std::cout << v.label << ": measured " << r.planned.peak_bytes << " estimated " << r.estimated_peak_bytes << " ("
+              << dev_pct << "%)\n";
+    EXPECT_LE(std::abs(dev_pct), 5.0);
+    EXPECT_GE(r.planned.peak_bytes, p.floor_bytes);
+  }
+}
+
+TEST(Memory, DemoMeetsItsTargets) {
+  const auto reg = contracts::Registry::builtin();
+  const auto dev = exec::describe_device(at::Device(at::kCPU));
+  const auto inst = models::instantiate(models::demo_config(), reg, at::kCPU);
+  const auto p = plan::make_plan(inst.model, reg, dev, {});
+  const auto r = report::compare(inst, p, reg, dev, {true, false});
+  ASSERT_TRUE(r.naive.has_value());
+  EXPECT_LE(3 * r.planned.peak_bytes, r.naive->peak_bytes);
+  EXPECT_LE(*r.rel_l2, 1e-5);
+  EXPECT_LE(std::abs(double(r.estimated_peak_bytes - r.planned.peak_bytes)), 0.05 * double(r.planned.peak_bytes));
+}
+
+TEST(Memory, RunsLeaveInputsAndWeightsUntouched) {
+  const auto reg = contracts::Registry::builtin();
+  const auto dev = exec::describe_device(at::Device(at::kCPU));
+  auto cfg = models::demo_config();
+  models::set_total_tokens(cfg, 700);
+  cfg.embed = false;
+  cfg.in_features = cfg.dim;
+  const auto inst = models::instantiate(cfg, reg, at::kCPU);
+  const at::Tensor x0 = inst.inputs.x.clone();
+  std::map<std::string, at::Tensor> w0;
+  for (const auto& [k, v] : inst.weights->all()) w0[k] = v.clone();
+  const auto p = plan::make_plan(inst.model, reg, dev, {64, 0});
+  exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev);
+  exec::run_naive(inst.model, *inst.weights, inst.inputs, reg);
+  EXPECT_TRUE(at::equal(inst.inputs.x, x0));
+  for (const auto& [k, v] : inst.weights->all()) EXPECT_TRUE(at::equal(v, w0[k])) << k;
+}
+
+TEST(Memory, PeakMeterCountsOnlyWhatWasAllocatedAfterItStarted) {
+  exec::install_cpu_meter();
+  at::Tensor before = at::empty({1 << 20}, at::kFloat);
+  exec::PeakMeter m(at::Device(at::kCPU));
+  {
+    at::Tensor a = at::empty({1000}, at::kFloat);
+    at::Tensor b = at::empty({500}, at::kDouble);
+  }
+  at::Tensor c = at::empty({10}, at::kFloat);
+  EXPECT_EQ(m.peak_above_start(), 4000 + 4000);
+  EXPECT_EQ(m.live_above_start(), 40);
+}
+
+}  // namespace

@@ -1,1 +1,620 @@
+// Planning tests: IR validation, legality rejections as data, and plan sizing.
+//
+// Pure C++ against streamplan_core (no ATen). Models come from a compact H3-like
+// builder below (fused QKV with q|k|v regions, per-head Q/K RMSNorm, split-half RoPE,
+// SwiGLU as fused [gate | up] halves, per-segment 6-vector modulation, fp32 final
+// projection) whose knobs each test turns. The default has 520 tokens, which no
+// default chunk divides.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <ostream>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "contracts/contracts.hpp"
+#include "ir/model.hpp"
+#include "legality/legality.hpp"
+#include "plan/plan.hpp"
+#include "plan/schedule.hpp"
+
+namespace {
+
+namespace ir = sp::ir;
+namespace ct = sp::contracts;
+namespace lg = sp::legality;
+namespace pl = sp::plan;
+using ct::Cap;
+using lg::Transform;
+
+// ---------------------------------------------------------------------------------------
+// Model builder (fields in designated-initializer order)
+
+struct Knobs {
+  ir::DType dtype = ir::DType::F32;
+  int64_t heads = 4, kv_heads = 4, head_dim = 32, rotary_dim = 24, hidden = 256;
+  int layers = 1;
+  std::string consumer = "sdpa";
+  std::string qkv_format = "dense", up_format = "dense", down_format = "dense", final_format = "dense";
+  std::vector<std::string> attn_patches = {}, mlp_patches = {};
+  int64_t dim = 128, out_features = 16;
+  std::vector<ir::Segment> segments = {{"text", 40}, {"video", 480}};
+};
+
+// bf16 with grouped-query attention: 8 query heads share 2 K/V heads.
+Knobs gqa_bf16(int layers = 1) {
+  return {.dtype = ir::DType::BF16, .heads = 8, .kv_heads = 2, .head_dim = 16, .rotary_dim = 12, .layers = layers};
+}
+
+ir::Linear linear(const std::string& name, int64_t in, int64_t out, const std::string& format) {
+  ir::Linear l;
+  l.weight = name + ".weight";
+  l.in_features = in;
+  l.out_features = out;
+  l.format = format;
+  return l;
+}
+
+ir::Model build(const Knobs& k) {
+  ir::Model m;
+  m.name = "h3-test";
+  m.dim = k.dim;
+  m.dtype = k.dtype;
+  m.segments = k.segments;
+  const int64_t wq = k.heads * k.head_dim, wkv = k.kv_heads * k.head_dim;
+  const ir::Norm norm{ir::NormKind::RMSNorm, false, "", "", 1e-5};
+  for (int i = 0; i < k.layers; ++i) {
+    const std::string p = "blocks." + std::to_string(i) + ".";
+    ir::Block b{std::to_string(i), {ir::ModScope::PerSegment, 6, p + "mod"}, {}};
+    ir::Attention a;
+    a.heads = k.heads;
+    a.kv_heads = k.kv_heads;
+    a.head_dim = k.head_dim;
+    a.qkv = linear(p + "attn.qkv", k.dim, wq + 2 * wkv, k.qkv_format);
+    a.qkv->out_regions = {{"q", 0, wq}, {"k", wq, wkv}, {"v", wq + wkv, wkv}};
+    a.qk_norm = {ir::QkNormKind::PerHead, 1e-5, p + "attn.norm_q.weight", p + "attn.norm_k.weight"};
+    a.rope = {ir::RopeStyle::SplitHalf, k.rotary_dim, "rope"};
+    a.consumer = k.consumer;
+    a.out = linear(p + "attn.out", wq, k.dim, "dense");
+    a.patches = k.attn_patches;
+    b.sublayers.push_back({"attn", norm, {0, 1, 2}, a});
+    ir::Mlp f;
+    f.layout = ir::GateUpLayout::FusedHalves;
+    f.act = ir::ActKind::Silu;
+    f.hidden = k.hidden;
+    f.up = linear(p + "mlp.fc1", k.dim, 2 * k.hidden, k.up_format);
+    f.down = linear(p + "mlp.fc2", k.hidden, k.dim, k.down_format);
+    f.patches = k.mlp_patches;
+    b.sublayers.push_back({"mlp", norm, {3, 4, 5}, f});
+    m.blocks.push_back(std::move(b));
+  }
+  ir::FinalLayer fl{norm, {ir::ModScope::PerSegment, 2, "final.mod"}, {0, 1, -1}, {}};
+  fl.proj = linear("final.proj", k.dim, k.out_features, k.final_format);
+  fl.proj.bias = "final.proj.bias";
+  fl.proj.fp32_compute = true;
+  m.final_layer = fl;
+  return m;
+}
+
+ir::Attention& attn(ir::Model& m) { return std::get<ir::Attention>(m.blocks[0].sublayers[0].body); }
+ir::Mlp& mlp(ir::Model& m) { return std::get<ir::Mlp>(m.blocks[0].sublayers[1].body); }
+
+// ---------------------------------------------------------------------------------------
+// Contracts: the device, and custom formats / patches / consumers
+
+const std::set<ir::DType> kFloats = {ir::DType::F32, ir::DType::BF16, ir::DType::F16, ir::DType::F64};
+
+ct::DeviceCaps cpu(std::set<ir::DType> dtypes = kFloats) {
+  return {.name = "cpu", .kind = ct::DeviceKind::CPU, .memory_total = int64_t{64} << 30,
+          .memory_free = int64_t{64} << 30, .dtypes = std::move(dtypes), .threads = 1, .alloc_round = 1};
+}
+
+ct::Registry registry_with_test_contracts() {
+  ct::Registry reg = ct::Registry::builtin();
+  // Dense formats, each lacking one capability.
+  reg.add(ct::FormatCaps{.name = "no-held", .description = "re-acquired for every slab", .out_slicing = Cap::Yes,
+                         .in_slicing = Cap::Yes, .held_execution = Cap::No});
+  reg.add(ct::FormatCaps{.name = "held-undeclared", .description = "declares no held execution",
+                         .out_slicing = Cap::Yes, .in_slicing = Cap::Yes});
+  reg.add(ct::FormatCaps{.name = "rows-undeclared", .description = "declares no row slicing",
+                         .in_slicing = Cap::Yes, .held_execution = Cap::Yes});
+  reg.add(ct::FormatCaps{.name = "no-col-slice", .description = "no column slices", .out_slicing = Cap::Yes,
+                         .in_slicing = Cap::No, .held_execution = Cap::Yes});
+  reg.add(ct::FormatCaps{.name = "rows128", .description = "row slices at multiples of 128",
+                         .out_slicing = Cap::Yes, .in_slicing = Cap::Yes, .out_align = 128,
+                         .held_execution = Cap::Yes});
+  reg.add(ct::PatchCaps{.name = "q-global-norm", .kind = "test", .description = "normalizes Q over all tokens",
+                        .reads = {ct::TensorRole::Q}, .modifies = {ct::TensorRole::Q}, .row_local = Cap::No,
+                        .feature_local = Cap::No});
+  ct::ConsumerCaps fp32_only = reg.consumer("sdpa");
+  fp32_only.name = "fp32-only";
+  fp32_only.dtypes = {ir::DType::F32};
+  reg.add(fp32_only);
+  ct::ConsumerCaps q64 = reg.consumer("sdpa");
+  q64.name = "sdpa-q64";
+  q64.q_align = 64;
+  reg.add(q64);
+  return reg;
+}
+
+// ---------------------------------------------------------------------------------------
+// Matchers
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// component and check match by substring; required and actual exactly (empty: any).
+struct Want {
+  Transform transform;
+  std::string component, check, required, actual;
+};
+
+bool matches(const lg::Rejection& r, const Want& w) {
+  return r.transform == w.transform && contains(r.component, w.component) && contains(r.check, w.check) &&
+         (w.required.empty() || r.required == w.required) && (w.actual.empty() || r.actual == w.actual);
+}
+
+::testing::AssertionResult Rejected(const std::vector<lg::Rejection>& rs, const Want& w) {
+  for (const auto& r : rs)
+    if (matches(r, w)) return ::testing::AssertionSuccess();
+  auto f = ::testing::AssertionFailure();
+  f << "no rejection of '" << lg::to_string(w.transform) << "' with component~\"" << w.component << "\" check~\""
+    << w.check << "\" required=\"" << w.required << "\" actual=\"" << w.actual << "\"; got:";
+  for (const auto& r : rs) f << "\n  " << lg::describe(r);
+  return f;
+}
+
+size_t count_of(const std::vector<lg::Rejection>& rs, Transform t) {
+  return std::count_if(rs.begin(), rs.end(), [t](const lg::Rejection& r) { return r.transform == t; });
+}
+
+const pl::Decision& decision(const std::vector<pl::Decision>& ds, Transform t) {
+  for (const auto& d : ds)
+    if (d.transform == t) return d;
+  throw std::logic_error(std::string("no decision for ") + lg::to_string(t));
+}
+
+std::string prerequisite(Transform t) { return "transformation '" + std::string(lg::to_string(t)) + "'"; }
+
+// ---------------------------------------------------------------------------------------
+// 1. IR validation: every error class throws IrError naming the field and the values
+
+struct IrCase {
+  const char* name;
+  std::function<void(ir::Model&)> mutate;
+  std::vector<std::string> parts;  // substrings what() must contain
+};
+void PrintTo(const IrCase& c, std::ostream* os) { *os << c.name; }
+
+class IrValidate : public ::testing::TestWithParam<IrCase> {};
+
+TEST_P(IrValidate, ThrowsNamingFieldAndValues) {
+  ir::Model m = build({});
+  GetParam().mutate(m);
+  try {
+    ir::validate(m);
+    ADD_FAILURE() << "validate accepted the model";
+  } catch (const ir::IrError& e) {
+    for (const auto& p : GetParam().parts)
+      EXPECT_TRUE(contains(e.what(), p)) << "what(): " << e.what() << "\nlacks: " << p;
+  }
+}
+
+// The default model: q|k|v = 128|128|128 rows of a 384-row fused weight, head_dim 32.
+INSTANTIATE_TEST_SUITE_P(
+    Errors, IrValidate,
+    ::testing::Values(
+        IrCase{"HeadsNotMultipleOfKvHeads", [](ir::Model& m) { attn(m).heads = 6, attn(m).kv_heads = 4; },
+               {"blocks[0].attn.kv_heads", "heads 6", "kv_heads 4"}},
+        IrCase{"FusedRegionsDoNotAddUp", [](ir::Model& m) { attn(m).qkv->out_regions[2].size = 100; },
+               {"blocks[0].attn.qkv.out_regions", "add up to 356", "has 384"}},
+        IrCase{"RegionGapOrOverlap", [](ir::Model& m) { attn(m).qkv->out_regions[1].offset = 120; },
+               {"blocks[0].attn.qkv.out_regions.k", "offset 120", "gap or overlap", "expected 128"}},
+        IrCase{"QRegionSizeNotHeadsTimesHeadDim",
+               [](ir::Model& m) { attn(m).qkv->out_regions = {{"q", 0, 64}, {"k", 64, 128}, {"v", 192, 192}}; },
+               {"blocks[0].attn.qkv.out_regions.q", "size 64", "heads*head_dim 128"}},
+        IrCase{"OutProjectionInFeatures", [](ir::Model& m) { attn(m).out.in_features = 130; },
+               {"blocks[0].attn.out.in_features", "expected 128", "got 130"}},
+        IrCase{"RotaryDimOdd", [](ir::Model& m) { attn(m).rope.rotary_dim = 15; },
+               {"blocks[0].attn.rope.rotary_dim", "head_dim=32", "got 15"}},
+        IrCase{"RotaryDimAboveHeadDim", [](ir::Model& m) { attn(m).rope.rotary_dim = 34; },
+               {"blocks[0].attn.rope.rotary_dim", "head_dim=32", "got 34"}},
+        IrCase{"GateWithFusedHalves", [](ir::Model& m) { mlp(m).gate = linear("g", 128, 256, "dense"); },
+               {"blocks[0].mlp.gate", "fused-halves"}},
+        IrCase{"SeparateWithoutGate",
+               [](ir::Model& m) { mlp(m).layout = ir::GateUpLayout::Separate, mlp(m).up->out_features = 256; },
+               {"blocks[0].mlp.gate", "without a gate"}},
+        IrCase{"ModulationIndexOutOfRange", [](ir::Model& m) { m.blocks[0].sublayers[0].mod.gate = 6; },
+               {"blocks[0].attn.mod", "index 6", "[0, 6)"}},
+        IrCase{"NormEpsZero", [](ir::Model& m) { m.blocks[0].sublayers[1].norm.eps = 0; },
+               {"blocks[0].mlp.norm.eps", "got 0"}},
+        IrCase{"NormEpsNegative", [](ir::Model& m) { m.blocks[0].sublayers[1].norm.eps = -0.5; },
+               {"blocks[0].mlp.norm.eps", "got -0.5"}},
+        IrCase{"SegmentLengthZero", [](ir::Model& m) { m.segments[1].length = 0; },
+               {"model.segments[1].video", "got 0"}},
+        IrCase{"SegmentLengthNegative", [](ir::Model& m) { m.segments[1].length = -3; },
+               {"model.segments[1].video", "got -3"}},
+        IrCase{"IntegerActivationDtype", [](ir::Model& m) { m.dtype = ir::DType::I8; }, {"model.dtype", "int8"}}),
+    [](const ::testing::TestParamInfo<IrCase>& info) { return std::string(info.param.name); });
+
+TEST(IrValidateOk, ValidModelsPass) {
+  EXPECT_NO_THROW(ir::validate(build({})));
+  EXPECT_NO_THROW(ir::validate(build(gqa_bf16(3))));
+}
+
+TEST(IrValidateOk, UnknownActivationNamesField) {
+  try {
+    ir::parse_act("relu6", "blocks[0].mlp.act");
+    ADD_FAILURE() << "parse_act accepted relu6";
+  } catch (const ir::IrError& e) {
+    EXPECT_TRUE(contains(e.what(), "blocks[0].mlp.act")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "'relu6'")) << e.what();
+  }
+  EXPECT_EQ(ir::parse_act("gelu-tanh", "f"), ir::ActKind::GeluTanh);
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Legality: one test per rejection reason
+
+class Legality : public ::testing::Test {
+ protected:
+  // Verdict for sublayer 0 (attention) or 1 (MLP) of block 0.
+  lg::Verdict verdict(const ir::Model& m, size_t sublayer, const ct::DeviceCaps* device = nullptr) const {
+    lg::Context ctx{&m, &reg, device ? device : &dev};
+    return lg::check_sublayer(ctx, m.blocks.at(0).sublayers.at(sublayer));
+  }
+  pl::Plan plan(const ir::Model& m, pl::Options opt = {}) const { return pl::make_plan(m, reg, dev, opt); }
+
+  ct::Registry reg = registry_with_test_contracts();
+  ct::DeviceCaps dev = cpu();
+};
+
+TEST_F(Legality, WholeConsumerFailsClosedForStreamedQOnly) {
+  const pl::Plan p = plan(build({.consumer = "whole"}));
+  const pl::SublayerPlan& a = p.blocks[0].sublayers[0];
+  const Transform t = Transform::GlobalKvStreamedQ;
+  const auto& q = decision(a.decisions, t);
+  EXPECT_FALSE(q.chosen);
+  EXPECT_TRUE(Rejected(q.rejections, {t, "consumer 'whole'", "accepts bounded Q", "yes", "undeclared"}));
+  EXPECT_TRUE(Rejected(q.rejections, {t, "consumer 'whole'", "states whether it needs complete K",
+                                      "declared (yes or no)", "undeclared"}));
+  EXPECT_TRUE(Rejected(q.rejections, {t, "consumer 'whole'", "states whether it needs complete V",
+                                      "declared (yes or no)", "undeclared"}));
+  EXPECT_TRUE(Rejected(q.rejections, {t, "consumer 'whole'", "Q-sized slabs", "yes", "undeclared"}));
+  EXPECT_EQ(q.rejections.size(), 4u);
+
+  const auto& o = decision(a.decisions, Transform::StreamedOutProj);
+  EXPECT_FALSE(o.chosen);
+  EXPECT_TRUE(Rejected(o.rejections, {Transform::StreamedOutProj, "transformation 'global K/V + streamed Q'",
+                                      "prerequisite is legal", "legal", "rejected"}));
+  EXPECT_EQ(o.rejections.size(), 1u);
+
+  // Only those two: bounded QKV and the MLP transformations of the same block still run.
+  EXPECT_TRUE(a.chosen(Transform::BoundedQkv));
+  EXPECT_LT(a.token_chunk, p.tokens);
+  EXPECT_EQ(a.q_chunk, p.tokens);
+  EXPECT_TRUE(p.blocks[0].sublayers[1].chosen(Transform::TokenChunkedMlp));
+  EXPECT_TRUE(p.blocks[0].sublayers[1].chosen(Transform::FeatureSlicedMlp));
+}
+
+TEST_F(Legality, UnregisteredConsumer) {
+  const lg::Verdict v = verdict(build({.consumer = "flash-x"}), 0);
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, "consumer 'flash-x'", "is registered",
+                                      "registered consumer", "unknown name"}));
+  EXPECT_TRUE(v.is_legal(Transform::BoundedQkv));
+}
+
+TEST_F(Legality, ConsumerWithoutModelDtype) {
+  const lg::Verdict v = verdict(build({.dtype = ir::DType::BF16, .consumer = "fp32-only"}), 0);
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, "consumer 'fp32-only'",
+                                      "accepts activation dtype", "bf16", "not accepted"}));
+  EXPECT_EQ(count_of(v.rejections, Transform::GlobalKvStreamedQ), 1u);
+  EXPECT_TRUE(verdict(build({.consumer = "fp32-only"}), 0).is_legal(Transform::GlobalKvStreamedQ));
+}
+
+TEST_F(Legality, AttnOutRenormPatchBlocksStreamedOutProjOnly) {
+  const pl::SublayerPlan a = plan(build({.attn_patches = {"attn-out-renorm"}})).blocks[0].sublayers[0];
+  const auto& o = decision(a.decisions, Transform::StreamedOutProj);
+  EXPECT_FALSE(o.chosen);
+  EXPECT_TRUE(Rejected(o.rejections, {Transform::StreamedOutProj, "patch 'attn-out-renorm'", "runs on a token slab",
+                                      "yes", "no"}));
+  EXPECT_TRUE(a.chosen(Transform::GlobalKvStreamedQ));
+  EXPECT_TRUE(a.chosen(Transform::BoundedQkv));
+}
+
+TEST_F(Legality, MlpHiddenRownormPatchBlocksFeatureSlicingOnly) {
+  const pl::SublayerPlan f = plan(build({.mlp_patches = {"mlp-hidden-rownorm"}})).blocks[0].sublayers[1];
+  const auto& d = decision(f.decisions, Transform::FeatureSlicedMlp);
+  EXPECT_FALSE(d.chosen);
+  EXPECT_TRUE(Rejected(d.rejections, {Transform::FeatureSlicedMlp, "patch 'mlp-hidden-rownorm'",
+                                      "runs on a feature slice", "yes", "no"}));
+  EXPECT_TRUE(f.chosen(Transform::TokenChunkedMlp));
+  EXPECT_EQ(f.feature_slice, 256);
+}
+
+TEST_F(Legality, NonRowLocalQPatchBlocksBoundedQkvAndStreamedQ) {
+  const lg::Verdict v = verdict(build({.attn_patches = {"q-global-norm"}}), 0);
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "patch 'q-global-norm' on Q", "runs on a token slab",
+                                      "yes", "no"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, prerequisite(Transform::BoundedQkv),
+                                      "prerequisite is legal", "legal", "rejected"}));
+  EXPECT_TRUE(v.legal.empty());
+}
+
+TEST_F(Legality, UndeclaredRowSlicingOnFusedQkv) {
+  const lg::Verdict v = verdict(build({.qkv_format = "rows-undeclared"}), 0);
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "weight 'blocks.0.attn.qkv.weight' (format rows-undeclared)",
+                                      "output-feature (row) slicing for regions q|k|v", "yes", "undeclared"}));
+  EXPECT_FALSE(v.is_legal(Transform::BoundedQkv));
+}
+
+TEST_F(Legality, MisalignedQkvRegionOffset) {
+  // 3 heads of 32: q|k|v at rows 0, 96, 192 of a format aligned to 128 rows.
+  const lg::Verdict v = verdict(build({.heads = 3, .kv_heads = 3, .qkv_format = "rows128"}), 0);
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "format rows128", "region 'k' offset aligned",
+                                      "multiple of 128", "96"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "format rows128", "region 'v' offset aligned",
+                                      "multiple of 128", "192"}));
+  EXPECT_FALSE(Rejected(v.rejections, {Transform::BoundedQkv, "", "region 'q'", "", ""}));
+  // 4 heads of 32: offsets 0, 128, 256.
+  EXPECT_TRUE(verdict(build({.qkv_format = "rows128"}), 0).is_legal(Transform::BoundedQkv));
+}
+
+TEST_F(Legality, DownWeightWithoutHeldExecution) {
+  const lg::Verdict v = verdict(build({.down_format = "no-held"}), 1);
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::TokenChunkedMlp, "weight 'blocks.0.mlp.fc2.weight' (format no-held)",
+                                      "held execution", "yes", "no"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, prerequisite(Transform::TokenChunkedMlp),
+                                      "prerequisite is legal", "legal", "rejected"}));
+  EXPECT_EQ(count_of(v.rejections, Transform::FeatureSlicedMlp), 1u);
+}
+
+TEST_F(Legality, Int8RowwiseNeedsTwoAlignedFeatureSlices) {
+  // int8-rowwise: input (column) slices of the down projection at multiples of 256.
+  Knobs k{.hidden = 384, .up_format = "int8-rowwise", .down_format = "int8-rowwise"};
+  const lg::Verdict v = verdict(build(k), 1);
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, "MLP hidden width", "at least two aligned slices",
+                                      ">= 512 (alignment 256)", "384"}));
+  EXPECT_TRUE(v.is_legal(Transform::TokenChunkedMlp));
+
+  k.hidden = 1024;
+  EXPECT_TRUE(verdict(build(k), 1).is_legal(Transform::FeatureSlicedMlp));
+  const pl::SublayerPlan f = plan(build(k)).blocks[0].sublayers[1];
+  EXPECT_TRUE(f.chosen(Transform::FeatureSlicedMlp));
+  EXPECT_EQ(f.feature_slice % 256, 0);
+  EXPECT_LT(f.feature_slice, 1024);
+}
+
+TEST_F(Legality, DownWeightWithoutColumnSlicing) {
+  const lg::Verdict v = verdict(build({.down_format = "no-col-slice"}), 1);
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, "weight 'blocks.0.mlp.fc2.weight'",
+                                      "input-feature (column) slicing", "yes", "no"}));
+  EXPECT_TRUE(v.is_legal(Transform::TokenChunkedMlp));
+}
+
+TEST_F(Legality, DeviceWithoutModelDtype) {
+  const ct::DeviceCaps no_bf16 = cpu({ir::DType::F32, ir::DType::F16, ir::DType::F64});
+  const ir::Model m = build({.dtype = ir::DType::BF16});
+  const lg::Verdict a = verdict(m, 0, &no_bf16), f = verdict(m, 1, &no_bf16);
+  EXPECT_TRUE(Rejected(a.rejections, {Transform::BoundedQkv, "device 'cpu'", "supports activation dtype", "bf16",
+                                      "unsupported"}));
+  EXPECT_TRUE(Rejected(f.rejections, {Transform::TokenChunkedMlp, "device 'cpu'", "supports activation dtype",
+                                      "bf16", "unsupported"}));
+  EXPECT_TRUE(a.legal.empty());
+  EXPECT_TRUE(f.legal.empty());
+}
+
+TEST_F(Legality, FinalProjectionWithUndeclaredHeldExecution) {
+  const ir::Model m = build({.final_format = "held-undeclared"});
+  lg::Context ctx{&m, &reg, &dev};
+  const lg::Verdict v = lg::check_final(ctx, *m.final_layer);
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedFinal, "weight 'final.proj.weight' (format held-undeclared)",
+                                      "held execution", "yes", "undeclared"}));
+  const pl::Plan p = plan(m);
+  EXPECT_FALSE(p.final_layer.chosen(Transform::BoundedFinal));
+  EXPECT_EQ(p.final_layer.chunk, p.tokens);
+}
+
+TEST_F(Legality, EveryRejectionIsCollected) {
+  const ct::DeviceCaps fp32_device = cpu({ir::DType::F32});
+  const ir::Model m = build({.dtype = ir::DType::BF16, .consumer = "whole", .qkv_format = "no-held",
+                             .attn_patches = {"q-global-norm"}});
+  const lg::Verdict v = verdict(m, 0, &fp32_device);
+  // Three components reject bounded QKV: the weight format, the patch and the device.
+  EXPECT_EQ(count_of(v.rejections, Transform::BoundedQkv), 3u);
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "format no-held", "held execution", "yes", "no"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "patch 'q-global-norm'", "token slab", "yes", "no"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "device 'cpu'", "activation dtype", "bf16", ""}));
+  // Streamed Q: its prerequisite and four consumer checks.
+  EXPECT_EQ(count_of(v.rejections, Transform::GlobalKvStreamedQ), 5u);
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, prerequisite(Transform::BoundedQkv), "", "", ""}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, "consumer 'whole'", "bounded Q", "", ""}));
+}
+
+// BUG (src/legality/legality.cpp, check_mlp / feature_alignment): for a FusedHalves up
+// weight the executor slices the up half at rows hidden + f0 (exec/bounded.cpp,
+// gate_up_rows), but legality only makes f0 a multiple of the format's out_align and
+// never checks `hidden` itself. Here out_align 128, hidden 320: feature slicing is legal
+// although the up-half slices start at rows 320 and 448. Enable once legality rejects it.
+TEST_F(Legality, DISABLED_FusedHalvesUpSliceOffsetMustRespectRowAlignment) {
+  const lg::Verdict v = verdict(build({.hidden = 320, .up_format = "rows128"}), 1);
+  EXPECT_FALSE(v.is_legal(Transform::FeatureSlicedMlp));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, "blocks.0.mlp.fc1.weight", "", "", ""}));
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. Plans
+
+using Planning = Legality;
+
+TEST_F(Planning, ExplainListsEveryRejection) {
+  const pl::Plan p = plan(build({.layers = 2, .consumer = "whole", .final_format = "held-undeclared",
+                                 .mlp_patches = {"mlp-hidden-rownorm"}}));
+  const std::string text = pl::explain(p);
+  std::vector<lg::Rejection> all;
+  auto collect = [&all](const std::vector<pl::Decision>& ds) {
+    for (const auto& d : ds) all.insert(all.end(), d.rejections.begin(), d.rejections.end());
+  };
+  for (const auto& b : p.blocks)
+    for (const auto& s : b.sublayers) collect(s.decisions);
+  collect(p.final_layer.decisions);
+  ASSERT_GE(all.size(), 7u);
+  for (const auto& r : all) {
+    EXPECT_TRUE(contains(text, r.component)) << r.component << "\n" << text;
+    EXPECT_TRUE(contains(text, r.check)) << r.check << "\n" << text;
+  }
+  EXPECT_TRUE(contains(text, "[x] bounded QKV")) << text;
+}
+
+TEST_F(Planning, ChunkCoveringAllTokensDeclinesWithNote) {
+  const ir::Model m = build({});
+  const int64_t T = m.tokens();
+  for (int64_t chunk : {T, T + 100}) {
+    SCOPED_TRACE("token_chunk " + std::to_string(chunk));
+    const pl::Plan p = plan(m, {.token_chunk = chunk});
+    const pl::SublayerPlan &a = p.blocks[0].sublayers[0], &f = p.blocks[0].sublayers[1];
+    for (const pl::Decision* d : {&decision(a.decisions, Transform::BoundedQkv),
+                                  &decision(a.decisions, Transform::GlobalKvStreamedQ),
+                                  &decision(a.decisions, Transform::StreamedOutProj),
+                                  &decision(f.decisions, Transform::TokenChunkedMlp),
+                                  &decision(p.final_layer.decisions, Transform::BoundedFinal)}) {
+      EXPECT_FALSE(d->chosen) << lg::to_string(d->transform);
+      EXPECT_EQ(d->note, "one chunk covers all tokens") << lg::to_string(d->transform);
+      EXPECT_TRUE(d->rejections.empty()) << lg::to_string(d->transform);
+    }
+    EXPECT_EQ(a.token_chunk, T);
+    EXPECT_EQ(a.q_chunk, T);
+    EXPECT_EQ(f.token_chunk, T);
+    EXPECT_EQ(p.final_layer.chunk, T);
+  }
+}
+
+TEST_F(Planning, FeatureSliceNotMultipleOfAlignmentThrows) {
+  const ir::Model m = build({.hidden = 1024, .up_format = "int8-rowwise", .down_format = "int8-rowwise"});
+  try {
+    plan(m, {.feature_slice = 300});
+    ADD_FAILURE() << "feature_slice 300 accepted with alignment 256";
+  } catch (const pl::PlanError& e) {
+    for (const char* part : {"feature_slice", "300", "256"}) EXPECT_TRUE(contains(e.what(), part)) << e.what();
+  }
+  EXPECT_EQ(plan(m, {.feature_slice = 512}).blocks[0].sublayers[1].feature_slice, 512);
+}
+
+TEST_F(Planning, NegativeTokenChunkThrows) {
+  try {
+    plan(build({}), {.token_chunk = -5});
+    ADD_FAILURE() << "token_chunk -5 accepted";
+  } catch (const pl::PlanError& e) {
+    for (const char* part : {"token_chunk", "-5"}) EXPECT_TRUE(contains(e.what(), part)) << e.what();
+  }
+}
+
+TEST_F(Planning, FloorIsResidualPlusGlobalKvWithGqa) {
+  const Knobs k = gqa_bf16();
+  const ir::Model m = build(k);
+  const int64_t T = 520, D = 128, esz = 2;
+  const int64_t expected = T * D * esz + 2 * T * k.kv_heads * k.head_dim * esz;  // K and V: kv_heads, not heads
+  EXPECT_EQ(pl::floor_bytes(m), expected);
+  const pl::Plan p = plan(m);
+  EXPECT_EQ(p.floor_bytes, expected);
+  EXPECT_EQ(p.residual_bytes, T * D * esz);
+}
+
+// The estimate is the residual plus the worst phase of any sublayer, the final layer or
+// the embedding, each summed from the same phase specs the executor allocates.
+TEST_F(Planning, EstimateIsResidualPlusWorstPhase) {
+  const std::vector<std::pair<Knobs, pl::Options>> cases = {
+      {Knobs{}, {}},
+      {gqa_bf16(2), {.token_chunk = 100}},
+      {Knobs{.hidden = 1024, .qkv_format = "int8-rowwise", .up_format = "int8-rowwise", .down_format = "int8-rowwise"},
+       {.token_chunk = 96, .feature_slice = 512}},
+      {Knobs{.consumer = "whole", .attn_patches = {"attn-out-renorm"}}, {}},
+      {Knobs{}, {.token_chunk = 520, .feature_slice = -1}},  // nothing bounded
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    const ir::Model m = build(cases[i].first);
+    const pl::Plan p = plan(m, cases[i].second);
+    int64_t worst = pl::embed_phase(m, reg).total_bytes(dev);
+    for (size_t b = 0; b < m.blocks.size(); ++b)
+      for (size_t s = 0; s < m.blocks[b].sublayers.size(); ++s) {
+        const pl::SublayerPlan& sp = p.blocks[b].sublayers[s];
+        int64_t peak = 0;
+        for (const auto& ph : pl::sublayer_phases(m, m.blocks[b].sublayers[s], sp, reg, dev))
+          peak = std::max(peak, ph.total_bytes(dev));
+        EXPECT_EQ(sp.estimated_peak, peak) << sp.name;
+        worst = std::max(worst, peak);
+      }
+    const int64_t fin = pl::final_phase(m, p.final_layer.chunk, reg).total_bytes(dev);
+    EXPECT_EQ(p.final_layer.estimated_peak, fin);
+    worst = std::max(worst, fin);
+    EXPECT_EQ(p.estimated_peak_bytes, p.residual_bytes + worst);
+    EXPECT_GE(p.estimated_peak_bytes, p.floor_bytes);
+  }
+}
+
+TEST_F(Planning, ChunkNotDividingTokensIsPlanned) {
+  const ir::Model m = build({});  // 520 tokens
+  const pl::Plan p = plan(m, {.token_chunk = 96});
+  const pl::SublayerPlan& a = p.blocks[0].sublayers[0];
+  for (Transform t : {Transform::BoundedQkv, Transform::GlobalKvStreamedQ, Transform::StreamedOutProj})
+    EXPECT_TRUE(a.chosen(t)) << lg::to_string(t);
+  EXPECT_EQ(a.token_chunk, 96);
+  EXPECT_EQ(a.q_chunk, 96);
+  EXPECT_EQ(p.blocks[0].sublayers[1].token_chunk, 96);
+  EXPECT_EQ(p.final_layer.chunk, 96);
+  const auto phases = pl::sublayer_phases(m, m.blocks[0].sublayers[0], a, reg, dev);
+  ASSERT_FALSE(phases.empty());
+  const pl::BufferSpec* n32 = phases[0].find(pl::Buf::N32);
+  ASSERT_NE(n32, nullptr);
+  EXPECT_EQ(n32->shape, (std::vector<int64_t>{96, 128}));
+
+  // A consumer's Q alignment rounds the Q slab up, never past the sequence.
+  const ir::Model q64 = build({.consumer = "sdpa-q64"});
+  EXPECT_EQ(plan(q64, {.token_chunk = 96}).blocks[0].sublayers[0].q_chunk, 128);
+  EXPECT_EQ(plan(q64, {.token_chunk = 500}).blocks[0].sublayers[0].q_chunk, 512);
+  EXPECT_EQ(plan(q64, {.token_chunk = 519}).blocks[0].sublayers[0].q_chunk, 520);
+}
+
+TEST(PlanDefaults, DefaultTokenChunkBoundsAndAlignment) {
+  const std::vector<int64_t> tokens = {1,    15,    16,    17,    127,   128,   2047,    2048,    2049,
+                                       8192, 65535, 65536, 65537, 74304, 75000, 1000000, 10000000};
+  for (int64_t align : {1, 2, 3, 8, 64, 128, 256, 1000, 5000}) {
+    const int64_t hi = (4096 + align - 1) / align * align;
+    int64_t prev = 0;
+    for (int64_t t : tokens) {
+      SCOPED_TRACE("tokens " + std::to_string(t) + ", align " + std::to_string(align));
+      const int64_t c = pl::default_token_chunk(t, align);
+      EXPECT_EQ(c % align, 0);
+      EXPECT_GE(c, 128);
+      EXPECT_LE(c, hi);
+      EXPECT_GE(c, prev);  // never shrinks as the sequence grows
+      prev = c;
+      const int64_t sixteenth = (t + 15) / 16;
+      if (sixteenth >= 128 && sixteenth <= 4096) {  // inside the clamp: ~1/16 of the tokens
+        EXPECT_GE(c, sixteenth);
+        EXPECT_LT(c, sixteenth + align);
+      }
+    }
+  }
+}
+
+TEST(PlanDefaults, DefaultFeatureSliceBoundsAndAlignment) {
+  for (int64_t align : {1, 2, 64, 128, 256}) {
+    for (int64_t hidden : {1, 3, 4, 5, 255, 256, 384, 512, 1000, 1024, 8960, 13824, 14336}) {
+      SCOPED_TRACE("hidden " + std::to_string(hidden) + ", align " + std::to_string(align));
+      const int64_t f = pl::default_feature_slice(hidden, align), quarter = (hidden + 3) / 4;
+      EXPECT_EQ(f % align, 0);
+      EXPECT_GE(f, quarter);
+      EXPECT_LT(f, quarter + align);
+      // Wherever legality allows slicing (two aligned slices fit), the default slices.
+      if (hidden >= 2 * align) {
+        EXPECT_LT(f, hidden);
+      }
+    }
+  }
+}
+
+}  // namespace

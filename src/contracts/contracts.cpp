@@ -26,9 +26,17 @@ const char* to_string(TensorRole r) {
   return "?";
 }
 
+// CUDA's caching allocator hands out blocks in multiples of 512 bytes. A request of 10 MiB
+// or more gets its own segment rounded to 2 MiB, and the block keeps the whole segment
+// unless more than 1 MiB would be left over (the allocator's split rule for large blocks).
 int64_t DeviceCaps::round_alloc(int64_t bytes) const {
   if (bytes <= 0) return 0;
-  return (bytes + alloc_round - 1) / alloc_round * alloc_round;
+  const int64_t r = (bytes + alloc_round - 1) / alloc_round * alloc_round;
+  if (kind != DeviceKind::CUDA) return r;
+  constexpr int64_t MiB = int64_t{1} << 20;
+  if (r < 10 * MiB) return r;
+  const int64_t segment = (r + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
+  return segment - r > MiB ? r : segment;
 }
 
 namespace {
@@ -53,15 +61,13 @@ int64_t sdpa_call_bytes(const AttnShape& s) {
   return bytes;
 }
 
-// Explicit softmax(Q K^T) V in fp32: the score matrix (softmax runs in place), an fp32
-// copy of Q, and the fp32 output before the cast back.
+// Explicit softmax(Q K^T) V: the score matrix in the activation dtype; for reduced dtypes
+// also its fp32 copy (softmax runs in place) and the probabilities cast back; the output.
 int64_t math_call_bytes(const AttnShape& s) {
   const int64_t esz = static_cast<int64_t>(ir::dtype_size(s.dtype));
-  const int64_t scores = s.heads * s.q_rows * s.kv_rows * 4;
+  const int64_t scores = s.heads * s.q_rows * s.kv_rows;
   const bool upcast = s.dtype != ir::DType::F32 && s.dtype != ir::DType::F64;
-  int64_t bytes = scores + elems(s) * (upcast ? 4 : esz) * 2;
-  if (upcast) bytes += elems(s) * esz;
-  return bytes;
+  return scores * (upcast ? esz + 4 + esz : esz) + elems(s) * esz;
 }
 
 }  // namespace
