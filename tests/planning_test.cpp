@@ -137,6 +137,10 @@ ct::Registry registry_with_test_contracts() {
   q64.name = "sdpa-q64";
   q64.q_align = 64;
   reg.add(q64);
+  ct::ConsumerCaps kv128 = reg.consumer("sdpa");
+  kv128.name = "sdpa-kv128";
+  kv128.kv_align = 128;
+  reg.add(kv128);
   return reg;
 }
 
@@ -306,6 +310,13 @@ TEST_F(Legality, UnregisteredConsumer) {
   EXPECT_TRUE(v.is_legal(Transform::BoundedQkv));
 }
 
+TEST_F(Legality, ConsumerKvAlignmentNotMetByTokens) {
+  const lg::Verdict v = verdict(build({.consumer = "sdpa-kv128"}), 0);  // 520 tokens
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, "consumer 'sdpa-kv128'",
+                                      "global K/V length aligned", "multiple of 128", "520"}));
+  EXPECT_EQ(count_of(v.rejections, Transform::GlobalKvStreamedQ), 1u);
+}
+
 TEST_F(Legality, ConsumerWithoutModelDtype) {
   const lg::Verdict v = verdict(build({.dtype = ir::DType::BF16, .consumer = "fp32-only"}), 0);
   EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, "consumer 'fp32-only'",
@@ -433,15 +444,14 @@ TEST_F(Legality, EveryRejectionIsCollected) {
   EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, "consumer 'whole'", "bounded Q", "", ""}));
 }
 
-// BUG (src/legality/legality.cpp, check_mlp / feature_alignment): for a FusedHalves up
-// weight the executor slices the up half at rows hidden + f0 (exec/bounded.cpp,
-// gate_up_rows), but legality only makes f0 a multiple of the format's out_align and
-// never checks `hidden` itself. Here out_align 128, hidden 320: feature slicing is legal
-// although the up-half slices start at rows 320 and 448. Enable once legality rejects it.
-TEST_F(Legality, DISABLED_FusedHalvesUpSliceOffsetMustRespectRowAlignment) {
+// The up half of a fused [gate | up] weight starts at row `hidden`; with out_align 128 and
+// hidden 320 its slices would start at rows 320, 448, ...: feature slicing is rejected.
+TEST_F(Legality, FusedHalvesUpSliceOffsetMustRespectRowAlignment) {
   const lg::Verdict v = verdict(build({.hidden = 320, .up_format = "rows128"}), 1);
   EXPECT_FALSE(v.is_legal(Transform::FeatureSlicedMlp));
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, "blocks.0.mlp.fc1.weight", "", "", ""}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, "blocks.0.mlp.fc1.weight",
+                                      "up half's row offset aligned", "multiple of 128", "320"}));
+  EXPECT_TRUE(verdict(build({.hidden = 384, .up_format = "rows128"}), 1).is_legal(Transform::FeatureSlicedMlp));
 }
 
 // ---------------------------------------------------------------------------------------

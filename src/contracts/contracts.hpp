@@ -47,10 +47,9 @@ struct ConsumerCaps {
   Cap requires_global_k = Cap::Unknown;  // Yes: K must be complete before any Q slab
   Cap requires_global_v = Cap::Unknown;
   Cap slab_output = Cap::Unknown;        // output produced per Q slab
-  Cap gqa = Cap::Unknown;                // kv_heads < heads accepted
   std::set<ir::DType> dtypes;            // accepted activation dtypes
   int64_t q_align = 1;                   // Q slab rows must be a multiple (except the last)
-  int64_t kv_align = 1;
+  int64_t kv_align = 1;                  // global K/V length must be a multiple
   // Bytes the consumer allocates for one call (output + scratch), by shape.
   std::function<int64_t(const AttnShape&)> call_bytes;
 };

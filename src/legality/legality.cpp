@@ -119,6 +119,8 @@ void check_attention(Verdict& v, const Context& ctx, const ir::Attention& a) {
       c.require_declared(comp, "states whether it needs complete K", k.requires_global_k);
       c.require_declared(comp, "states whether it needs complete V", k.requires_global_v);
       c.require_cap(comp, "produces output in Q-sized slabs", k.slab_output);
+      c.require(ctx.model->tokens() % k.kv_align == 0, comp, "global K/V length aligned",
+                "multiple of " + std::to_string(k.kv_align), std::to_string(ctx.model->tokens()));
       c.require(k.dtypes.count(ctx.model->dtype) != 0, comp, "accepts activation dtype", ir::to_string(ctx.model->dtype),
                 "not accepted");
     }
@@ -153,6 +155,13 @@ void check_mlp(Verdict& v, const Context& ctx, const ir::Mlp& m) {
                   ctx.registry->format(m.down.format).in_slicing);
     require_patch_locality(c, ctx, m.patches, {TensorRole::MlpHidden}, true);
     const int64_t align = feature_alignment(*ctx.registry, m);
+    // The up half of a fused [gate | up] weight starts at row `hidden`: slices of it are
+    // aligned only if that offset is.
+    if (m.layout == ir::GateUpLayout::FusedHalves) {
+      const int64_t oa = ctx.registry->format(m.up->format).out_align;
+      c.require(m.hidden % oa == 0, weight_component(*m.up), "up half's row offset aligned",
+                "multiple of " + std::to_string(oa), std::to_string(m.hidden));
+    }
     c.require(m.hidden >= 2 * align, "MLP hidden width", "at least two aligned slices",
               ">= " + std::to_string(2 * align) + " (alignment " + std::to_string(align) + ")",
               std::to_string(m.hidden));
