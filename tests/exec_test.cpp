@@ -125,7 +125,15 @@ TEST(Consumers, DeclaredCallBytesMatchWhatTheCallAllocates) {
         exec::consumer_impl(name)(q, k, v, 0.2);
         contracts::AttnShape s{rows, 611, 2, 2, 32, dt == at::kFloat ? ir::DType::F32 : ir::DType::BF16,
                                contracts::DeviceKind::CPU, at::get_num_threads()};
-        EXPECT_EQ(m.peak_above_start(), reg.consumer(name).call_bytes(s)) << name << " " << dt << " rows " << rows;
+        const int64_t declared = reg.consumer(name).call_bytes(s), measured = m.peak_above_start();
+        if (name == "sdpa" && dt != at::kFloat) {
+          // The reduced-dtype CPU kernel's packing tiles depend on the processor: the contract
+          // declares an upper bound of 64 KiB a thread for them.
+          EXPECT_LE(measured, declared) << name << " " << dt << " rows " << rows;
+          EXPECT_GE(measured + s.threads * (64 << 10), declared) << name << " " << dt << " rows " << rows;
+        } else {
+          EXPECT_EQ(measured, declared) << name << " " << dt << " rows " << rows;
+        }
       }
     }
   }

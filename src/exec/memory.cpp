@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 
 #ifdef STREAMPLAN_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -18,28 +19,44 @@ namespace {
 std::atomic<int64_t> g_live{0};
 std::atomic<int64_t> g_peak{0};
 
-struct Block {
-  void* ptr;
-  size_t bytes;
-};
+// Sizes of live blocks by address: ATen's raw_allocate() requires the context of a DataPtr
+// to be its data pointer, so the size cannot travel in the context.
+std::mutex g_mu;
+std::unordered_map<void*, size_t>& sizes() {
+  static std::unordered_map<void*, size_t> m;
+  return m;
+}
 
-void release(void* ctx) {
-  auto* b = static_cast<Block*>(ctx);
-  g_live.fetch_sub(static_cast<int64_t>(b->bytes));
-  c10::free_cpu(b->ptr);
-  delete b;
+void release(void* p) {
+  if (!p) return;
+  size_t n = 0;
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    auto it = sizes().find(p);
+    if (it != sizes().end()) {
+      n = it->second;
+      sizes().erase(it);
+    }
+  }
+  g_live.fetch_sub(static_cast<int64_t>(n));
+  c10::free_cpu(p);
 }
 
 class CountingAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     void* p = n ? c10::alloc_cpu(n) : nullptr;
-    const int64_t live = g_live.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
+    if (p) {
+      std::lock_guard<std::mutex> l(g_mu);
+      sizes()[p] = n;
+    }
+    const int64_t live = g_live.fetch_add(static_cast<int64_t>(p ? n : 0)) + static_cast<int64_t>(p ? n : 0);
     int64_t peak = g_peak.load();
     while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {
     }
-    return {p, new Block{p, n}, &release, c10::Device(c10::DeviceType::CPU)};
+    return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
 };
 

@@ -53,7 +53,7 @@ at::Tensor per_token_mod(const Ctx& c, const ir::Modulation& mod) {
   if (mod.scope == ir::ModScope::PerToken) return t;
   std::vector<int64_t> lens;
   for (const auto& s : c.m.segments) lens.push_back(s.length);
-  return t.repeat_interleave(at::tensor(lens), 0);
+  return t.repeat_interleave(at::tensor(lens).to(t.device()), 0);
 }
 
 at::Tensor norm(const Ctx& c, const ir::Norm& n, const at::Tensor& x) {
