@@ -63,7 +63,7 @@ Case draw(std::mt19937_64& rng, int combo) {
   m.act = static_cast<ir::ActKind>(pick(0, 2));
   m.norm = static_cast<ir::NormKind>(pick(0, 1));
   m.norm_affine = coin();
-  m.mod_scope = static_cast<ir::ModScope>(pick(0, 2));
+  m.mod_scope = static_cast<ir::ModScope>(pick(0, 3));
   m.embed = coin();
   if (!m.embed) m.in_features = m.dim;
   m.final_layer = pick(0, 4) != 0;

@@ -38,12 +38,12 @@ struct Small {
 
 TEST(Inputs, WrongInputShapeNamesTheInputAndShapes) {
   Small s;
-  s.inst.inputs.x = at::randn({299, 64});
+  s.inst.inputs.tokens["video"] = at::randn({171, 64});
   const auto p = plan::make_plan(s.inst.model, s.reg, s.dev, {});
   const std::string e = error_of([&] { exec::run_planned(s.inst.model, p, *s.inst.weights, s.inst.inputs, s.reg, s.dev); });
-  EXPECT_NE(e.find("input x"), std::string::npos) << e;
-  EXPECT_NE(e.find("[300, 64]"), std::string::npos) << e;
-  EXPECT_NE(e.find("[299, 64]"), std::string::npos) << e;
+  EXPECT_NE(e.find("input tokens of segment 'video'"), std::string::npos) << e;
+  EXPECT_NE(e.find("[172, 64]"), std::string::npos) << e;
+  EXPECT_NE(e.find("[171, 64]"), std::string::npos) << e;
 }
 
 TEST(Inputs, MissingOrMisshapenTablesAreNamed) {
@@ -61,7 +61,7 @@ TEST(Inputs, MissingOrMisshapenTablesAreNamed) {
 
 TEST(Inputs, DtypeMismatchIsNamed) {
   Small s;
-  s.inst.inputs.x = s.inst.inputs.x.to(at::kDouble);
+  s.inst.inputs.tokens["text"] = s.inst.inputs.tokens["text"].to(at::kDouble);
   const std::string e = error_of([&] { exec::run_naive(s.inst.model, *s.inst.weights, s.inst.inputs, s.reg); });
   EXPECT_NE(e.find("does not match the model dtype fp32"), std::string::npos) << e;
 }

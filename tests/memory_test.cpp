@@ -94,13 +94,14 @@ TEST(Memory, RunsLeaveInputsAndWeightsUntouched) {
   cfg.embed = false;
   cfg.in_features = cfg.dim;
   const auto inst = models::instantiate(cfg, reg, at::kCPU);
-  const at::Tensor x0 = inst.inputs.x.clone();
+  std::map<std::string, at::Tensor> x0;
+  for (const auto& [k, v] : inst.inputs.tokens) x0[k] = v.clone();
   std::map<std::string, at::Tensor> w0;
   for (const auto& [k, v] : inst.weights->all()) w0[k] = v.clone();
   const auto p = plan::make_plan(inst.model, reg, dev, {64, 0});
   exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev);
   exec::run_naive(inst.model, *inst.weights, inst.inputs, reg);
-  EXPECT_TRUE(at::equal(inst.inputs.x, x0));
+  for (const auto& [k, v] : inst.inputs.tokens) EXPECT_TRUE(at::equal(v, x0[k])) << k;
   for (const auto& [k, v] : inst.weights->all()) EXPECT_TRUE(at::equal(v, w0[k])) << k;
 }
 

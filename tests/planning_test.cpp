@@ -73,14 +73,16 @@ ir::Model build(const Knobs& k) {
     a.heads = k.heads;
     a.kv_heads = k.kv_heads;
     a.head_dim = k.head_dim;
-    a.qkv = linear(p + "attn.qkv", k.dim, wq + 2 * wkv, k.qkv_format);
-    a.qkv->out_regions = {{"q", 0, wq}, {"k", wq, wkv}, {"v", wq + wkv, wkv}};
-    a.qk_norm = {ir::QkNormKind::PerHead, 1e-5, p + "attn.norm_q.weight", p + "attn.norm_k.weight"};
+    a.proj.qkv = linear(p + "attn.qkv", k.dim, wq + 2 * wkv, k.qkv_format);
+    a.proj.qkv->out_regions = {{"q", 0, wq}, {"k", wq, wkv}, {"v", wq + wkv, wkv}};
+    a.qk_norm = {ir::QkNormKind::PerHead, 1e-5};
+    a.proj.q_norm = p + "attn.norm_q.weight";
+    a.proj.k_norm = p + "attn.norm_k.weight";
     a.rope = {ir::RopeStyle::SplitHalf, k.rotary_dim, "rope"};
     a.consumer = k.consumer;
-    a.out = linear(p + "attn.out", wq, k.dim, "dense");
+    a.proj.out = linear(p + "attn.out", wq, k.dim, "dense");
     a.patches = k.attn_patches;
-    b.sublayers.push_back({"attn", norm, {0, 1, 2}, a});
+    b.sublayers.push_back({"attn", {}, norm, {0, 1, 2}, a});
     ir::Mlp f;
     f.layout = ir::GateUpLayout::FusedHalves;
     f.act = ir::ActKind::Silu;
@@ -88,10 +90,10 @@ ir::Model build(const Knobs& k) {
     f.up = linear(p + "mlp.fc1", k.dim, 2 * k.hidden, k.up_format);
     f.down = linear(p + "mlp.fc2", k.hidden, k.dim, k.down_format);
     f.patches = k.mlp_patches;
-    b.sublayers.push_back({"mlp", norm, {3, 4, 5}, f});
+    b.sublayers.push_back({"mlp", {}, norm, {3, 4, 5}, f});
     m.blocks.push_back(std::move(b));
   }
-  ir::FinalLayer fl{norm, {ir::ModScope::PerSegment, 2, "final.mod"}, {0, 1, -1}, {}};
+  ir::FinalLayer fl{{}, norm, {ir::ModScope::PerSegment, 2, "final.mod"}, {0, 1, -1}, {}};
   fl.proj = linear("final.proj", k.dim, k.out_features, k.final_format);
   fl.proj.bias = "final.proj.bias";
   fl.proj.fp32_compute = true;
@@ -212,14 +214,14 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         IrCase{"HeadsNotMultipleOfKvHeads", [](ir::Model& m) { attn(m).heads = 6, attn(m).kv_heads = 4; },
                {"blocks[0].attn.kv_heads", "heads 6", "kv_heads 4"}},
-        IrCase{"FusedRegionsDoNotAddUp", [](ir::Model& m) { attn(m).qkv->out_regions[2].size = 100; },
+        IrCase{"FusedRegionsDoNotAddUp", [](ir::Model& m) { attn(m).proj.qkv->out_regions[2].size = 100; },
                {"blocks[0].attn.qkv.out_regions", "add up to 356", "has 384"}},
-        IrCase{"RegionGapOrOverlap", [](ir::Model& m) { attn(m).qkv->out_regions[1].offset = 120; },
+        IrCase{"RegionGapOrOverlap", [](ir::Model& m) { attn(m).proj.qkv->out_regions[1].offset = 120; },
                {"blocks[0].attn.qkv.out_regions.k", "offset 120", "gap or overlap", "expected 128"}},
         IrCase{"QRegionSizeNotHeadsTimesHeadDim",
-               [](ir::Model& m) { attn(m).qkv->out_regions = {{"q", 0, 64}, {"k", 64, 128}, {"v", 192, 192}}; },
+               [](ir::Model& m) { attn(m).proj.qkv->out_regions = {{"q", 0, 64}, {"k", 64, 128}, {"v", 192, 192}}; },
                {"blocks[0].attn.qkv.out_regions.q", "size 64", "heads*head_dim 128"}},
-        IrCase{"OutProjectionInFeatures", [](ir::Model& m) { attn(m).out.in_features = 130; },
+        IrCase{"OutProjectionInFeatures", [](ir::Model& m) { attn(m).proj.out.in_features = 130; },
                {"blocks[0].attn.out.in_features", "expected 128", "got 130"}},
         IrCase{"RotaryDimOdd", [](ir::Model& m) { attn(m).rope.rotary_dim = 15; },
                {"blocks[0].attn.rope.rotary_dim", "head_dim=32", "got 15"}},

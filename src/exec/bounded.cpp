@@ -8,6 +8,7 @@
 // In-place residual writes happen only after every reader of the old rows has run:
 // K/V are complete before any row of x changes, and a Q slab reads only its own rows.
 #include <cmath>
+#include <tuple>
 
 #include "exec/consumers.hpp"
 #include "exec/executor.hpp"
@@ -74,100 +75,181 @@ void project(const Run& r, const ir::Linear& l, const at::Tensor& weight_rows, S
   if (!l.bias.empty()) out.add_(slice(r.w.tensor(l.bias), 0, rows));
 }
 
+// Calls f(local_begin, length, projections) for the pieces of absolute rows [r0, r0+n)
+// that use the same projection set (one piece unless the attention is joint).
+template <typename F>
+void proj_pieces(const ir::Model& m, const ir::Attention& a, int64_t r0, int64_t n, F&& f) {
+  if (a.segment_proj.empty()) {
+    f(0, n, a.proj);
+    return;
+  }
+  int64_t start = 0;
+  for (const auto& seg : m.segments) {
+    const int64_t lo = std::max(r0, start), hi = std::min(r0 + n, start + seg.length);
+    if (lo < hi) f(lo - r0, hi - lo, a.proj_for(seg.name));
+    start += seg.length;
+  }
+}
+
+// Region rows of a projection set: fused regions are row ranges of the one weight.
+Slice region_rows(const ir::AttnProj& p, const char* name, int64_t width) {
+  return {p.fused() ? p.qkv->out_region(name)->offset : 0, width};
+}
+
+// The acquired weight of each projection set (held for a phase).
+struct HeldProj {
+  std::vector<std::pair<const ir::AttnProj*, at::Tensor>> w;
+  const at::Tensor& of(const ir::AttnProj& p) const {
+    for (const auto& [k, t] : w)
+      if (k == &p) return t;
+    throw std::logic_error("projection not held");
+  }
+};
+
+template <typename F>
+HeldProj hold(const Run& r, const ir::Attention& a, F&& linear_and_rows) {
+  HeldProj h;
+  for (const ir::AttnProj* p : a.all_proj()) {
+    auto [l, rows, cols] = linear_and_rows(*p);
+    h.w.push_back({p, r.w.acquire(*l, rows, cols, r.dt)});
+  }
+  return h;
+}
+
 void attention(Run& r, const ir::Block& b, const ir::Sublayer& s, const ir::Attention& a, const plan::SublayerPlan& p,
                at::Tensor& x, const contracts::DeviceCaps& dev) {
-  const int64_t T = r.m.tokens(), D = r.m.dim, H = a.heads, G = a.kv_heads, hd = a.head_dim;
-  const int64_t wq = H * hd, wkv = G * hd, rep = H / G;
+  const ir::RowRange rr = r.m.rows(s.segments);
+  const int64_t T = rr.size(), D = r.m.dim, H = a.heads, G = a.kv_heads, hd = a.head_dim;
+  const int64_t wq = H * hd, wkv = G * hd, rep = H / G, mlp = a.parallel ? a.parallel->hidden : 0;
+  const bool cross = a.kind == ir::AttnKind::Cross;
+  const at::Tensor ctx = cross ? r.in.table(a.context) : at::Tensor();
+  const int64_t L = cross ? ctx.size(0) : T;
   const auto phases = plan::sublayer_phases(r.m, s, p, r.reg, dev);
-  const ir::Linear& ql = a.fused() ? *a.qkv : *a.q;
-  const ir::Linear& kl = a.fused() ? *a.qkv : *a.k;
-  const ir::Linear& vl = a.fused() ? *a.qkv : *a.v;
-  const Slice qrows{a.fused() ? a.qkv->out_region("q")->offset : 0, wq};
-  const Slice krows{a.fused() ? a.qkv->out_region("k")->offset : 0, wkv};
-  const Slice vrows{a.fused() ? a.qkv->out_region("v")->offset : 0, wkv};
   const bool roped = a.rope.style != ir::RopeStyle::None;
   at::Tensor cos, sin;
   if (roped) {
     cos = r.in.table(a.rope.table + ".cos");
     sin = r.in.table(a.rope.table + ".sin");
   }
-  auto rotate = [&](at::Tensor t3, const Workspace& ws, int64_t r0, int64_t n, int64_t heads) {
+  // Rows are absolute row numbers of the residual stream.
+  auto rotate = [&](at::Tensor t3, const Workspace& ws, int64_t row0, int64_t n, int64_t heads) {
     if (roped)
-      r.ops.rope_(t3, a.rope, cos.narrow(0, r0, n), sin.narrow(0, r0, n),
+      r.ops.rope_(t3, a.rope, cos.narrow(0, row0, n), sin.narrow(0, row0, n),
                   ws.get(Buf::RopeTmp, {n, heads, a.rope.rotary_dim / 2}));
   };
+  using Acq = std::tuple<const ir::Linear*, Slice, Slice>;
+  auto normed = [&](const Workspace& ws, int64_t row0, int64_t n) {
+    at::Tensor n32 = ws.get(Buf::N32, {n, D}), h = ws.get(Buf::H, {n, D});
+    r.ops.norm_modulate(x.narrow(0, row0, n), s.norm, b.modulation, s.mod, row0, n32);
+    h.copy_(n32);
+    return h;
+  };
 
-  // Phase kv: K and V for every token into the global buffers.
+  // Phase kv: K and V for every row (or every context row) into the global buffers.
   Workspace ws(r.device, phases[0]);
   {
-    at::Tensor wk = r.w.acquire(kl, krows, {}, r.dt), wv = r.w.acquire(vl, vrows, {}, r.dt);
+    const HeldProj wk = hold(r, a, [&](const ir::AttnProj& pr) { return Acq{&pr.k_linear(), region_rows(pr, "k", wkv), {}}; });
+    const HeldProj wv = hold(r, a, [&](const ir::AttnProj& pr) { return Acq{&pr.v_linear(), region_rows(pr, "v", wkv), {}}; });
     at::Tensor K = ws.full(Buf::K), V = ws.full(Buf::V);
-    for_slabs(T, p.token_chunk, [&](int64_t r0, int64_t n) {
-      at::Tensor n32 = ws.get(Buf::N32, {n, D}), h = ws.get(Buf::H, {n, D});
-      r.ops.norm_modulate(x.narrow(0, r0, n), s.norm, b.modulation, s.mod, r0, n32);
-      h.copy_(n32);
+    for_slabs(L, p.token_chunk, [&](int64_t l0, int64_t n) {
+      const int64_t row0 = rr.begin + l0;
+      at::Tensor h = cross ? ctx.narrow(0, l0, n) : normed(ws, row0, n);
       at::Tensor kv = ws.get(Buf::KV, {2, n, wkv});
-      at::Tensor k = kv.select(0, 0), v = kv.select(0, 1);
-      project(r, kl, wk, krows, h, k);
-      project(r, vl, wv, vrows, h, v);
-      at::Tensor k32 = ws.get(Buf::K32, {n, wkv});
-      k32.copy_(k);
-      r.ops.qk_norm_(k32, a.qk_norm, a.qk_norm.k_weight, G, hd);
-      rotate(k32.view({n, G, hd}), ws, r0, n, G);
+      at::Tensor k = kv.select(0, 0), v = kv.select(0, 1), k32 = ws.get(Buf::K32, {n, wkv});
+      auto project_kv = [&](int64_t lb, int64_t len, const ir::AttnProj& pr) {
+        project(r, pr.k_linear(), wk.of(pr), region_rows(pr, "k", wkv), h.narrow(0, lb, len), k.narrow(0, lb, len));
+        project(r, pr.v_linear(), wv.of(pr), region_rows(pr, "v", wkv), h.narrow(0, lb, len), v.narrow(0, lb, len));
+        at::Tensor kp = k32.narrow(0, lb, len);
+        kp.copy_(k.narrow(0, lb, len));
+        r.ops.qk_norm_(kp, a.qk_norm, pr.k_norm, G, hd);
+      };
+      if (cross) project_kv(0, n, a.proj);
+      else proj_pieces(r.m, a, row0, n, project_kv);
+      rotate(k32.view({n, G, hd}), ws, row0, n, G);
       apply_patches(r.reg, a.patches, contracts::TensorRole::K, k32);
       apply_patches(r.reg, a.patches, contracts::TensorRole::V, v);
-      K.narrow(1, r0, n).copy_(k32.view({n, G, hd}).transpose(0, 1));
-      V.narrow(1, r0, n).copy_(v.view({n, G, hd}).transpose(0, 1));
+      K.narrow(1, l0, n).copy_(k32.view({n, G, hd}).transpose(0, 1));
+      V.narrow(1, l0, n).copy_(v.view({n, G, hd}).transpose(0, 1));
     });
   }
+
+  // The parallel MLP of a slab: activated "mlp" region rows into U.
+  auto parallel_mlp = [&](const Workspace& ws, const HeldProj& wm, const at::Tensor& h, int64_t row0, int64_t n) {
+    at::Tensor u = ws.get(Buf::U, {1, n, mlp}).select(0, 0);
+    proj_pieces(r.m, a, row0, n, [&](int64_t lb, int64_t len, const ir::AttnProj& pr) {
+      project(r, *pr.qkv, wm.of(pr), region_rows(pr, "mlp", mlp), h.narrow(0, lb, len), u.narrow(0, lb, len));
+    });
+    r.ops.activate_(u, a.parallel->act);
+    apply_patches(r.reg, a.patches, contracts::TensorRole::MlpHidden, u);
+    return u;
+  };
+  // y = [o | u] @ out^T (+ bias), per projection set, then the gated residual add.
+  auto project_out = [&](const Workspace& ws, const HeldProj& wo, const at::Tensor& o, const at::Tensor& u,
+                         int64_t row0, int64_t n) {
+    at::Tensor y = ws.get(Buf::Y, {n, D});
+    proj_pieces(r.m, a, row0, n, [&](int64_t lb, int64_t len, const ir::AttnProj& pr) {
+      const at::Tensor& w = wo.of(pr);
+      at::Tensor yp = y.narrow(0, lb, len);
+      at::mm_out(yp, o.narrow(0, lb, len), w.narrow(1, 0, wq).t());
+      if (mlp) yp.addmm_(u.narrow(0, lb, len), w.narrow(1, wq, mlp).t());
+      if (!pr.out.bias.empty()) yp.add_(r.w.tensor(pr.out.bias));
+    });
+    r.ops.gated_add(x.narrow(0, row0, n), y, b.modulation, s.mod, row0);
+  };
+  auto hold_out = [&] { return hold(r, a, [&](const ir::AttnProj& pr) { return Acq{&pr.out, {}, {}}; }); };
+  auto hold_mlp = [&] {
+    return mlp ? hold(r, a, [&](const ir::AttnProj& pr) { return Acq{&*pr.qkv, region_rows(pr, "mlp", mlp), {}}; })
+               : HeldProj{};
+  };
 
   // Phase q: each Q slab against the complete K/V.
   const bool streamed = p.chosen(Transform::StreamedOutProj);
   ws = ws.handoff(phases[1]);
   {
-    at::Tensor wqt = r.w.acquire(ql, qrows, {}, r.dt);
-    at::Tensor wo = streamed ? r.w.acquire(a.out, {}, {}, r.dt) : at::Tensor();
+    const HeldProj wqt = hold(r, a, [&](const ir::AttnProj& pr) { return Acq{&pr.q_linear(), region_rows(pr, "q", wq), {}}; });
+    const HeldProj wo = streamed ? hold_out() : HeldProj{};
+    const HeldProj wm = streamed ? hold_mlp() : HeldProj{};
     at::Tensor K = ws.full(Buf::K).unsqueeze(0), V = ws.full(Buf::V).unsqueeze(0);
     const auto& attend = consumer_impl(a.consumer);
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    for_slabs(T, p.q_chunk, [&](int64_t r0, int64_t n) {
-      at::Tensor n32 = ws.get(Buf::N32, {n, D}), h = ws.get(Buf::H, {n, D});
-      at::Tensor xr = x.narrow(0, r0, n);
-      r.ops.norm_modulate(xr, s.norm, b.modulation, s.mod, r0, n32);
-      h.copy_(n32);
-      at::Tensor q = ws.get(Buf::Q, {n, wq});
-      project(r, ql, wqt, qrows, h, q);
-      at::Tensor q32 = ws.get(Buf::Q32, {n, wq});
-      q32.copy_(q);
-      r.ops.qk_norm_(q32, a.qk_norm, a.qk_norm.q_weight, H, hd);
-      rotate(q32.view({n, H, hd}), ws, r0, n, H);
+    for_slabs(T, p.q_chunk, [&](int64_t t0, int64_t n) {
+      const int64_t row0 = rr.begin + t0;
+      at::Tensor h = normed(ws, row0, n);
+      at::Tensor q = ws.get(Buf::Q, {n, wq}), q32 = ws.get(Buf::Q32, {n, wq});
+      proj_pieces(r.m, a, row0, n, [&](int64_t lb, int64_t len, const ir::AttnProj& pr) {
+        project(r, pr.q_linear(), wqt.of(pr), region_rows(pr, "q", wq), h.narrow(0, lb, len), q.narrow(0, lb, len));
+        at::Tensor qp = q32.narrow(0, lb, len);
+        qp.copy_(q.narrow(0, lb, len));
+        r.ops.qk_norm_(qp, a.qk_norm, pr.q_norm, H, hd);
+      });
+      rotate(q32.view({n, H, hd}), ws, row0, n, H);
       apply_patches(r.reg, a.patches, contracts::TensorRole::Q, q32);
       // Fold each KV group's query heads into rows: [G, rep, n, hd] head-major.
       at::Tensor qf = ws.get(Buf::QF, {G, rep * n, hd});
       qf.view({G, rep, n, hd}).copy_(q32.view({n, G, rep, hd}).permute({1, 2, 0, 3}));
       at::Tensor o4 = attend(qf.unsqueeze(0), K, V, scale);
-      at::Tensor o = streamed ? ws.get(Buf::O, {n, wq}) : ws.full(Buf::OFull).narrow(0, r0, n);
+      at::Tensor o = streamed ? ws.get(Buf::O, {n, wq}) : ws.full(Buf::OFull).narrow(0, t0, n);
       o.view({n, G, rep, hd}).copy_(o4.view({G, rep, n, hd}).permute({2, 0, 1, 3}));
       o4.reset();
       if (streamed) {
         apply_patches(r.reg, a.patches, contracts::TensorRole::AttnOut, o);
-        at::Tensor y = ws.get(Buf::Y, {n, D});
-        project(r, a.out, wo, {}, o, y);
-        r.ops.gated_add(xr, y, b.modulation, s.mod, r0);
+        const at::Tensor u = mlp ? parallel_mlp(ws, wm, h, row0, n) : at::Tensor();
+        project_out(ws, wo, o, u, row0, n);
       }
     });
   }
   if (streamed) return;
 
-  // Phase out: the complete attention output (patched) projected slab by slab.
+  // Phase out: the complete attention output (patched) projected slab by slab; a parallel
+  // MLP is recomputed from the residual rows, which no write has touched yet.
   ws = ws.handoff(phases[2]);
   at::Tensor of = ws.full(Buf::OFull);
   apply_patches(r.reg, a.patches, contracts::TensorRole::AttnOut, of);
-  at::Tensor wo = r.w.acquire(a.out, {}, {}, r.dt);
-  for_slabs(T, p.token_chunk, [&](int64_t r0, int64_t n) {
-    at::Tensor y = ws.get(Buf::Y, {n, D});
-    project(r, a.out, wo, {}, of.narrow(0, r0, n), y);
-    r.ops.gated_add(x.narrow(0, r0, n), y, b.modulation, s.mod, r0);
+  const HeldProj wo = hold_out(), wm = hold_mlp();
+  for_slabs(T, p.token_chunk, [&](int64_t t0, int64_t n) {
+    const int64_t row0 = rr.begin + t0;
+    const at::Tensor u = mlp ? parallel_mlp(ws, wm, normed(ws, row0, n), row0, n) : at::Tensor();
+    project_out(ws, wo, of.narrow(0, t0, n), u, row0, n);
   });
 }
 
@@ -191,7 +273,8 @@ GateUpRows gate_up_rows(const ir::Mlp& m, int64_t f0, int64_t fn) {
 
 void mlp(Run& r, const ir::Block& b, const ir::Sublayer& s, const ir::Mlp& m, const plan::SublayerPlan& p,
          at::Tensor& x, const contracts::DeviceCaps& dev) {
-  const int64_t T = r.m.tokens(), D = r.m.dim, F = m.hidden, fs = p.feature_slice;
+  const ir::RowRange rr = r.m.rows(s.segments);
+  const int64_t T = rr.size(), D = r.m.dim, F = m.hidden, fs = p.feature_slice;
   const bool sliced = fs < F;
   Workspace ws(r.device, plan::sublayer_phases(r.m, s, p, r.reg, dev)[0]);
   // Unsliced, every weight is acquired once and held for all slabs.
@@ -207,7 +290,8 @@ void mlp(Run& r, const ir::Block& b, const ir::Sublayer& s, const ir::Mlp& m, co
     return h;
   };
   if (!sliced) held = acquire(0, F);
-  for_slabs(T, p.token_chunk, [&](int64_t r0, int64_t n) {
+  for_slabs(T, p.token_chunk, [&](int64_t t0, int64_t n) {
+    const int64_t r0 = rr.begin + t0;
     at::Tensor n32 = ws.get(Buf::N32, {n, D}), h = ws.get(Buf::H, {n, D});
     at::Tensor xr = x.narrow(0, r0, n);
     r.ops.norm_modulate(xr, s.norm, b.modulation, s.mod, r0, n32);
@@ -249,16 +333,20 @@ at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSour
                                 " blocks / " + std::to_string(p.tokens) + " tokens vs " +
                                 std::to_string(m.blocks.size()) + " / " + std::to_string(m.tokens()));
   const at::ScalarType dt = to_aten(m.dtype), acc = to_aten(plan::accumulation_dtype(m.dtype));
-  Run r{m, w, in, reg, in.x.device(), dt, acc, Ops(m, w, in)};
+  const at::Device device = in.device();
+  Run r{m, w, in, reg, device, dt, acc, Ops(m, w, in)};
   const int64_t T = m.tokens(), D = m.dim;
 
-  at::Tensor x;
-  if (m.embed) {
-    x = at::empty({T, D}, in.x.options());
-    at::Tensor we = w.acquire(*m.embed, {}, {}, dt);
-    project(r, *m.embed, we, {}, in.x, x);
-  } else {
-    x = in.x.clone();
+  at::Tensor x = at::empty({T, D}, at::TensorOptions().dtype(dt).device(device));
+  for (const auto& seg : m.segments) {
+    at::Tensor rows = x.narrow(0, m.segment_begin(seg.name), seg.length);
+    const at::Tensor& tokens = in.segment_tokens(seg.name);
+    if (const ir::SegmentEmbed* e = m.embed_for(seg.name)) {
+      at::Tensor we = w.acquire(e->linear, {}, {}, dt);
+      project(r, e->linear, we, {}, tokens, rows);
+    } else {
+      rows.copy_(tokens);
+    }
   }
   int64_t done = 0, total = 0;
   for (const auto& b : m.blocks) total += int64_t(b.sublayers.size());
@@ -275,14 +363,16 @@ at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSour
   if (!m.final_layer) return x.to(acc);
 
   const ir::FinalLayer& f = *m.final_layer;
+  const ir::RowRange fr = m.rows(f.segments);
   Workspace ws(r.device, plan::final_phase(m, p.final_layer.chunk, reg));
   at::Tensor w32 = w.acquire(f.proj, {}, {}, reg.format(f.proj.format).dense ? dt : acc).to(acc);
   at::Tensor b32 = f.proj.bias.empty() ? at::Tensor() : w.tensor(f.proj.bias).to(acc);
   at::Tensor out = ws.full(Buf::Out);
-  for_slabs(T, p.final_layer.chunk, [&](int64_t r0, int64_t n) {
+  for_slabs(fr.size(), p.final_layer.chunk, [&](int64_t t0, int64_t n) {
+    const int64_t r0 = fr.begin + t0;
     at::Tensor n32 = ws.get(Buf::N32, {n, D});
     r.ops.norm_modulate(x.narrow(0, r0, n), f.norm, f.modulation, f.mod, r0, n32);
-    at::Tensor o = out.narrow(0, r0, n);
+    at::Tensor o = out.narrow(0, t0, n);
     at::mm_out(o, n32, w32.t());
     if (b32.defined()) o.add_(b32);
   });

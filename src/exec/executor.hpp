@@ -7,10 +7,11 @@
 // besides what consumers and weight formats declare), preallocates global K/V, streams
 // Q slabs against them, and writes each slab's projection straight into the residual
 // once every reader of the old values has run. Both return the model output [T, out]
-// in fp32 (or fp64 for an fp64 model) and never modify their inputs.
+// rows of the final layer's segments, in fp32 (or fp64 for an fp64 model), and never
+// modify their inputs.
 //
 // Example:
-//     sp::exec::Inputs in = ...;                      // x [T, in_features] + tables
+//     sp::exec::Inputs in = ...;                      // tokens per segment + tables
 //     at::Tensor ref = sp::exec::run_naive(model, weights, in, reg);
 //     at::Tensor out = sp::exec::run_planned(model, plan, weights, in, reg, device);
 #pragma once
@@ -29,9 +30,14 @@
 namespace sp::exec {
 
 struct Inputs {
-  at::Tensor x;                              // [tokens, in_features], activation dtype
-  std::map<std::string, at::Tensor> tables;  // modulation [S|T, count, dim]; "<rope>.cos"/".sin" [T, rot/2] fp32
+  // Per segment: its tokens [length, input features of the segment], activation dtype.
+  std::map<std::string, at::Tensor> tokens;
+  // Modulation tables [1|S|T, count, dim]; RoPE "<table>.cos"/".sin" [T, rot/2] fp32;
+  // contexts [length, dim] in the activation dtype.
+  std::map<std::string, at::Tensor> tables;
   const at::Tensor& table(const std::string& name) const;
+  const at::Tensor& segment_tokens(const std::string& segment) const;
+  at::Device device() const;
 };
 
 // Throws std::invalid_argument naming the input and the shapes on any mismatch.

@@ -16,6 +16,17 @@ const at::Tensor& Inputs::table(const std::string& name) const {
   return it->second;
 }
 
+const at::Tensor& Inputs::segment_tokens(const std::string& segment) const {
+  auto it = tokens.find(segment);
+  if (it == tokens.end()) throw std::invalid_argument("input tokens of segment '" + segment + "' are missing");
+  return it->second;
+}
+
+at::Device Inputs::device() const {
+  if (tokens.empty()) throw std::invalid_argument("inputs hold no tokens");
+  return tokens.begin()->second.device();
+}
+
 namespace {
 
 std::string shape_str(const at::Tensor& t) {
@@ -51,9 +62,27 @@ at::Tensor linear(const Ctx& c, const ir::Linear& l, const at::Tensor& x, at::Sc
 at::Tensor per_token_mod(const Ctx& c, const ir::Modulation& mod) {
   const at::Tensor& t = c.in.table(mod.table);
   if (mod.scope == ir::ModScope::PerToken) return t;
+  if (mod.scope == ir::ModScope::Shared) return t.expand({c.m.tokens(), t.size(1), t.size(2)});
   std::vector<int64_t> lens;
   for (const auto& s : c.m.segments) lens.push_back(s.length);
   return t.repeat_interleave(at::tensor(lens).to(t.device()), 0);
+}
+
+// Rows of x a sublayer applies to, and the segments they span (in order).
+struct Span {
+  int64_t begin, end;
+  std::vector<std::pair<std::string, int64_t>> pieces;  // segment, length
+};
+
+Span span(const ir::Model& m, const std::vector<std::string>& segs) {
+  const ir::RowRange r = m.rows(segs);
+  Span s{r.begin, r.end, {}};
+  int64_t at = 0;
+  for (const auto& seg : m.segments) {
+    if (at >= r.begin && at < r.end) s.pieces.push_back({seg.name, seg.length});
+    at += seg.length;
+  }
+  return s;
 }
 
 at::Tensor norm(const Ctx& c, const ir::Norm& n, const at::Tensor& x) {
@@ -116,40 +145,68 @@ at::Tensor activate(ir::ActKind a, const at::Tensor& x) {
   throw std::logic_error("activation");
 }
 
-at::Tensor attention(const Ctx& c, const ir::Attention& a, const at::Tensor& h) {
+// Applies f(rows of one segment, that segment's projections) piece by piece and concatenates.
+template <typename F>
+at::Tensor per_segment(const Span& sp, const ir::Attention& a, const at::Tensor& rows, F&& f) {
+  std::vector<at::Tensor> parts;
+  int64_t at = 0;
+  for (const auto& [seg, len] : sp.pieces) {
+    parts.push_back(f(rows.narrow(0, at, len), a.proj_for(seg)));
+    at += len;
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+}
+
+at::Tensor attention(const Ctx& c, const Span& sp, const ir::Attention& a, const at::Tensor& h) {
   const int64_t T = h.size(0), wq = a.heads * a.head_dim, wkv = a.kv_heads * a.head_dim;
-  at::Tensor q, k, v;
-  if (a.fused()) {
-    at::Tensor qkv = linear(c, *a.qkv, h, c.dt);
-    q = qkv.narrow(1, a.qkv->out_region("q")->offset, wq);
-    k = qkv.narrow(1, a.qkv->out_region("k")->offset, wkv);
-    v = qkv.narrow(1, a.qkv->out_region("v")->offset, wkv);
-  } else {
-    q = linear(c, *a.q, h, c.dt);
-    k = linear(c, *a.k, h, c.dt);
-    v = linear(c, *a.v, h, c.dt);
-  }
+  const bool cross = a.kind == ir::AttnKind::Cross;
+  const at::Tensor kv_src = cross ? c.in.table(a.context) : h;
+  const int64_t L = kv_src.size(0);
+  auto region = [&](const ir::AttnProj& p, const at::Tensor& x, const char* name, int64_t width) {
+    if (!p.fused()) {
+      const ir::Linear& l = name[0] == 'q' ? *p.q : name[0] == 'k' ? *p.k : *p.v;
+      return linear(c, l, x, c.dt);
+    }
+    return linear(c, *p.qkv, x, c.dt).narrow(1, p.qkv->out_region(name)->offset, width);
+  };
   const auto ft = c.dt == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor q3 = qk_norm(c, a.qk_norm, a.qk_norm.q_weight, q.view({T, a.heads, a.head_dim}).to(ft));
-  at::Tensor k3 = qk_norm(c, a.qk_norm, a.qk_norm.k_weight, k.view({T, a.kv_heads, a.head_dim}).to(ft));
+  at::Tensor q = per_segment(sp, a, h, [&](const at::Tensor& x, const ir::AttnProj& p) {
+    return qk_norm(c, a.qk_norm, p.q_norm, region(p, x, "q", wq).view({-1, a.heads, a.head_dim}).to(ft));
+  });
+  auto kv = [&](const char* name, bool normed) {
+    auto f = [&](const at::Tensor& x, const ir::AttnProj& p) {
+      at::Tensor t = region(p, x, name, wkv).view({-1, a.kv_heads, a.head_dim}).to(ft);
+      return normed ? qk_norm(c, a.qk_norm, p.k_norm, t) : t;
+    };
+    return cross ? f(kv_src, a.proj) : per_segment(sp, a, kv_src, f);
+  };
+  at::Tensor k = kv("k", true), v = kv("v", false);
   if (a.rope.style != ir::RopeStyle::None) {
-    const at::Tensor& cs = c.in.table(a.rope.table + ".cos");
-    const at::Tensor& sn = c.in.table(a.rope.table + ".sin");
-    q3 = rope(q3, a.rope, cs, sn);
-    k3 = rope(k3, a.rope, cs, sn);
+    const at::Tensor cs = c.in.table(a.rope.table + ".cos").narrow(0, sp.begin, T);
+    const at::Tensor sn = c.in.table(a.rope.table + ".sin").narrow(0, sp.begin, T);
+    q = rope(q, a.rope, cs, sn);
+    k = rope(k, a.rope, cs, sn);
   }
-  at::Tensor qp = q3.to(c.dt).contiguous();
+  at::Tensor qp = q.to(c.dt).contiguous();
   apply_patches(c.reg, a.patches, contracts::TensorRole::Q, qp);
-  at::Tensor kk = k3.to(c.dt).transpose(0, 1).unsqueeze(0);
-  at::Tensor vv = v.view({T, a.kv_heads, a.head_dim}).transpose(0, 1).unsqueeze(0);
+  at::Tensor kk = k.to(c.dt).transpose(0, 1).unsqueeze(0);
+  at::Tensor vv = v.to(c.dt).transpose(0, 1).unsqueeze(0);
   if (a.kv_heads != a.heads) {
     kk = kk.repeat_interleave(a.heads / a.kv_heads, 1);
     vv = vv.repeat_interleave(a.heads / a.kv_heads, 1);
   }
+  (void)L;
   at::Tensor o = consumer_impl(a.consumer)(qp.transpose(0, 1).unsqueeze(0), kk, vv, 1.0 / std::sqrt(double(a.head_dim)));
   at::Tensor out = o.squeeze(0).transpose(0, 1).reshape({T, wq});
   apply_patches(c.reg, a.patches, contracts::TensorRole::AttnOut, out);
-  return linear(c, a.out, out, c.dt);
+  if (a.parallel) {
+    at::Tensor hidden = per_segment(sp, a, h, [&](const at::Tensor& x, const ir::AttnProj& p) {
+      return activate(a.parallel->act, region(p, x, "mlp", a.parallel->hidden));
+    }).contiguous();
+    apply_patches(c.reg, a.patches, contracts::TensorRole::MlpHidden, hidden);
+    out = at::cat({out, hidden}, 1);
+  }
+  return per_segment(sp, a, out, [&](const at::Tensor& x, const ir::AttnProj& p) { return linear(c, p.out, x, c.dt); });
 }
 
 at::Tensor mlp(const Ctx& c, const ir::Mlp& m, const at::Tensor& h) {
@@ -178,11 +235,22 @@ at::Tensor mlp(const Ctx& c, const ir::Mlp& m, const at::Tensor& h) {
 }  // namespace
 
 void validate_inputs(const ir::Model& m, const Inputs& in) {
+  const at::ScalarType dt = to_aten(m.dtype);
+  for (const auto& seg : m.segments) {
+    const at::Tensor& t = in.segment_tokens(seg.name);
+    expect_shape("input tokens of segment '" + seg.name + "'", t, {seg.length, m.input_features(seg.name)});
+    if (t.scalar_type() != dt)
+      throw std::invalid_argument("input tokens of segment '" + seg.name + "': dtype " +
+                                  std::string(c10::toString(t.scalar_type())) + " does not match the model dtype " +
+                                  ir::to_string(m.dtype));
+  }
+  for (const auto& ctx : m.contexts) expect_shape("context '" + ctx.name + "'", in.table(ctx.name), {ctx.length, ctx.dim});
   const int64_t T = m.tokens();
-  expect_shape("input x", in.x, {T, m.input_features()});
   auto check_mod = [&](const ir::Modulation& mod, const std::string& where) {
     if (mod.scope == ir::ModScope::None) return;
-    const int64_t rows = mod.scope == ir::ModScope::PerSegment ? int64_t(m.segments.size()) : T;
+    const int64_t rows = mod.scope == ir::ModScope::Shared       ? 1
+                         : mod.scope == ir::ModScope::PerSegment ? int64_t(m.segments.size())
+                                                                 : T;
     expect_shape(where + " modulation table '" + mod.table + "'", in.table(mod.table), {rows, mod.count, m.dim});
   };
   for (const auto& b : m.blocks) {
@@ -194,32 +262,38 @@ void validate_inputs(const ir::Model& m, const Inputs& in) {
       }
   }
   if (m.final_layer) check_mod(m.final_layer->modulation, "final layer");
-  if (in.x.scalar_type() != to_aten(m.dtype))
-    throw std::invalid_argument(std::string("input x: dtype ") + c10::toString(in.x.scalar_type()) +
-                                " does not match the model dtype " + ir::to_string(m.dtype));
 }
 
 at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in, const contracts::Registry& reg,
                      const Progress& progress) {
   validate_inputs(m, in);
   Ctx c{m, w, in, reg, to_aten(m.dtype)};
-  at::Tensor x = m.embed ? linear(c, *m.embed, in.x, c.dt) : in.x.clone();
+  std::vector<at::Tensor> parts;
+  for (const auto& seg : m.segments) {
+    const ir::SegmentEmbed* e = m.embed_for(seg.name);
+    parts.push_back(e ? linear(c, e->linear, in.segment_tokens(seg.name), c.dt) : in.segment_tokens(seg.name));
+  }
+  at::Tensor x = at::cat(parts, 0);
   int64_t done = 0, total = 0;
   for (const auto& b : m.blocks) total += int64_t(b.sublayers.size());
   for (const auto& b : m.blocks) {
     for (const auto& s : b.sublayers) {
-      at::Tensor h = norm_mod(c, s.norm, b.modulation, s.mod, x).to(c.dt);
-      at::Tensor y = s.is_attention() ? attention(c, std::get<ir::Attention>(s.body), h)
+      const Span sp = span(m, s.segments);
+      const at::Tensor xs = x.narrow(0, sp.begin, sp.end - sp.begin);
+      at::Tensor h = norm_mod(c, s.norm, b.modulation, s.mod, x).narrow(0, sp.begin, sp.end - sp.begin).to(c.dt);
+      at::Tensor y = s.is_attention() ? attention(c, sp, std::get<ir::Attention>(s.body), h)
                                       : mlp(c, std::get<ir::Mlp>(s.body), h);
-      if (s.mod.gate >= 0) y = y * per_token_mod(c, b.modulation).select(1, s.mod.gate);
-      x = x + y;
+      if (s.mod.gate >= 0)
+        y = y * per_token_mod(c, b.modulation).select(1, s.mod.gate).narrow(0, sp.begin, sp.end - sp.begin);
+      x = at::cat({x.narrow(0, 0, sp.begin), xs + y, x.narrow(0, sp.end, x.size(0) - sp.end)}, 0);
       if (progress) progress(++done, total);
     }
   }
-  if (!m.final_layer) return x.to(c.dt == at::kDouble ? at::kDouble : at::kFloat);
-  const ir::FinalLayer& f = *m.final_layer;
   const auto ft = c.dt == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor h = norm_mod(c, f.norm, f.modulation, f.mod, x);
+  if (!m.final_layer) return x.to(ft);
+  const ir::FinalLayer& f = *m.final_layer;
+  const ir::RowRange r = m.rows(f.segments);
+  at::Tensor h = norm_mod(c, f.norm, f.modulation, f.mod, x).narrow(0, r.begin, r.size());
   return linear(c, f.proj, h, ft);
 }
 

@@ -11,6 +11,10 @@ void Ops::mod_pieces(const ir::Modulation& mod, int idx, int64_t row0, int64_t n
     f(0, n, t.narrow(0, row0, n).select(1, idx));
     return;
   }
+  if (mod.scope == ir::ModScope::Shared) {
+    f(0, n, t.select(0, 0).select(0, idx));
+    return;
+  }
   int64_t start = 0;
   for (size_t s = 0; s < m_.segments.size(); ++s) {
     const int64_t a = std::max(row0, start), b = std::min(row0 + n, start + m_.segments[s].length);

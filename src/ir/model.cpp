@@ -49,9 +49,12 @@ const char* to_string(GateUpLayout l) {
   }
   return "?";
 }
+const char* to_string(AttnKind k) { return k == AttnKind::Self ? "self" : "cross"; }
+
 const char* to_string(ModScope s) {
   switch (s) {
     case ModScope::None: return "none";
+    case ModScope::Shared: return "shared";
     case ModScope::PerSegment: return "per-segment";
     case ModScope::PerToken: return "per-token";
   }
@@ -86,6 +89,64 @@ int64_t Model::tokens() const {
   int64_t t = 0;
   for (const auto& s : segments) t += s.length;
   return t;
+}
+
+const Segment& Model::segment(const std::string& n) const {
+  for (const auto& s : segments)
+    if (s.name == n) return s;
+  throw IrError("model.segments: no segment named '" + n + "'");
+}
+
+int64_t Model::segment_begin(const std::string& n) const {
+  int64_t at = 0;
+  for (const auto& s : segments) {
+    if (s.name == n) return at;
+    at += s.length;
+  }
+  throw IrError("model.segments: no segment named '" + n + "'");
+}
+
+RowRange Model::rows(const std::vector<std::string>& names) const {
+  if (names.empty()) return {0, tokens()};
+  RowRange r{segment_begin(names.front()), 0};
+  r.end = r.begin;
+  for (const auto& n : names) {
+    if (segment_begin(n) != r.end)
+      throw IrError("segments: '" + n + "' does not follow the previous segment (rows must be contiguous)");
+    r.end += segment(n).length;
+  }
+  return r;
+}
+
+const SegmentEmbed* Model::embed_for(const std::string& seg) const {
+  for (const auto& e : embeds)
+    if (e.segment == seg) return &e;
+  return nullptr;
+}
+
+int64_t Model::input_features(const std::string& seg) const {
+  const SegmentEmbed* e = embed_for(seg);
+  return e ? e->linear.in_features : dim;
+}
+
+int64_t Model::output_tokens() const { return final_layer ? rows(final_layer->segments).size() : tokens(); }
+
+const Context& Model::context(const std::string& n) const {
+  for (const auto& c : contexts)
+    if (c.name == n) return c;
+  throw IrError("model.contexts: no context named '" + n + "'");
+}
+
+const AttnProj& Attention::proj_for(const std::string& segment) const {
+  for (const auto& [name, p] : segment_proj)
+    if (name == segment) return p;
+  return proj;
+}
+
+std::vector<const AttnProj*> Attention::all_proj() const {
+  std::vector<const AttnProj*> out = {&proj};
+  for (const auto& [name, p] : segment_proj) out.push_back(&p);
+  return out;
 }
 
 namespace {
@@ -134,17 +195,14 @@ void check_mod(const std::string& field, const ModRef& r, const Modulation& m) {
   }
 }
 
-void check_attention(const std::string& f, const Attention& a, int64_t dim) {
-  if (a.heads <= 0 || a.kv_heads <= 0 || a.head_dim <= 0)
-    fail(f, "heads, kv_heads and head_dim must be positive, got ", a.heads, ", ", a.kv_heads, ", ",
-         a.head_dim);
-  if (a.heads % a.kv_heads != 0)
-    fail(f + ".kv_heads", "heads ", a.heads, " is not a multiple of kv_heads ", a.kv_heads);
+void check_proj(const std::string& f, const Attention& a, const AttnProj& p, int64_t dim, int64_t kv_in) {
   const int64_t qw = a.heads * a.head_dim, kvw = a.kv_heads * a.head_dim;
-  if (a.fused()) {
-    if (a.q || a.k || a.v) fail(f, "both fused qkv and separate q/k/v given");
-    check_linear(f + ".qkv", *a.qkv, dim, qw + 2 * kvw);
-    const Linear& l = *a.qkv;
+  const int64_t mlp = a.parallel ? a.parallel->hidden : 0;
+  if (p.fused()) {
+    if (p.q || p.k || p.v) fail(f, "both fused qkv and separate q/k/v given");
+    if (a.kind == AttnKind::Cross) fail(f + ".qkv", "cross-attention needs separate q and k/v projections");
+    check_linear(f + ".qkv", *p.qkv, dim, qw + 2 * kvw + mlp);
+    const Linear& l = *p.qkv;
     const Region* q = l.out_region("q");
     const Region* k = l.out_region("k");
     const Region* v = l.out_region("v");
@@ -152,23 +210,59 @@ void check_attention(const std::string& f, const Attention& a, int64_t dim) {
     if (q->size != qw) fail(f + ".qkv.out_regions.q", "size ", q->size, " != heads*head_dim ", qw);
     if (k->size != kvw) fail(f + ".qkv.out_regions.k", "size ", k->size, " != kv_heads*head_dim ", kvw);
     if (v->size != kvw) fail(f + ".qkv.out_regions.v", "size ", v->size, " != kv_heads*head_dim ", kvw);
+    if (a.parallel) {
+      const Region* m = l.out_region("mlp");
+      if (!m || m->size != mlp) fail(f + ".qkv.out_regions.mlp", "parallel MLP needs region mlp of size ", mlp);
+    }
   } else {
-    if (!a.q || !a.k || !a.v) fail(f, "needs fused qkv or all of q, k, v");
-    check_linear(f + ".q", *a.q, dim, qw);
-    check_linear(f + ".k", *a.k, dim, kvw);
-    check_linear(f + ".v", *a.v, dim, kvw);
+    if (!p.q || !p.k || !p.v) fail(f, "needs fused qkv or all of q, k, v");
+    if (a.parallel) fail(f, "a parallel MLP needs a fused input projection");
+    check_linear(f + ".q", *p.q, dim, qw);
+    check_linear(f + ".k", *p.k, kv_in, kvw);
+    check_linear(f + ".v", *p.v, kv_in, kvw);
   }
-  check_linear(f + ".out", a.out, qw, dim);
+  check_linear(f + ".out", p.out, qw + mlp, dim);
+  if (a.parallel) {
+    const Region* ia = nullptr;
+    const Region* im = nullptr;
+    for (const auto& r : p.out.in_regions) {
+      if (r.name == "attn") ia = &r;
+      if (r.name == "mlp") im = &r;
+    }
+    if (!ia || !im || ia->size != qw || im->size != mlp)
+      fail(f + ".out.in_regions", "parallel MLP needs input regions attn (", qw, ") and mlp (", mlp, ")");
+  }
+  if (a.qk_norm.kind != QkNormKind::None && (p.q_norm.empty() || p.k_norm.empty()))
+    fail(f + ".qk_norm", "needs q_norm and k_norm weight names");
+}
+
+void check_attention(const std::string& f, const Model& m, const Attention& a) {
+  const int64_t dim = m.dim;
+  if (a.heads <= 0 || a.kv_heads <= 0 || a.head_dim <= 0)
+    fail(f, "heads, kv_heads and head_dim must be positive, got ", a.heads, ", ", a.kv_heads, ", ",
+         a.head_dim);
+  if (a.heads % a.kv_heads != 0)
+    fail(f + ".kv_heads", "heads ", a.heads, " is not a multiple of kv_heads ", a.kv_heads);
+  int64_t kv_in = dim;
+  if (a.kind == AttnKind::Cross) {
+    if (a.context.empty()) fail(f + ".context", "cross-attention without a context name");
+    kv_in = m.context(a.context).dim;
+    if (a.rope.style != RopeStyle::None) fail(f + ".rope", "cross-attention with RoPE is not supported");
+    if (!a.segment_proj.empty()) fail(f + ".segment_proj", "cross-attention has one projection set");
+  }
+  if (a.parallel && a.parallel->hidden <= 0) fail(f + ".parallel.hidden", "must be positive, got ", a.parallel->hidden);
+  check_proj(f, a, a.proj, dim, kv_in);
+  for (const auto& [seg, p] : a.segment_proj) {
+    m.segment(seg);
+    check_proj(f + ".segment_proj." + seg, a, p, dim, kv_in);
+  }
   if (a.rope.style != RopeStyle::None) {
     if (a.rope.rotary_dim <= 0 || a.rope.rotary_dim > a.head_dim || a.rope.rotary_dim % 2 != 0)
       fail(f + ".rope.rotary_dim", "must be even and in (0, head_dim=", a.head_dim, "], got ",
            a.rope.rotary_dim);
   }
-  if (a.qk_norm.kind != QkNormKind::None) {
-    if (a.qk_norm.q_weight.empty() || a.qk_norm.k_weight.empty())
-      fail(f + ".qk_norm", "needs q_weight and k_weight names");
-    if (!(a.qk_norm.eps > 0)) fail(f + ".qk_norm.eps", "must be positive, got ", a.qk_norm.eps);
-  }
+  if (a.qk_norm.kind != QkNormKind::None && !(a.qk_norm.eps > 0))
+    fail(f + ".qk_norm.eps", "must be positive, got ", a.qk_norm.eps);
   if (a.consumer.empty()) fail(f + ".consumer", "empty consumer name");
 }
 
@@ -188,6 +282,14 @@ void check_mlp(const std::string& f, const Mlp& m, int64_t dim) {
   check_linear(f + ".down", m.down, m.hidden, dim);
 }
 
+void check_rows(const std::string& field, const Model& m, const std::vector<std::string>& segs) {
+  try {
+    m.rows(segs);
+  } catch (const IrError& e) {
+    fail(field, e.what());
+  }
+}
+
 }  // namespace
 
 void validate(const Model& m) {
@@ -195,11 +297,21 @@ void validate(const Model& m) {
   if (m.dtype == DType::I8 || m.dtype == DType::F8E4M3)
     fail("model.dtype", "activations must be floating point, got ", to_string(m.dtype));
   if (m.segments.empty()) fail("model.segments", "at least one token segment is required");
-  for (size_t i = 0; i < m.segments.size(); ++i)
+  for (size_t i = 0; i < m.segments.size(); ++i) {
     if (m.segments[i].length <= 0)
       fail("model.segments[" + std::to_string(i) + "]." + m.segments[i].name,
            "length must be positive, got ", m.segments[i].length);
-  if (m.embed) check_linear("model.embed", *m.embed, m.embed->in_features, m.dim);
+    for (size_t j = 0; j < i; ++j)
+      if (m.segments[j].name == m.segments[i].name)
+        fail("model.segments[" + std::to_string(i) + "]", "duplicate segment name '", m.segments[i].name, "'");
+  }
+  for (const auto& c : m.contexts)
+    if (c.length <= 0 || c.dim <= 0)
+      fail("model.contexts." + c.name, "length and dim must be positive, got ", c.length, ", ", c.dim);
+  for (const auto& e : m.embeds) {
+    m.segment(e.segment);
+    check_linear("model.embeds." + e.segment, e.linear, e.linear.in_features, m.dim);
+  }
   for (size_t b = 0; b < m.blocks.size(); ++b) {
     const Block& blk = m.blocks[b];
     const std::string bf = "blocks[" + std::to_string(b) + "]";
@@ -208,18 +320,20 @@ void validate(const Model& m) {
     for (size_t s = 0; s < blk.sublayers.size(); ++s) {
       const Sublayer& sl = blk.sublayers[s];
       const std::string f = bf + "." + (sl.name.empty() ? "sublayers[" + std::to_string(s) + "]" : sl.name);
+      check_rows(f + ".segments", m, sl.segments);
       check_norm(f + ".norm", sl.norm);
       check_mod(f + ".mod", sl.mod, blk.modulation);
-      if (const auto* a = std::get_if<Attention>(&sl.body)) check_attention(f, *a, m.dim);
+      if (const auto* a = std::get_if<Attention>(&sl.body)) check_attention(f, m, *a);
       else check_mlp(f, std::get<Mlp>(sl.body), m.dim);
     }
   }
   if (m.final_layer) {
     const FinalLayer& fl = *m.final_layer;
+    check_rows("final.segments", m, fl.segments);
     check_norm("final.norm", fl.norm);
     check_mod("final.mod", fl.mod, fl.modulation);
-    check_linear("final.proj", fl.proj, m.dim, fl.proj.out_features);
     if (fl.proj.out_features <= 0) fail("final.proj.out_features", "must be positive, got ", fl.proj.out_features);
+    check_linear("final.proj", fl.proj, m.dim, fl.proj.out_features);
   }
 }
 

@@ -16,7 +16,7 @@
 //     sp::ir::Model m = ...;          // filled by a model builder or recognizer
 //     sp::ir::validate(m);            // throws sp::ir::IrError naming field and values
 //     for (const auto& b : m.blocks)
-//       for (const auto& s : b.sublayers) use(s.body);
+//       for (const auto& s : b.sublayers) use(m.rows(s.segments), s.body);
 #pragma once
 
 #include <cstdint>
@@ -35,7 +35,9 @@ enum class RopeStyle { None, Interleaved, SplitHalf };
 enum class QkNormKind { None, PerHead, AcrossHeads };
 // How gate and up projections of a gated MLP are stored.
 enum class GateUpLayout { None /* plain MLP */, Separate, FusedHalves, Interleaved };
-enum class ModScope { None, PerSegment, PerToken };
+// Shared: one set for all tokens; PerSegment: one per token segment; PerToken: one per row.
+enum class ModScope { None, Shared, PerSegment, PerToken };
+enum class AttnKind { Self, Cross };
 
 const char* to_string(DType);
 const char* to_string(NormKind);
@@ -44,6 +46,7 @@ const char* to_string(RopeStyle);
 const char* to_string(QkNormKind);
 const char* to_string(GateUpLayout);
 const char* to_string(ModScope);
+const char* to_string(AttnKind);
 size_t dtype_size(DType);
 // Parses "gelu", "gelu-tanh", "silu"; throws IrError naming `field` otherwise.
 ActKind parse_act(const std::string& s, const std::string& field);
@@ -94,20 +97,41 @@ struct Rope {
 struct QkNorm {
   QkNormKind kind = QkNormKind::None;
   double eps = 1e-6;
-  std::string q_weight, k_weight;
+};
+
+// The projections of one token stream. q_norm / k_norm name the QK-norm weights.
+struct AttnProj {
+  std::optional<Linear> qkv;  // fused: out regions q|k|v (and mlp for a parallel MLP)
+  std::optional<Linear> q, k, v;
+  std::string q_norm, k_norm;
+  Linear out;  // parallel MLP: in regions attn|mlp
+  bool fused() const { return qkv.has_value(); }
+  const Linear& q_linear() const { return qkv ? *qkv : *q; }
+  const Linear& k_linear() const { return qkv ? *qkv : *k; }
+  const Linear& v_linear() const { return qkv ? *qkv : *v; }
+};
+
+// An MLP computed from the attention's fused input projection (region "mlp") whose
+// activated output joins the attention output in the output projection (Flux single blocks).
+struct ParallelMlp {
+  int64_t hidden = 0;
+  ActKind act = ActKind::GeluTanh;
 };
 
 struct Attention {
+  AttnKind kind = AttnKind::Self;
+  std::string context;  // Cross: runtime input [context_tokens, context dim]; K/V come from it
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
-  // Fused: `qkv` with out regions q|k|v. Separate: q, k, v.
-  std::optional<Linear> qkv;
-  std::optional<Linear> q, k, v;
+  AttnProj proj;  // rows of every segment without an entry in segment_proj
+  // Joint attention over streams with their own weights: segment name -> projections.
+  std::vector<std::pair<std::string, AttnProj>> segment_proj;
   QkNorm qk_norm;
   Rope rope;
+  std::optional<ParallelMlp> parallel;
   std::string consumer = "sdpa";
-  Linear out;
   std::vector<std::string> patches;  // patch instance names (contracts registry)
-  bool fused() const { return qkv.has_value(); }
+  const AttnProj& proj_for(const std::string& segment) const;
+  std::vector<const AttnProj*> all_proj() const;
 };
 
 struct Mlp {
@@ -123,6 +147,7 @@ struct Mlp {
 
 struct Sublayer {
   std::string name;
+  std::vector<std::string> segments;  // rows it applies to (contiguous); empty: all tokens
   Norm norm;
   ModRef mod;
   std::variant<Attention, Mlp> body;
@@ -142,6 +167,7 @@ struct Block {
 };
 
 struct FinalLayer {
+  std::vector<std::string> segments;  // rows projected to the output; empty: all tokens
   Norm norm;
   Modulation modulation;  // count 2: shift, scale
   ModRef mod;
@@ -153,18 +179,44 @@ struct Segment {
   int64_t length = 0;
 };
 
+// A token stream outside the residual (runtime input [length, dim]), e.g. embedded text
+// that cross-attention reads.
+struct Context {
+  std::string name;
+  int64_t length = 0, dim = 0;
+};
+
+// The input projection of one segment's tokens into the residual stream.
+struct SegmentEmbed {
+  std::string segment;
+  Linear linear;
+};
+
+struct RowRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
 struct Model {
   std::string name;
   int64_t dim = 0;
   DType dtype = DType::F32;       // activation dtype
   std::vector<Segment> segments;  // in token order
-  std::optional<Linear> embed;    // input projection [dim, in_features]
+  std::vector<Context> contexts;
+  std::vector<SegmentEmbed> embeds;  // segments without one take their tokens as [length, dim]
   std::vector<Block> blocks;
   std::optional<FinalLayer> final_layer;
 
   int64_t tokens() const;
-  int64_t input_features() const { return embed ? embed->in_features : dim; }
+  const Segment& segment(const std::string& name) const;  // throws IrError
+  int64_t segment_begin(const std::string& name) const;
+  // Rows covered by `segments` (all tokens when empty); throws unless they are contiguous.
+  RowRange rows(const std::vector<std::string>& segments) const;
+  const SegmentEmbed* embed_for(const std::string& segment) const;
+  int64_t input_features(const std::string& segment) const;
+  int64_t output_tokens() const;
   int64_t output_features() const { return final_layer ? final_layer->proj.out_features : dim; }
+  const Context& context(const std::string& name) const;  // throws IrError
 };
 
 // Throws IrError naming the field path and the values on any inconsistency.

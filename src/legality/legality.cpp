@@ -96,14 +96,19 @@ void require_region_slicing(Checker& c, const Context& ctx, const ir::Linear& l)
               "multiple of " + std::to_string(f.out_align), std::to_string(r.offset));
 }
 
-void check_attention(Verdict& v, const Context& ctx, const ir::Attention& a) {
+void check_attention(Verdict& v, const Context& ctx, const ir::Attention& a, int64_t kv_rows) {
+  std::initializer_list<TensorRole> qkv_roles = {TensorRole::Q, TensorRole::K, TensorRole::V};
   {
     Checker c(v, Transform::BoundedQkv);
-    if (a.fused()) require_region_slicing(c, ctx, *a.qkv);
-    for (const ir::Linear* l : {a.qkv ? &*a.qkv : nullptr, a.q ? &*a.q : nullptr, a.k ? &*a.k : nullptr,
-                                a.v ? &*a.v : nullptr})
-      if (l) require_held(c, ctx, *l);
-    require_patch_locality(c, ctx, a.patches, {TensorRole::Q, TensorRole::K, TensorRole::V}, false);
+    for (const ir::AttnProj* p : a.all_proj()) {
+      if (p->fused()) require_region_slicing(c, ctx, *p->qkv);
+      for (const ir::Linear* l : {p->qkv ? &*p->qkv : nullptr, p->q ? &*p->q : nullptr, p->k ? &*p->k : nullptr,
+                                  p->v ? &*p->v : nullptr})
+        if (l) require_held(c, ctx, *l);
+    }
+    require_patch_locality(c, ctx, a.patches, qkv_roles, false);
+    // A parallel MLP is computed slab by slab with Q.
+    if (a.parallel) require_patch_locality(c, ctx, a.patches, {TensorRole::MlpHidden}, false);
     require_device_dtype(c, ctx);
     c.done();
   }
@@ -119,8 +124,8 @@ void check_attention(Verdict& v, const Context& ctx, const ir::Attention& a) {
       c.require_declared(comp, "states whether it needs complete K", k.requires_global_k);
       c.require_declared(comp, "states whether it needs complete V", k.requires_global_v);
       c.require_cap(comp, "produces output in Q-sized slabs", k.slab_output);
-      c.require(ctx.model->tokens() % k.kv_align == 0, comp, "global K/V length aligned",
-                "multiple of " + std::to_string(k.kv_align), std::to_string(ctx.model->tokens()));
+      c.require(kv_rows % k.kv_align == 0, comp, "global K/V length aligned",
+                "multiple of " + std::to_string(k.kv_align), std::to_string(kv_rows));
       c.require(k.dtypes.count(ctx.model->dtype) != 0, comp, "accepts activation dtype", ir::to_string(ctx.model->dtype),
                 "not accepted");
     }
@@ -130,7 +135,7 @@ void check_attention(Verdict& v, const Context& ctx, const ir::Attention& a) {
     Checker c(v, Transform::StreamedOutProj);
     c.depends_on(Transform::GlobalKvStreamedQ);
     require_patch_locality(c, ctx, a.patches, {TensorRole::AttnOut}, false);
-    require_held(c, ctx, a.out);
+    for (const ir::AttnProj* p : a.all_proj()) require_held(c, ctx, p->out);
     c.done();
   }
 }
@@ -180,7 +185,11 @@ int64_t feature_alignment(const contracts::Registry& reg, const ir::Mlp& m) {
 
 Verdict check_sublayer(const Context& ctx, const ir::Sublayer& s) {
   Verdict v;
-  if (const auto* a = std::get_if<ir::Attention>(&s.body)) check_attention(v, ctx, *a);
+  if (const auto* a = std::get_if<ir::Attention>(&s.body)) {
+    const int64_t kv_rows = a->kind == ir::AttnKind::Cross ? ctx.model->context(a->context).length
+                                                           : ctx.model->rows(s.segments).size();
+    check_attention(v, ctx, *a, kv_rows);
+  }
   else check_mlp(v, ctx, std::get<ir::Mlp>(s.body));
   return v;
 }

@@ -70,7 +70,8 @@ ir::Model build_ir(const ModelConfig& c) {
   m.dim = c.dim;
   m.dtype = c.dtype;
   m.segments = c.segments;
-  if (c.embed) m.embed = linear("embed", c.in_features, c.dim, true, "dense");
+  if (c.embed)
+    for (const auto& seg : c.segments) m.embeds.push_back({seg.name, linear("embed." + seg.name, c.in_features, c.dim, true, "dense")});
   const int64_t wq = c.heads * c.head_dim, wkv = c.kv_heads * c.head_dim;
   for (int i = 0; i < c.layers; ++i) {
     ir::Block b;
@@ -83,25 +84,25 @@ ir::Model build_ir(const ModelConfig& c) {
     a.kv_heads = c.kv_heads;
     a.head_dim = c.head_dim;
     if (c.fused_qkv) {
-      a.qkv = linear(blk(i) + "attn.qkv", c.dim, wq + 2 * wkv, c.qkv_bias, c.format);
-      a.qkv->out_regions = {{"q", 0, wq}, {"k", wq, wkv}, {"v", wq + wkv, wkv}};
+      a.proj.qkv = linear(blk(i) + "attn.qkv", c.dim, wq + 2 * wkv, c.qkv_bias, c.format);
+      a.proj.qkv->out_regions = {{"q", 0, wq}, {"k", wq, wkv}, {"v", wq + wkv, wkv}};
     } else {
-      a.q = linear(blk(i) + "attn.q", c.dim, wq, c.qkv_bias, c.format);
-      a.k = linear(blk(i) + "attn.k", c.dim, wkv, c.qkv_bias, c.format);
-      a.v = linear(blk(i) + "attn.v", c.dim, wkv, c.qkv_bias, c.format);
+      a.proj.q = linear(blk(i) + "attn.q", c.dim, wq, c.qkv_bias, c.format);
+      a.proj.k = linear(blk(i) + "attn.k", c.dim, wkv, c.qkv_bias, c.format);
+      a.proj.v = linear(blk(i) + "attn.v", c.dim, wkv, c.qkv_bias, c.format);
     }
     a.qk_norm.kind = c.qk_norm;
     a.qk_norm.eps = c.eps;
     if (c.qk_norm != ir::QkNormKind::None) {
-      a.qk_norm.q_weight = blk(i) + "attn.norm_q.weight";
-      a.qk_norm.k_weight = blk(i) + "attn.norm_k.weight";
+      a.proj.q_norm = blk(i) + "attn.norm_q.weight";
+      a.proj.k_norm = blk(i) + "attn.norm_k.weight";
     }
     a.rope.style = c.rope;
     a.rope.rotary_dim = c.rope == ir::RopeStyle::None ? 0 : c.rotary_dim;
     a.consumer = c.consumer;
-    a.out = linear(blk(i) + "attn.out", wq, c.dim, c.out_bias, c.format);
+    a.proj.out = linear(blk(i) + "attn.out", wq, c.dim, c.out_bias, c.format);
     a.patches = c.attn_patches;
-    b.sublayers.push_back({"attn", norm(c, blk(i) + "norm1"), mod ? ir::ModRef{0, 1, 2} : ir::ModRef{}, a});
+    b.sublayers.push_back({"attn", {}, norm(c, blk(i) + "norm1"), mod ? ir::ModRef{0, 1, 2} : ir::ModRef{}, a});
 
     ir::Mlp f;
     f.layout = c.layout;
@@ -112,7 +113,7 @@ ir::Model build_ir(const ModelConfig& c) {
     if (c.layout == ir::GateUpLayout::Separate) f.gate = linear(blk(i) + "mlp.gate", c.dim, c.hidden, c.mlp_bias, c.format);
     f.down = linear(blk(i) + "mlp.fc2", c.hidden, c.dim, c.mlp_bias, c.format);
     f.patches = c.mlp_patches;
-    b.sublayers.push_back({"mlp", norm(c, blk(i) + "norm2"), mod ? ir::ModRef{3, 4, 5} : ir::ModRef{}, f});
+    b.sublayers.push_back({"mlp", {}, norm(c, blk(i) + "norm2"), mod ? ir::ModRef{3, 4, 5} : ir::ModRef{}, f});
     m.blocks.push_back(std::move(b));
   }
   if (c.final_layer) {
@@ -198,9 +199,11 @@ Instance instantiate(const ModelConfig& c, const contracts::Registry& reg, const
   const at::ScalarType dt = exec::to_aten(c.dtype);
   Maker mk{at::make_generator<at::CPUGeneratorImpl>(c.seed), dt, reg, *inst.weights};
   const int64_t T = m.tokens();
-  const int64_t mod_rows = c.mod_scope == ir::ModScope::PerToken ? T : int64_t(m.segments.size());
+  const int64_t mod_rows = c.mod_scope == ir::ModScope::PerToken ? T
+                           : c.mod_scope == ir::ModScope::Shared ? 1
+                                                                 : int64_t(m.segments.size());
 
-  if (m.embed) mk.linear(*m.embed);
+  for (const auto& e : m.embeds) mk.linear(e.linear);
   for (const auto& b : m.blocks) {
     if (b.modulation.scope != ir::ModScope::None) {
       // shift/scale near 0, gates near 1, as trained AdaLN tables are.
@@ -212,16 +215,17 @@ Instance instantiate(const ModelConfig& c, const contracts::Registry& reg, const
     for (const auto& s : b.sublayers) {
       mk.norm(s.norm, m.dim);
       if (const auto* a = std::get_if<ir::Attention>(&s.body)) {
-        for (const auto* l : {a->qkv ? &*a->qkv : nullptr, a->q ? &*a->q : nullptr, a->k ? &*a->k : nullptr,
-                              a->v ? &*a->v : nullptr})
+        const ir::AttnProj& p = a->proj;
+        for (const auto* l : {p.qkv ? &*p.qkv : nullptr, p.q ? &*p.q : nullptr, p.k ? &*p.k : nullptr,
+                              p.v ? &*p.v : nullptr})
           if (l) mk.linear(*l);
         if (a->qk_norm.kind != ir::QkNormKind::None) {
           const int64_t width = a->qk_norm.kind == ir::QkNormKind::PerHead ? a->head_dim : a->heads * a->head_dim;
           const int64_t kwidth = a->qk_norm.kind == ir::QkNormKind::PerHead ? a->head_dim : a->kv_heads * a->head_dim;
-          mk.dense(a->qk_norm.q_weight, mk.randn({width}, 0.1, 1.0));
-          mk.dense(a->qk_norm.k_weight, mk.randn({kwidth}, 0.1, 1.0));
+          mk.dense(p.q_norm, mk.randn({width}, 0.1, 1.0));
+          mk.dense(p.k_norm, mk.randn({kwidth}, 0.1, 1.0));
         }
-        mk.linear(a->out);
+        mk.linear(p.out);
       } else {
         const auto& f = std::get<ir::Mlp>(s.body);
         if (f.gate) mk.linear(*f.gate);
@@ -242,13 +246,14 @@ Instance instantiate(const ModelConfig& c, const contracts::Registry& reg, const
     inst.inputs.tables["rope.cos"] = cs;
     inst.inputs.tables["rope.sin"] = sn;
   }
-  inst.inputs.x = mk.randn({T, m.input_features()}, 1.0).to(dt);
+  for (const auto& seg : m.segments)
+    inst.inputs.tokens[seg.name] = mk.randn({seg.length, m.input_features(seg.name)}, 1.0).to(dt);
 
   if (!device.is_cpu()) {
     auto moved = std::make_shared<exec::TensorWeights>(&reg);
     for (const auto& [k, v] : inst.weights->all()) moved->add(k, v.to(device));
     inst.weights = moved;
-    inst.inputs.x = inst.inputs.x.to(device);
+    for (auto& [k, v] : inst.inputs.tokens) v = v.to(device);
     for (auto& [k, v] : inst.inputs.tables) v = v.to(device);
   }
   return inst;
@@ -267,14 +272,18 @@ Instance upcast_f64(const Instance& src, const contracts::Registry& reg) {
   };
   for (const auto& [k, v] : src.weights->all())
     if (v.is_floating_point()) out.weights->add(k, v.to(at::kDouble));
-  if (out.model.embed) fix(*out.model.embed);
+  for (auto& e : out.model.embeds) fix(e.linear);
   for (auto& b : out.model.blocks)
     for (auto& s : b.sublayers) {
       if (auto* a = std::get_if<ir::Attention>(&s.body)) {
-        for (auto* l : {a->qkv ? &*a->qkv : nullptr, a->q ? &*a->q : nullptr, a->k ? &*a->k : nullptr,
-                        a->v ? &*a->v : nullptr})
-          if (l) fix(*l);
-        fix(a->out);
+        std::vector<ir::AttnProj*> projs = {&a->proj};
+        for (auto& [seg, p] : a->segment_proj) projs.push_back(&p);
+        for (ir::AttnProj* p : projs) {
+          for (auto* l : {p->qkv ? &*p->qkv : nullptr, p->q ? &*p->q : nullptr, p->k ? &*p->k : nullptr,
+                          p->v ? &*p->v : nullptr})
+            if (l) fix(*l);
+          fix(p->out);
+        }
       } else {
         auto& f = std::get<ir::Mlp>(s.body);
         if (f.gate) fix(*f.gate);
@@ -283,7 +292,7 @@ Instance upcast_f64(const Instance& src, const contracts::Registry& reg) {
       }
     }
   if (out.model.final_layer) fix(out.model.final_layer->proj);
-  out.inputs.x = src.inputs.x.to(at::kDouble);
+  for (const auto& [k, v] : src.inputs.tokens) out.inputs.tokens[k] = v.to(at::kDouble);
   for (const auto& [k, v] : src.inputs.tables) out.inputs.tables[k] = v.to(at::kDouble);
   return out;
 }

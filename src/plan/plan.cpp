@@ -29,8 +29,10 @@ int64_t kv_bytes(const ir::Model& m) {
   int64_t best = 0;
   for (const auto& b : m.blocks)
     for (const auto& s : b.sublayers)
-      if (const auto* a = std::get_if<ir::Attention>(&s.body))
-        best = std::max(best, 2 * m.tokens() * a->kv_heads * a->head_dim);
+      if (const auto* a = std::get_if<ir::Attention>(&s.body)) {
+        const int64_t L = a->kind == ir::AttnKind::Cross ? m.context(a->context).length : m.rows(s.segments).size();
+        best = std::max(best, 2 * L * a->kv_heads * a->head_dim);
+      }
   return best * static_cast<int64_t>(ir::dtype_size(m.dtype));
 }
 
@@ -63,19 +65,22 @@ int64_t token_chunk_for(int64_t T, const Options& opt) {
   return std::min(T, opt.token_chunk > 0 ? opt.token_chunk : default_token_chunk(T, 1));
 }
 
-SublayerPlan plan_attention(const ir::Model& m, const ir::Attention& a, Verdict v, const Options& opt,
-                            const contracts::Registry& reg) {
-  const int64_t T = m.tokens();
+SublayerPlan plan_attention(const ir::Model& m, const ir::Sublayer& s, const ir::Attention& a, Verdict v,
+                            const Options& opt, const contracts::Registry& reg) {
+  const int64_t T = m.rows(s.segments).size();
+  // Cross-attention's K/V rows are the context's; a full-size chunk covers both.
+  const int64_t kv_rows = a.kind == ir::AttnKind::Cross ? m.context(a.context).length : T;
   SublayerPlan p;
   p.attention = true;
   p.decisions = decide(v);
-  p.token_chunk = p.q_chunk = T;
+  p.token_chunk = std::max(T, kv_rows);
+  p.q_chunk = T;
   if (p.chosen(Transform::BoundedQkv)) p.token_chunk = token_chunk_for(T, opt);
   if (p.chosen(Transform::GlobalKvStreamedQ)) {
     const int64_t align = reg.consumer(a.consumer).q_align;
     p.q_chunk = std::min(T, round_up(p.token_chunk, align));
   }
-  if (p.token_chunk >= T) {
+  if (p.token_chunk >= T && p.token_chunk >= kv_rows) {
     const char* why = "one chunk covers all tokens";
     decline(p.decisions, Transform::BoundedQkv, why);
     decline(p.decisions, Transform::GlobalKvStreamedQ, why);
@@ -84,9 +89,9 @@ SublayerPlan plan_attention(const ir::Model& m, const ir::Attention& a, Verdict 
   return p;
 }
 
-SublayerPlan plan_mlp(const ir::Model& m, const ir::Mlp& mlp, Verdict v, const Options& opt,
+SublayerPlan plan_mlp(const ir::Model& m, const ir::Sublayer& s, const ir::Mlp& mlp, Verdict v, const Options& opt,
                       const contracts::Registry& reg) {
-  const int64_t T = m.tokens();
+  const int64_t T = m.rows(s.segments).size();
   SublayerPlan p;
   p.decisions = decide(v);
   p.token_chunk = p.chosen(Transform::TokenChunkedMlp) ? token_chunk_for(T, opt) : T;
@@ -163,8 +168,8 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
     bp.name = b.name;
     for (const auto& s : b.sublayers) {
       Verdict v = legality::check_sublayer(ctx, s);
-      SublayerPlan sp = s.is_attention() ? plan_attention(m, std::get<ir::Attention>(s.body), v, opt, reg)
-                                         : plan_mlp(m, std::get<ir::Mlp>(s.body), v, opt, reg);
+      SublayerPlan sp = s.is_attention() ? plan_attention(m, s, std::get<ir::Attention>(s.body), v, opt, reg)
+                                         : plan_mlp(m, s, std::get<ir::Mlp>(s.body), v, opt, reg);
       sp.name = s.name;
       for (const auto& ph : sublayer_phases(m, s, sp, reg, dev))
         sp.estimated_peak = std::max(sp.estimated_peak, ph.total_bytes(dev));
@@ -177,8 +182,9 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
     FinalPlan& f = p.final_layer;
     f.present = true;
     f.decisions = decide(legality::check_final(ctx, *m.final_layer));
-    f.chunk = f.chosen(Transform::BoundedFinal) ? token_chunk_for(m.tokens(), opt) : m.tokens();
-    if (f.chunk >= m.tokens()) decline(f.decisions, Transform::BoundedFinal, "one chunk covers all tokens");
+    const int64_t rows = m.output_tokens();
+    f.chunk = f.chosen(Transform::BoundedFinal) ? token_chunk_for(rows, opt) : rows;
+    if (f.chunk >= rows) decline(f.decisions, Transform::BoundedFinal, "one chunk covers all tokens");
     f.estimated_peak = final_phase(m, f.chunk, reg).total_bytes(dev);
     worst = std::max(worst, f.estimated_peak);
   }

@@ -1,6 +1,7 @@
 #include "plan/schedule.hpp"
 
 #include <algorithm>
+#include <tuple>
 
 #include "plan/plan.hpp"
 
@@ -53,32 +54,49 @@ void add_acquire(PhaseSpec& ph, const contracts::Registry& reg, const ir::Linear
   if (b > 0) ph.extras.push_back({"acquire " + l.weight, b});
 }
 
-std::vector<PhaseSpec> attention_phases(const ir::Model& m, const ir::Attention& a, const SublayerPlan& p,
-                                        const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
-  const int64_t T = m.tokens(), D = m.dim, wq = a.heads * a.head_dim, wkv = a.kv_heads * a.head_dim;
+// Held acquisitions of one projection per distinct projection set (joint attention holds
+// each stream's weights).
+template <typename F>
+void add_proj_acquire(PhaseSpec& ph, const contracts::Registry& reg, const ir::Attention& a, F&& rows_cols, DType dt) {
+  for (const ir::AttnProj* p : a.all_proj()) {
+    auto [l, r, c] = rows_cols(*p);
+    if (l) add_acquire(ph, reg, *l, r, c, dt);
+  }
+}
+
+std::vector<PhaseSpec> attention_phases(const ir::Model& m, const ir::Sublayer& s, const ir::Attention& a,
+                                        const SublayerPlan& p, const contracts::Registry& reg,
+                                        const contracts::DeviceCaps& dev) {
+  const int64_t R = m.rows(s.segments).size(), D = m.dim, wq = a.heads * a.head_dim, wkv = a.kv_heads * a.head_dim;
+  const bool cross = a.kind == ir::AttnKind::Cross;
+  const int64_t L = cross ? m.context(a.context).length : R;  // K/V rows
+  const int64_t kv_in = cross ? m.context(a.context).dim : D;
   const int64_t r = a.heads / a.kv_heads, half = a.rope.style == ir::RopeStyle::None ? 0 : a.rope.rotary_dim / 2;
+  const int64_t mlp = a.parallel ? a.parallel->hidden : 0;
   const DType dt = m.dtype, f32 = accumulation_dtype(dt);
   const bool streamed_out = p.chosen(legality::Transform::StreamedOutProj);
-  const BufferSpec k{Buf::K, {a.kv_heads, T, a.head_dim}, dt}, v{Buf::V, {a.kv_heads, T, a.head_dim}, dt};
-  const ir::Linear& kl = a.fused() ? *a.qkv : *a.k;
-  const ir::Linear& vl = a.fused() ? *a.qkv : *a.v;
-  const ir::Linear& ql = a.fused() ? *a.qkv : *a.q;
+  const BufferSpec k{Buf::K, {a.kv_heads, L, a.head_dim}, dt}, v{Buf::V, {a.kv_heads, L, a.head_dim}, dt};
+  using Acq = std::tuple<const ir::Linear*, int64_t, int64_t>;
 
   std::vector<PhaseSpec> out;
   {
-    const int64_t c = rows(p.token_chunk, T);
-    PhaseSpec ph{"kv", {k, v, {Buf::N32, {c, D}, f32}, {Buf::H, {c, D}, dt}, {Buf::KV, {2, c, wkv}, dt},
-                        {Buf::K32, {c, wkv}, f32}},
-                 {}};
+    const int64_t c = rows(p.token_chunk, L);
+    PhaseSpec ph{"kv", {k, v}, {}};
+    if (!cross) {  // cross-attention projects the context rows as they are
+      ph.buffers.push_back({Buf::N32, {c, D}, f32});
+      ph.buffers.push_back({Buf::H, {c, D}, dt});
+    }
+    ph.buffers.push_back({Buf::KV, {2, c, wkv}, dt});
+    ph.buffers.push_back({Buf::K32, {c, wkv}, f32});
     if (half > 0) ph.buffers.push_back({Buf::RopeTmp, {c, a.kv_heads, half}, f32});
-    add_acquire(ph, reg, kl, wkv, D, dt);
-    add_acquire(ph, reg, vl, wkv, D, dt);
+    add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&pr.k_linear(), wkv, kv_in}; }, dt);
+    add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&pr.v_linear(), wkv, kv_in}; }, dt);
     out.push_back(ph);
   }
   {
-    const int64_t c = rows(p.q_chunk, T);
+    const int64_t c = rows(p.q_chunk, R);
     PhaseSpec ph{"q", {k, v}, {}};
-    if (!streamed_out) ph.buffers.push_back({Buf::OFull, {T, wq}, dt});
+    if (!streamed_out) ph.buffers.push_back({Buf::OFull, {R, wq}, dt});
     ph.buffers.push_back({Buf::N32, {c, D}, f32});
     ph.buffers.push_back({Buf::H, {c, D}, dt});
     ph.buffers.push_back({Buf::Q, {c, wq}, dt});
@@ -88,24 +106,35 @@ std::vector<PhaseSpec> attention_phases(const ir::Model& m, const ir::Attention&
     if (streamed_out) {
       ph.buffers.push_back({Buf::O, {c, wq}, dt});
       ph.buffers.push_back({Buf::Y, {c, D}, dt});
-      add_acquire(ph, reg, a.out, D, wq, dt);
+      if (mlp) {
+        ph.buffers.push_back({Buf::U, {1, c, mlp}, dt});
+        add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&*pr.qkv, mlp, D}; }, dt);
+      }
+      add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&pr.out, D, wq + mlp}; }, dt);
     }
-    contracts::AttnShape s{r * c, T, a.kv_heads, a.kv_heads, a.head_dim, dt, dev.kind, dev.threads};
-    ph.extras.push_back({"consumer '" + a.consumer + "' call", reg.consumer(a.consumer).call_bytes(s)});
-    add_acquire(ph, reg, ql, wq, D, dt);
+    contracts::AttnShape sh{r * c, L, a.kv_heads, a.kv_heads, a.head_dim, dt, dev.kind, dev.threads};
+    ph.extras.push_back({"consumer '" + a.consumer + "' call", reg.consumer(a.consumer).call_bytes(sh)});
+    add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&pr.q_linear(), wq, D}; }, dt);
     out.push_back(ph);
   }
   if (!streamed_out) {
-    const int64_t c = rows(p.token_chunk, T);
-    PhaseSpec ph{"out", {{Buf::OFull, {T, wq}, dt}, {Buf::Y, {c, D}, dt}}, {}};
-    add_acquire(ph, reg, a.out, D, wq, dt);
+    const int64_t c = rows(p.token_chunk, R);
+    PhaseSpec ph{"out", {{Buf::OFull, {R, wq}, dt}, {Buf::Y, {c, D}, dt}}, {}};
+    if (mlp) {  // the parallel MLP is recomputed here, slab by slab, from the unchanged rows
+      ph.buffers.push_back({Buf::N32, {c, D}, f32});
+      ph.buffers.push_back({Buf::H, {c, D}, dt});
+      ph.buffers.push_back({Buf::U, {1, c, mlp}, dt});
+      add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&*pr.qkv, mlp, D}; }, dt);
+    }
+    add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&pr.out, D, wq + mlp}; }, dt);
     out.push_back(ph);
   }
   return out;
 }
 
-PhaseSpec mlp_phase(const ir::Model& m, const ir::Mlp& mlp, const SublayerPlan& p, const contracts::Registry& reg) {
-  const int64_t T = m.tokens(), D = m.dim, c = rows(p.token_chunk, T), f = p.feature_slice;
+PhaseSpec mlp_phase(const ir::Model& m, const ir::Sublayer& s, const ir::Mlp& mlp, const SublayerPlan& p,
+                    const contracts::Registry& reg) {
+  const int64_t T = m.rows(s.segments).size(), D = m.dim, c = rows(p.token_chunk, T), f = p.feature_slice;
   const DType dt = m.dtype;
   const bool sliced = f < mlp.hidden;
   PhaseSpec ph{"mlp",
@@ -131,13 +160,13 @@ PhaseSpec mlp_phase(const ir::Model& m, const ir::Mlp& mlp, const SublayerPlan& 
 
 std::vector<PhaseSpec> sublayer_phases(const ir::Model& m, const ir::Sublayer& s, const SublayerPlan& p,
                                        const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
-  if (const auto* a = std::get_if<ir::Attention>(&s.body)) return attention_phases(m, *a, p, reg, dev);
-  return {mlp_phase(m, std::get<ir::Mlp>(s.body), p, reg)};
+  if (const auto* a = std::get_if<ir::Attention>(&s.body)) return attention_phases(m, s, *a, p, reg, dev);
+  return {mlp_phase(m, s, std::get<ir::Mlp>(s.body), p, reg)};
 }
 
 PhaseSpec final_phase(const ir::Model& m, int64_t chunk, const contracts::Registry& reg) {
   const ir::FinalLayer& fl = *m.final_layer;
-  const int64_t T = m.tokens(), c = rows(chunk, T);
+  const int64_t T = m.rows(fl.segments).size(), c = rows(chunk, T);
   const DType acc = accumulation_dtype(m.dtype);
   const int64_t asz = static_cast<int64_t>(ir::dtype_size(acc));
   PhaseSpec ph{"final", {{Buf::Out, {T, fl.proj.out_features}, acc}, {Buf::N32, {c, m.dim}, acc}}, {}};
@@ -152,7 +181,17 @@ PhaseSpec final_phase(const ir::Model& m, int64_t chunk, const contracts::Regist
 
 PhaseSpec embed_phase(const ir::Model& m, const contracts::Registry& reg) {
   PhaseSpec ph{"embed", {}, {}};
-  if (m.embed) add_acquire(ph, reg, *m.embed, m.dim, m.embed->in_features, m.dtype);
+  // Each segment's embedding weight is acquired, used and released in turn: the largest counts.
+  int64_t worst = 0;
+  std::string what;
+  for (const auto& e : m.embeds) {
+    const int64_t b = acquire_bytes(reg, e.linear.format, m.dim, e.linear.in_features, m.dtype);
+    if (b > worst) {
+      worst = b;
+      what = "acquire " + e.linear.weight;
+    }
+  }
+  if (worst > 0) ph.extras.push_back({what, worst});
   return ph;
 }
 

@@ -58,7 +58,7 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
   r.estimated_peak_bytes = p.estimated_peak_bytes;
   r.floor_bytes = p.floor_bytes;
   r.plan = to_json(p);
-  const at::Device d = inst.inputs.x.device();
+  const at::Device d = inst.inputs.device();
   // On a GPU the first call of each schedule pays for library handles and kernel loading;
   // one untimed call of each keeps that out of the comparison.
   if (d.is_cuda()) {

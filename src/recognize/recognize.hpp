@@ -1,0 +1,135 @@
+// Structure recognition of transformer checkpoints: tensor names + shapes (+ an optional
+// sidecar) -> model family, layout, dimensions, and where every canonical tensor comes from.
+//
+// Usage:
+//   auto file = sp::io::SafetensorsFile::open("wan2.1_t2v_1.3B.safetensors");
+//   std::vector<sp::io::TensorInfo> infos;
+//   for (const auto& n : file.names()) infos.push_back(file.info(n));
+//   sp::recognize::Recognized r = sp::recognize::recognize(infos);   // throws RecognizeError
+//   r.config.family;   // "wan2.1"          r.layout;  // "original" or "diffusers"
+//   r.config.variant;  // "wan2.1-1.3b"     r.config.heads, r.config.layers, ...
+//   const sp::recognize::Source& s = r.tensors.at("blocks.0.self_attn.q.weight");
+//   // s.op == Source::Op::Copy, s.tensors == {"blocks.0.attn1.to_q.weight"} for diffusers
+//
+//   // make-checkpoint: every tensor of a layout, from a preset
+//   auto cfg = sp::recognize::preset("flux1-dev", /*layers=*/2, /*tiny=*/true);
+//   for (const auto& t : sp::recognize::checkpoint_tensors(cfg, "diffusers")) { ... }
+//   // the sidecar that records what names and shapes cannot tell:
+//   std::string json = sp::recognize::to_json(sp::recognize::sidecar_for(cfg));
+//
+// Canonical names are the original layout of each family (Wan repo, BFL Flux, H3 as defined
+// in docs/checkpoints.md). Recognition rules are data (tables_*.cpp); see README.md.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.hpp"
+#include "recognize/sidecar.hpp"
+
+namespace sp::recognize {
+
+class RecognizeError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// How one canonical tensor is assembled from checkpoint tensors.
+struct Source {
+  enum class Op {
+    Copy,         // tensors[0] as is
+    Concat0,      // tensors concatenated along dim 0, in order
+    SwapHalves0,  // tensors[0] with its two halves along dim 0 exchanged
+  };
+  Op op = Op::Copy;
+  std::vector<std::string> tensors;  // names as stored in the checkpoint (prefix included)
+  bool operator==(const Source&) const = default;
+};
+
+// Everything the model builders need. Structural fields come from names and shapes;
+// conventions (eps, rope, text_tokens, segments) from the sidecar, the matched preset, or
+// the family defaults, in that order of precedence.
+struct FamilyConfig {
+  std::string family;   // "wan2.1" | "flux1" | "h3"
+  std::string variant;  // "wan2.1-1.3b", "wan2.1-14b", "flux1-dev", "flux1-schnell", "h3",
+                        // their "-tiny" forms ("wan2.1-tiny", ...), or "custom"
+  int64_t dim = 0;
+  int64_t heads = 0, head_dim = 0;  // attention width heads*head_dim (== dim except H3)
+  int64_t ffn = 0;                  // MLP hidden width (Flux: mlp_ratio * dim; H3: per SwiGLU half)
+  int64_t layers = 0;               // Wan/H3 blocks; Flux double-stream blocks
+  int64_t single_layers = 0;        // Flux single-stream blocks
+  int64_t in_channels = 0, out_channels = 0;  // per token: Wan latent channels (before the
+                                              // patch), Flux packed channels, H3 patch features
+  int64_t text_dim = 0;   // text encoder width (Wan/H3 text embed input, Flux context_in)
+  int64_t freq_dim = 256; // sinusoidal timestep embedding width
+  int64_t vec_dim = 0;    // Flux pooled vector width
+  int64_t audio_dim = 0;  // H3 audio embedding input width
+  std::array<int64_t, 3> patch{1, 1, 1};  // Wan t,h,w patch (conv3d kernel); 1,1,1 otherwise
+  bool guidance = false;  // Flux dev: guidance embedding present
+  bool qkv_bias = false;  // Q/K/V projections carry biases (Wan, Flux)
+
+  // Conventions.
+  double eps = 1e-6;                    // every norm of the family
+  double rope_theta = 10000;
+  std::vector<int64_t> rope_axes_dim;   // per axis (t, h, w), sums to rotary_dim
+  int64_t rotary_dim = 0;               // leading head dims rotated (== head_dim for Wan/Flux)
+  bool rope_interleaved = true;         // pairs (2i, 2i+1) (Wan, Flux); false: split-half (H3)
+  int64_t text_tokens = 0;              // default text length (Wan 512, Flux dev 512/schnell 256)
+  double timestep_scale = 1;            // model embeds sinusoid(timestep_scale * t) (Flux 1000)
+  std::vector<std::string> segments;    // H3: token segment order of modulation rows
+
+  bool operator==(const FamilyConfig&) const = default;
+};
+
+struct Recognized {
+  FamilyConfig config;
+  std::string layout;  // "original" | "diffusers"
+  std::string prefix;  // stripped from every name ("" or e.g. "model.diffusion_model.")
+  std::map<std::string, Source> tensors;  // canonical name -> source
+};
+
+// Recognizes a checkpoint from its tensors' names and shapes. Throws RecognizeError:
+//  - nothing explains every tensor: lists the unexplained tensors (first 20 + count) of the
+//    closest (family, layout), the one explaining the most tensors, and names it;
+//  - a layout explains every tensor but tensors are missing, block indices have gaps, or a
+//    shape disagrees: names the tensors, expected and actual shapes;
+//  - the sidecar contradicts the checkpoint or leaves a convention undetermined.
+Recognized recognize(const std::vector<io::TensorInfo>& tensors,
+                     const std::optional<Sidecar>& sidecar = {});
+Recognized recognize(const io::SafetensorsFile& file, const std::optional<Sidecar>& sidecar = {});
+
+// The families and layouts known to the recognizer.
+std::vector<std::string> families();                          // {"wan2.1", "flux1", "h3"}
+std::vector<std::string> layouts(const std::string& family);  // "original" first
+
+// ---- make-checkpoint ----
+
+struct TensorSpec {
+  std::string name;                // name in the layout
+  std::vector<int64_t> shape;
+  std::string canonical;           // canonical (original-layout) tensor it belongs to
+  Source::Op op = Source::Op::Copy;  // how it maps onto the canonical tensor
+  int64_t row_offset = 0;          // Concat0: first canonical row (dim 0) this part holds
+  bool operator==(const TensorSpec&) const = default;
+};
+
+// Every tensor of `layout` for `config`, in a stable order (top-level tensors, then block by
+// block). Throws RecognizeError for an unknown family or layout.
+std::vector<TensorSpec> checkpoint_tensors(const FamilyConfig& config, const std::string& layout);
+
+// A preset: "wan2.1-1.3b", "wan2.1-14b", "flux1-dev", "flux1-schnell", "h3" (or a "-tiny" name,
+// same as tiny=true). layers: -1 keeps the preset's count; otherwise Wan/H3 blocks, Flux double
+// blocks (single blocks = 2 * layers, the 19:38 ratio). tiny: small widths, same structure.
+FamilyConfig preset(const std::string& variant, int layers = -1, bool tiny = false);
+std::vector<std::string> preset_names();
+
+// The sidecar recording everything of `config` that names and shapes cannot tell
+// (family, head_dim, eps, rope, text_tokens, H3 segments).
+Sidecar sidecar_for(const FamilyConfig& config);
+
+}  // namespace sp::recognize

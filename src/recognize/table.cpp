@@ -1,0 +1,139 @@
+// Shape expressions and small helpers shared by the engine and the family tables.
+#include "recognize/table.hpp"
+
+#include <cctype>
+#include <stdexcept>
+
+namespace sp::recognize::detail {
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    size_t pos = s.find(sep, start);
+    out.push_back(trim(s.substr(start, pos == std::string::npos ? std::string::npos : pos - start)));
+    if (pos == std::string::npos) return out;
+    start = pos + 1;
+  }
+}
+
+bool is_symbol(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+
+Expr parse_expr(const std::string& text) {
+  Expr e;
+  for (const auto& term_text : split(text, '+')) {
+    Term t;
+    for (const auto& f : split(term_text, '*')) {
+      if (is_symbol(f)) {
+        t.syms.push_back(f);
+      } else if (!f.empty() && f.find_first_not_of("0123456789") == std::string::npos) {
+        t.coef *= std::stoll(f);
+      } else {
+        throw std::logic_error("recognize table: bad shape expression \"" + text + "\"");
+      }
+    }
+    e.push_back(t);
+  }
+  return e;
+}
+
+}  // namespace
+
+std::vector<Expr> parse_shape(const std::string& shape) {
+  std::vector<Expr> dims;
+  for (const auto& d : split(shape, ',')) dims.push_back(parse_expr(d));
+  return dims;
+}
+
+std::optional<int64_t> evaluate(const Expr& e, const Symbols& syms) {
+  int64_t sum = 0;
+  for (const auto& t : e) {
+    int64_t v = t.coef;
+    for (const auto& s : t.syms) {
+      auto it = syms.find(s);
+      if (it == syms.end()) return std::nullopt;
+      v *= it->second;
+    }
+    sum += v;
+  }
+  return sum;
+}
+
+std::string to_string(const Expr& e) {
+  std::string out;
+  for (const auto& t : e) {
+    if (!out.empty()) out += "+";
+    std::string term = (t.coef != 1 || t.syms.empty()) ? std::to_string(t.coef) : "";
+    for (const auto& s : t.syms) term += (term.empty() ? "" : "*") + s;
+    out += term;
+  }
+  return out;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+std::string placeholder(const std::string& pattern) {
+  size_t b = pattern.find('{');
+  if (b == std::string::npos) return "";
+  size_t e = pattern.find('}', b);
+  if (e == std::string::npos) throw std::logic_error("recognize table: bad pattern " + pattern);
+  return pattern.substr(b + 1, e - b - 1);
+}
+
+std::string expand(const std::string& pattern, int64_t index) {
+  size_t b = pattern.find('{');
+  if (b == std::string::npos) return pattern;
+  size_t e = pattern.find('}', b);
+  return pattern.substr(0, b) + std::to_string(index) + pattern.substr(e + 1);
+}
+
+bool same_structure(const FamilyConfig& a, const FamilyConfig& b) {
+  return a.family == b.family && a.dim == b.dim && a.heads == b.heads &&
+         a.head_dim == b.head_dim && a.ffn == b.ffn && a.in_channels == b.in_channels &&
+         a.out_channels == b.out_channels && a.text_dim == b.text_dim &&
+         a.freq_dim == b.freq_dim && a.vec_dim == b.vec_dim && a.audio_dim == b.audio_dim &&
+         a.patch == b.patch && a.guidance == b.guidance && a.qkv_bias == b.qkv_bias &&
+         a.segments.size() == b.segments.size();
+}
+
+void copy_conventions(const FamilyConfig& from, FamilyConfig& to) {
+  to.eps = from.eps;
+  to.rope_theta = from.rope_theta;
+  to.rope_axes_dim = from.rope_axes_dim;
+  to.rotary_dim = from.rotary_dim;
+  to.rope_interleaved = from.rope_interleaved;
+  to.text_tokens = from.text_tokens;
+  to.timestep_scale = from.timestep_scale;
+  to.segments = from.segments;
+}
+
+const std::vector<const Family*>& all_families() {
+  static const std::vector<const Family*> families = {&wan_family(), &flux_family(),
+                                                      &h3_family()};
+  return families;
+}
+
+const Family* find_family(const std::string& name) {
+  for (const Family* f : all_families())
+    if (f->name == name) return f;
+  return nullptr;
+}
+
+}  // namespace sp::recognize::detail

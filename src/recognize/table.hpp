@@ -1,0 +1,96 @@
+// Internal: the data model of recognition tables and the shape-expression helpers shared by
+// the engine (recognize.cpp), the tensor lists (checkpoint.cpp) and the family tables
+// (tables_*.cpp). Not part of the public API.
+//
+// A table entry, e.g. for diffusers Flux:
+//   {"transformer_blocks.{layers}.attn.to_k.weight", "dim, dim",
+//    "double_blocks.{layers}.img_attn.qkv.weight", Op::Concat0, 1}
+// reads: a tensor named transformer_blocks.<i>.attn.to_k.weight for every i in 0..layers-1,
+// of shape [dim, dim], is part 1 (0-based, along dim 0) of canonical
+// double_blocks.<i>.img_attn.qkv.weight. Shapes are comma-separated expressions: sums of
+// products of integers and symbols ("3*dim+ffn", "3*heads*head_dim"). The first tensor of an
+// entry binds each symbol it can (a dimension with one unknown symbol, appearing linearly, is
+// solved for it); every tensor is then checked against the bound values.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "recognize/recognize.hpp"
+
+namespace sp::recognize::detail {
+
+using Symbols = std::map<std::string, int64_t>;
+using Features = std::set<std::string>;
+
+struct Entry {
+  std::string name;       // pattern; "{sym}" = block index over 0..sym-1
+  std::string shape;      // comma-separated dimension expressions
+  std::string canonical;  // canonical pattern; empty: same as name (original layout)
+  Source::Op op = Source::Op::Copy;
+  int part = 0;           // Concat0: position of this part within the canonical tensor
+  std::string feature;    // non-empty: present iff the feature is on (all or none)
+};
+
+struct Layout {
+  std::string name;
+  std::vector<Entry> entries;
+};
+
+struct Preset {
+  std::string name;   // accepted by preset()
+  FamilyConfig real;  // real dimensions
+  FamilyConfig tiny;  // same structure, small widths
+};
+
+struct Family {
+  std::string name;
+  std::vector<Layout> layouts;  // "original" first: it defines the canonical names and shapes
+  std::vector<Preset> presets;
+  // Structural fields of the config from bound symbols and the features that are on. Only
+  // what shapes cannot give is taken from the sidecar (Wan head_dim); a sidecar value that
+  // contradicts the shapes throws RecognizeError.
+  FamilyConfig (*structure)(const Symbols&, const Features&, const Sidecar&);
+  // Inverse of structure(): symbols and features of a config (checkpoint_tensors).
+  Symbols (*symbols)(const FamilyConfig&);
+  Features (*features)(const FamilyConfig&);
+  // Conventions for a config that matches no preset; leaves rope_axes_dim empty where the
+  // family has no default for this head_dim.
+  void (*custom_defaults)(FamilyConfig&);
+  // Family-specific checks once conventions are final; throws RecognizeError.
+  void (*check)(const FamilyConfig&, const Symbols&);
+};
+
+const Family& wan_family();
+const Family& flux_family();
+const Family& h3_family();
+const std::vector<const Family*>& all_families();
+const Family* find_family(const std::string& name);  // nullptr if unknown
+
+// ---- shape expressions ----
+struct Term {
+  int64_t coef = 1;
+  std::vector<std::string> syms;
+};
+using Expr = std::vector<Term>;  // sum of terms
+
+std::vector<Expr> parse_shape(const std::string& shape);  // throws std::logic_error (table bug)
+std::optional<int64_t> evaluate(const Expr& e, const Symbols& syms);
+std::string to_string(const Expr& e);
+std::string shape_string(const std::vector<int64_t>& shape);  // "[3, 4]"
+
+// Placeholder symbol of a pattern ("" if none) and the pattern with it replaced by `index`.
+std::string placeholder(const std::string& pattern);
+std::string expand(const std::string& pattern, int64_t index);
+
+// Equal structural fields (everything but the variant name, block counts and conventions;
+// of segments only the count).
+bool same_structure(const FamilyConfig& a, const FamilyConfig& b);
+// Copies the convention fields (eps, rope, text_tokens, timestep_scale, segments).
+void copy_conventions(const FamilyConfig& from, FamilyConfig& to);
+
+}  // namespace sp::recognize::detail

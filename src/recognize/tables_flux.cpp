@@ -1,0 +1,252 @@
+// Flux.1 (dev/schnell): recognition tables (original BFL names, diffusers names), presets.
+//
+// Symbols: dim, head_dim (from the QK-norm scales), mlp, in, out, ctx, vec, freq_dim, layers
+// (double blocks), single_layers. Feature "guidance": guidance_in present (dev).
+// Diffusers splits fused projections: img_attn.qkv = cat(to_q, to_k, to_v); txt_attn.qkv =
+// cat(add_q_proj, add_k_proj, add_v_proj); single linear1 = cat(to_q, to_k, to_v, proj_mlp),
+// all along dim 0. norm_out.linear stores [scale | shift] where the original
+// final_layer.adaLN_modulation.1 stores [shift | scale] (diffusers' swap_scale_shift).
+#include "recognize/table.hpp"
+
+namespace sp::recognize::detail {
+namespace {
+
+using Op = Source::Op;
+
+const std::vector<Entry> kOriginal = {
+    {"img_in.weight", "dim, in"},
+    {"img_in.bias", "dim"},
+    {"txt_in.weight", "dim, ctx"},
+    {"txt_in.bias", "dim"},
+    {"time_in.in_layer.weight", "dim, freq_dim"},
+    {"time_in.in_layer.bias", "dim"},
+    {"time_in.out_layer.weight", "dim, dim"},
+    {"time_in.out_layer.bias", "dim"},
+    {"vector_in.in_layer.weight", "dim, vec"},
+    {"vector_in.in_layer.bias", "dim"},
+    {"vector_in.out_layer.weight", "dim, dim"},
+    {"vector_in.out_layer.bias", "dim"},
+    {"guidance_in.in_layer.weight", "dim, freq_dim", "", Op::Copy, 0, "guidance"},
+    {"guidance_in.in_layer.bias", "dim", "", Op::Copy, 0, "guidance"},
+    {"guidance_in.out_layer.weight", "dim, dim", "", Op::Copy, 0, "guidance"},
+    {"guidance_in.out_layer.bias", "dim", "", Op::Copy, 0, "guidance"},
+    {"double_blocks.{layers}.img_mod.lin.weight", "6*dim, dim"},
+    {"double_blocks.{layers}.img_mod.lin.bias", "6*dim"},
+    {"double_blocks.{layers}.img_attn.qkv.weight", "3*dim, dim"},
+    {"double_blocks.{layers}.img_attn.qkv.bias", "3*dim"},
+    {"double_blocks.{layers}.img_attn.norm.query_norm.scale", "head_dim"},
+    {"double_blocks.{layers}.img_attn.norm.key_norm.scale", "head_dim"},
+    {"double_blocks.{layers}.img_attn.proj.weight", "dim, dim"},
+    {"double_blocks.{layers}.img_attn.proj.bias", "dim"},
+    {"double_blocks.{layers}.img_mlp.0.weight", "mlp, dim"},
+    {"double_blocks.{layers}.img_mlp.0.bias", "mlp"},
+    {"double_blocks.{layers}.img_mlp.2.weight", "dim, mlp"},
+    {"double_blocks.{layers}.img_mlp.2.bias", "dim"},
+    {"double_blocks.{layers}.txt_mod.lin.weight", "6*dim, dim"},
+    {"double_blocks.{layers}.txt_mod.lin.bias", "6*dim"},
+    {"double_blocks.{layers}.txt_attn.qkv.weight", "3*dim, dim"},
+    {"double_blocks.{layers}.txt_attn.qkv.bias", "3*dim"},
+    {"double_blocks.{layers}.txt_attn.norm.query_norm.scale", "head_dim"},
+    {"double_blocks.{layers}.txt_attn.norm.key_norm.scale", "head_dim"},
+    {"double_blocks.{layers}.txt_attn.proj.weight", "dim, dim"},
+    {"double_blocks.{layers}.txt_attn.proj.bias", "dim"},
+    {"double_blocks.{layers}.txt_mlp.0.weight", "mlp, dim"},
+    {"double_blocks.{layers}.txt_mlp.0.bias", "mlp"},
+    {"double_blocks.{layers}.txt_mlp.2.weight", "dim, mlp"},
+    {"double_blocks.{layers}.txt_mlp.2.bias", "dim"},
+    {"single_blocks.{single_layers}.modulation.lin.weight", "3*dim, dim"},
+    {"single_blocks.{single_layers}.modulation.lin.bias", "3*dim"},
+    {"single_blocks.{single_layers}.linear1.weight", "3*dim+mlp, dim"},
+    {"single_blocks.{single_layers}.linear1.bias", "3*dim+mlp"},
+    {"single_blocks.{single_layers}.norm.query_norm.scale", "head_dim"},
+    {"single_blocks.{single_layers}.norm.key_norm.scale", "head_dim"},
+    {"single_blocks.{single_layers}.linear2.weight", "dim, dim+mlp"},
+    {"single_blocks.{single_layers}.linear2.bias", "dim"},
+    {"final_layer.adaLN_modulation.1.weight", "2*dim, dim"},
+    {"final_layer.adaLN_modulation.1.bias", "2*dim"},
+    {"final_layer.linear.weight", "out, dim"},
+    {"final_layer.linear.bias", "out"},
+};
+
+#define DB "transformer_blocks.{layers}."
+#define OD "double_blocks.{layers}."
+#define SB "single_transformer_blocks.{single_layers}."
+#define OS "single_blocks.{single_layers}."
+const std::vector<Entry> kDiffusers = {
+    {"x_embedder.weight", "dim, in", "img_in.weight"},
+    {"x_embedder.bias", "dim", "img_in.bias"},
+    {"context_embedder.weight", "dim, ctx", "txt_in.weight"},
+    {"context_embedder.bias", "dim", "txt_in.bias"},
+    {"time_text_embed.timestep_embedder.linear_1.weight", "dim, freq_dim", "time_in.in_layer.weight"},
+    {"time_text_embed.timestep_embedder.linear_1.bias", "dim", "time_in.in_layer.bias"},
+    {"time_text_embed.timestep_embedder.linear_2.weight", "dim, dim", "time_in.out_layer.weight"},
+    {"time_text_embed.timestep_embedder.linear_2.bias", "dim", "time_in.out_layer.bias"},
+    {"time_text_embed.text_embedder.linear_1.weight", "dim, vec", "vector_in.in_layer.weight"},
+    {"time_text_embed.text_embedder.linear_1.bias", "dim", "vector_in.in_layer.bias"},
+    {"time_text_embed.text_embedder.linear_2.weight", "dim, dim", "vector_in.out_layer.weight"},
+    {"time_text_embed.text_embedder.linear_2.bias", "dim", "vector_in.out_layer.bias"},
+    {"time_text_embed.guidance_embedder.linear_1.weight", "dim, freq_dim",
+     "guidance_in.in_layer.weight", Op::Copy, 0, "guidance"},
+    {"time_text_embed.guidance_embedder.linear_1.bias", "dim", "guidance_in.in_layer.bias",
+     Op::Copy, 0, "guidance"},
+    {"time_text_embed.guidance_embedder.linear_2.weight", "dim, dim",
+     "guidance_in.out_layer.weight", Op::Copy, 0, "guidance"},
+    {"time_text_embed.guidance_embedder.linear_2.bias", "dim", "guidance_in.out_layer.bias",
+     Op::Copy, 0, "guidance"},
+    {DB "norm1.linear.weight", "6*dim, dim", OD "img_mod.lin.weight"},
+    {DB "norm1.linear.bias", "6*dim", OD "img_mod.lin.bias"},
+    {DB "attn.to_q.weight", "dim, dim", OD "img_attn.qkv.weight", Op::Concat0, 0},
+    {DB "attn.to_k.weight", "dim, dim", OD "img_attn.qkv.weight", Op::Concat0, 1},
+    {DB "attn.to_v.weight", "dim, dim", OD "img_attn.qkv.weight", Op::Concat0, 2},
+    {DB "attn.to_q.bias", "dim", OD "img_attn.qkv.bias", Op::Concat0, 0},
+    {DB "attn.to_k.bias", "dim", OD "img_attn.qkv.bias", Op::Concat0, 1},
+    {DB "attn.to_v.bias", "dim", OD "img_attn.qkv.bias", Op::Concat0, 2},
+    {DB "attn.norm_q.weight", "head_dim", OD "img_attn.norm.query_norm.scale"},
+    {DB "attn.norm_k.weight", "head_dim", OD "img_attn.norm.key_norm.scale"},
+    {DB "attn.to_out.0.weight", "dim, dim", OD "img_attn.proj.weight"},
+    {DB "attn.to_out.0.bias", "dim", OD "img_attn.proj.bias"},
+    {DB "ff.net.0.proj.weight", "mlp, dim", OD "img_mlp.0.weight"},
+    {DB "ff.net.0.proj.bias", "mlp", OD "img_mlp.0.bias"},
+    {DB "ff.net.2.weight", "dim, mlp", OD "img_mlp.2.weight"},
+    {DB "ff.net.2.bias", "dim", OD "img_mlp.2.bias"},
+    {DB "norm1_context.linear.weight", "6*dim, dim", OD "txt_mod.lin.weight"},
+    {DB "norm1_context.linear.bias", "6*dim", OD "txt_mod.lin.bias"},
+    {DB "attn.add_q_proj.weight", "dim, dim", OD "txt_attn.qkv.weight", Op::Concat0, 0},
+    {DB "attn.add_k_proj.weight", "dim, dim", OD "txt_attn.qkv.weight", Op::Concat0, 1},
+    {DB "attn.add_v_proj.weight", "dim, dim", OD "txt_attn.qkv.weight", Op::Concat0, 2},
+    {DB "attn.add_q_proj.bias", "dim", OD "txt_attn.qkv.bias", Op::Concat0, 0},
+    {DB "attn.add_k_proj.bias", "dim", OD "txt_attn.qkv.bias", Op::Concat0, 1},
+    {DB "attn.add_v_proj.bias", "dim", OD "txt_attn.qkv.bias", Op::Concat0, 2},
+    {DB "attn.norm_added_q.weight", "head_dim", OD "txt_attn.norm.query_norm.scale"},
+    {DB "attn.norm_added_k.weight", "head_dim", OD "txt_attn.norm.key_norm.scale"},
+    {DB "attn.to_add_out.weight", "dim, dim", OD "txt_attn.proj.weight"},
+    {DB "attn.to_add_out.bias", "dim", OD "txt_attn.proj.bias"},
+    {DB "ff_context.net.0.proj.weight", "mlp, dim", OD "txt_mlp.0.weight"},
+    {DB "ff_context.net.0.proj.bias", "mlp", OD "txt_mlp.0.bias"},
+    {DB "ff_context.net.2.weight", "dim, mlp", OD "txt_mlp.2.weight"},
+    {DB "ff_context.net.2.bias", "dim", OD "txt_mlp.2.bias"},
+    {SB "norm.linear.weight", "3*dim, dim", OS "modulation.lin.weight"},
+    {SB "norm.linear.bias", "3*dim", OS "modulation.lin.bias"},
+    {SB "attn.to_q.weight", "dim, dim", OS "linear1.weight", Op::Concat0, 0},
+    {SB "attn.to_k.weight", "dim, dim", OS "linear1.weight", Op::Concat0, 1},
+    {SB "attn.to_v.weight", "dim, dim", OS "linear1.weight", Op::Concat0, 2},
+    {SB "proj_mlp.weight", "mlp, dim", OS "linear1.weight", Op::Concat0, 3},
+    {SB "attn.to_q.bias", "dim", OS "linear1.bias", Op::Concat0, 0},
+    {SB "attn.to_k.bias", "dim", OS "linear1.bias", Op::Concat0, 1},
+    {SB "attn.to_v.bias", "dim", OS "linear1.bias", Op::Concat0, 2},
+    {SB "proj_mlp.bias", "mlp", OS "linear1.bias", Op::Concat0, 3},
+    {SB "attn.norm_q.weight", "head_dim", OS "norm.query_norm.scale"},
+    {SB "attn.norm_k.weight", "head_dim", OS "norm.key_norm.scale"},
+    {SB "proj_out.weight", "dim, dim+mlp", OS "linear2.weight"},
+    {SB "proj_out.bias", "dim", OS "linear2.bias"},
+    {"norm_out.linear.weight", "2*dim, dim", "final_layer.adaLN_modulation.1.weight",
+     Op::SwapHalves0},
+    {"norm_out.linear.bias", "2*dim", "final_layer.adaLN_modulation.1.bias", Op::SwapHalves0},
+    {"proj_out.weight", "out, dim", "final_layer.linear.weight"},
+    {"proj_out.bias", "out", "final_layer.linear.bias"},
+};
+#undef DB
+#undef OD
+#undef SB
+#undef OS
+
+FamilyConfig structure(const Symbols& s, const Features& f, const Sidecar& sidecar) {
+  FamilyConfig c;
+  c.family = "flux1";
+  c.dim = s.at("dim");
+  c.head_dim = s.at("head_dim");
+  if (c.dim % c.head_dim != 0)
+    throw RecognizeError("QK-norm width (head_dim) " + std::to_string(c.head_dim) +
+                         " does not divide dim " + std::to_string(c.dim));
+  if (sidecar.head_dim && *sidecar.head_dim != c.head_dim)
+    throw RecognizeError("sidecar head_dim " + std::to_string(*sidecar.head_dim) +
+                         " contradicts the checkpoint's QK-norm width " +
+                         std::to_string(c.head_dim));
+  c.heads = c.dim / c.head_dim;
+  c.ffn = s.at("mlp");
+  c.layers = s.at("layers");
+  c.single_layers = s.at("single_layers");
+  c.in_channels = s.at("in");
+  c.out_channels = s.at("out");
+  c.text_dim = s.at("ctx");
+  c.vec_dim = s.at("vec");
+  c.freq_dim = s.at("freq_dim");
+  c.guidance = f.count("guidance") > 0;
+  c.qkv_bias = true;
+  return c;
+}
+
+Symbols symbols(const FamilyConfig& c) {
+  return {{"dim", c.dim},       {"head_dim", c.head_dim},       {"mlp", c.ffn},
+          {"in", c.in_channels}, {"out", c.out_channels},        {"ctx", c.text_dim},
+          {"vec", c.vec_dim},    {"freq_dim", c.freq_dim},       {"layers", c.layers},
+          {"single_layers", c.single_layers}};
+}
+
+Features features(const FamilyConfig& c) {
+  if (c.guidance) return {"guidance"};
+  return {};
+}
+
+void custom_defaults(FamilyConfig& c) {
+  c.eps = 1e-6;
+  c.rope_theta = 10000;
+  // BFL's axes (16, 56, 56) are for head_dim 128; other widths need a sidecar.
+  c.rope_axes_dim = c.head_dim == 128 ? std::vector<int64_t>{16, 56, 56} : std::vector<int64_t>{};
+  c.rotary_dim = c.head_dim;
+  c.rope_interleaved = true;
+  c.text_tokens = c.guidance ? 512 : 256;
+  c.timestep_scale = 1000;
+  c.segments = {};
+}
+
+void check(const FamilyConfig& c, const Symbols&) {
+  if (c.rotary_dim != c.head_dim)
+    throw RecognizeError("rope.rotary_dim " + std::to_string(c.rotary_dim) +
+                         " must equal head_dim " + std::to_string(c.head_dim) +
+                         " (Flux rotates the whole head)");
+  if (!c.segments.empty())
+    throw RecognizeError("sidecar field segments applies to h3 only (Flux orders [text | image])");
+}
+
+FamilyConfig make(const std::string& variant, bool guidance, bool tiny) {
+  FamilyConfig c;
+  c.family = "flux1";
+  c.variant = variant;
+  c.dim = tiny ? 64 : 3072;
+  c.heads = tiny ? 4 : 24;
+  c.head_dim = tiny ? 16 : 128;
+  c.ffn = 4 * c.dim;
+  c.layers = 19;
+  c.single_layers = 38;
+  c.in_channels = tiny ? 16 : 64;
+  c.out_channels = c.in_channels;
+  c.text_dim = tiny ? 32 : 4096;
+  c.vec_dim = tiny ? 24 : 768;
+  c.freq_dim = 256;
+  c.guidance = guidance;
+  c.qkv_bias = true;
+  custom_defaults(c);
+  if (tiny) c.rope_axes_dim = {4, 6, 6};
+  return c;
+}
+
+}  // namespace
+
+const Family& flux_family() {
+  static const Family f = {
+      "flux1",
+      {{"original", kOriginal}, {"diffusers", kDiffusers}},
+      {{"flux1-dev", make("flux1-dev", true, false), make("flux1-dev-tiny", true, true)},
+       {"flux1-schnell", make("flux1-schnell", false, false),
+        make("flux1-schnell-tiny", false, true)}},
+      structure,
+      symbols,
+      features,
+      custom_defaults,
+      check,
+  };
+  return f;
+}
+
+}  // namespace sp::recognize::detail

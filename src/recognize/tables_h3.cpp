@@ -1,0 +1,144 @@
+// H3-class single-stream video DiT: this project's own layout ("original" only), presets.
+// docs/checkpoints.md defines the layout and the forward conventions it implies.
+//
+// Symbols: dim, heads, head_dim, ffn, feat (patch features in and out), text_dim, audio_dim,
+// freq_dim, segs (token segments with their own modulation rows), layers.
+// heads*head_dim need not equal dim (real H3: 56 x 128 = 7168 vs dim 5376).
+#include "recognize/table.hpp"
+
+namespace sp::recognize::detail {
+namespace {
+
+const std::vector<Entry> kOriginal = {
+    {"patch_embed.weight", "dim, feat"},
+    {"patch_embed.bias", "dim"},
+    {"text_embed.weight", "dim, text_dim"},
+    {"text_embed.bias", "dim"},
+    {"audio_embed.weight", "dim, audio_dim"},
+    {"audio_embed.bias", "dim"},
+    {"time_embed.0.weight", "dim, freq_dim"},
+    {"time_embed.0.bias", "dim"},
+    {"time_embed.2.weight", "dim, dim"},
+    {"time_embed.2.bias", "dim"},
+    {"time_proj.weight", "6*dim, dim"},
+    {"time_proj.bias", "6*dim"},
+    {"blocks.{layers}.modulation", "segs, 6, dim"},
+    {"blocks.{layers}.attn.qkv.weight", "3*heads*head_dim, dim"},
+    {"blocks.{layers}.attn.norm_q.weight", "head_dim"},
+    {"blocks.{layers}.attn.norm_k.weight", "head_dim"},
+    {"blocks.{layers}.attn.out.weight", "dim, heads*head_dim"},
+    {"blocks.{layers}.mlp.fc1.weight", "2*ffn, dim"},
+    {"blocks.{layers}.mlp.fc2.weight", "dim, ffn"},
+    {"final.modulation", "segs, 2, dim"},
+    {"final.proj.weight", "feat, dim"},
+    {"final.proj.bias", "feat"},
+};
+
+FamilyConfig structure(const Symbols& s, const Features&, const Sidecar& sidecar) {
+  FamilyConfig c;
+  c.family = "h3";
+  c.dim = s.at("dim");
+  c.heads = s.at("heads");
+  c.head_dim = s.at("head_dim");
+  if (sidecar.head_dim && *sidecar.head_dim != c.head_dim)
+    throw RecognizeError("sidecar head_dim " + std::to_string(*sidecar.head_dim) +
+                         " contradicts the checkpoint's norm_q width " +
+                         std::to_string(c.head_dim));
+  c.ffn = s.at("ffn");
+  c.layers = s.at("layers");
+  c.in_channels = s.at("feat");
+  c.out_channels = s.at("feat");
+  c.text_dim = s.at("text_dim");
+  c.audio_dim = s.at("audio_dim");
+  c.freq_dim = s.at("freq_dim");
+  c.qkv_bias = false;
+  // Placeholder names: the count is structural (it tells presets apart), the names are a
+  // convention filled in from the preset, the defaults or the sidecar.
+  c.segments.assign(static_cast<size_t>(s.at("segs")), "");
+  return c;
+}
+
+Symbols symbols(const FamilyConfig& c) {
+  return {{"dim", c.dim},
+          {"heads", c.heads},
+          {"head_dim", c.head_dim},
+          {"ffn", c.ffn},
+          {"feat", c.in_channels},
+          {"text_dim", c.text_dim},
+          {"audio_dim", c.audio_dim},
+          {"freq_dim", c.freq_dim},
+          {"segs", static_cast<int64_t>(c.segments.size())},
+          {"layers", c.layers}};
+}
+
+Features features(const FamilyConfig&) { return {}; }
+
+void custom_defaults(FamilyConfig& c) {
+  c.eps = 1e-5;
+  c.rope_theta = 10000;
+  // Rotary over the first 96 of 128 head dims, 32 per axis (t, h, w); other head widths
+  // need a sidecar.
+  if (c.head_dim == 128) {
+    c.rope_axes_dim = {32, 32, 32};
+    c.rotary_dim = 96;
+  } else {
+    c.rope_axes_dim = {};
+    c.rotary_dim = 0;
+  }
+  c.rope_interleaved = false;
+  c.text_tokens = 512;
+  c.timestep_scale = 1;
+  c.segments = {"video", "text", "audio"};
+}
+
+void check(const FamilyConfig& c, const Symbols& s) {
+  const int64_t segs = s.at("segs");
+  if (static_cast<int64_t>(c.segments.size()) != segs) {
+    std::string names;
+    for (const auto& n : c.segments) names += (names.empty() ? "" : ", ") + n;
+    throw RecognizeError("segments [" + names + "] name " + std::to_string(c.segments.size()) +
+                         " segments but blocks.N.modulation has " + std::to_string(segs) +
+                         " rows; give segments in a sidecar");
+  }
+}
+
+FamilyConfig make(bool tiny) {
+  FamilyConfig c;
+  c.family = "h3";
+  c.variant = tiny ? "h3-tiny" : "h3";
+  c.dim = tiny ? 64 : 5376;
+  c.heads = tiny ? 4 : 56;
+  c.head_dim = tiny ? 16 : 128;
+  c.ffn = tiny ? 96 : 14336;
+  c.layers = 50;
+  c.in_channels = tiny ? 12 : 96;
+  c.out_channels = c.in_channels;
+  c.text_dim = tiny ? 32 : 4096;
+  c.audio_dim = tiny ? 8 : 128;
+  c.freq_dim = 256;
+  c.qkv_bias = false;
+  custom_defaults(c);
+  if (tiny) {
+    c.rope_axes_dim = {4, 4, 4};
+    c.rotary_dim = 12;
+  }
+  return c;
+}
+
+}  // namespace
+
+const Family& h3_family() {
+  static const Family f = {
+      "h3",
+      {{"original", kOriginal}},
+      {{"h3", make(false), make(true)}},
+      structure,
+      symbols,
+      features,
+      custom_defaults,
+      check,
+  };
+  return f;
+}
+
+}  // namespace sp::recognize::detail
