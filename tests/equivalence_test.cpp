@@ -72,6 +72,16 @@ Case draw(std::mt19937_64& rng, int combo) {
   if (coin()) m.segments.push_back({"audio", pick(1, 9)});
   m.video_h = coin() ? pick(2, 5) : 0;
   m.video_w = m.video_h ? pick(2, 5) : 0;
+  // Structure variants: cross-attention on a context, joint per-segment projections, a
+  // parallel MLP (fused qkv|mlp), per-segment MLPs, and an output over some segments only.
+  if (pick(0, 3) == 0) {
+    m.context_tokens = pick(1, 30);
+    m.context_dim = 8 * pick(2, 6);
+  }
+  m.joint = pick(0, 3) == 0;
+  if (pick(0, 4) == 0) m.parallel_hidden = pick(9, 90);
+  m.per_segment_mlp = pick(0, 3) == 0;
+  if (m.final_layer && coin()) m.final_segments = {"video"};
   m.seed = rng();
   const int64_t T = m.tokens();
   c.opt.token_chunk = pick(1, std::max<int64_t>(1, T / 2));  // rarely divides T
@@ -82,7 +92,9 @@ Case draw(std::mt19937_64& rng, int combo) {
             " heads=" + std::to_string(m.heads) + "/" + std::to_string(m.kv_heads) + "x" +
             std::to_string(m.head_dim) + " rot=" + std::to_string(m.rotary_dim) +
             " layout=" + ir::to_string(m.layout) + " hidden=" + std::to_string(m.hidden) +
-            " fslice=" + std::to_string(c.opt.feature_slice);
+            " fslice=" + std::to_string(c.opt.feature_slice) + " ctx=" + std::to_string(m.context_tokens) +
+            " joint=" + std::to_string(m.joint) + " parallel=" + std::to_string(m.parallel_hidden) +
+            " segmlp=" + std::to_string(m.per_segment_mlp) + " mod=" + ir::to_string(m.mod_scope);
   return c;
 }
 

@@ -83,41 +83,83 @@ ir::Model build_ir(const ModelConfig& c) {
     a.heads = c.heads;
     a.kv_heads = c.kv_heads;
     a.head_dim = c.head_dim;
-    if (c.fused_qkv) {
-      a.proj.qkv = linear(blk(i) + "attn.qkv", c.dim, wq + 2 * wkv, c.qkv_bias, c.format);
-      a.proj.qkv->out_regions = {{"q", 0, wq}, {"k", wq, wkv}, {"v", wq + wkv, wkv}};
-    } else {
-      a.proj.q = linear(blk(i) + "attn.q", c.dim, wq, c.qkv_bias, c.format);
-      a.proj.k = linear(blk(i) + "attn.k", c.dim, wkv, c.qkv_bias, c.format);
-      a.proj.v = linear(blk(i) + "attn.v", c.dim, wkv, c.qkv_bias, c.format);
-    }
+    const int64_t mlp_in = c.parallel_hidden;
+    if (mlp_in > 0) a.parallel = ir::ParallelMlp{mlp_in, c.act};
+    auto proj = [&](const std::string& p) {
+      ir::AttnProj pr;
+      if (c.fused_qkv || mlp_in > 0) {
+        pr.qkv = linear(p + "qkv", c.dim, wq + 2 * wkv + mlp_in, c.qkv_bias, c.format);
+        pr.qkv->out_regions = {{"q", 0, wq}, {"k", wq, wkv}, {"v", wq + wkv, wkv}};
+        if (mlp_in > 0) pr.qkv->out_regions.push_back({"mlp", wq + 2 * wkv, mlp_in});
+      } else {
+        pr.q = linear(p + "q", c.dim, wq, c.qkv_bias, c.format);
+        pr.k = linear(p + "k", c.dim, wkv, c.qkv_bias, c.format);
+        pr.v = linear(p + "v", c.dim, wkv, c.qkv_bias, c.format);
+      }
+      if (c.qk_norm != ir::QkNormKind::None) {
+        pr.q_norm = p + "norm_q.weight";
+        pr.k_norm = p + "norm_k.weight";
+      }
+      pr.out = linear(p + "out", wq + mlp_in, c.dim, c.out_bias, c.format);
+      if (mlp_in > 0) pr.out.in_regions = {{"attn", 0, wq}, {"mlp", wq, mlp_in}};
+      return pr;
+    };
+    a.proj = proj(blk(i) + "attn.");
+    if (c.joint) a.segment_proj = {{c.segments.front().name, proj(blk(i) + "attn_" + c.segments.front().name + ".")}};
     a.qk_norm.kind = c.qk_norm;
     a.qk_norm.eps = c.eps;
-    if (c.qk_norm != ir::QkNormKind::None) {
-      a.proj.q_norm = blk(i) + "attn.norm_q.weight";
-      a.proj.k_norm = blk(i) + "attn.norm_k.weight";
-    }
     a.rope.style = c.rope;
     a.rope.rotary_dim = c.rope == ir::RopeStyle::None ? 0 : c.rotary_dim;
     a.consumer = c.consumer;
-    a.proj.out = linear(blk(i) + "attn.out", wq, c.dim, c.out_bias, c.format);
     a.patches = c.attn_patches;
     b.sublayers.push_back({"attn", {}, norm(c, blk(i) + "norm1"), mod ? ir::ModRef{0, 1, 2} : ir::ModRef{}, a});
 
-    ir::Mlp f;
-    f.layout = c.layout;
-    f.act = c.act;
-    f.hidden = c.hidden;
-    const bool two = c.layout == ir::GateUpLayout::FusedHalves || c.layout == ir::GateUpLayout::Interleaved;
-    f.up = linear(blk(i) + "mlp.fc1", c.dim, two ? 2 * c.hidden : c.hidden, c.mlp_bias, c.format);
-    if (c.layout == ir::GateUpLayout::Separate) f.gate = linear(blk(i) + "mlp.gate", c.dim, c.hidden, c.mlp_bias, c.format);
-    f.down = linear(blk(i) + "mlp.fc2", c.hidden, c.dim, c.mlp_bias, c.format);
-    f.patches = c.mlp_patches;
-    b.sublayers.push_back({"mlp", {}, norm(c, blk(i) + "norm2"), mod ? ir::ModRef{3, 4, 5} : ir::ModRef{}, f});
+    if (c.context_tokens > 0) {
+      ir::Attention x;
+      x.kind = ir::AttnKind::Cross;
+      x.context = "context";
+      x.heads = x.kv_heads = c.heads;
+      x.head_dim = c.head_dim;
+      x.proj.q = linear(blk(i) + "cross.q", c.dim, wq, true, c.format);
+      x.proj.k = linear(blk(i) + "cross.k", c.context_dim, wq, true, c.format);
+      x.proj.v = linear(blk(i) + "cross.v", c.context_dim, wq, true, c.format);
+      x.proj.out = linear(blk(i) + "cross.out", wq, c.dim, true, c.format);
+      x.qk_norm = {ir::QkNormKind::AcrossHeads, c.eps};
+      x.proj.q_norm = blk(i) + "cross.norm_q.weight";
+      x.proj.k_norm = blk(i) + "cross.norm_k.weight";
+      x.consumer = c.consumer;
+      ir::Norm n{ir::NormKind::LayerNorm, true, blk(i) + "norm_cross.weight", blk(i) + "norm_cross.bias", c.eps};
+      b.sublayers.push_back({"cross", {}, n, {}, x});
+    }
+
+    if (mlp_in == 0) {
+      auto mlp = [&](const std::string& p) {
+        ir::Mlp f;
+        f.layout = c.layout;
+        f.act = c.act;
+        f.hidden = c.hidden;
+        const bool two = c.layout == ir::GateUpLayout::FusedHalves || c.layout == ir::GateUpLayout::Interleaved;
+        f.up = linear(p + "fc1", c.dim, two ? 2 * c.hidden : c.hidden, c.mlp_bias, c.format);
+        if (c.layout == ir::GateUpLayout::Separate) f.gate = linear(p + "gate", c.dim, c.hidden, c.mlp_bias, c.format);
+        f.down = linear(p + "fc2", c.hidden, c.dim, c.mlp_bias, c.format);
+        f.patches = c.mlp_patches;
+        return f;
+      };
+      const ir::ModRef mr = mod ? ir::ModRef{3, 4, 5} : ir::ModRef{};
+      if (c.per_segment_mlp) {
+        for (const auto& seg : c.segments)
+          b.sublayers.push_back({"mlp_" + seg.name, {seg.name}, norm(c, blk(i) + "norm2_" + seg.name), mr,
+                                 mlp(blk(i) + "mlp_" + seg.name + ".")});
+      } else {
+        b.sublayers.push_back({"mlp", {}, norm(c, blk(i) + "norm2"), mr, mlp(blk(i) + "mlp.")});
+      }
+    }
     m.blocks.push_back(std::move(b));
   }
+  if (c.context_tokens > 0) m.contexts = {{"context", c.context_tokens, c.context_dim}};
   if (c.final_layer) {
     ir::FinalLayer fl;
+    fl.segments = c.final_segments;
     fl.norm = norm(c, "final.norm");
     fl.modulation = {c.mod_scope, c.mod_scope == ir::ModScope::None ? 0 : 2, "final.mod"};
     if (c.mod_scope != ir::ModScope::None) fl.mod = {0, 1, -1};
@@ -215,17 +257,17 @@ Instance instantiate(const ModelConfig& c, const contracts::Registry& reg, const
     for (const auto& s : b.sublayers) {
       mk.norm(s.norm, m.dim);
       if (const auto* a = std::get_if<ir::Attention>(&s.body)) {
-        const ir::AttnProj& p = a->proj;
-        for (const auto* l : {p.qkv ? &*p.qkv : nullptr, p.q ? &*p.q : nullptr, p.k ? &*p.k : nullptr,
-                              p.v ? &*p.v : nullptr})
-          if (l) mk.linear(*l);
-        if (a->qk_norm.kind != ir::QkNormKind::None) {
-          const int64_t width = a->qk_norm.kind == ir::QkNormKind::PerHead ? a->head_dim : a->heads * a->head_dim;
-          const int64_t kwidth = a->qk_norm.kind == ir::QkNormKind::PerHead ? a->head_dim : a->kv_heads * a->head_dim;
-          mk.dense(p.q_norm, mk.randn({width}, 0.1, 1.0));
-          mk.dense(p.k_norm, mk.randn({kwidth}, 0.1, 1.0));
+        for (const ir::AttnProj* p : a->all_proj()) {
+          for (const auto* l : {p->qkv ? &*p->qkv : nullptr, p->q ? &*p->q : nullptr, p->k ? &*p->k : nullptr,
+                                p->v ? &*p->v : nullptr})
+            if (l) mk.linear(*l);
+          if (a->qk_norm.kind != ir::QkNormKind::None) {
+            const bool per_head = a->qk_norm.kind == ir::QkNormKind::PerHead;
+            mk.dense(p->q_norm, mk.randn({per_head ? a->head_dim : a->heads * a->head_dim}, 0.1, 1.0));
+            mk.dense(p->k_norm, mk.randn({per_head ? a->head_dim : a->kv_heads * a->head_dim}, 0.1, 1.0));
+          }
+          mk.linear(p->out);
         }
-        mk.linear(p.out);
       } else {
         const auto& f = std::get<ir::Mlp>(s.body);
         if (f.gate) mk.linear(*f.gate);
@@ -248,6 +290,7 @@ Instance instantiate(const ModelConfig& c, const contracts::Registry& reg, const
   }
   for (const auto& seg : m.segments)
     inst.inputs.tokens[seg.name] = mk.randn({seg.length, m.input_features(seg.name)}, 1.0).to(dt);
+  for (const auto& ctx : m.contexts) inst.inputs.tables[ctx.name] = mk.randn({ctx.length, ctx.dim}, 1.0).to(dt);
 
   if (!device.is_cpu()) {
     auto moved = std::make_shared<exec::TensorWeights>(&reg);

@@ -48,6 +48,12 @@ struct ModelConfig {
   std::string consumer = "sdpa", format = "dense";
   std::vector<std::string> attn_patches, mlp_patches;
   bool embed = true, final_layer = true;
+  // Structure knobs beyond the single-stream DiT:
+  int64_t context_tokens = 0, context_dim = 0;  // > 0: a cross-attention sublayer on a context
+  bool joint = false;                           // the first segment gets its own attention projections
+  int64_t parallel_hidden = 0;                  // > 0: parallel MLP in the attention, no MLP sublayer
+  bool per_segment_mlp = false;                 // one MLP sublayer (own weights) per segment
+  std::vector<std::string> final_segments;      // rows of the output; empty: all
   uint64_t seed = 0;
   int64_t tokens() const;
 };

@@ -83,7 +83,8 @@ struct Hit {
 };
 
 std::optional<Hit> lookup(const CompiledLayout& cl, const std::string& name) {
-  if (auto it = cl.by_key.find(name); it != cl.by_key.end() && cl.patterns[it->second].count.empty())
+  if (auto it = cl.by_key.find(name);
+      it != cl.by_key.end() && cl.patterns[it->second].count.empty())
     return Hit{it->second, -1};
   size_t start = 0;
   while (start <= name.size()) {
@@ -91,7 +92,8 @@ std::optional<Hit> lookup(const CompiledLayout& cl, const std::string& name) {
     if (end == std::string::npos) end = name.size();
     if (auto idx = parse_index(name.substr(start, end - start))) {
       std::string key = name.substr(0, start) + "#" + name.substr(end);
-      if (auto it = cl.by_key.find(key); it != cl.by_key.end() && !cl.patterns[it->second].count.empty())
+      if (auto it = cl.by_key.find(key);
+          it != cl.by_key.end() && !cl.patterns[it->second].count.empty())
         return Hit{it->second, *idx};
     }
     start = end + 1;
@@ -174,13 +176,13 @@ class Matcher {
     }
     for (const auto& [sym, set] : indices) {
       const int64_t n = set.empty() ? 0 : *set.rbegin() + 1;
-      if (n == 0)
-        fail("no block of " + example[sym] + " found ({" + sym + "} must be at least 1)");
+      const std::string group = example[sym].substr(0, example[sym].find('{')) + "N";
+      if (n == 0) fail("no " + group + ".* tensor found (at least one block is required)");
       if (static_cast<int64_t>(set.size()) != n) {
         std::string missing;
         for (int64_t i = 0; i < n; ++i)
           if (!set.count(i)) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
-        fail("block indices for {" + sym + "} have gaps: found " + std::to_string(set.size()) +
+        fail("block indices of " + group + " have gaps: found " + std::to_string(set.size()) +
              " blocks up to index " + std::to_string(n - 1) + ", missing " + missing);
       }
       bound_[sym] = {n, "block indices"};
@@ -233,7 +235,8 @@ class Matcher {
     }
     if (!pending.empty())
       throw std::logic_error("recognize table " + cl_.family->name + "/" + cl_.layout->name +
-                             ": cannot bind symbols of " + cl_.patterns[pending[0].first].entry->shape);
+                             ": cannot bind symbols of " +
+                             cl_.patterns[pending[0].first].entry->shape);
   }
 
   // True when dimension d of pattern i's first tensor needs nothing more (bound or known).
@@ -298,8 +301,8 @@ class Matcher {
     }
     expect += "]";
     values += "]";
-    fail("tensor " + t.name + " has shape " + shape_string(t.info->shape) + ", expected " +
-         expect + " = " + values + (ctx.empty() ? "" : " (" + ctx + ")"));
+    fail("tensor " + t.name + " has shape " + shape_string(t.info->shape) + ", expected " + expect +
+         " = " + values + (ctx.empty() ? "" : " (" + ctx + ")"));
   }
 
   void check_shapes() const {
@@ -337,6 +340,8 @@ class Matcher {
       if (sc.rope_theta) c.rope_theta = *sc.rope_theta;
       if (sc.rope_axes_dim) c.rope_axes_dim = *sc.rope_axes_dim;
       if (sc.rotary_dim) c.rotary_dim = *sc.rotary_dim;
+      // Partial rotation (H3) with new axes but no rotary_dim: rotate sum(axes) dims
+      // (check_rope fills it in). Full rotation (Wan, Flux) stays at head_dim.
       if (sc.rope_axes_dim && !sc.rotary_dim && c.rotary_dim != c.head_dim) c.rotary_dim = 0;
       if (sc.text_tokens) c.text_tokens = *sc.text_tokens;
       if (sc.segments) c.segments = *sc.segments;
@@ -450,11 +455,11 @@ Recognized recognize(const std::vector<io::TensorInfo>& infos,
     tried += (tried.empty() ? "" : ", ") + a.cl->family->name + "/" + a.cl->layout->name;
   const size_t n = tensors.size();
   throw RecognizeError(
-      "unrecognized checkpoint: no known layout explains all " + std::to_string(n) +
-      " tensors" + (prefix.empty() ? "" : " (prefix " + prefix + " stripped)") +
-      ". Closest: family " + best->cl->family->name + ", " + best->cl->layout->name +
-      " layout, which explains " + std::to_string(n - best->unexplained.size()) + " of " +
-      std::to_string(n) + "; unexplained (" + std::to_string(best->unexplained.size()) +
+      "unrecognized checkpoint: no known layout explains all " + std::to_string(n) + " tensors" +
+      (prefix.empty() ? "" : " (prefix " + prefix + " stripped)") + ". Closest: family " +
+      best->cl->family->name + ", " + best->cl->layout->name + " layout, which explains " +
+      std::to_string(n - best->unexplained.size()) + " of " + std::to_string(n) +
+      "; unexplained (" + std::to_string(best->unexplained.size()) +
       "): " + list_names(best->unexplained) + ". Tried: " + tried + ".");
 }
 

@@ -65,23 +65,23 @@ struct FamilyConfig {
   int64_t single_layers = 0;        // Flux single-stream blocks
   int64_t in_channels = 0, out_channels = 0;  // per token: Wan latent channels (before the
                                               // patch), Flux packed channels, H3 patch features
-  int64_t text_dim = 0;   // text encoder width (Wan/H3 text embed input, Flux context_in)
-  int64_t freq_dim = 256; // sinusoidal timestep embedding width
-  int64_t vec_dim = 0;    // Flux pooled vector width
-  int64_t audio_dim = 0;  // H3 audio embedding input width
+  int64_t text_dim = 0;    // text encoder width (Wan/H3 text embed input, Flux context_in)
+  int64_t freq_dim = 256;  // sinusoidal timestep embedding width
+  int64_t vec_dim = 0;     // Flux pooled vector width
+  int64_t audio_dim = 0;   // H3 audio embedding input width
   std::array<int64_t, 3> patch{1, 1, 1};  // Wan t,h,w patch (conv3d kernel); 1,1,1 otherwise
-  bool guidance = false;  // Flux dev: guidance embedding present
-  bool qkv_bias = false;  // Q/K/V projections carry biases (Wan, Flux)
+  bool guidance = false;                  // Flux dev: guidance embedding present
+  bool qkv_bias = false;                  // Q/K/V projections carry biases (Wan, Flux)
 
   // Conventions.
-  double eps = 1e-6;                    // every norm of the family
+  double eps = 1e-6;  // every norm of the family
   double rope_theta = 10000;
-  std::vector<int64_t> rope_axes_dim;   // per axis (t, h, w), sums to rotary_dim
-  int64_t rotary_dim = 0;               // leading head dims rotated (== head_dim for Wan/Flux)
-  bool rope_interleaved = true;         // pairs (2i, 2i+1) (Wan, Flux); false: split-half (H3)
-  int64_t text_tokens = 0;              // default text length (Wan 512, Flux dev 512/schnell 256)
-  double timestep_scale = 1;            // model embeds sinusoid(timestep_scale * t) (Flux 1000)
-  std::vector<std::string> segments;    // H3: token segment order of modulation rows
+  std::vector<int64_t> rope_axes_dim;  // per axis (t, h, w), sums to rotary_dim
+  int64_t rotary_dim = 0;              // leading head dims rotated (== head_dim for Wan/Flux)
+  bool rope_interleaved = true;        // pairs (2i, 2i+1) (Wan, Flux); false: split-half (H3)
+  int64_t text_tokens = 0;             // default text length (Wan 512, Flux dev 512/schnell 256)
+  double timestep_scale = 1;           // model embeds sinusoid(timestep_scale * t) (Flux 1000)
+  std::vector<std::string> segments;   // H3: token segment order of modulation rows
 
   bool operator==(const FamilyConfig&) const = default;
 };
@@ -110,11 +110,11 @@ std::vector<std::string> layouts(const std::string& family);  // "original" firs
 // ---- make-checkpoint ----
 
 struct TensorSpec {
-  std::string name;                // name in the layout
+  std::string name;  // name in the layout
   std::vector<int64_t> shape;
-  std::string canonical;           // canonical (original-layout) tensor it belongs to
+  std::string canonical;             // canonical (original-layout) tensor it belongs to
   Source::Op op = Source::Op::Copy;  // how it maps onto the canonical tensor
-  int64_t row_offset = 0;          // Concat0: first canonical row (dim 0) this part holds
+  int64_t row_offset = 0;            // Concat0: first canonical row (dim 0) this part holds
   bool operator==(const TensorSpec&) const = default;
 };
 

@@ -2,10 +2,9 @@
 #include "recognize/sidecar.hpp"
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 namespace sp::recognize {
 namespace {
@@ -110,8 +109,8 @@ Sidecar parse_sidecar(std::string_view json_text, std::string_view source) {
     if (r.contains("axes_dim")) {
       const json& a = r["axes_dim"];
       if (!a.is_array() || a.empty())
-        p.fail("rope.axes_dim", "must be a non-empty array of positive even integers, got " +
-                                    a.dump());
+        p.fail("rope.axes_dim",
+               "must be a non-empty array of positive even integers, got " + a.dump());
       std::vector<int64_t> axes;
       for (const auto& x : a) {
         if (!x.is_number_integer() || x.get<int64_t>() <= 0 || x.get<int64_t>() % 2 != 0)
@@ -150,8 +149,8 @@ Sidecar parse_sidecar(std::string_view json_text, std::string_view source) {
                                   std::to_string(*s.head_dim));
   }
   if (s.rotary_dim && s.head_dim && *s.rotary_dim > *s.head_dim)
-    p.fail("rope.rotary_dim", std::to_string(*s.rotary_dim) + " exceeds head_dim " +
-                                  std::to_string(*s.head_dim));
+    p.fail("rope.rotary_dim",
+           std::to_string(*s.rotary_dim) + " exceeds head_dim " + std::to_string(*s.head_dim));
   return s;
 }
 
@@ -164,12 +163,12 @@ Sidecar load_sidecar(const std::string& path) {
 }
 
 std::string to_json(const Sidecar& s) {
-  json j = json::object();
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
   j["version"] = 1;
   if (s.family) j["family"] = *s.family;
   if (s.head_dim) j["head_dim"] = *s.head_dim;
   if (s.eps) j["eps"] = *s.eps;
-  json rope = json::object();
+  nlohmann::ordered_json rope = nlohmann::ordered_json::object();
   if (s.rope_theta) rope["theta"] = *s.rope_theta;
   if (s.rope_axes_dim) rope["axes_dim"] = *s.rope_axes_dim;
   if (s.rotary_dim) rope["rotary_dim"] = *s.rotary_dim;

@@ -19,7 +19,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
   size_t start = 0;
   for (;;) {
     size_t pos = s.find(sep, start);
-    out.push_back(trim(s.substr(start, pos == std::string::npos ? std::string::npos : pos - start)));
+    out.push_back(
+        trim(s.substr(start, pos == std::string::npos ? std::string::npos : pos - start)));
     if (pos == std::string::npos) return out;
     start = pos + 1;
   }
@@ -105,12 +106,11 @@ std::string expand(const std::string& pattern, int64_t index) {
 }
 
 bool same_structure(const FamilyConfig& a, const FamilyConfig& b) {
-  return a.family == b.family && a.dim == b.dim && a.heads == b.heads &&
-         a.head_dim == b.head_dim && a.ffn == b.ffn && a.in_channels == b.in_channels &&
-         a.out_channels == b.out_channels && a.text_dim == b.text_dim &&
-         a.freq_dim == b.freq_dim && a.vec_dim == b.vec_dim && a.audio_dim == b.audio_dim &&
-         a.patch == b.patch && a.guidance == b.guidance && a.qkv_bias == b.qkv_bias &&
-         a.segments.size() == b.segments.size();
+  return a.family == b.family && a.dim == b.dim && a.heads == b.heads && a.head_dim == b.head_dim &&
+         a.ffn == b.ffn && a.in_channels == b.in_channels && a.out_channels == b.out_channels &&
+         a.text_dim == b.text_dim && a.freq_dim == b.freq_dim && a.vec_dim == b.vec_dim &&
+         a.audio_dim == b.audio_dim && a.patch == b.patch && a.guidance == b.guidance &&
+         a.qkv_bias == b.qkv_bias && a.segments.size() == b.segments.size();
 }
 
 void copy_conventions(const FamilyConfig& from, FamilyConfig& to) {
@@ -125,8 +125,7 @@ void copy_conventions(const FamilyConfig& from, FamilyConfig& to) {
 }
 
 const std::vector<const Family*>& all_families() {
-  static const std::vector<const Family*> families = {&wan_family(), &flux_family(),
-                                                      &h3_family()};
+  static const std::vector<const Family*> families = {&wan_family(), &flux_family(), &h3_family()};
   return families;
 }
 

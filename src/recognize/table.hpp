@@ -18,6 +18,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "recognize/recognize.hpp"
@@ -28,12 +29,21 @@ using Symbols = std::map<std::string, int64_t>;
 using Features = std::set<std::string>;
 
 struct Entry {
+  Entry(std::string name_, std::string shape_, std::string canonical_ = "",
+        Source::Op op_ = Source::Op::Copy, int part_ = 0, std::string feature_ = "")
+      : name(std::move(name_)),
+        shape(std::move(shape_)),
+        canonical(std::move(canonical_)),
+        op(op_),
+        part(part_),
+        feature(std::move(feature_)) {}
+
   std::string name;       // pattern; "{sym}" = block index over 0..sym-1
   std::string shape;      // comma-separated dimension expressions
   std::string canonical;  // canonical pattern; empty: same as name (original layout)
   Source::Op op = Source::Op::Copy;
-  int part = 0;           // Concat0: position of this part within the canonical tensor
-  std::string feature;    // non-empty: present iff the feature is on (all or none)
+  int part = 0;         // Concat0: position of this part within the canonical tensor
+  std::string feature;  // non-empty: present iff the feature is on (all or none)
 };
 
 struct Layout {
