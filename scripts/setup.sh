@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build git python3 python3-venv python3-pip
-          nlohmann-json3-dev libcli11-dev libgtest-dev)
+          nlohmann-json3-dev libcli11-dev libgtest-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,8 +21,11 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.11.0") else 1)' 2>/dev/null; then
+# Reinstall whenever requirements.txt changed since the last install.
+stamp=.venv/.requirements.sha256
+if ! sha256sum -c --status "$stamp" 2>/dev/null; then
   .venv/bin/pip install -q -r requirements.txt
+  sha256sum requirements.txt >"$stamp"
 fi
 
 prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)')

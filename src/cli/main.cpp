@@ -2,12 +2,15 @@
 //
 //   streamplan demo [--tokens N] [--layers N] [--dtype fp32|bf16|fp16] [--json] ...
 //   streamplan plan --explain [--consumer NAME] [--format NAME] [--patch NAME]... [--json]
+//   streamplan run --checkpoint F [--frames/--height/--width | --tokens N | --inputs I] ...
+//   streamplan make-checkpoint --family NAME [--layers N] [--layout L] [--tiny] --out F
 //
 // Exit status: 0 success, 1 a usage or input error (message on stderr).
 #include <CLI/CLI.hpp>
 
 #include <iostream>
 
+#include "cli/commands.hpp"
 #include "exec/device.hpp"
 #include "exec/memory.hpp"
 #include "models/builder.hpp"
@@ -118,10 +121,14 @@ int main(int argc, char** argv) {
   add_model_options(demo, demo_args);
   auto* plan_cmd = app.add_subcommand("plan", "print the plan for the demo model without running it");
   add_model_options(plan_cmd, plan_args);
+  const std::vector<sp::cli::Runner> runners = {sp::cli::add_run(app), sp::cli::add_make_checkpoint(app)};
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo->parsed()) return cmd_demo(demo_args);
-    return cmd_plan(plan_args);
+    if (plan_cmd->parsed()) return cmd_plan(plan_args);
+    for (const auto& r : runners)
+      if (int rc = r(); rc >= 0) return rc;
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "streamplan: error: " << e.what() << "\n";
     return 1;

@@ -78,6 +78,10 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
                              progress_printer("planned", opt.progress));
   });
   r.planned = m;
+  if (opt.keep_outputs) {
+    r.planned_out = out;
+    r.naive_out = ref;
+  }
   if (ref.defined()) {
     at::Tensor diff = out.to(at::kDouble) - ref.to(at::kDouble);
     r.max_abs = diff.abs().max().item<double>();

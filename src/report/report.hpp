@@ -33,11 +33,13 @@ struct RunReport {
   int64_t estimated_peak_bytes = 0, floor_bytes = 0;
   std::optional<double> max_abs, rel_l2;
   nlohmann::json plan;
+  at::Tensor naive_out, planned_out;  // kept when CompareOptions::keep_outputs
 };
 
 struct CompareOptions {
   bool run_naive = true;
   bool progress = true;  // progress lines on stderr once a run passes a few seconds
+  bool keep_outputs = false;
 };
 
 RunReport compare(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,

@@ -15,6 +15,7 @@
 Exit status: 0 pass; 1 a mismatch; 2 the reference or the streamplan run failed.
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -83,6 +84,24 @@ def check(dirpath, args, name):
     print(f"{name}: PASS")
 
 
+def write_sidecar(d, family):
+    """The sidecar streamplan needs for what names and shapes cannot tell, from config.json."""
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    hd = cfg["attention_head_dim"]
+    if family == "wan":
+        h = 2 * (hd // 6)
+        side = {"family": "wan2.1", "head_dim": hd, "eps": cfg["eps"],
+                "rope": {"theta": 10000, "axes_dim": [hd - 2 * h, h, h]}}
+    else:
+        side = {"family": "flux1", "eps": 1e-6,
+                "rope": {"theta": 10000, "axes_dim": list(cfg["axes_dims_rope"])}}
+    path = os.path.join(d, "sidecar.json")
+    with open(path, "w") as f:
+        json.dump(side, f)
+    return path
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="the streamplan executable")
@@ -99,7 +118,8 @@ def main(argv=None):
         run([sys.executable, os.path.join(HERE, "make_reference.py"), "--family", args.family,
              "--variant", args.variant, "--out", d, "--seed", str(args.seed), "--quiet"],
             "make_reference.py", args.timeout)
-        p = run([args.bin, "run",
+        sidecar = write_sidecar(d, args.family)
+        p = run([args.bin, "run", "--sidecar", sidecar,
                  "--checkpoint", os.path.join(d, "model.safetensors"),
                  "--inputs", os.path.join(d, "inputs.safetensors"),
                  "--output", os.path.join(d, "out.safetensors"),

@@ -43,6 +43,10 @@ import sys
 
 import torch
 
+# Plain PyTorch SDPA for diffusers' attention, whatever the environment says; never the network.
+os.environ["DIFFUSERS_ATTN_BACKEND"] = "native"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 DIFFUSERS_VERSION = "0.42.1"
 
 WAN_CONFIG = dict(

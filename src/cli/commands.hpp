@@ -1,0 +1,16 @@
+// Subcommands of the streamplan command line; each adds itself to the app and returns a
+// runner called when it was parsed.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace sp::cli {
+
+using Runner = std::function<int()>;
+
+Runner add_run(CLI::App& app);
+Runner add_make_checkpoint(CLI::App& app);
+
+}  // namespace sp::cli

@@ -1,0 +1,100 @@
+// streamplan run: one denoiser forward of a checkpoint, naive vs planned.
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "exec/device.hpp"
+#include "exec/memory.hpp"
+#include "models/checkpoint.hpp"
+#include "models/families.hpp"
+#include "report/report.hpp"
+
+namespace sp::cli {
+
+namespace {
+
+struct Args {
+  std::string checkpoint, sidecar, inputs, output, dtype = "auto", device = "auto", consumer = "sdpa";
+  models::Geometry geom;
+  int64_t chunk = 0, feature_slice = 0;
+  uint64_t seed = 0;
+  bool planned_only = false, json = false, explain = false;
+};
+
+ir::DType pick_dtype(const std::string& s, const at::Device& d) {
+  if (s == "fp32") return ir::DType::F32;
+  if (s == "fp16") return ir::DType::F16;
+  if (s == "bf16") return ir::DType::BF16;
+  return d.is_cuda() ? ir::DType::BF16 : ir::DType::F32;
+}
+
+int run(const Args& a) {
+  const auto reg = contracts::Registry::builtin();
+  const at::Device d = exec::pick_device(a.device);
+  const auto dev = exec::describe_device(d);
+  exec::install_cpu_meter();
+  const auto file = io::SafetensorsFile::open(a.checkpoint);
+  const auto sidecar = a.sidecar.empty() ? models::sidecar_of(file) : recognize::load_sidecar(a.sidecar);
+  const auto rec = recognize::recognize(file, sidecar);
+  const ir::DType dtype = pick_dtype(a.dtype, d);
+  auto weights = models::load_canonical(file, rec, exec::to_aten(dtype), d, reg);
+  models::TensorMap raw;
+  if (!a.inputs.empty()) {
+    raw = models::read_tensors(a.inputs);
+  } else {
+    if (a.geom.tokens <= 0 && a.geom.height <= 0)
+      throw std::invalid_argument("run: give --inputs, --tokens, or the geometry (--frames/--height/--width)");
+    raw = models::random_raw_inputs(rec.config, a.geom, a.seed);
+  }
+  models::FamilyRun fr = models::prepare(rec.config, *weights, raw, dtype, a.consumer);
+  const models::Instance inst{fr.model, weights, fr.inputs};
+  const plan::Plan p = plan::make_plan(inst.model, reg, dev, {a.chunk, a.feature_slice});
+  if (!a.json) {
+    std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << "\n";
+    if (a.explain) std::cout << plan::explain(p) << "\n";
+  }
+  report::CompareOptions opt;
+  opt.run_naive = !a.planned_only;
+  opt.keep_outputs = !a.output.empty();
+  const report::RunReport r = report::compare(inst, p, reg, dev, opt);
+  if (!a.output.empty()) {
+    models::TensorMap out{{"output", fr.finish(r.planned_out).cpu()}};
+    if (r.naive_out.defined()) out["naive_output"] = fr.finish(r.naive_out).cpu();
+    models::write_tensors(a.output, out);
+  }
+  if (a.json) std::cout << report::to_json(r).dump(2) << "\n";
+  else std::cout << report::to_table(r);
+  return 0;
+}
+
+}  // namespace
+
+Runner add_run(CLI::App& app) {
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("run", "one denoiser forward of a checkpoint: naive vs planned");
+  cmd->add_option("--checkpoint", a->checkpoint, "safetensors checkpoint")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--sidecar", a->sidecar, "sidecar descriptor (JSON); default: the checkpoint's metadata")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--frames", a->geom.frames, "video frames (Wan: pixel frames 4k+1; H3: latent frames)");
+  cmd->add_option("--height", a->geom.height, "pixel height");
+  cmd->add_option("--width", a->geom.width, "pixel width");
+  cmd->add_option("--tokens", a->geom.tokens, "video/image tokens in one row instead of a geometry")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--text-tokens", a->geom.text_tokens, "text tokens (default: the family's)")->check(CLI::PositiveNumber);
+  cmd->add_option("--audio-tokens", a->geom.audio_tokens, "audio tokens (H3)")->check(CLI::PositiveNumber);
+  cmd->add_option("--inputs", a->inputs, "inputs (safetensors; see docs/checkpoints.md) instead of random ones")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--output", a->output, "write the outputs (output, naive_output) to this safetensors file");
+  cmd->add_option("--dtype", a->dtype, "activation dtype (auto: bf16 on CUDA, fp32 on the CPU)")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}));
+  cmd->add_option("--device", a->device, "cpu, cuda, cuda:N or auto");
+  cmd->add_option("--consumer", a->consumer, "attention consumer");
+  cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(CLI::PositiveNumber);
+  cmd->add_option("--feature-slice", a->feature_slice, "MLP feature slice (default: automatic; -1: off)");
+  cmd->add_option("--seed", a->seed, "seed of the random inputs");
+  cmd->add_flag("--planned-only", a->planned_only, "skip the naive run (shapes where only the planned one fits)");
+  cmd->add_flag("--json", a->json, "print the run report as JSON");
+  cmd->add_flag("--explain", a->explain, "print the plan with every rejection");
+  return [cmd, a]() { return cmd->parsed() ? run(*a) : -1; };
+}
+
+}  // namespace sp::cli

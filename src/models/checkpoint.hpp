@@ -1,0 +1,45 @@
+// Checkpoints: canonical weights loaded from a recognized safetensors file, and random
+// checkpoints of a family preset written in any of its layouts.
+//
+// Design note. Recognition (src/recognize) says where each canonical tensor comes from; this
+// file assembles them (rename, concatenation of split projections, swapped halves), converts
+// them to the run's dtype and device, and flattens convolution kernels that act as linears
+// (a patch embedding with stride == kernel). Random checkpoints draw every canonical tensor
+// from a generator seeded by its name, so the same seed gives the same weights in every
+// layout. The sidecar that records what names and shapes cannot tell travels in the file's
+// metadata under kSidecarKey.
+//
+// Example:
+//     sp::models::write_random_checkpoint(sp::recognize::preset("wan2.1-1.3b", 2), "diffusers",
+//                                         "wan.safetensors", /*seed=*/0, at::kBFloat16);
+//     auto file = sp::io::SafetensorsFile::open("wan.safetensors");
+//     auto rec = sp::recognize::recognize(file, sp::models::sidecar_of(file));
+//     auto w = sp::models::load_canonical(file, rec, at::kBFloat16, at::kCUDA, reg);
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <optional>
+
+#include "exec/weights.hpp"
+#include "recognize/recognize.hpp"
+
+namespace sp::models {
+
+inline constexpr const char* kSidecarKey = "streamplan.sidecar";
+
+// The sidecar stored in the file's metadata, if any.
+std::optional<recognize::Sidecar> sidecar_of(const io::SafetensorsFile& f);
+
+std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f, const recognize::Recognized& r,
+                                                    at::ScalarType dtype, const at::Device& device,
+                                                    const contracts::Registry& reg);
+
+// Random canonical weights of `config` (deterministic per tensor name and seed).
+std::map<std::string, at::Tensor> random_canonical(const recognize::FamilyConfig& config, uint64_t seed);
+
+void write_random_checkpoint(const recognize::FamilyConfig& config, const std::string& layout,
+                             const std::string& path, uint64_t seed, at::ScalarType dtype);
+
+}  // namespace sp::models

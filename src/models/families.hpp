@@ -1,0 +1,56 @@
+// Model families: from a recognized checkpoint to an IR model plus its runtime inputs.
+//
+// Design note. Each family (Wan 2.1, Flux.1, H3-class) has a prologue and an epilogue
+// around the transformer: embeddings of timestep, guidance, pooled and context text,
+// modulation tables, RoPE tables, patchification — and unpatchification at the end. They
+// run once per forward on small tensors and are shared by the naive and planned runs;
+// everything the planner schedules (patch embedding into the residual, every block, the
+// final layer) is IR. Families are found by name in a table here; nothing outside
+// src/models knows them.
+//
+// Raw inputs (a name -> tensor map, the format of `streamplan run --inputs`):
+//   wan:  latents [C, F, H, W], timestep [1], text [L, text_dim]
+//   flux: latents [N, in_channels] (packed), img_ids [N, 3], text [L, context], txt_ids [L, 3],
+//         pooled [vec_dim], timestep [1] (sigma in [0, 1]), guidance [1] (dev)
+//   h3:   video [N, patch features], grid [3] (frames, rows, cols of video tokens),
+//         text [L, text_dim], audio [A, audio_dim], timestep [1]
+// The output has the layout of the family's reference implementation (Wan: [C, F, H, W];
+// Flux: [N, out_channels]; H3: [N, patch features]).
+//
+// Example:
+//     auto raw = sp::models::random_raw_inputs(rec.config, {.frames = 81, .height = 720, .width = 1280}, 0);
+//     sp::models::FamilyRun run = sp::models::prepare(rec.config, *weights, raw, ir::DType::BF16, "sdpa");
+//     at::Tensor out = run.finish(sp::exec::run_naive(run.model, *weights, run.inputs, reg));
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+
+#include "exec/executor.hpp"
+#include "models/tensor_io.hpp"
+#include "recognize/recognize.hpp"
+
+namespace sp::models {
+
+// Pixel-space geometry (Wan: frames 4k+1, sides multiples of 16; Flux: sides multiples of 16;
+// H3: latent frames, sides multiples of 32), or a token count along one axis.
+struct Geometry {
+  int64_t frames = 0, height = 0, width = 0;
+  int64_t tokens = 0;        // > 0: this many video/image tokens in one row (overrides the above)
+  int64_t text_tokens = 0;   // 0: the family's default
+  int64_t audio_tokens = 0;  // H3; 0: the family's default
+};
+
+struct FamilyRun {
+  ir::Model model;
+  exec::Inputs inputs;
+  std::function<at::Tensor(const at::Tensor&)> finish;  // output rows -> reference layout
+};
+
+TensorMap random_raw_inputs(const recognize::FamilyConfig& c, const Geometry& g, uint64_t seed);
+// Builds the IR and runs the prologue. `w` holds canonical weights in `dtype` on the device.
+FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w, const TensorMap& raw,
+                  ir::DType dtype, const std::string& consumer);
+
+}  // namespace sp::models

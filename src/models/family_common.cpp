@@ -1,0 +1,70 @@
+#include "models/family_common.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace sp::models::detail {
+
+at::Tensor sinusoid(const at::Tensor& t, int64_t dim) {
+  const int64_t half = dim / 2;
+  const auto opt = at::TensorOptions().dtype(at::kFloat).device(t.device());
+  at::Tensor f = at::exp(at::arange(half, opt) * (-std::log(10000.0) / double(half)));
+  at::Tensor a = t.to(at::kFloat).reshape({1}) * f;
+  return at::cat({at::cos(a), at::sin(a)}, 0);
+}
+
+at::Tensor affine(const exec::WeightSource& w, const std::string& prefix, const at::Tensor& x) {
+  const at::Tensor& wt = w.tensor(prefix + ".weight");
+  at::Tensor b = w.contains(prefix + ".bias") ? w.tensor(prefix + ".bias") : at::Tensor();
+  return at::linear(x.to(wt.scalar_type()), wt, b);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& pos, const std::vector<int64_t>& axes_dim,
+                                              double theta) {
+  if (pos.size(1) != int64_t(axes_dim.size()))
+    throw std::invalid_argument("rope positions have " + std::to_string(pos.size(1)) + " axes, the model " +
+                                std::to_string(axes_dim.size()));
+  std::vector<at::Tensor> cols;
+  const auto opt = at::TensorOptions().dtype(at::kDouble).device(pos.device());
+  for (size_t a = 0; a < axes_dim.size(); ++a) {
+    const int64_t d = axes_dim[a];
+    at::Tensor freq = at::pow(theta, at::arange(0, d, 2, opt) / -double(d));
+    cols.push_back(pos.select(1, int64_t(a)).to(at::kDouble).unsqueeze(1) * freq);
+  }
+  at::Tensor angle = at::cat(cols, 1);
+  return {angle.cos().to(at::kFloat), angle.sin().to(at::kFloat)};
+}
+
+at::Tensor grid_positions(int64_t f, int64_t h, int64_t w, const at::Device& d) {
+  const auto opt = at::TensorOptions().dtype(at::kFloat).device(d);
+  auto g = at::meshgrid({at::arange(f, opt), at::arange(h, opt), at::arange(w, opt)}, "ij");
+  return at::stack({g[0].reshape(-1), g[1].reshape(-1), g[2].reshape(-1)}, 1);
+}
+
+const at::Tensor& need(const TensorMap& raw, const std::string& name, std::vector<int64_t> dims) {
+  auto it = raw.find(name);
+  if (it == raw.end()) throw std::invalid_argument("inputs: tensor '" + name + "' is missing");
+  const at::Tensor& t = it->second;
+  if (t.dim() != int64_t(dims.size()))
+    throw std::invalid_argument("inputs: tensor '" + name + "' must have " + std::to_string(dims.size()) +
+                                " dimensions, has " + std::to_string(t.dim()));
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (dims[i] >= 0 && t.size(int64_t(i)) != dims[i])
+      throw std::invalid_argument("inputs: tensor '" + name + "' dimension " + std::to_string(i) + " must be " +
+                                  std::to_string(dims[i]) + ", is " + std::to_string(t.size(int64_t(i))));
+  return t;
+}
+
+ir::Linear linear(const std::string& name, int64_t in, int64_t out, bool bias) {
+  ir::Linear l;
+  l.weight = name + ".weight";
+  if (bias) l.bias = name + ".bias";
+  l.in_features = in;
+  l.out_features = out;
+  return l;
+}
+
+ir::Norm layer_norm(double eps) { return {ir::NormKind::LayerNorm, false, "", "", eps}; }
+ir::Norm rms_norm(double eps) { return {ir::NormKind::RMSNorm, false, "", "", eps}; }
+
+}  // namespace sp::models::detail

@@ -1,0 +1,28 @@
+// Pieces shared by the family prologues (internal to src/models).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "exec/weights.hpp"
+#include "ir/model.hpp"
+#include "models/tensor_io.hpp"
+
+namespace sp::models::detail {
+
+// [cos(t f) | sin(t f)], f_j = 10000^(-j/half), half = dim/2; t: [1] -> [dim] fp32.
+at::Tensor sinusoid(const at::Tensor& t, int64_t dim);
+// y = x W^T + b for canonical weight "<prefix>.weight" / ".bias".
+at::Tensor affine(const exec::WeightSource& w, const std::string& prefix, const at::Tensor& x);
+// RoPE tables for positions [T, axes] (float): per axis a of width d_a, pair j rotates by
+// pos_a * theta^(-2j/d_a); columns axis by axis. Returns cos, sin [T, sum(d)/2] fp32.
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& pos, const std::vector<int64_t>& axes_dim,
+                                              double theta);
+// Positions (f, h, w) of a row-major grid, [F*H*W, 3] float.
+at::Tensor grid_positions(int64_t f, int64_t h, int64_t w, const at::Device& d);
+const at::Tensor& need(const TensorMap& raw, const std::string& name, std::vector<int64_t> rank_dims);
+
+ir::Linear linear(const std::string& name, int64_t in, int64_t out, bool bias);
+ir::Norm layer_norm(double eps);                 // no affine
+ir::Norm rms_norm(double eps);                   // no affine
+
+}  // namespace sp::models::detail

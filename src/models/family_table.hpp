@@ -1,0 +1,17 @@
+// The family table (internal to src/models): one entry per family.
+#pragma once
+
+#include "models/families.hpp"
+
+namespace sp::models::detail {
+
+struct FamilyOps {
+  const char* family;
+  TensorMap (*random_inputs)(const recognize::FamilyConfig&, const Geometry&, uint64_t);
+  FamilyRun (*prepare)(const recognize::FamilyConfig&, const exec::WeightSource&, const TensorMap&, ir::DType,
+                       const std::string&);
+};
+
+extern const FamilyOps kWan, kFlux, kH3;
+
+}  // namespace sp::models::detail

@@ -1,0 +1,128 @@
+// H3-class single-stream video DiT (layout in docs/checkpoints.md): video, text and audio
+// tokens embedded into one residual stream; per block RMSNorm + per-segment 6-way AdaLN,
+// fused QKV, per-head Q/K RMSNorm, split-half RoPE over the leading rotary dims on a
+// (t, h, w) grid, SwiGLU MLP with [gate | up] halves; final RMSNorm + per-segment
+// shift/scale and an fp32 projection of the video tokens to patch features.
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "models/family_common.hpp"
+#include "models/family_table.hpp"
+
+namespace sp::models::detail {
+
+namespace {
+
+std::string blk(int64_t i) { return "blocks." + std::to_string(i) + "."; }
+
+struct Lengths {
+  int64_t video, text, audio;
+};
+
+ir::Model build(const recognize::FamilyConfig& c, const Lengths& n, ir::DType dtype, const std::string& consumer) {
+  ir::Model m;
+  m.name = c.variant;
+  m.dim = c.dim;
+  m.dtype = dtype;
+  for (const auto& s : c.segments) {
+    const int64_t len = s == "video" ? n.video : s == "text" ? n.text : n.audio;
+    m.segments.push_back({s, len});
+    const int64_t in = s == "video" ? c.in_channels : s == "text" ? c.text_dim : c.audio_dim;
+    m.embeds.push_back({s, linear(s == "video" ? "patch_embed" : s + "_embed", in, c.dim, true)});
+  }
+  const int64_t w = c.heads * c.head_dim;
+  for (int64_t i = 0; i < c.layers; ++i) {
+    ir::Block b;
+    b.name = std::to_string(i);
+    b.modulation = {ir::ModScope::PerSegment, 6, blk(i) + "mod"};
+    ir::Attention a;
+    a.heads = a.kv_heads = c.heads;
+    a.head_dim = c.head_dim;
+    a.proj.qkv = linear(blk(i) + "attn.qkv", c.dim, 3 * w, false);
+    a.proj.qkv->out_regions = {{"q", 0, w}, {"k", w, w}, {"v", 2 * w, w}};
+    a.proj.q_norm = blk(i) + "attn.norm_q.weight";
+    a.proj.k_norm = blk(i) + "attn.norm_k.weight";
+    a.proj.out = linear(blk(i) + "attn.out", w, c.dim, false);
+    a.qk_norm = {ir::QkNormKind::PerHead, c.eps};
+    a.rope = {ir::RopeStyle::SplitHalf, c.rotary_dim, "rope"};
+    a.consumer = consumer;
+    b.sublayers.push_back({"attn", {}, rms_norm(c.eps), {0, 1, 2}, a});
+    ir::Mlp f;
+    f.layout = ir::GateUpLayout::FusedHalves;
+    f.act = ir::ActKind::Silu;
+    f.hidden = c.ffn;
+    f.up = linear(blk(i) + "mlp.fc1", c.dim, 2 * c.ffn, false);
+    f.down = linear(blk(i) + "mlp.fc2", c.ffn, c.dim, false);
+    b.sublayers.push_back({"mlp", {}, rms_norm(c.eps), {3, 4, 5}, f});
+    m.blocks.push_back(std::move(b));
+  }
+  ir::FinalLayer fl;
+  fl.segments = {"video"};
+  fl.norm = rms_norm(c.eps);
+  fl.modulation = {ir::ModScope::PerSegment, 2, "final.mod"};
+  fl.mod = {0, 1, -1};
+  fl.proj = linear("final.proj", c.dim, c.out_channels, true);
+  fl.proj.fp32_compute = true;
+  m.final_layer = fl;
+  ir::validate(m);
+  return m;
+}
+
+FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w, const TensorMap& raw,
+                  ir::DType dtype, const std::string& consumer) {
+  const at::Tensor& video = need(raw, "video", {-1, c.in_channels});
+  const at::Tensor& grid = need(raw, "grid", {3});
+  const at::Tensor& text = need(raw, "text", {-1, c.text_dim});
+  const at::Tensor& audio = need(raw, "audio", {-1, c.audio_dim});
+  const at::Tensor& t = need(raw, "timestep", {1});
+  const int64_t gf = grid[0].item<int64_t>(), gh = grid[1].item<int64_t>(), gw = grid[2].item<int64_t>();
+  if (gf * gh * gw != video.size(0))
+    throw std::invalid_argument("inputs: grid " + std::to_string(gf) + "x" + std::to_string(gh) + "x" +
+                                std::to_string(gw) + " does not hold the " + std::to_string(video.size(0)) +
+                                " video tokens");
+  const at::Device dev = w.tensor("patch_embed.weight").device();
+  const at::ScalarType dt = exec::to_aten(dtype);
+
+  FamilyRun run;
+  run.model = build(c, {video.size(0), text.size(0), audio.size(0)}, dtype, consumer);
+  run.inputs.tokens["video"] = video.to(dev, dt);
+  run.inputs.tokens["text"] = text.to(dev, dt);
+  run.inputs.tokens["audio"] = audio.to(dev, dt);
+  at::Tensor temb = affine(w, "time_embed.2", at::silu(affine(w, "time_embed.0", sinusoid(t.to(dev), c.freq_dim))));
+  at::Tensor m6 = affine(w, "time_proj", at::silu(temb)).view({1, 6, c.dim});
+  for (int64_t i = 0; i < c.layers; ++i) run.inputs.tables[blk(i) + "mod"] = (w.tensor(blk(i) + "modulation") + m6).to(dt);
+  run.inputs.tables["final.mod"] = (w.tensor("final.modulation") + temb.view({1, 1, c.dim})).to(dt);
+  // Video tokens on their (t, h, w) grid; text and audio at position 0.
+  at::Tensor pos = at::zeros({run.model.tokens(), 3}, at::TensorOptions().dtype(at::kFloat).device(dev));
+  pos.narrow(0, run.model.segment_begin("video"), video.size(0)).copy_(grid_positions(gf, gh, gw, dev));
+  auto [cs, sn] = rope_tables(pos, c.rope_axes_dim, c.rope_theta);
+  run.inputs.tables["rope.cos"] = cs;
+  run.inputs.tables["rope.sin"] = sn;
+  run.finish = [](const at::Tensor& out) { return out; };
+  return run;
+}
+
+TensorMap random_inputs(const recognize::FamilyConfig& c, const Geometry& g, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  int64_t f = 1, h = 1, w = g.tokens;
+  if (g.tokens <= 0) {
+    if (g.frames <= 0 || g.height <= 0 || g.width <= 0 || g.height % 32 || g.width % 32)
+      throw std::invalid_argument("h3 geometry: latent frames positive, height and width positive multiples of 32, got " +
+                                  std::to_string(g.frames) + "x" + std::to_string(g.height) + "x" + std::to_string(g.width));
+    f = g.frames;
+    h = g.height / 32;
+    w = g.width / 32;
+  }
+  TensorMap raw;
+  raw["video"] = at::randn({f * h * w, c.in_channels}, gen);
+  raw["grid"] = at::tensor({f, h, w}, at::kLong);
+  raw["text"] = at::randn({g.text_tokens > 0 ? g.text_tokens : c.text_tokens, c.text_dim}, gen);
+  raw["audio"] = at::randn({g.audio_tokens > 0 ? g.audio_tokens : 256, c.audio_dim}, gen);
+  raw["timestep"] = at::full({1}, 500.0);
+  return raw;
+}
+
+}  // namespace
+
+const FamilyOps kH3{"h3", random_inputs, prepare};
+
+}  // namespace sp::models::detail

@@ -1,0 +1,27 @@
+// Safetensors <-> ATen: named tensor maps read from and written to safetensors files.
+//
+// Example:
+//     auto inputs = sp::models::read_tensors("inputs.safetensors");      // name -> tensor (CPU)
+//     sp::models::write_tensors("out.safetensors", {{"output", out}});   // atomic write
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+
+#include "io/safetensors.hpp"
+
+namespace sp::models {
+
+using TensorMap = std::map<std::string, at::Tensor>;
+
+// A copy of one tensor of an opened file, on the CPU, in its stored dtype.
+at::Tensor read_tensor(const io::SafetensorsFile& f, const std::string& name);
+TensorMap read_tensors(const std::string& path);
+// Writes every tensor (moved to the CPU, made contiguous); metadata goes to __metadata__.
+void write_tensors(const std::string& path, const TensorMap& tensors,
+                   const std::map<std::string, std::string>& metadata = {});
+void add_tensor(io::SafetensorsWriter& w, const std::string& name, const at::Tensor& t);
+
+}  // namespace sp::models
