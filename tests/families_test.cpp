@@ -3,7 +3,10 @@
 // estimate matches the measured peak.
 #include <gtest/gtest.h>
 
-#include <filesystem>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include "exec/device.hpp"
 #include "models/checkpoint.hpp"
@@ -45,15 +48,18 @@ const std::vector<Case> kCases = {{"wan2.1-1.3b", {.frames = 5, .height = 48, .w
 TEST(Families, EveryLayoutRecognizedPlannedMatchesNaiveAndLayoutsAgree) {
   const auto reg = contracts::Registry::builtin();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
-  const auto dir = std::filesystem::temp_directory_path() / ("streamplan-families-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  // (std::filesystem is avoided here: libtorch exports conflicting definitions of some of it.)
+  char tmpl[] = "/tmp/streamplan-families-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  std::vector<std::string> written;
   for (const auto& c : kCases) {
     const auto cfg = recognize::preset(c.variant, 2, true);
     at::Tensor first;
     for (const auto& layout : recognize::layouts(cfg.family)) {
       SCOPED_TRACE(c.variant + " " + layout);
-      const std::string path = (dir / (c.variant + "." + layout + ".safetensors")).string();
+      const std::string path = dir + "/" + c.variant + "." + layout + ".safetensors";
       models::write_random_checkpoint(cfg, layout, path, 11, at::kFloat);
+      written.push_back(path);
       const Loaded l = load(path, c.geom, reg, ir::DType::F32);
       EXPECT_EQ(l.rec.layout, layout);
       EXPECT_EQ(l.rec.config.family, cfg.family);
@@ -79,18 +85,19 @@ TEST(Families, EveryLayoutRecognizedPlannedMatchesNaiveAndLayoutsAgree) {
           << "estimated " << rep.estimated_peak_bytes << " measured " << rep.planned.peak_bytes;
     }
   }
-  std::filesystem::remove_all(dir);
+  for (const auto& p : written) std::remove(p.c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(Families, WanOutputKeepsTheLatentLayout) {
   const auto reg = contracts::Registry::builtin();
   const auto cfg = recognize::preset("wan2.1-1.3b", 1, true);
-  const auto path = (std::filesystem::temp_directory_path() / "streamplan-wan-layout.safetensors").string();
+  const std::string path = "/tmp/streamplan-wan-layout-" + std::to_string(::getpid()) + ".safetensors";
   models::write_random_checkpoint(cfg, "original", path, 1, at::kFloat);
   const Loaded l = load(path, {.frames = 5, .height = 32, .width = 48, .text_tokens = 4}, reg, ir::DType::F32);
   const at::Tensor out = l.finish(exec::run_naive(l.inst.model, *l.inst.weights, l.inst.inputs, reg));
   EXPECT_EQ(out.sizes().vec(), (std::vector<int64_t>{cfg.out_channels, 2, 4, 6}));
-  std::filesystem::remove(path);
+  std::remove(path.c_str());
 }
 
 TEST(Families, BadInputsAreNamed) {

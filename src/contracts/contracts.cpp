@@ -52,7 +52,7 @@ int64_t sdpa_call_bytes(const AttnShape& s) {
   const int64_t esz = static_cast<int64_t>(ir::dtype_size(s.dtype));
   int64_t bytes = elems(s) * esz + s.heads * s.q_rows * 4;
   if (s.device == DeviceKind::CPU) {
-    const int64_t qs = s.q_rows >= 768 ? 256 : (s.q_rows >= 192 ? 64 : 32);
+    const int64_t qs = std::min<int64_t>(s.q_rows, s.q_rows >= 768 ? 256 : (s.q_rows >= 192 ? 64 : 32));
     const int64_t ks = s.kv_rows >= 512 ? 512 : s.kv_rows;
     int64_t per_thread = (qs * ks + 2 * qs + qs * s.head_dim) * 4;
     // Reduced dtypes: a reduced copy of the score tile, and on CPUs with packed bf16/fp16
