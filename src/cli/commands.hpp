@@ -12,5 +12,6 @@ using Runner = std::function<int()>;
 
 Runner add_run(CLI::App& app);
 Runner add_make_checkpoint(CLI::App& app);
+Runner add_bench(CLI::App& app);
 
 }  // namespace sp::cli

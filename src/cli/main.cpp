@@ -4,6 +4,7 @@
 //   streamplan plan --explain [--consumer NAME] [--format NAME] [--patch NAME]... [--json]
 //   streamplan run --checkpoint F [--frames/--height/--width | --tokens N | --inputs I] ...
 //   streamplan make-checkpoint --family NAME [--layers N] [--layout L] [--tiny] --out F
+//   streamplan bench [--cases a,b] [--reps N] [--out results.json]
 //
 // Exit status: 0 success, 1 a usage or input error (message on stderr).
 #include <CLI/CLI.hpp>
@@ -121,7 +122,8 @@ int main(int argc, char** argv) {
   add_model_options(demo, demo_args);
   auto* plan_cmd = app.add_subcommand("plan", "print the plan for the demo model without running it");
   add_model_options(plan_cmd, plan_args);
-  const std::vector<sp::cli::Runner> runners = {sp::cli::add_run(app), sp::cli::add_make_checkpoint(app)};
+  const std::vector<sp::cli::Runner> runners = {sp::cli::add_run(app), sp::cli::add_make_checkpoint(app),
+                                                 sp::cli::add_bench(app)};
   CLI11_PARSE(app, argc, argv);
   try {
     if (demo->parsed()) return cmd_demo(demo_args);

@@ -87,6 +87,13 @@ struct DeviceCaps {
   int threads = 1;
   // CUDA's caching allocator rounds each block up; CPU allocations are exact.
   int64_t alloc_round = 1;
+  // Rates of the time estimate (plan/cost.hpp), measured by exec/probe.hpp; 0 means not
+  // measured, and the cost model uses its documented defaults for the device kind.
+  double flops_per_s = 0;      // dense matmul throughput in 16-bit floats (bf16, fp16)
+  double flops_per_s_f32 = 0;  // dense matmul throughput in fp32 (fp64 is taken as half)
+  double bytes_per_s = 0;      // memory bandwidth: bytes read + written per second by a large copy
+  double launch_s = 0;         // fixed cost of one small operation: dispatch and kernel launch
+  double gemm_half_rows = 0;   // rows at which a matmul reaches half its peak (efficiency rows/(rows+k))
   int64_t round_alloc(int64_t bytes) const;
 };
 

@@ -3,12 +3,15 @@
 #include <ATen/Parallel.h>
 #include <ATen/Context.h>
 
+#include <chrono>
 #include <fstream>
 #include <stdexcept>
 
 #ifdef STREAMPLAN_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 namespace sp::exec {
@@ -77,6 +80,28 @@ contracts::DeviceCaps describe_device(const at::Device& d) {
   return c;
 #else
   throw std::invalid_argument("device " + d.str() + " is not supported by this CPU-only build");
+#endif
+}
+
+double time_ms(const at::Device& d, const std::function<void()>& f) {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (d.is_cuda()) {
+    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+    start.record();
+    f();
+    stop.record();
+    stop.synchronize();
+    return start.elapsed_time(stop);
+  }
+#endif
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void release_cached(const at::Device& d) {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (d.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
 }
 

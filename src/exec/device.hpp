@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <string>
 
 #include "contracts/contracts.hpp"
@@ -17,5 +18,10 @@ namespace sp::exec {
 at::Device pick_device(const std::string& name);
 contracts::DeviceCaps describe_device(const at::Device& d);
 void synchronize(const at::Device& d);
+// Returns the caching allocator's unused blocks to the device (after an out-of-memory).
+void release_cached(const at::Device& d);
+// Milliseconds `f` takes on the device: CUDA events around it on a GPU, a steady clock
+// (after it returns) on the CPU.
+double time_ms(const at::Device& d, const std::function<void()>& f);
 
 }  // namespace sp::exec

@@ -49,25 +49,52 @@ std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f
   return w;
 }
 
+namespace {
+
+// Scales a standard normal draw into the kind of values the tensor holds: norm weights and
+// scales near 1, small biases and modulation tables, matrices with std 1/sqrt(fan in).
+void shape_values(const recognize::TensorSpec& spec, at::Tensor& t) {
+  const std::string& n = spec.name;
+  const bool bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
+  if (spec.shape.size() == 1 && !bias) {
+    t.mul_(0.1).add_(1.0);
+  } else if (bias) {
+    t.mul_(0.02);
+  } else if (n.find("modulation") != std::string::npos) {
+    t.mul_(0.1);
+  } else {
+    int64_t fan_in = 1;
+    for (size_t i = 1; i < spec.shape.size(); ++i) fan_in *= spec.shape[i];
+    t.mul_(1.0 / std::sqrt(double(std::max<int64_t>(fan_in, 1))));
+  }
+}
+
+uint64_t tensor_seed(uint64_t seed, const std::string& name) { return seed ^ std::hash<std::string>{}(name); }
+
+}  // namespace
+
 std::map<std::string, at::Tensor> random_canonical(const recognize::FamilyConfig& config, uint64_t seed) {
   std::map<std::string, at::Tensor> out;
   for (const auto& spec : recognize::checkpoint_tensors(config, "original")) {
-    const std::string& n = spec.name;
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ std::hash<std::string>{}(n));
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(tensor_seed(seed, spec.name));
     at::Tensor t = at::randn(spec.shape, gen, at::TensorOptions().dtype(at::kFloat));
-    const bool bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
-    const bool scale_like = spec.shape.size() == 1 && !bias;  // norm weights and scales
-    if (scale_like) t.mul_(0.1).add_(1.0);
-    else if (bias) t.mul_(0.02);
-    else if (n.find("modulation") != std::string::npos) t.mul_(0.1);
-    else {
-      int64_t fan_in = 1;
-      for (size_t i = 1; i < spec.shape.size(); ++i) fan_in *= spec.shape[i];
-      t.mul_(1.0 / std::sqrt(double(std::max<int64_t>(fan_in, 1))));
-    }
-    out[n] = t;
+    shape_values(spec, t);
+    out[spec.name] = t;
   }
   return out;
+}
+
+std::shared_ptr<exec::TensorWeights> random_weights_on(const recognize::FamilyConfig& config, const at::Device& device,
+                                                       at::ScalarType dtype, uint64_t seed,
+                                                       const contracts::Registry& reg) {
+  auto w = std::make_shared<exec::TensorWeights>(&reg);
+  for (const auto& spec : recognize::checkpoint_tensors(config, "original")) {
+    at::manual_seed(tensor_seed(seed, spec.name));
+    at::Tensor t = at::randn(spec.shape, at::TensorOptions().dtype(dtype).device(device));
+    shape_values(spec, t);
+    w->add(spec.name, as_linear(spec.name, t));
+  }
+  return w;
 }
 
 void write_random_checkpoint(const recognize::FamilyConfig& config, const std::string& layout,

@@ -39,6 +39,12 @@ std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f
 // Random canonical weights of `config` (deterministic per tensor name and seed).
 std::map<std::string, at::Tensor> random_canonical(const recognize::FamilyConfig& config, uint64_t seed);
 
+// Random canonical weights generated directly on `device` in `dtype` (benchmarks of real
+// dimensions: no checkpoint file, no host copy), flattened for use as linears.
+std::shared_ptr<exec::TensorWeights> random_weights_on(const recognize::FamilyConfig& config, const at::Device& device,
+                                                       at::ScalarType dtype, uint64_t seed,
+                                                       const contracts::Registry& reg);
+
 void write_random_checkpoint(const recognize::FamilyConfig& config, const std::string& layout,
                              const std::string& path, uint64_t seed, at::ScalarType dtype);
 

@@ -8,10 +8,19 @@
 // allocates come from schedule.hpp; the estimate is their sum plus what consumers
 // and weight formats declare, so the estimate and the allocation share one source.
 //
+// Without a budget every legal transformation is taken with the default chunk sizes (the
+// lowest-memory schedule). With Options::budget_bytes the chooser (plan/budget.hpp) picks,
+// per sublayer, the fastest candidate by the cost model (plan/cost.hpp) whose estimated
+// peak fits; the plan records the strategy, its estimates and every alternative with the
+// reason it lost. A budget below the smallest achievable peak throws BudgetError.
+//
 // Example:
 //     auto reg = sp::contracts::Registry::builtin();
 //     sp::plan::Plan p = sp::plan::make_plan(model, reg, device, {});
 //     std::cout << sp::plan::explain(p);
+//     sp::plan::Options o;
+//     o.budget_bytes = sp::plan::parse_budget("512MiB");     // plan/budget.hpp
+//     sp::plan::Plan q = sp::plan::make_plan(model, reg, device, o);  // or throws BudgetError
 #pragma once
 
 #include <cstdint>
@@ -34,6 +43,15 @@ struct Decision {
   std::string note;                   // why a legal transformation was not chosen
 };
 
+// A candidate schedule of a sublayer (or the final layer) that the budget chooser did not take.
+struct Alternative {
+  std::string strategy;
+  int64_t token_chunk = 0, q_chunk = 0, feature_slice = 0;
+  int64_t estimated_peak = 0;  // bytes above the residual stream
+  double estimated_ms = 0;
+  std::string lost;            // e.g. "over budget by 3.2 MiB", "slower: 12.3 ms vs 10.1 ms"
+};
+
 struct SublayerPlan {
   std::string name;
   bool attention = false;
@@ -43,6 +61,9 @@ struct SublayerPlan {
   int64_t feature_slice = 0;  // MLP: hidden features per slice (== hidden when not sliced)
   bool chosen(Transform t) const;
   int64_t estimated_peak = 0;  // bytes above the residual stream, this sublayer's worst phase
+  std::string strategy;        // short name, e.g. "streamed-q", "chunked+sliced", "full"
+  double estimated_ms = 0;     // cost model's time for this sublayer
+  std::vector<Alternative> alternatives;  // only under a budget
 };
 
 struct BlockPlan {
@@ -55,12 +76,19 @@ struct FinalPlan {
   std::vector<Decision> decisions;
   int64_t chunk = 0;
   int64_t estimated_peak = 0;  // above the residual stream, output included
+  std::string strategy;
+  double estimated_ms = 0;
+  std::vector<Alternative> alternatives;
   bool chosen(Transform t) const;
 };
 
 struct Options {
   int64_t token_chunk = 0;    // 0: automatic
   int64_t feature_slice = 0;  // 0: automatic; < 0: never slice features
+  // 0: no budget (every legal transformation at the default sizes). > 0: the fastest
+  // schedule whose estimated activation peak (residual included) fits; explicit
+  // token_chunk / feature_slice above still fix those sizes.
+  int64_t budget_bytes = 0;
 };
 
 struct Plan {
@@ -73,11 +101,22 @@ struct Plan {
   int64_t residual_bytes = 0;
   int64_t floor_bytes = 0;
   int64_t estimated_peak_bytes = 0;
+  int64_t budget_bytes = 0;  // 0: none
+  double estimated_ms = 0;   // sum of the sublayers', the final layer's and the embedding's
 };
 
 class PlanError : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
+};
+
+// The budget is below the smallest peak any legal schedule reaches; the message states
+// that peak and the buffers that set it. smallest_peak_bytes is what a budget must be.
+class BudgetError : public PlanError {
+ public:
+  BudgetError(const std::string& what, int64_t budget, int64_t smallest)
+      : PlanError(what), budget_bytes(budget), smallest_peak_bytes(smallest) {}
+  int64_t budget_bytes, smallest_peak_bytes;
 };
 
 Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,

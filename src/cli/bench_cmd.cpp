@@ -1,0 +1,71 @@
+// streamplan bench: naive vs planned on real-dimension models (JSON + table).
+#include <fstream>
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "exec/device.hpp"
+#include "exec/memory.hpp"
+#include "report/bench.hpp"
+
+namespace sp::cli {
+
+namespace {
+
+struct Args {
+  std::vector<std::string> cases;
+  std::string device = "auto", dtype = "bf16", out;
+  int reps = 3;
+  int64_t chunk = 0;
+  bool tiny = false, list = false;
+};
+
+int bench(const Args& a) {
+  const auto all = report::bench_cases(a.tiny);
+  if (a.list) {
+    for (const auto& c : all) std::cout << c.name << "\n";
+    return 0;
+  }
+  std::vector<report::BenchCase> chosen;
+  for (const auto& c : all)
+    if (a.cases.empty() || std::find(a.cases.begin(), a.cases.end(), c.name) != a.cases.end()) chosen.push_back(c);
+  for (const auto& n : a.cases)
+    if (std::none_of(all.begin(), all.end(), [&](const auto& c) { return c.name == n; }))
+      throw std::invalid_argument("--cases: unknown case '" + n + "' (see bench --list)");
+  const auto reg = contracts::Registry::builtin();
+  const at::Device d = exec::pick_device(a.device);
+  const auto caps = exec::describe_device(d);
+  exec::install_cpu_meter();
+  report::BenchOptions opt;
+  opt.reps = a.reps;
+  opt.tiny = a.tiny;
+  opt.dtype = a.dtype == "fp32" ? ir::DType::F32 : a.dtype == "fp16" ? ir::DType::F16 : ir::DType::BF16;
+  opt.plan.token_chunk = a.chunk;
+  std::vector<report::BenchResult> results;
+  for (const auto& c : chosen) {
+    std::cerr << "[bench] " << c.name << " ..." << std::endl;
+    results.push_back(report::run_bench_case(c, reg, caps, d, opt));
+    std::cerr << report::bench_table({results.back()});
+    if (!a.out.empty()) std::ofstream(a.out) << report::to_json(results).dump(2) << "\n";
+  }
+  std::cout << "device: " << caps.name << ", dtype " << a.dtype << ", " << a.reps << " timed repetitions (median)\n"
+            << report::bench_table(results);
+  return 0;
+}
+
+}  // namespace
+
+Runner add_bench(CLI::App& app) {
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("bench", "naive vs planned on real-dimension models (H3-class, Wan 2.1 14B, Flux.1-dev)");
+  cmd->add_option("--cases", a->cases, "cases to run (default: all; see --list)")->delimiter(',');
+  cmd->add_flag("--list", a->list, "list the cases");
+  cmd->add_flag("--tiny", a->tiny, "tiny widths and shapes (tests)");
+  cmd->add_option("--reps", a->reps, "timed repetitions of each schedule")->check(CLI::Range(1, 100));
+  cmd->add_option("--device", a->device, "cpu, cuda, cuda:N or auto");
+  cmd->add_option("--dtype", a->dtype, "activation dtype")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(CLI::PositiveNumber);
+  cmd->add_option("--out", a->out, "write the results as JSON (updated after every case)");
+  return [cmd, a]() { return cmd->parsed() ? bench(*a) : -1; };
+}
+
+}  // namespace sp::cli

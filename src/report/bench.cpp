@@ -1,0 +1,153 @@
+#include "report/bench.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "exec/device.hpp"
+#include "exec/memory.hpp"
+#include "models/builder.hpp"
+#include "models/checkpoint.hpp"
+#include "report/report.hpp"
+
+namespace sp::report {
+
+std::vector<BenchCase> bench_cases(bool tiny) {
+  if (tiny)
+    return {{"h3-block-tiny", "h3", 1, {.frames = 3, .height = 96, .width = 128, .text_tokens = 16, .audio_tokens = 8}},
+            {"h3-model-tiny", "h3", 3, {.frames = 3, .height = 96, .width = 128, .text_tokens = 16, .audio_tokens = 8}},
+            {"wan-block-tiny", "wan2.1-14b", 1, {.frames = 5, .height = 64, .width = 96, .text_tokens = 12}},
+            {"flux-model-tiny", "flux1-dev", 1, {.height = 128, .width = 128, .text_tokens = 12}}};
+  // 1376x768 at 1032 tokens a latent frame: 37 frames (5 s) and 72 frames (10 s).
+  const models::Geometry h3_5s{.frames = 37, .height = 768, .width = 1376, .text_tokens = 512, .audio_tokens = 256};
+  const models::Geometry h3_10s{.frames = 72, .height = 768, .width = 1376, .text_tokens = 512, .audio_tokens = 256};
+  const models::Geometry wan{.frames = 81, .height = 720, .width = 1280, .text_tokens = 512};
+  return {{"h3-block-5s", "h3", 1, h3_5s},
+          {"h3-block-10s", "h3", 1, h3_10s},
+          {"wan14b-block-81f", "wan2.1-14b", 1, wan},
+          {"flux-dev-1024", "flux1-dev", -1, {.height = 1024, .width = 1024, .text_tokens = 512}},
+          {"flux-dev-2048", "flux1-dev", -1, {.height = 2048, .width = 2048, .text_tokens = 512}},
+          {"h3-model-5s", "h3", -1, h3_5s},
+          {"h3-model-10s", "h3", -1, h3_10s},
+          {"wan14b-model-81f", "wan2.1-14b", -1, wan}};
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+bool is_oom(const std::exception& e) { return dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr; }
+
+}  // namespace
+
+BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
+                           const at::Device& device, const BenchOptions& opt) {
+  const auto cfg = recognize::preset(c.variant, c.layers, opt.tiny);
+  auto weights = models::random_weights_on(cfg, device, exec::to_aten(opt.dtype), opt.seed, reg);
+  const auto raw = models::random_raw_inputs(cfg, c.geom, opt.seed);
+  const models::FamilyRun fr = models::prepare(cfg, *weights, raw, opt.dtype, "sdpa");
+  const models::Instance inst{fr.model, weights, fr.inputs};
+  const plan::Plan p = plan::make_plan(inst.model, reg, caps, opt.plan);
+
+  BenchResult r;
+  r.name = c.name;
+  r.variant = cfg.variant;
+  r.device = caps.name;
+  r.dtype = ir::to_string(opt.dtype);
+  r.tokens = inst.model.tokens();
+  r.layers = int64_t(inst.model.blocks.size());
+  r.floor = p.floor_bytes;
+  r.estimated = p.estimated_peak_bytes;
+
+  auto naive = [&] { return exec::run_naive(inst.model, *inst.weights, inst.inputs, reg); };
+  auto planned = [&] { return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, caps); };
+  // One timed, metered call; returns the output.
+  auto measure = [&](const std::function<at::Tensor()>& f, std::vector<double>& ms, int64_t& peak) {
+    exec::synchronize(device);
+    exec::PeakMeter meter(device);
+    at::Tensor out;
+    ms.push_back(exec::time_ms(device, [&] { out = f(); }));
+    peak = std::max(peak, meter.peak_above_start());
+    return out;
+  };
+  bool naive_fits = true;
+  try {
+    naive();
+  } catch (const std::exception& e) {
+    if (!is_oom(e)) throw;
+    naive_fits = false;
+    r.note = "naive schedule does not fit in device memory";
+    exec::release_cached(device);
+  }
+  planned();
+  std::vector<double> nms, pms;
+  int64_t npeak = 0;
+  at::Tensor nout, pout;
+  for (int i = 0; i < opt.reps; ++i) {
+    if (naive_fits) nout = measure(naive, nms, npeak);
+    pout = measure(planned, pms, r.planned_peak);
+    if (naive_fits && i + 1 < opt.reps) nout.reset();
+  }
+  r.planned_ms = median(pms);
+  if (naive_fits) {
+    r.naive_ms = median(nms);
+    r.naive_peak = npeak;
+    r.rel_l2 = ((pout.to(at::kDouble) - nout.to(at::kDouble)).norm() / nout.to(at::kDouble).norm()).item<double>();
+  }
+  return r;
+}
+
+nlohmann::json to_json(const std::vector<BenchResult>& rs) {
+  nlohmann::json a = nlohmann::json::array();
+  auto opt = [](const auto& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
+  for (const auto& r : rs)
+    a.push_back({{"case", r.name},
+                 {"variant", r.variant},
+                 {"device", r.device},
+                 {"dtype", r.dtype},
+                 {"tokens", r.tokens},
+                 {"layers", r.layers},
+                 {"naive_peak_bytes", opt(r.naive_peak)},
+                 {"planned_peak_bytes", r.planned_peak},
+                 {"floor_bytes", r.floor},
+                 {"estimated_peak_bytes", r.estimated},
+                 {"naive_ms", opt(r.naive_ms)},
+                 {"planned_ms", r.planned_ms},
+                 {"rel_l2", opt(r.rel_l2)},
+                 {"note", r.note}});
+  return a;
+}
+
+std::string bench_table(const std::vector<BenchResult>& rs) {
+  std::ostringstream os;
+  char line[400];
+  std::snprintf(line, sizeof line, "%-18s %7s %10s %11s %9s %8s %8s %9s %10s %10s %8s %9s\n", "case", "tokens",
+                "naive GiB", "planned GiB", "floor GiB", "p/floor", "est/meas", "p/n peak", "naive ms", "planned ms",
+                "p/n time", "rel_l2");
+  os << line;
+  const double G = double(int64_t{1} << 30);
+  auto fmt = [](const char* f, std::optional<double> v) {
+    char b[32];
+    if (v) std::snprintf(b, sizeof b, f, *v);
+    else std::snprintf(b, sizeof b, "n/a");
+    return std::string(b);
+  };
+  for (const auto& r : rs) {
+    const std::optional<double> np = r.naive_peak ? std::optional<double>(double(*r.naive_peak)) : std::nullopt;
+    std::snprintf(line, sizeof line, "%-18s %7lld %10s %11.3f %9.3f %8.3f %8.4f %9s %10s %10.1f %8s %9s\n",
+                  r.name.c_str(), static_cast<long long>(r.tokens), fmt("%.3f", np ? std::optional(*np / G) : np).c_str(),
+                  double(r.planned_peak) / G, double(r.floor) / G, double(r.planned_peak) / double(r.floor),
+                  double(r.estimated) / double(r.planned_peak),
+                  fmt("%.3f", np ? std::optional(double(r.planned_peak) / *np) : np).c_str(), fmt("%.1f", r.naive_ms).c_str(),
+                  r.planned_ms, fmt("%.3f", r.naive_ms ? std::optional(r.planned_ms / *r.naive_ms) : r.naive_ms).c_str(),
+                  fmt("%.2e", r.rel_l2).c_str());
+    os << line;
+  }
+  return os.str();
+}
+
+}  // namespace sp::report

@@ -1,0 +1,60 @@
+// Benchmarks: naive vs planned on real-dimension models, in one process, on the same
+// weights and inputs.
+//
+// Design note. Each case builds a family preset with random weights generated on the
+// device, prepares random inputs of the case's geometry, plans once, then runs the two
+// schedules alternately: one untimed warm-up each, then `reps` timed repetitions each
+// (device events), reporting the median time and the largest activation peak. A naive
+// schedule that runs out of memory is reported as not fitting; the planned one still runs.
+//
+// Example:
+//     for (const auto& c : sp::report::bench_cases(false))
+//       results.push_back(sp::report::run_bench_case(c, reg, caps, device, {}));
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/families.hpp"
+#include "plan/plan.hpp"
+
+namespace sp::report {
+
+struct BenchCase {
+  std::string name;
+  std::string variant;  // recognize::preset name
+  int layers = -1;      // -1: the preset's
+  models::Geometry geom;
+};
+
+struct BenchOptions {
+  int reps = 3;
+  bool tiny = false;  // tiny presets (tests on the CPU)
+  ir::DType dtype = ir::DType::BF16;
+  plan::Options plan;
+  uint64_t seed = 0;
+};
+
+struct BenchResult {
+  std::string name, variant, device, dtype;
+  int64_t tokens = 0, layers = 0;
+  std::optional<int64_t> naive_peak;
+  std::optional<double> naive_ms, rel_l2;
+  int64_t planned_peak = 0, floor = 0, estimated = 0;
+  double planned_ms = 0;
+  std::string note;  // e.g. why the naive schedule has no figures
+};
+
+// The benchmark cases of the project (H3-class, Wan 2.1 14B, Flux.1-dev); tiny: the same
+// structures at test sizes.
+std::vector<BenchCase> bench_cases(bool tiny);
+BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
+                           const at::Device& device, const BenchOptions& opt);
+
+nlohmann::json to_json(const std::vector<BenchResult>& rs);
+std::string bench_table(const std::vector<BenchResult>& rs);
+
+}  // namespace sp::report
