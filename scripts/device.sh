@@ -1,56 +1,96 @@
 #!/usr/bin/env bash
 # On a GPU machine with PyTorch 2.11 installed: builds against that PyTorch's libtorch, runs
-# the test suite (CPU and CUDA tests) and the GPU runs, writes JSON into OUT and prints a
-# short table last.
+# the test suite (CPU and CUDA tests), the GPU runs and the benchmarks, writes JSON into OUT
+# and prints a short table last.
 #
-#   scripts/device.sh OUT
+#   scripts/device.sh OUT            build, tests, demo, real-dimension family runs, bench
+#                                    (blocks and Flux); copies the binary to OUT/streamplan
+#   scripts/device.sh OUT models     bench of the whole H3 and Wan models only, with the binary
+#                                    at $STREAMPLAN_BIN (default build-gpu/streamplan)
 #
 # Header-only dependencies and GoogleTest's sources are taken from .deps/ when the machine
 # has no packages for them (scripts/device-deps.sh fills it on a Debian machine).
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${1:?usage: scripts/device.sh OUT}"
+out="${1:?usage: scripts/device.sh OUT [models]}"
+mode="${2:-all}"
 mkdir -p "$out"
 py=${PYTHON:-python3}
-prefix=$($py -c 'import torch; print(torch.utils.cmake_prefix_path)')
-extra=()
-[ -d .deps/include ] && extra+=(-DCMAKE_INCLUDE_PATH="$PWD/.deps/include" -DCMAKE_PREFIX_PATH="$prefix;$PWD/.deps")
-[ -d .deps/googletest ] && extra+=(-DSTREAMPLAN_GTEST_SRC="$PWD/.deps/googletest")
-[ ${#extra[@]} -eq 0 ] && extra+=(-DCMAKE_PREFIX_PATH="$prefix")
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
-{
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-  $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}"
-  cmake --build build-gpu --parallel "$(nproc)"
-} >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+bin=${STREAMPLAN_BIN:-build-gpu/streamplan}
+summary=()
 
-ctest --test-dir build-gpu --output-on-failure --parallel 4 --timeout 900 >"$out/ctest.log" 2>&1 \
-  && tests="passed" || tests="FAILED"
-grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest.log" | tail -15 || true
-grep -E "naive err|^(bf16|fp16)" "$out/ctest.log" | head -10 || true
+if [ "$mode" = all ]; then
+  prefix=$($py -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  extra=()
+  [ -d .deps/include ] && extra+=(-DCMAKE_INCLUDE_PATH="$PWD/.deps/include" -DCMAKE_PREFIX_PATH="$prefix;$PWD/.deps")
+  [ -d .deps/googletest ] && extra+=(-DSTREAMPLAN_GTEST_SRC="$PWD/.deps/googletest")
+  [ ${#extra[@]} -eq 0 ] && extra+=(-DCMAKE_PREFIX_PATH="$prefix")
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}"
+    cmake --build build-gpu --parallel "$(nproc)"
+  } >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+  cp "$bin" "$out/streamplan"
 
-bin=build-gpu/streamplan
-runs=("demo --device cuda --tokens 16384 --json"
-      "demo --device cuda --tokens 16384 --dtype bf16 --json"
-      "demo --device cuda --tokens 65536 --dtype bf16 --json")
-names=(demo_16384_fp32 demo_16384_bf16 demo_65536_bf16)
-for i in "${!runs[@]}"; do
-  $bin ${runs[$i]} >"$out/${names[$i]}.json" 2>"$out/${names[$i]}.err" || echo "${names[$i]}: exit $?"
-done
+  OMP_NUM_THREADS=4 ctest --test-dir build-gpu --output-on-failure --parallel 4 --timeout 900 >"$out/ctest.log" 2>&1 \
+    && summary+=("test suite: passed") || summary+=("test suite: FAILED")
+  grep -E "tests passed|tests failed|\*\*\*Failed|naive err" "$out/ctest.log" | tail -12
 
-$py - "$out" "$tests" "${names[@]}" <<'PY'
-import json, sys, os
-out, tests, names = sys.argv[1], sys.argv[2], sys.argv[3:]
-print(f"\ntest suite: {tests}")
-print(f"{'run':18} {'tokens':>7} {'naive MiB':>10} {'planned MiB':>12} {'floor MiB':>10} {'est/meas':>9} {'p/n time':>9} {'rel_l2':>9}")
-for n in names:
-    try:
-        r = json.load(open(os.path.join(out, n + ".json")))
-    except Exception as e:
-        print(f"{n:18} failed: {e}"); continue
-    M = 1 << 20
-    nv, pl = r["naive"], r["planned"]
-    print(f"{n:18} {r['tokens']:>7} {nv['peak_bytes']/M:>10.1f} {pl['peak_bytes']/M:>12.1f} {r['floor_bytes']/M:>10.1f} "
-          f"{pl['estimated_peak_bytes']/pl['peak_bytes']:>9.4f} {pl['ms']/nv['ms']:>9.3f} {r['error']['rel_l2']:>9.2e}")
+  # The demo at 16,384 tokens (fp32 and bf16).
+  $bin demo --device cuda --tokens 16384 --json >"$out/demo_16384_fp32.json" 2>>"$out/runs.log" || summary+=("demo fp32 failed")
+  $bin demo --device cuda --tokens 16384 --dtype bf16 --json >"$out/demo_16384_bf16.json" 2>>"$out/runs.log" || summary+=("demo bf16 failed")
+
+  # Two-layer real-dimension checkpoints of each family, written and run on the GPU.
+  ck=/tmp/streamplan-ck && mkdir -p "$ck"
+  runs=("wan2.1-14b|diffusers|--frames 81 --height 720 --width 1280"
+        "flux1-dev|diffusers|--height 2048 --width 2048"
+        "h3|original|--frames 72 --height 768 --width 1376")
+  for r in "${runs[@]}"; do
+    IFS='|' read -r fam layout geom <<<"$r"
+    { $bin make-checkpoint --family "$fam" --layers 2 --layout "$layout" --out "$ck/$fam.safetensors" &&
+      $bin run --checkpoint "$ck/$fam.safetensors" --device cuda --dtype bf16 $geom --json \
+        >"$ck/$fam.json" && rm -f "$ck/$fam.safetensors"; } >>"$out/runs.log" 2>&1 || summary+=("run $fam failed")
+  done
+  $py - "$ck" "$out/runs.json" <<'PY'
+import json, sys, os, glob
+d, dst = sys.argv[1], sys.argv[2]
+runs = {}
+for f in sorted(glob.glob(os.path.join(d, "*.json"))):
+    r = json.load(open(f)); r.pop("plan", None); runs[os.path.basename(f)[:-5]] = r
+json.dump(runs, open(dst, "w"), indent=1)
 PY
+
+  cases=h3-block-5s,h3-block-10s,wan14b-block-81f,flux-dev-1024,flux-dev-2048
+else
+  cases=h3-model-5s,h3-model-10s,wan14b-model-81f
+fi
+
+$bin bench --device cuda --cases "$cases" --out "$out/bench_$mode.json" >"$out/bench_$mode.txt" 2>"$out/bench_$mode.err" \
+  || summary+=("bench $mode failed: $(tail -2 "$out/bench_$mode.err" | tr '\n' ' ')")
+$py scripts/bench_chart.py "$out/bench_$mode.json" "$out/bench_$mode.png" 2>/dev/null || true
+
+$py - "$out" "$mode" <<'PY'
+import json, sys, os
+out, mode = sys.argv[1], sys.argv[2]
+M = 1 << 20
+if mode == "all":
+    print(f"\n{'run':22} {'tokens':>7} {'naive MiB':>10} {'planned MiB':>12} {'floor MiB':>10} {'est/meas':>9} {'p/n time':>9} {'rel_l2':>9}")
+    rows = []
+    for n in ("demo_16384_fp32", "demo_16384_bf16"):
+        try: rows.append((n, json.load(open(os.path.join(out, n + ".json")))))
+        except Exception as e: print(f"{n:22} failed: {e}")
+    try: rows += list(json.load(open(os.path.join(out, "runs.json"))).items())
+    except Exception as e: print(f"runs failed: {e}")
+    for n, r in rows:
+        nv, pl = r["naive"], r["planned"]
+        nm = f"{nv['peak_bytes']/M:10.1f}" if nv["peak_bytes"] is not None else f"{'n/a':>10}"
+        tr = f"{pl['ms']/nv['ms']:9.3f}" if nv["ms"] else f"{'n/a':>9}"
+        print(f"{n:22} {r['tokens']:>7} {nm} {pl['peak_bytes']/M:12.1f} {r['floor_bytes']/M:10.1f} "
+              f"{pl['estimated_peak_bytes']/pl['peak_bytes']:9.4f} {tr} {r['error']['rel_l2'] or 0:9.2e}")
+print()
+try: print(open(os.path.join(out, f"bench_{mode}.txt")).read())
+except Exception as e: print("bench:", e)
+PY
+printf '%s\n' "${summary[@]}"
