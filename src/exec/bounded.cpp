@@ -22,31 +22,48 @@ using plan::Buf;
 using legality::Transform;
 
 at::Tensor Workspace::get(Buf id, at::IntArrayRef shape) const {
-  const at::Tensor& b = bufs_[static_cast<size_t>(id)];
-  TORCH_CHECK(b.defined(), "workspace buffer ", plan::to_string(id), " was not planned for this phase");
-  const int64_t n = c10::multiply_integers(shape);
-  TORCH_CHECK(n <= b.numel(), "workspace buffer ", plan::to_string(id), " holds ", b.numel(), " elements, ", n,
+  const Slot& s = slots_[static_cast<size_t>(id)];
+  TORCH_CHECK(s.storage.defined(), "workspace buffer ", plan::to_string(id), " was not planned for this phase");
+  const int64_t n = c10::multiply_integers(shape), esz = static_cast<int64_t>(c10::elementSize(s.dtype));
+  const int64_t capacity = c10::multiply_integers(s.shape);
+  TORCH_CHECK(n <= capacity, "workspace buffer ", plan::to_string(id), " holds ", capacity, " elements, ", n,
               " requested");
-  return b.view(-1).narrow(0, 0, n).view(shape);
+  return s.storage.narrow(0, 0, n * esz).view(s.dtype).view(shape);
 }
 
-at::Tensor Workspace::full(Buf id) const { return get(id, bufs_[static_cast<size_t>(id)].sizes()); }
+at::Tensor Workspace::full(Buf id) const { return get(id, slots_[static_cast<size_t>(id)].shape); }
 
 void Workspace::allocate(const plan::PhaseSpec& spec) {
   for (const auto& b : spec.buffers) {
-    at::Tensor& slot = bufs_[static_cast<size_t>(b.id)];
-    if (!slot.defined()) slot = at::empty(b.shape, at::TensorOptions().dtype(to_aten(b.dtype)).device(device_));
+    if (b.share != Buf::Count) continue;
+    Slot& slot = slots_[static_cast<size_t>(b.id)];
+    if (!slot.storage.defined())
+      slot.storage = at::empty({spec.storage_bytes(b.id)}, at::TensorOptions().dtype(at::kByte).device(device_));
+    slot.dtype = to_aten(b.dtype);
+    slot.shape = b.shape;
+    slot.owner = true;
+  }
+  for (const auto& b : spec.buffers) {
+    if (b.share == Buf::Count) continue;
+    Slot& slot = slots_[static_cast<size_t>(b.id)];
+    slot.storage = slots_[static_cast<size_t>(b.share)].storage;
+    TORCH_CHECK(slot.storage.defined(), "buffer ", plan::to_string(b.id), " shares ", plan::to_string(b.share),
+                ", which the phase does not own");
+    slot.dtype = to_aten(b.dtype);
+    slot.shape = b.shape;
+    slot.owner = false;
   }
 }
 
 Workspace Workspace::handoff(const plan::PhaseSpec& next) {
   Workspace out(device_);
   for (const auto& b : next.buffers) {
-    at::Tensor& mine = bufs_[static_cast<size_t>(b.id)];
-    if (mine.defined() && mine.sizes().vec() == b.shape && mine.scalar_type() == to_aten(b.dtype))
-      out.bufs_[static_cast<size_t>(b.id)] = std::move(mine);
+    Slot& mine = slots_[static_cast<size_t>(b.id)];
+    if (b.share == Buf::Count && mine.owner && mine.storage.defined() && mine.shape == b.shape &&
+        mine.dtype == to_aten(b.dtype) && mine.storage.numel() == next.storage_bytes(b.id))
+      out.slots_[static_cast<size_t>(b.id)] = std::move(mine);
   }
-  for (auto& t : bufs_) t.reset();
+  for (auto& s : slots_) s = Slot{};
   out.allocate(next);
   return out;
 }

@@ -24,7 +24,7 @@ class Workspace {
   // A contiguous view of the first numel(shape) elements of buffer `id`.
   at::Tensor get(plan::Buf id, at::IntArrayRef shape) const;
   at::Tensor full(plan::Buf id) const;
-  bool has(plan::Buf id) const { return bufs_[static_cast<size_t>(id)].defined(); }
+  bool has(plan::Buf id) const { return slots_[static_cast<size_t>(id)].storage.defined(); }
   // Frees every buffer that `next` does not list with the same shape, then allocates the
   // rest of `next`; buffers listed in both are carried over with their contents.
   Workspace handoff(const plan::PhaseSpec& next);
@@ -32,8 +32,15 @@ class Workspace {
  private:
   Workspace(const at::Device& device) : device_(device) {}
   void allocate(const plan::PhaseSpec& spec);
+  // Each buffer is a typed view of a byte storage; sharers view their owner's storage.
+  struct Slot {
+    at::Tensor storage;  // uint8
+    at::ScalarType dtype = at::kByte;
+    std::vector<int64_t> shape;
+    bool owner = false;
+  };
   at::Device device_;
-  std::array<at::Tensor, static_cast<size_t>(plan::Buf::Count)> bufs_;
+  std::array<Slot, static_cast<size_t>(plan::Buf::Count)> slots_;
 };
 
 }  // namespace sp::exec

@@ -21,9 +21,17 @@ int64_t BufferSpec::bytes() const {
   return n;
 }
 
+int64_t PhaseSpec::storage_bytes(Buf owner) const {
+  int64_t n = 0;
+  for (const auto& b : buffers)
+    if (b.id == owner || b.share == owner) n = std::max(n, b.bytes());
+  return n;
+}
+
 int64_t PhaseSpec::total_bytes(const contracts::DeviceCaps& dev) const {
   int64_t t = 0;
-  for (const auto& b : buffers) t += dev.round_alloc(b.bytes());
+  for (const auto& b : buffers)
+    if (b.share == Buf::Count) t += dev.round_alloc(storage_bytes(b.id));
   for (const auto& e : extras) t += dev.round_alloc(e.bytes);
   return t;
 }
@@ -87,7 +95,8 @@ std::vector<PhaseSpec> attention_phases(const ir::Model& m, const ir::Sublayer& 
       ph.buffers.push_back({Buf::H, {c, D}, dt});
     }
     ph.buffers.push_back({Buf::KV, {2, c, wkv}, dt});
-    ph.buffers.push_back({Buf::K32, {c, wkv}, f32});
+    // Once H holds the normed rows, N32 is dead: K32 reuses its bytes.
+    ph.buffers.push_back({Buf::K32, {c, wkv}, f32, cross ? Buf::Count : Buf::N32});
     if (half > 0) ph.buffers.push_back({Buf::RopeTmp, {c, a.kv_heads, half}, f32});
     add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&pr.k_linear(), wkv, kv_in}; }, dt);
     add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&pr.v_linear(), wkv, kv_in}; }, dt);
@@ -97,15 +106,17 @@ std::vector<PhaseSpec> attention_phases(const ir::Model& m, const ir::Sublayer& 
     const int64_t c = rows(p.q_chunk, R);
     PhaseSpec ph{"q", {k, v}, {}};
     if (!streamed_out) ph.buffers.push_back({Buf::OFull, {R, wq}, dt});
+    // Per slab: N32 -> H, then Q32 and later Y reuse N32's bytes; Q is dead once copied to
+    // Q32, QF once attended, so QF and O reuse Q's bytes.
     ph.buffers.push_back({Buf::N32, {c, D}, f32});
     ph.buffers.push_back({Buf::H, {c, D}, dt});
     ph.buffers.push_back({Buf::Q, {c, wq}, dt});
-    ph.buffers.push_back({Buf::Q32, {c, wq}, f32});
+    ph.buffers.push_back({Buf::Q32, {c, wq}, f32, Buf::N32});
     if (half > 0) ph.buffers.push_back({Buf::RopeTmp, {c, a.heads, half}, f32});
-    ph.buffers.push_back({Buf::QF, {a.kv_heads, r * c, a.head_dim}, dt});
+    ph.buffers.push_back({Buf::QF, {a.kv_heads, r * c, a.head_dim}, dt, Buf::Q});
     if (streamed_out) {
-      ph.buffers.push_back({Buf::O, {c, wq}, dt});
-      ph.buffers.push_back({Buf::Y, {c, D}, dt});
+      ph.buffers.push_back({Buf::O, {c, wq}, dt, Buf::Q});
+      ph.buffers.push_back({Buf::Y, {c, D}, dt, Buf::N32});
       if (mlp) {
         ph.buffers.push_back({Buf::U, {1, c, mlp}, dt});
         add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&*pr.qkv, mlp, D}; }, dt);
@@ -143,7 +154,8 @@ PhaseSpec mlp_phase(const ir::Model& m, const ir::Sublayer& s, const ir::Mlp& ml
                 {Buf::U, {mlp.gated() ? 2 : 1, c, f}, dt},
                 {Buf::Y, {c, D}, dt}},
                {}};
-  if (sliced) ph.buffers.push_back({Buf::Acc, {c, D}, accumulation_dtype(dt)});
+  // The accumulator starts after H holds the normed rows: it reuses N32's bytes.
+  if (sliced) ph.buffers.push_back({Buf::Acc, {c, D}, accumulation_dtype(dt), Buf::N32});
   // Sliced: one slice of each weight at a time; otherwise the whole weight, held for the block.
   const int64_t up_rows = mlp.gated() ? 2 * f : f;
   if (mlp.gate) {

@@ -42,10 +42,14 @@ enum class Buf {
 };
 const char* to_string(Buf);
 
+// A buffer whose `share` names another buffer of the phase lives in that buffer's storage:
+// their lifetimes within a slab do not overlap (e.g. N32 is dead once H holds the normed
+// rows, so Q32 and later Y reuse its bytes). The storage is sized for the largest sharer.
 struct BufferSpec {
   Buf id;
   std::vector<int64_t> shape;
   ir::DType dtype;
+  Buf share = Buf::Count;  // Count: owns its storage
   int64_t bytes() const;
 };
 
@@ -60,6 +64,8 @@ struct PhaseSpec {
   std::vector<Extra> extras;
   int64_t total_bytes(const contracts::DeviceCaps& dev) const;
   const BufferSpec* find(Buf id) const;
+  // Bytes of the storage buffer `owner` provides: its own and every sharer's, the largest.
+  int64_t storage_bytes(Buf owner) const;
 };
 
 // fp32, or fp64 for an fp64 model: norms, RoPE, feature-slice accumulation, the output.
