@@ -7,6 +7,8 @@
 #                                    (blocks and Flux); copies the binary to OUT/streamplan
 #   scripts/device.sh OUT models     bench of the whole H3 and Wan models only, with the binary
 #                                    at $STREAMPLAN_BIN (default build-gpu/streamplan)
+# BENCH_ARGS adds options to `streamplan bench` (e.g. "--budget-floor 1.1"); CASES overrides
+# the mode's bench cases.
 #
 # Header-only dependencies and GoogleTest's sources are taken from .deps/ when the machine
 # has no packages for them (scripts/device-deps.sh fills it on a Debian machine).
@@ -31,7 +33,7 @@ if [ "$mode" = all ]; then
     $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
     cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}"
     cmake --build build-gpu --parallel "$(nproc)"
-  } >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+  } >"$out/logs.txt" 2>&1 || { tail -50 "$out/logs.txt"; exit 1; }
   cp "$bin" "$out/streamplan"
 
   OMP_NUM_THREADS=4 ctest --test-dir build-gpu --output-on-failure --parallel 4 --timeout 900 >"$out/ctest.log" 2>&1 \
@@ -39,8 +41,8 @@ if [ "$mode" = all ]; then
   grep -E "tests passed|tests failed|\*\*\*Failed|naive err" "$out/ctest.log" | tail -12
 
   # The demo at 16,384 tokens (fp32 and bf16).
-  $bin demo --device cuda --tokens 16384 --json >"$out/demo_16384_fp32.json" 2>>"$out/runs.log" || summary+=("demo fp32 failed")
-  $bin demo --device cuda --tokens 16384 --dtype bf16 --json >"$out/demo_16384_bf16.json" 2>>"$out/runs.log" || summary+=("demo bf16 failed")
+  $bin demo --device cuda --tokens 16384 --json >"$out/demo_16384_fp32.json" 2>>"$out/logs.txt" || summary+=("demo fp32 failed")
+  $bin demo --device cuda --tokens 16384 --dtype bf16 --json >"$out/demo_16384_bf16.json" 2>>"$out/logs.txt" || summary+=("demo bf16 failed")
 
   # Two-layer real-dimension checkpoints of each family, written and run on the GPU.
   ck=/tmp/streamplan-ck && mkdir -p "$ck"
@@ -51,7 +53,7 @@ if [ "$mode" = all ]; then
     IFS='|' read -r fam layout geom <<<"$r"
     { $bin make-checkpoint --family "$fam" --layers 2 --layout "$layout" --out "$ck/$fam.safetensors" &&
       $bin run --checkpoint "$ck/$fam.safetensors" --device cuda --dtype bf16 $geom --json \
-        >"$ck/$fam.json" && rm -f "$ck/$fam.safetensors"; } >>"$out/runs.log" 2>&1 || summary+=("run $fam failed")
+        >"$ck/$fam.json" && rm -f "$ck/$fam.safetensors"; } >>"$out/logs.txt" 2>&1 || summary+=("run $fam failed")
   done
   $py - "$ck" "$out/runs.json" <<'PY'
 import json, sys, os, glob
@@ -62,13 +64,14 @@ for f in sorted(glob.glob(os.path.join(d, "*.json"))):
 json.dump(runs, open(dst, "w"), indent=1)
 PY
 
-  cases=h3-block-5s,h3-block-10s,wan14b-block-81f,flux-dev-1024,flux-dev-2048
+  cases=${CASES:-h3-block-5s,h3-block-10s,wan14b-block-81f,flux-dev-1024,flux-dev-2048}
 else
-  cases=h3-model-5s,h3-model-10s,wan14b-model-81f
+  cases=${CASES:-h3-model-5s,h3-model-10s,wan14b-model-81f}
 fi
 
-$bin bench --device cuda --cases "$cases" --out "$out/bench_$mode.json" >"$out/bench_$mode.txt" 2>"$out/bench_$mode.err" \
-  || summary+=("bench $mode failed: $(tail -2 "$out/bench_$mode.err" | tr '\n' ' ')")
+bench_txt=/tmp/streamplan-bench-$mode.txt
+$bin bench --device cuda --cases "$cases" ${BENCH_ARGS:-} --out "$out/bench_$mode.json" >"$bench_txt" 2>>"$out/logs.txt" \
+  || summary+=("bench $mode failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
 $py scripts/bench_chart.py "$out/bench_$mode.json" "$out/bench_$mode.png" 2>/dev/null || true
 
 $py - "$out" "$mode" <<'PY'
@@ -90,7 +93,7 @@ if mode == "all":
         print(f"{n:22} {r['tokens']:>7} {nm} {pl['peak_bytes']/M:12.1f} {r['floor_bytes']/M:10.1f} "
               f"{pl['estimated_peak_bytes']/pl['peak_bytes']:9.4f} {tr} {r['error']['rel_l2'] or 0:9.2e}")
 print()
-try: print(open(os.path.join(out, f"bench_{mode}.txt")).read())
+try: print(open(f"/tmp/streamplan-bench-{mode}.txt").read())
 except Exception as e: print("bench:", e)
 PY
 printf '%s\n' "${summary[@]}"

@@ -5,6 +5,8 @@
 #include "cli/commands.hpp"
 #include "exec/device.hpp"
 #include "exec/memory.hpp"
+#include "exec/probe.hpp"
+#include "plan/budget.hpp"
 #include "report/bench.hpp"
 
 namespace sp::cli {
@@ -16,6 +18,8 @@ struct Args {
   std::string device = "auto", dtype = "bf16", out;
   int reps = 3;
   int64_t chunk = 0;
+  std::string budget;
+  double budget_floor = 0;
   bool tiny = false, list = false;
 };
 
@@ -33,13 +37,16 @@ int bench(const Args& a) {
       throw std::invalid_argument("--cases: unknown case '" + n + "' (see bench --list)");
   const auto reg = contracts::Registry::builtin();
   const at::Device d = exec::pick_device(a.device);
-  const auto caps = exec::describe_device(d);
+  auto caps = exec::describe_device(d);
   exec::install_cpu_meter();
+  if (!a.budget.empty() || a.budget_floor > 0) exec::apply_rates(exec::probe_device(d, caps), caps);
   report::BenchOptions opt;
   opt.reps = a.reps;
   opt.tiny = a.tiny;
   opt.dtype = a.dtype == "fp32" ? ir::DType::F32 : a.dtype == "fp16" ? ir::DType::F16 : ir::DType::BF16;
   opt.plan.token_chunk = a.chunk;
+  if (!a.budget.empty()) opt.plan.budget_bytes = plan::budget_from_option(a.budget, caps);
+  opt.budget_floor = a.budget_floor;
   std::vector<report::BenchResult> results;
   for (const auto& c : chosen) {
     std::cerr << "[bench] " << c.name << " ..." << std::endl;
@@ -64,6 +71,9 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--device", a->device, "cpu, cuda, cuda:N or auto");
   cmd->add_option("--dtype", a->dtype, "activation dtype")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(CLI::PositiveNumber);
+  cmd->add_option("--budget", a->budget, "activation memory budget for every case: bytes, 2.5GiB, ... or auto");
+  cmd->add_option("--budget-floor", a->budget_floor, "budget of each case as a multiple of its floor (e.g. 1.1)")
+      ->check(CLI::Range(1.0, 100.0));
   cmd->add_option("--out", a->out, "write the results as JSON (updated after every case)");
   return [cmd, a]() { return cmd->parsed() ? bench(*a) : -1; };
 }

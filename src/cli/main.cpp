@@ -6,7 +6,8 @@
 //   streamplan make-checkpoint --family NAME [--layers N] [--layout L] [--tiny] --out F
 //   streamplan bench [--cases a,b] [--reps N] [--out results.json]
 //
-// Exit status: 0 success, 1 a usage or input error (message on stderr).
+// Exit status: 0 success, 1 a usage or input error, 2 a memory budget no schedule meets
+// (message on stderr).
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -14,7 +15,9 @@
 #include "cli/commands.hpp"
 #include "exec/device.hpp"
 #include "exec/memory.hpp"
+#include "exec/probe.hpp"
 #include "models/builder.hpp"
+#include "plan/budget.hpp"
 #include "report/report.hpp"
 
 namespace {
@@ -32,6 +35,7 @@ struct ModelArgs {
   int64_t feature_slice = 0;
   std::string device = "auto";
   uint64_t seed = 0;
+  std::string budget;
   bool json = false;
   bool explain = false;
 };
@@ -52,6 +56,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("--feature-slice", a.feature_slice, "MLP feature slice (default: automatic; -1: off)");
   cmd->add_option("--device", a.device, "cpu, cuda, cuda:N or auto");
   cmd->add_option("--seed", a.seed, "random seed of weights and inputs");
+  cmd->add_option("--budget", a.budget, "activation memory budget: bytes, 512MiB, 2.5GiB, ... or auto");
   cmd->add_flag("--json", a.json, "print the run report as JSON");
   cmd->add_flag("--explain", a.explain, "print the plan with every rejection");
 }
@@ -78,14 +83,23 @@ models::ModelConfig config_from(const ModelArgs& a, const contracts::Registry& r
   return c;
 }
 
-plan::Options plan_options(const ModelArgs& a) { return {a.chunk, a.feature_slice}; }
+// Under a budget the chooser compares estimated times: the device's rates are measured once
+// (cached per device) first.
+plan::Options plan_options(const ModelArgs& a, contracts::DeviceCaps& dev, const at::Device& d) {
+  if (!a.budget.empty()) exec::apply_rates(exec::probe_device(d, dev), dev);
+  plan::Options o;
+  o.token_chunk = a.chunk;
+  o.feature_slice = a.feature_slice;
+  if (!a.budget.empty()) o.budget_bytes = plan::budget_from_option(a.budget, dev);
+  return o;
+}
 
 int cmd_plan(const ModelArgs& a) {
   const auto reg = contracts::Registry::builtin();
   const at::Device d = exec::pick_device(a.device);
-  const auto dev = exec::describe_device(d);
+  auto dev = exec::describe_device(d);
   const ir::Model m = models::build_ir(config_from(a, reg));
-  const plan::Plan p = plan::make_plan(m, reg, dev, plan_options(a));
+  const plan::Plan p = plan::make_plan(m, reg, dev, plan_options(a, dev, d));
   if (a.json) {
     nlohmann::json j{{"model", m.name}, {"tokens", m.tokens()}, {"device", dev.name}, {"dtype", ir::to_string(m.dtype)}};
     j["planned"] = {{"estimated_peak_bytes", p.estimated_peak_bytes}};
@@ -101,10 +115,10 @@ int cmd_plan(const ModelArgs& a) {
 int cmd_demo(const ModelArgs& a) {
   const auto reg = contracts::Registry::builtin();
   const at::Device d = exec::pick_device(a.device);
-  const auto dev = exec::describe_device(d);
+  auto dev = exec::describe_device(d);
   exec::install_cpu_meter();
   const models::Instance inst = models::instantiate(config_from(a, reg), reg, d);
-  const plan::Plan p = plan::make_plan(inst.model, reg, dev, plan_options(a));
+  const plan::Plan p = plan::make_plan(inst.model, reg, dev, plan_options(a, dev, d));
   if (!a.json) std::cout << plan::explain(p) << "\n";
   const report::RunReport r = report::compare(inst, p, reg, dev, {});
   if (a.json) std::cout << report::to_json(r).dump(2) << "\n";
@@ -131,6 +145,9 @@ int main(int argc, char** argv) {
     for (const auto& r : runners)
       if (int rc = r(); rc >= 0) return rc;
     return 1;
+  } catch (const sp::plan::BudgetError& e) {
+    std::cerr << "streamplan: error: " << e.what() << "\n";
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "streamplan: error: " << e.what() << "\n";
     return 1;

@@ -4,8 +4,10 @@
 #include "cli/commands.hpp"
 #include "exec/device.hpp"
 #include "exec/memory.hpp"
+#include "exec/probe.hpp"
 #include "models/checkpoint.hpp"
 #include "models/families.hpp"
+#include "plan/budget.hpp"
 #include "report/report.hpp"
 
 namespace sp::cli {
@@ -13,7 +15,7 @@ namespace sp::cli {
 namespace {
 
 struct Args {
-  std::string checkpoint, sidecar, inputs, output, dtype = "auto", device = "auto", consumer = "sdpa";
+  std::string checkpoint, sidecar, inputs, output, dtype = "auto", device = "auto", consumer = "sdpa", budget;
   models::Geometry geom;
   int64_t chunk = 0, feature_slice = 0;
   uint64_t seed = 0;
@@ -30,7 +32,7 @@ ir::DType pick_dtype(const std::string& s, const at::Device& d) {
 int run(const Args& a) {
   const auto reg = contracts::Registry::builtin();
   const at::Device d = exec::pick_device(a.device);
-  const auto dev = exec::describe_device(d);
+  auto dev = exec::describe_device(d);
   exec::install_cpu_meter();
   const auto file = io::SafetensorsFile::open(a.checkpoint);
   const auto sidecar = a.sidecar.empty() ? models::sidecar_of(file) : recognize::load_sidecar(a.sidecar);
@@ -47,7 +49,15 @@ int run(const Args& a) {
   }
   models::FamilyRun fr = models::prepare(rec.config, *weights, raw, dtype, a.consumer);
   const models::Instance inst{fr.model, weights, fr.inputs};
-  const plan::Plan p = plan::make_plan(inst.model, reg, dev, {a.chunk, a.feature_slice});
+  plan::Options po;
+  po.token_chunk = a.chunk;
+  po.feature_slice = a.feature_slice;
+  // An automatic budget is read once the weights and inputs are resident.
+  if (!a.budget.empty()) {
+    exec::apply_rates(exec::probe_device(d, dev), dev);
+    po.budget_bytes = plan::budget_from_option(a.budget, exec::describe_device(d));
+  }
+  const plan::Plan p = plan::make_plan(inst.model, reg, dev, po);
   if (!a.json) {
     std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << "\n";
     if (a.explain) std::cout << plan::explain(p) << "\n";
@@ -91,6 +101,7 @@ Runner add_run(CLI::App& app) {
   cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(CLI::PositiveNumber);
   cmd->add_option("--feature-slice", a->feature_slice, "MLP feature slice (default: automatic; -1: off)");
   cmd->add_option("--seed", a->seed, "seed of the random inputs");
+  cmd->add_option("--budget", a->budget, "activation memory budget: bytes, 512MiB, 2.5GiB, ... or auto");
   cmd->add_flag("--planned-only", a->planned_only, "skip the naive run (shapes where only the planned one fits)");
   cmd->add_flag("--json", a->json, "print the run report as JSON");
   cmd->add_flag("--explain", a->explain, "print the plan with every rejection");

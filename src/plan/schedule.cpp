@@ -144,7 +144,7 @@ std::vector<PhaseSpec> attention_phases(const ir::Model& m, const ir::Sublayer& 
 }
 
 PhaseSpec mlp_phase(const ir::Model& m, const ir::Sublayer& s, const ir::Mlp& mlp, const SublayerPlan& p,
-                    const contracts::Registry& reg) {
+                    const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
   const int64_t T = m.rows(s.segments).size(), D = m.dim, c = rows(p.token_chunk, T), f = p.feature_slice;
   const DType dt = m.dtype;
   const bool sliced = f < mlp.hidden;
@@ -155,7 +155,13 @@ PhaseSpec mlp_phase(const ir::Model& m, const ir::Sublayer& s, const ir::Mlp& ml
                 {Buf::Y, {c, D}, dt}},
                {}};
   // The accumulator starts after H holds the normed rows: it reuses N32's bytes.
-  if (sliced) ph.buffers.push_back({Buf::Acc, {c, D}, accumulation_dtype(dt), Buf::N32});
+  const DType acc = accumulation_dtype(dt);
+  if (sliced) ph.buffers.push_back({Buf::Acc, {c, D}, acc, Buf::N32});
+  // ATen's CPU kernels cast mixed-dtype operands through temporaries: accumulating a 16-bit
+  // slice into the fp32 accumulator and adding it into the 16-bit residual hold two fp32
+  // copies of the slab at once. CUDA kernels cast in registers.
+  if (sliced && dt != acc && dev.kind == contracts::DeviceKind::CPU)
+    ph.extras.push_back({"mixed-dtype casts (CPU)", 2 * c * D * static_cast<int64_t>(ir::dtype_size(acc))});
   // Sliced: one slice of each weight at a time; otherwise the whole weight, held for the block.
   const int64_t up_rows = mlp.gated() ? 2 * f : f;
   if (mlp.gate) {
@@ -173,7 +179,7 @@ PhaseSpec mlp_phase(const ir::Model& m, const ir::Sublayer& s, const ir::Mlp& ml
 std::vector<PhaseSpec> sublayer_phases(const ir::Model& m, const ir::Sublayer& s, const SublayerPlan& p,
                                        const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
   if (const auto* a = std::get_if<ir::Attention>(&s.body)) return attention_phases(m, s, *a, p, reg, dev);
-  return {mlp_phase(m, s, std::get<ir::Mlp>(s.body), p, reg)};
+  return {mlp_phase(m, s, std::get<ir::Mlp>(s.body), p, reg, dev)};
 }
 
 PhaseSpec final_phase(const ir::Model& m, int64_t chunk, const contracts::Registry& reg) {

@@ -51,7 +51,9 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
   const auto raw = models::random_raw_inputs(cfg, c.geom, opt.seed);
   const models::FamilyRun fr = models::prepare(cfg, *weights, raw, opt.dtype, "sdpa");
   const models::Instance inst{fr.model, weights, fr.inputs};
-  const plan::Plan p = plan::make_plan(inst.model, reg, caps, opt.plan);
+  plan::Options po = opt.plan;
+  if (opt.budget_floor > 0) po.budget_bytes = static_cast<int64_t>(opt.budget_floor * double(plan::floor_bytes(inst.model)));
+  const plan::Plan p = plan::make_plan(inst.model, reg, caps, po);
 
   BenchResult r;
   r.name = c.name;
@@ -62,6 +64,7 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
   r.layers = int64_t(inst.model.blocks.size());
   r.floor = p.floor_bytes;
   r.estimated = p.estimated_peak_bytes;
+  r.budget = po.budget_bytes;
 
   auto naive = [&] { return exec::run_naive(inst.model, *inst.weights, inst.inputs, reg); };
   auto planned = [&] { return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, caps); };
@@ -118,6 +121,7 @@ nlohmann::json to_json(const std::vector<BenchResult>& rs) {
                  {"naive_ms", opt(r.naive_ms)},
                  {"planned_ms", r.planned_ms},
                  {"rel_l2", opt(r.rel_l2)},
+                 {"budget_bytes", r.budget ? nlohmann::json(r.budget) : nlohmann::json(nullptr)},
                  {"note", r.note}});
   return a;
 }

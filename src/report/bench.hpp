@@ -35,6 +35,7 @@ struct BenchOptions {
   bool tiny = false;  // tiny presets (tests on the CPU)
   ir::DType dtype = ir::DType::BF16;
   plan::Options plan;
+  double budget_floor = 0;  // > 0: each case's budget is this multiple of its floor
   uint64_t seed = 0;
 };
 
@@ -43,7 +44,7 @@ struct BenchResult {
   int64_t tokens = 0, layers = 0;
   std::optional<int64_t> naive_peak;
   std::optional<double> naive_ms, rel_l2;
-  int64_t planned_peak = 0, floor = 0, estimated = 0;
+  int64_t planned_peak = 0, floor = 0, estimated = 0, budget = 0;
   double planned_ms = 0;
   std::string note;  // e.g. why the naive schedule has no figures
 };

@@ -115,6 +115,18 @@ nlohmann::json to_json(const plan::Plan& p) {
                        {"transformations", decisions(s.decisions)}};
       if (s.attention) j["q_chunk"] = s.q_chunk;
       else j["feature_slice"] = s.feature_slice;
+      if (!s.strategy.empty()) j["strategy"] = s.strategy;
+      j["estimated_ms"] = s.estimated_ms;
+      nlohmann::json alts = nlohmann::json::array();
+      for (const auto& a : s.alternatives)
+        alts.push_back({{"strategy", a.strategy},
+                        {"token_chunk", a.token_chunk},
+                        {"q_chunk", a.q_chunk},
+                        {"feature_slice", a.feature_slice},
+                        {"estimated_peak_bytes", a.estimated_peak},
+                        {"estimated_ms", a.estimated_ms},
+                        {"lost", a.lost}});
+      if (!alts.empty()) j["alternatives"] = alts;
       subs.push_back(j);
     }
     blocks.push_back({{"name", b.name}, {"sublayers", subs}});
@@ -122,7 +134,9 @@ nlohmann::json to_json(const plan::Plan& p) {
   nlohmann::json j{{"model", p.model},     {"tokens", p.tokens},
                    {"dtype", ir::to_string(p.dtype)}, {"device", p.device},
                    {"residual_bytes", p.residual_bytes}, {"floor_bytes", p.floor_bytes},
-                   {"estimated_peak_bytes", p.estimated_peak_bytes}, {"blocks", blocks}};
+                   {"estimated_peak_bytes", p.estimated_peak_bytes}, {"estimated_ms", p.estimated_ms},
+                   {"budget_bytes", p.budget_bytes ? nlohmann::json(p.budget_bytes) : nlohmann::json(nullptr)},
+                   {"blocks", blocks}};
   if (p.final_layer.present)
     j["final_layer"] = {{"chunk", p.final_layer.chunk},
                         {"estimated_peak_bytes", p.final_layer.estimated_peak},

@@ -1,0 +1,240 @@
+#include "exec/probe.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <vector>
+
+#include "exec/device.hpp"
+
+namespace sp::exec {
+
+namespace {
+
+constexpr int kCacheVersion = 1;
+
+using Clock = std::chrono::steady_clock;
+
+std::string sanitize(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-';
+    if (ok) out += c;
+    else if (!out.empty() && out.back() != '_') out += '_';
+  }
+  while (!out.empty() && out.back() == '_') out.pop_back();
+  return out.empty() ? "device" : out;
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon == std::string::npos) break;
+      const auto b = line.find_first_not_of(" \t", colon + 1);
+      return b == std::string::npos ? "" : line.substr(b);
+    }
+  return "";
+}
+
+// Seconds one call of f takes on the device: best of `reps` timings of `inner` calls each
+// (one untimed warm-up call first). Repeating short calls keeps a busy scheduler's delays
+// out of the figure.
+template <typename F>
+double best_seconds(const at::Device& d, int reps, int inner, F&& f) {
+  f();
+  synchronize(d);
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    for (int j = 0; j < inner; ++j) f();
+    synchronize(d);
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / inner);
+  }
+  return std::max(best, 1e-12);
+}
+
+// Matmul throughput (FLOP/s) of [rows, n] @ [n, n] in `dt`; each timing covers about
+// `flops_per_timing` FLOPs so that small products are repeated.
+double gemm_rate(const at::Device& d, at::ScalarType dt, int64_t rows, int64_t n, double flops_per_timing) {
+  const auto o = at::TensorOptions().dtype(dt).device(d);
+  at::Tensor a = at::randn({rows, n}, o.dtype(at::kFloat)).to(dt), w = at::randn({n, n}, o.dtype(at::kFloat)).to(dt);
+  at::Tensor out = at::empty({rows, n}, o);
+  const double flops = 2.0 * double(rows) * double(n) * double(n);
+  const int inner = static_cast<int>(std::clamp(flops_per_timing / flops, 1.0, 64.0));
+  return flops / best_seconds(d, 3, inner, [&] { at::mm_out(out, a, w); });
+}
+
+// Throughput = peak · rows / (rows + k). The peak is the best throughput measured (at the
+// largest rows); k is the median over the other sizes of rows · (peak / throughput − 1),
+// the value each one implies. Robust to one noisy size, and 0 for a flat device.
+std::pair<double, double> fit_efficiency(const std::vector<std::pair<int64_t, double>>& pts) {
+  double peak = 0;
+  for (const auto& [rows, rate] : pts) peak = std::max(peak, rate);
+  std::vector<double> ks;
+  for (const auto& [rows, rate] : pts)
+    if (rate < peak) ks.push_back(double(rows) * (peak / rate - 1.0));
+  if (ks.empty()) return {peak, 0.0};
+  std::sort(ks.begin(), ks.end());
+  const double k = ks.size() % 2 ? ks[ks.size() / 2] : 0.5 * (ks[ks.size() / 2 - 1] + ks[ks.size() / 2]);
+  return {peak, std::min(k, 4096.0)};
+}
+
+nlohmann::json to_json(const ProbeResult& r) {
+  return {{"version", kCacheVersion},        {"key", r.key},
+          {"flops_per_s", r.flops_per_s},    {"flops_per_s_f32", r.flops_per_s_f32},
+          {"bytes_per_s", r.bytes_per_s},    {"launch_s", r.launch_s},
+          {"gemm_half_rows", r.gemm_half_rows}, {"probe_ms", r.probe_ms}};
+}
+
+// A cached result, or nothing when the file is missing, unreadable, of another version or
+// device, or holds a non-positive rate.
+bool read_cache(const std::string& path, const std::string& key, ProbeResult& r) {
+  std::ifstream f(path);
+  if (!f) return false;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(f);
+    if (j.at("version").get<int>() != kCacheVersion || j.at("key").get<std::string>() != key) return false;
+    r.key = key;
+    r.flops_per_s = j.at("flops_per_s").get<double>();
+    r.flops_per_s_f32 = j.at("flops_per_s_f32").get<double>();
+    r.bytes_per_s = j.at("bytes_per_s").get<double>();
+    r.launch_s = j.at("launch_s").get<double>();
+    r.gemm_half_rows = j.at("gemm_half_rows").get<double>();
+    r.probe_ms = j.value("probe_ms", 0.0);
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+  return r.flops_per_s > 0 && r.flops_per_s_f32 > 0 && r.bytes_per_s > 0 && r.launch_s > 0 && r.gemm_half_rows >= 0;
+}
+
+// mkdir -p; POSIX calls rather than std::filesystem, whose symbols libtorch also exports.
+bool make_dirs(const std::string& dir) {
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i < dir.size() && dir[i] != '/') continue;
+    const std::string part = dir.substr(0, i);
+    struct stat st;
+    if (::stat(part.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) return false;
+    } else if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void write_cache(const std::string& path, const ProbeResult& r) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos || !make_dirs(path.substr(0, slash))) return;
+  // Written beside the target and renamed over it: readers never see half a file.
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp);
+    if (!f) return;
+    f << to_json(r).dump(2) << "\n";
+    if (!f) {
+      std::remove(tmp.c_str());
+      return;
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
+}
+
+}  // namespace
+
+std::string probe_key(const contracts::DeviceCaps& caps) {
+  if (caps.kind == contracts::DeviceKind::CPU)
+    return sanitize("cpu-" + cpu_model() + "-" + std::to_string(caps.threads) + "t");
+  return sanitize(caps.name);
+}
+
+std::string probe_cache_path(const contracts::DeviceCaps& caps) {
+  std::string dir;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x == '/') dir = std::string(x) + "/streamplan";
+  else if (const char* h = std::getenv("HOME"); h && *h) dir = std::string(h) + "/.cache/streamplan";
+  else return "";
+  return dir + "/probe-" + probe_key(caps) + ".json";
+}
+
+ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps) {
+  const auto t0 = Clock::now();
+  ProbeResult r;
+  r.key = probe_key(caps);
+  const bool gpu = d.is_cuda();
+  const bool bf16 = caps.dtypes.count(ir::DType::BF16) != 0;
+  const at::ScalarType half = bf16 ? at::kBFloat16 : at::kHalf;
+
+  // Matmuls. A GPU needs wide weights to reach its peak, and its efficiency curve is taken
+  // in the 16-bit dtype large models run in. A CPU is near its peak early and slow, so its
+  // curve is taken in fp32 on narrower weights, and its (often emulated, slow) 16-bit
+  // matmul at one size, scaled to the peak by the same curve.
+  const int64_t n = gpu ? 4096 : 512;
+  const std::vector<int64_t> rows = gpu ? std::vector<int64_t>{64, 256, 1024, 4096}
+                                        : std::vector<int64_t>{16, 64, 256, 1024};
+  const double per_timing = gpu ? 2e11 : 1e8;
+  const at::ScalarType curve = gpu ? half : at::kFloat;
+  std::vector<std::pair<int64_t, double>> pts;
+  for (int64_t r0 : rows) pts.push_back({r0, gemm_rate(d, curve, r0, n, per_timing)});
+  const auto [peak, k] = fit_efficiency(pts);
+  r.gemm_half_rows = k;
+  auto scaled = [k = k](double rate, int64_t at_rows) { return rate * (double(at_rows) + k) / double(at_rows); };
+  if (gpu) {
+    r.flops_per_s = peak;
+    r.flops_per_s_f32 = scaled(gemm_rate(d, at::kFloat, rows.back(), n, per_timing), rows.back());
+  } else {
+    r.flops_per_s_f32 = peak;
+    r.flops_per_s = scaled(gemm_rate(d, half, 256, 256, 0), 256);
+  }
+
+  // Bandwidth: a copy reads and writes every byte.
+  const int64_t bytes = gpu ? (int64_t{512} << 20) : (int64_t{64} << 20);
+  {
+    const auto o = at::TensorOptions().dtype(at::kByte).device(d);
+    at::Tensor src = at::zeros({bytes}, o), dst = at::empty({bytes}, o);
+    r.bytes_per_s = 2.0 * double(bytes) / best_seconds(d, 3, 1, [&] { dst.copy_(src); });
+  }
+  // Fixed cost of an operation: a run of one-element in-place additions.
+  {
+    at::Tensor t = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(d));
+    r.launch_s = best_seconds(d, 3, 200, [&] { t.add_(1.0); });
+  }
+  r.probe_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  return r;
+}
+
+ProbeResult probe_device(const at::Device& d, const contracts::DeviceCaps& caps, bool use_cache) {
+  const std::string path = probe_cache_path(caps);
+  ProbeResult r;
+  if (use_cache && !path.empty() && read_cache(path, probe_key(caps), r)) {
+    r.from_cache = true;
+    r.cache_path = path;
+    return r;
+  }
+  r = measure_rates(d, caps);
+  if (!path.empty()) {
+    write_cache(path, r);
+    r.cache_path = path;
+  }
+  return r;
+}
+
+void apply_rates(const ProbeResult& r, contracts::DeviceCaps& caps) {
+  caps.flops_per_s = r.flops_per_s;
+  caps.flops_per_s_f32 = r.flops_per_s_f32;
+  caps.bytes_per_s = r.bytes_per_s;
+  caps.launch_s = r.launch_s;
+  caps.gemm_half_rows = r.gemm_half_rows;
+}
+
+}  // namespace sp::exec

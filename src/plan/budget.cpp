@@ -1,0 +1,310 @@
+#include "plan/budget.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+namespace sp::plan {
+
+namespace {
+
+constexpr int64_t GiB = int64_t{1} << 30;
+
+int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+[[noreturn]] void bad_budget(const std::string& text, const std::string& why) {
+  throw PlanError("budget: cannot use '" + text + "': " + why +
+                  " (expected bytes, or a size with a unit: KiB, MiB, GiB, TiB, KB, MB, GB, TB; e.g. 512MiB, 2.5GiB)");
+}
+
+// Multiplier of a unit: binary units are powers of 1024, decimal ones of 1000; 0 if unknown.
+int64_t unit_bytes(std::string u) {
+  std::transform(u.begin(), u.end(), u.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  static const std::pair<const char*, int64_t> units[] = {
+      {"", 1},          {"b", 1},
+      {"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", GiB}, {"tib", GiB << 10},
+      {"kb", 1000},     {"mb", 1000000},  {"gb", 1000000000}, {"tb", 1000000000000}};
+  for (const auto& [name, mult] : units)
+    if (u == name) return mult;
+  return 0;
+}
+
+}  // namespace
+
+int64_t parse_budget(const std::string& text) {
+  size_t i = 0, n = text.size();
+  auto skip_space = [&] {
+    while (i < n && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  };
+  skip_space();
+  const size_t int_begin = i;
+  while (i < n && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  const std::string whole = text.substr(int_begin, i - int_begin);
+  std::string frac;
+  if (i < n && text[i] == '.') {
+    const size_t f = ++i;
+    while (i < n && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+    frac = text.substr(f, i - f);
+  }
+  if (whole.empty() && frac.empty()) bad_budget(text, "no number");
+  skip_space();
+  const size_t unit_begin = i;
+  while (i < n && std::isalpha(static_cast<unsigned char>(text[i]))) ++i;
+  const std::string unit = text.substr(unit_begin, i - unit_begin);
+  skip_space();
+  if (i != n) bad_budget(text, "unexpected '" + text.substr(i) + "'");
+  const int64_t mult = unit_bytes(unit);
+  if (mult == 0) bad_budget(text, "unknown unit '" + unit + "'");
+
+  const bool fractional = frac.find_first_not_of('0') != std::string::npos;
+  int64_t bytes = 0;
+  if (!fractional) {
+    int64_t v = 0;
+    for (char c : whole)
+      if (__builtin_mul_overflow(v, int64_t{10}, &v) || __builtin_add_overflow(v, int64_t(c - '0'), &v))
+        bad_budget(text, "too large");
+    if (__builtin_mul_overflow(v, mult, &bytes)) bad_budget(text, "too large");
+  } else {
+    const long double v = std::stold((whole.empty() ? "0" : whole) + "." + frac) * static_cast<long double>(mult);
+    if (mult == 1) bad_budget(text, "a fractional number of bytes");
+    if (v >= static_cast<long double>(std::numeric_limits<int64_t>::max())) bad_budget(text, "too large");
+    bytes = std::llround(v);
+  }
+  if (bytes <= 0) bad_budget(text, "a budget must be positive");
+  return bytes;
+}
+
+int64_t auto_margin(const contracts::DeviceCaps& dev) {
+  if (dev.kind == contracts::DeviceKind::CUDA) return std::min(dev.memory_total / 10, GiB);
+  return dev.memory_free / 10;
+}
+
+int64_t budget_auto(const contracts::DeviceCaps& dev) {
+  const int64_t margin = auto_margin(dev), b = dev.memory_free - margin;
+  if (b <= 0)
+    throw BudgetError("budget auto: device '" + dev.name + "' has " + human_bytes(dev.memory_free) +
+                          " free and the margin is " + human_bytes(margin) + ": nothing remains for activations",
+                      b, 0);
+  return b;
+}
+
+int64_t budget_from_option(const std::string& text, const contracts::DeviceCaps& dev) {
+  return text == "auto" ? budget_auto(dev) : parse_budget(text);
+}
+
+std::string human_bytes(int64_t b) {
+  std::ostringstream os;
+  os.precision(std::abs(b) >= (int64_t{10} << 20) ? 1 : 2);
+  os << std::fixed << static_cast<double>(b) / (1 << 20) << " MiB";
+  return os.str();
+}
+
+std::string human_ms(double ms) {
+  std::ostringstream os;
+  os.precision(ms >= 10 ? 1 : (ms >= 0.1 ? 2 : 3));
+  os << std::fixed << ms << " ms";
+  return os.str();
+}
+
+std::vector<int64_t> chunk_candidates(int64_t rows, int64_t align) {
+  align = std::max<int64_t>(align, 1);
+  std::vector<int64_t> out;
+  auto offer = [&](int64_t c) {
+    if (c >= round_up(64, align) && c < rows) out.push_back(c);
+  };
+  for (int64_t p = 64; p < rows; p *= 2) offer(round_up(p, align));
+  const int64_t even = std::lcm(align, int64_t{8});
+  for (int64_t k : {2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64}) {
+    const int64_t c = (rows + k - 1) / k;
+    if (c < 128) break;
+    offer(round_up(c, even));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<int64_t> feature_slice_candidates(int64_t hidden, int64_t align) {
+  align = std::max<int64_t>(align, 1);
+  std::vector<int64_t> out;
+  for (int64_t k : {2, 4, 8}) {
+    const int64_t f = round_up((hidden + k - 1) / k, align);
+    if (f < hidden) out.push_back(f);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+namespace {
+
+// "12.3 ms vs 10.1 ms", with more decimals where the usual ones would print two equal figures.
+std::string ms_pair(double a, double b) {
+  std::string x = human_ms(a), y = human_ms(b);
+  for (int digits = 3; x == y && digits <= 6; ++digits) {
+    std::ostringstream p, q;
+    p.precision(digits);
+    q.precision(digits);
+    p << std::fixed << a << " ms";
+    q << std::fixed << b << " ms";
+    x = p.str(), y = q.str();
+  }
+  return x + " vs " + y;
+}
+
+// Strict "a is a better pick than b": faster, then smaller peak, then enumeration order.
+bool better(const Candidate& a, size_t ia, const Candidate& b, size_t ib) {
+  if (a.cost.seconds != b.cost.seconds) return a.cost.seconds < b.cost.seconds;
+  if (a.cost.peak_bytes != b.cost.peak_bytes) return a.cost.peak_bytes < b.cost.peak_bytes;
+  return ia < ib;
+}
+
+}  // namespace
+
+Choice choose(const std::vector<Candidate>& cs, int64_t available) {
+  Choice ch;
+  auto fits = [&](size_t i) { return cs[i].need() <= available; };
+  for (size_t i = 0; i < cs.size(); ++i) {
+    const Candidate &k = cs[i], &s = cs[ch.smallest];
+    if (k.need() < s.need() || (k.need() == s.need() && better(k, i, s, ch.smallest)))
+      ch.smallest = i;
+    if (fits(i) && (!ch.chosen || better(cs[i], i, cs[*ch.chosen], *ch.chosen))) ch.chosen = i;
+  }
+  if (!ch.chosen) return ch;
+  const size_t c = *ch.chosen;
+
+  std::vector<size_t> picks;
+  auto pick = [&](std::optional<size_t> i) {
+    if (i && *i != c && std::find(picks.begin(), picks.end(), *i) == picks.end()) picks.push_back(*i);
+  };
+  // Faster than the choice (so over budget): the fastest, and the one that misses by least.
+  std::optional<size_t> fastest, closest, runner_up;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    if (i == c) continue;
+    if (better(cs[i], i, cs[c], c)) {
+      if (!fastest || better(cs[i], i, cs[*fastest], *fastest)) fastest = i;
+      if (!closest || cs[i].need() < cs[*closest].need()) closest = i;
+    } else if (fits(i) && cs[i].cost.seconds > cs[c].cost.seconds &&
+               (!runner_up || better(cs[i], i, cs[*runner_up], *runner_up))) {
+      runner_up = i;
+    }
+  }
+  pick(fastest);
+  pick(closest);
+  pick(runner_up);
+  // The best of every other strategy: its fastest fitting candidate, else its smallest.
+  std::vector<std::string> seen = {cs[c].strategy};
+  for (size_t i = 0; i < cs.size(); ++i) {
+    const std::string& s = cs[i].strategy;
+    if (std::find(seen.begin(), seen.end(), s) != seen.end()) continue;
+    seen.push_back(s);
+    std::optional<size_t> best, least;
+    for (size_t j = i; j < cs.size(); ++j) {
+      if (cs[j].strategy != s) continue;
+      if (fits(j) && (!best || better(cs[j], j, cs[*best], *best))) best = j;
+      if (!least || cs[j].need() < cs[*least].need() ||
+          (cs[j].need() == cs[*least].need() && better(cs[j], j, cs[*least], *least)))
+        least = j;
+    }
+    pick(best ? best : least);
+  }
+  std::sort(picks.begin(), picks.end(), [&](size_t a, size_t b) { return better(cs[a], a, cs[b], b); });
+  for (size_t i : picks) {
+    const Candidate& k = cs[i];
+    Alternative a{k.strategy, k.token_chunk, k.q_chunk, k.feature_slice, k.cost.peak_bytes, k.cost.ms(), ""};
+    if (!fits(i)) a.lost = "over budget by " + human_bytes(k.need() - available);
+    else if (k.cost.seconds > cs[c].cost.seconds)
+      a.lost = "slower: " + ms_pair(k.cost.ms(), cs[c].cost.ms());
+    else a.lost = "same time, larger peak";
+    ch.alternatives.push_back(std::move(a));
+  }
+  return ch;
+}
+
+int64_t row_statistics_bytes(int64_t rows, int64_t heads, ir::DType activations, const contracts::DeviceCaps& dev) {
+  const int64_t acc = static_cast<int64_t>(ir::dtype_size(accumulation_dtype(activations)));
+  return dev.round_alloc(rows * std::max<int64_t>(heads, 2) * acc) + 4096;
+}
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// What each buffer of schedule.hpp holds, in words.
+const char* buffer_words(Buf b) {
+  switch (b) {
+    case Buf::N32: return "normalized rows";
+    case Buf::H: return "normalized rows (activation dtype)";
+    case Buf::KV: return "projected K/V slab";
+    case Buf::K32: return "K slab for norm and RoPE";
+    case Buf::Q: return "projected Q slab";
+    case Buf::Q32: return "Q slab for norm and RoPE";
+    case Buf::RopeTmp: return "RoPE scratch";
+    case Buf::QF: return "folded Q slab";
+    case Buf::O: return "attention output slab";
+    case Buf::OFull: return "complete attention output";
+    case Buf::Y: return "projection slab";
+    case Buf::U: return "MLP hidden slab";
+    case Buf::Acc: return "feature-slice accumulator";
+    case Buf::Out: return "model output";
+    default: return to_string(b);
+  }
+}
+
+}  // namespace
+
+std::string dominant_terms(const PhaseSpec& ph, const contracts::DeviceCaps& dev) {
+  struct Term {
+    std::string text;
+    int64_t bytes;
+  };
+  std::vector<Term> terms;
+  const BufferSpec *k = ph.find(Buf::K), *v = ph.find(Buf::V);
+  if (k && v && k->shape.size() == 3) {
+    const int64_t kb = dev.round_alloc(k->bytes()), vb = dev.round_alloc(v->bytes());
+    terms.push_back({"global K/V for " + std::to_string(k->shape[1]) + " tokens at " + std::to_string(k->shape[0]) +
+                         "x" + std::to_string(k->shape[2]) + " " + ir::to_string(k->dtype) + " (" +
+                         (kb == vb ? "2 x " + human_bytes(kb) : human_bytes(kb) + " + " + human_bytes(vb)) + ")",
+                     kb + vb});
+  }
+  // One term per storage: a buffer and those sharing its bytes, named by the largest of them.
+  for (const auto& owner : ph.buffers) {
+    if (owner.share != Buf::Count || ((owner.id == Buf::K || owner.id == Buf::V) && k && v)) continue;
+    const BufferSpec* largest = &owner;
+    std::string others;
+    for (const auto& b : ph.buffers)
+      if (b.share == owner.id && b.bytes() > largest->bytes()) largest = &b;
+    for (const auto& b : ph.buffers)
+      if ((b.id == owner.id || b.share == owner.id) && &b != largest)
+        others += std::string(others.empty() ? "" : ", ") + to_string(b.id);
+    const int64_t bytes = dev.round_alloc(ph.storage_bytes(owner.id));
+    terms.push_back({std::string(buffer_words(largest->id)) + " " + shape_text(largest->shape) + " " +
+                         ir::to_string(largest->dtype) + (others.empty() ? "" : ", shared with " + others) + " (" +
+                         human_bytes(bytes) + ")",
+                     bytes});
+  }
+  for (const auto& e : ph.extras) terms.push_back({e.what + " (" + human_bytes(dev.round_alloc(e.bytes)) + ")",
+                                                   dev.round_alloc(e.bytes)});
+  std::stable_sort(terms.begin(), terms.end(), [](const Term& a, const Term& b) { return a.bytes > b.bytes; });
+  const int64_t total = ph.total_bytes(dev);
+  std::string out;
+  int64_t shown = 0;
+  size_t i = 0;
+  // The largest terms until they make up 90% of the phase, at most four.
+  for (; i < terms.size() && i < 4 && (i == 0 || 10 * shown < 9 * total); ++i) {
+    out += (i ? " + " : "") + terms[i].text;
+    shown += terms[i].bytes;
+  }
+  if (i < terms.size())
+    out += " + " + std::to_string(terms.size() - i) + " more (" + human_bytes(total - shown) + ")";
+  return out.empty() ? "nothing" : out;
+}
+
+}  // namespace sp::plan

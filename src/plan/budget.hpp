@@ -1,0 +1,99 @@
+// Memory budgets: parsing a budget, the automatic budget, and the chooser.
+//
+// Design note. Under a budget make_plan enumerates, per sublayer, the candidate
+// schedules that legality permits — token chunk sizes, feature slices of a sliceable
+// MLP, full Q or streamed Q — and asks the cost model (plan/cost.hpp) for each one's
+// peak and time. choose() takes the fastest candidate whose peak fits what the budget
+// leaves above the residual stream, and explains every serious alternative: faster ones
+// by how much they exceed the budget, fitting ones by how much slower they are. The
+// candidate sizes are pure heuristics (below, with their reasoning). A budget is never
+// exceeded silently: when no candidate of some sublayer fits, make_plan throws
+// BudgetError naming the smallest achievable peak and the buffers that set it.
+//
+// Example:
+//     sp::plan::Options o;
+//     o.budget_bytes = arg == "auto" ? sp::plan::budget_auto(dev) : sp::plan::parse_budget(arg);
+//     try { auto p = sp::plan::make_plan(m, reg, dev, o); }
+//     catch (const sp::plan::BudgetError& e) { std::cerr << e.what() << "\n"; return 2; }
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "contracts/contracts.hpp"
+#include "plan/cost.hpp"
+#include "plan/plan.hpp"
+#include "plan/schedule.hpp"
+
+namespace sp::plan {
+
+// "123456" (bytes), "512MiB", "2.5GiB", "300MB", "1.5GB", "64KiB", "64KB", "1TiB": binary
+// units are powers of 1024, decimal ones of 1000; case-insensitive; a space may separate
+// number and unit. Throws PlanError naming the value for anything else, zero, or a
+// fractional number of bytes.
+int64_t parse_budget(const std::string& text);
+
+// What a run may use for activations on `dev`, from its free memory now (call it once the
+// weights and inputs are resident):
+//   CUDA: free − min(10% of total, 1 GiB) — room for the CUDA context's growth, library
+//         workspaces (cuBLAS, cuDNN) and the caching allocator's fragmentation;
+//   CPU:  90% of the available RAM (MemAvailable) — the rest for the page cache and other
+//         processes.
+// Throws BudgetError when nothing would remain.
+int64_t budget_auto(const contracts::DeviceCaps& dev);
+int64_t auto_margin(const contracts::DeviceCaps& dev);  // the margin budget_auto leaves
+
+// "auto" -> budget_auto(dev); anything else -> parse_budget.
+int64_t budget_from_option(const std::string& text, const contracts::DeviceCaps& dev);
+
+// "142.3 MiB" (two decimals below 10 MiB).
+std::string human_bytes(int64_t bytes);
+// "12.3 ms" (more decimals below 10 ms).
+std::string human_ms(double ms);
+
+// Candidate rows per slab for `rows` rows, each < rows (the caller adds the single full
+// chunk): powers of two from 64, and the sizes that cut the rows into 2, 3, 4, 6, ... 64
+// near-equal slabs while those stay >= 128 rows (no small remainder slab). Below 64 rows a
+// slab's matmuls run far below peak and launches dominate, so nothing smaller is offered.
+// Each is a multiple of `align` (the consumer's Q alignment); the near-equal sizes also of 8.
+std::vector<int64_t> chunk_candidates(int64_t rows, int64_t align);
+// Feature slices of a sliceable MLP: hidden/2, /4, /8, rounded up to `align` (the weight
+// formats' slice alignment), each < hidden. Narrower slices would shrink the scratch
+// further but turn each slice's matmuls skinny and multiply the accumulator passes.
+std::vector<int64_t> feature_slice_candidates(int64_t hidden, int64_t align);
+
+// Bytes the executor allocates besides the phase buffers, which schedule.hpp leaves out: the
+// norms' per-row values ([rows, 1] in the accumulation dtype, two at once for a LayerNorm)
+// and the Q/K norms' ([rows, heads, 1]), plus 4 KiB of scalars. The chooser keeps them free
+// besides a candidate's peak, so that a plan which fits by its estimate also fits measured.
+int64_t row_statistics_bytes(int64_t rows, int64_t heads, ir::DType activations, const contracts::DeviceCaps& dev);
+
+// One candidate schedule of a sublayer or the final layer, with its cost.
+struct Candidate {
+  std::string strategy;
+  int64_t token_chunk = 0, q_chunk = 0, feature_slice = 0;
+  Cost cost;
+  int64_t reserve = 0;  // the transients above, for its largest slab
+  int64_t need() const { return cost.peak_bytes + reserve; }
+};
+
+struct Choice {
+  std::optional<size_t> chosen;  // none: nothing fits
+  size_t smallest = 0;           // the candidate with the least peak
+  std::vector<Alternative> alternatives;
+};
+
+// The fastest candidate whose need (peak + reserve) is <= `available` (the budget minus the
+// residual stream); ties go to the smaller peak. Alternatives, each with why it lost: the
+// fastest candidate and the faster one that misses the budget by least (when faster
+// candidates exist, they are over budget), the best of every other strategy, and the
+// fastest fitting one that is slower than the choice.
+Choice choose(const std::vector<Candidate>& candidates, int64_t available);
+
+// The largest terms of a phase, for error messages: "global K/V for 38184 tokens at
+// 56x128 bf16 (2 x 522.0 MiB) + consumer 'sdpa' call (3.1 MiB) + 5 more (2.0 MiB)".
+std::string dominant_terms(const PhaseSpec& phase, const contracts::DeviceCaps& dev);
+
+}  // namespace sp::plan
