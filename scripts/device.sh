@@ -41,11 +41,11 @@ if [ "$mode" = all ]; then
   grep -E "tests passed|tests failed|\*\*\*Failed|naive err" "$out/ctest.log" | tail -12
 
   # The demo at 16,384 tokens (fp32 and bf16).
-  $bin demo --device cuda --tokens 16384 --json >"$out/demo_16384_fp32.json" 2>>"$out/logs.txt" || summary+=("demo fp32 failed")
-  $bin demo --device cuda --tokens 16384 --dtype bf16 --json >"$out/demo_16384_bf16.json" 2>>"$out/logs.txt" || summary+=("demo bf16 failed")
+  ck=/tmp/streamplan-ck && mkdir -p "$ck"
+  $bin demo --device cuda --tokens 16384 --json >"$ck/demo_16384_fp32.json" 2>>"$out/logs.txt" || summary+=("demo fp32 failed")
+  $bin demo --device cuda --tokens 16384 --dtype bf16 --json >"$ck/demo_16384_bf16.json" 2>>"$out/logs.txt" || summary+=("demo bf16 failed")
 
   # Two-layer real-dimension checkpoints of each family, written and run on the GPU.
-  ck=/tmp/streamplan-ck && mkdir -p "$ck"
   runs=("wan2.1-14b|diffusers|--frames 81 --height 720 --width 1280"
         "flux1-dev|diffusers|--height 2048 --width 2048"
         "h3|original|--frames 72 --height 768 --width 1376")
@@ -60,10 +60,14 @@ import json, sys, os, glob
 d, dst = sys.argv[1], sys.argv[2]
 runs = {}
 for f in sorted(glob.glob(os.path.join(d, "*.json"))):
-    r = json.load(open(f)); r.pop("plan", None); runs[os.path.basename(f)[:-5]] = r
+    r = json.load(open(f)); plan = r.pop("plan", None); runs[os.path.basename(f)[:-5]] = r
+    if plan and f.endswith("demo_16384_fp32.json"): r["plan_block0"] = plan["blocks"][0]
 json.dump(runs, open(dst, "w"), indent=1)
 PY
 
+  # Budget sweeps (planned only) against fixed chunk sizes found by brute force.
+  $bin bench --device cuda --cases h3-block-10s,wan14b-block-81f --sweep ${SWEEP_POINTS:-8} --reps 2 \
+    --out "$out/sweep.json" >/tmp/streamplan-sweep.txt 2>>"$out/logs.txt" || summary+=("sweep failed")
   cases=${CASES:-h3-block-5s,h3-block-10s,wan14b-block-81f,flux-dev-1024,flux-dev-2048}
 else
   cases=${CASES:-h3-model-5s,h3-model-10s,wan14b-model-81f}
@@ -81,9 +85,6 @@ M = 1 << 20
 if mode == "all":
     print(f"\n{'run':22} {'tokens':>7} {'naive MiB':>10} {'planned MiB':>12} {'floor MiB':>10} {'est/meas':>9} {'p/n time':>9} {'rel_l2':>9}")
     rows = []
-    for n in ("demo_16384_fp32", "demo_16384_bf16"):
-        try: rows.append((n, json.load(open(os.path.join(out, n + ".json")))))
-        except Exception as e: print(f"{n:22} failed: {e}")
     try: rows += list(json.load(open(os.path.join(out, "runs.json"))).items())
     except Exception as e: print(f"runs failed: {e}")
     for n, r in rows:
@@ -95,5 +96,8 @@ if mode == "all":
 print()
 try: print(open(f"/tmp/streamplan-bench-{mode}.txt").read())
 except Exception as e: print("bench:", e)
+if mode == "all":
+    try: print(open("/tmp/streamplan-sweep.txt").read())
+    except Exception as e: print("sweep:", e)
 PY
 printf '%s\n' "${summary[@]}"

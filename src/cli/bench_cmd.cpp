@@ -20,6 +20,8 @@ struct Args {
   int64_t chunk = 0;
   std::string budget;
   double budget_floor = 0;
+  int sweep = 0;
+  std::vector<int64_t> fixed = {512, 1024, 2048, 4096, 8192, 16384};
   bool tiny = false, list = false;
 };
 
@@ -47,6 +49,24 @@ int bench(const Args& a) {
   opt.plan.token_chunk = a.chunk;
   if (!a.budget.empty()) opt.plan.budget_bytes = plan::budget_from_option(a.budget, caps);
   opt.budget_floor = a.budget_floor;
+  if (a.sweep > 0) {
+    nlohmann::json all_sweeps = nlohmann::json::array();
+    for (const auto& c : chosen) {
+      all_sweeps.push_back(report::run_budget_sweep(c, reg, caps, d, opt, a.sweep, a.fixed));
+      if (!a.out.empty()) std::ofstream(a.out) << all_sweeps.dump(2) << "\n";
+    }
+    for (const auto& s : all_sweeps) {
+      int within = 0, close = 0;
+      for (const auto& p : s["sweep"]) {
+        within += p["within_budget"].get<bool>();
+        close += std::abs(p["estimate_error"].get<double>()) <= 0.05;
+      }
+      std::cout << s["case"].get<std::string>() << ": " << s["sweep"].size() << " budgets, " << within
+                << " within budget, " << close << " estimates within 5%; chosen/fastest fixed chunk time "
+                << s["chosen_over_fastest_fixed"].get<double>() << "\n";
+    }
+    return 0;
+  }
   std::vector<report::BenchResult> results;
   for (const auto& c : chosen) {
     std::cerr << "[bench] " << c.name << " ..." << std::endl;
@@ -74,6 +94,9 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--budget", a->budget, "activation memory budget for every case: bytes, 2.5GiB, ... or auto");
   cmd->add_option("--budget-floor", a->budget_floor, "budget of each case as a multiple of its floor (e.g. 1.1)")
       ->check(CLI::Range(1.0, 100.0));
+  cmd->add_option("--sweep", a->sweep, "budget sweep with this many budgets per case (planned only) instead")
+      ->check(CLI::Range(2, 100));
+  cmd->add_option("--fixed-chunks", a->fixed, "fixed token chunks the sweep compares with")->delimiter(',');
   cmd->add_option("--out", a->out, "write the results as JSON (updated after every case)");
   return [cmd, a]() { return cmd->parsed() ? bench(*a) : -1; };
 }

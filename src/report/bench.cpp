@@ -9,6 +9,7 @@
 #include "exec/memory.hpp"
 #include "models/builder.hpp"
 #include "models/checkpoint.hpp"
+#include "plan/budget.hpp"
 #include "report/report.hpp"
 
 namespace sp::report {
@@ -102,6 +103,73 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
     r.rel_l2 = ((pout.to(at::kDouble) - nout.to(at::kDouble)).norm() / nout.to(at::kDouble).norm()).item<double>();
   }
   return r;
+}
+
+nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
+                                const at::Device& device, const BenchOptions& opt, int points,
+                                const std::vector<int64_t>& fixed_chunks) {
+  const auto cfg = recognize::preset(c.variant, c.layers, opt.tiny);
+  auto weights = models::random_weights_on(cfg, device, exec::to_aten(opt.dtype), opt.seed, reg);
+  const models::FamilyRun fr =
+      models::prepare(cfg, *weights, models::random_raw_inputs(cfg, c.geom, opt.seed), opt.dtype, "sdpa");
+  const models::Instance inst{fr.model, weights, fr.inputs};
+  // Median of `reps` timed runs after one warm-up, and the largest peak.
+  auto run = [&](const plan::Plan& p) {
+    auto f = [&] { return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, caps); };
+    f();
+    std::vector<double> ms;
+    int64_t peak = 0;
+    for (int i = 0; i < opt.reps; ++i) {
+      exec::synchronize(device);
+      exec::PeakMeter meter(device);
+      ms.push_back(exec::time_ms(device, [&] { f(); }));
+      peak = std::max(peak, meter.peak_above_start());
+    }
+    return std::make_pair(median(ms), peak);
+  };
+  int64_t smallest = 0;
+  try {
+    plan::make_plan(inst.model, reg, caps, {.budget_bytes = 1});
+  } catch (const plan::BudgetError& e) {
+    smallest = e.smallest_peak_bytes;
+  }
+  plan::Options full;
+  full.token_chunk = inst.model.tokens();
+  // The full-size schedule's peak, with the room the chooser keeps for row statistics.
+  const int64_t largest = std::max<int64_t>(
+      int64_t(1.05 * double(plan::make_plan(inst.model, reg, caps, full).estimated_peak_bytes)), int64_t(1.2 * double(smallest)));
+  nlohmann::json j{{"case", c.name}, {"tokens", inst.model.tokens()}, {"floor_bytes", plan::floor_bytes(inst.model)},
+                   {"smallest_peak_bytes", smallest}, {"full_peak_bytes", largest}};
+  nlohmann::json sweep = nlohmann::json::array();
+  double chosen_ms = 0;
+  for (int i = 0; i < points; ++i) {
+    const int64_t budget = smallest + (largest - smallest) * i / std::max(1, points - 1);
+    const plan::Plan p = plan::make_plan(inst.model, reg, caps, {.budget_bytes = budget});
+    const auto [ms, peak] = run(p);
+    chosen_ms = ms;
+    sweep.push_back({{"budget_bytes", budget}, {"measured_peak_bytes", peak}, {"estimated_peak_bytes", p.estimated_peak_bytes},
+                     {"estimated_ms", p.estimated_ms}, {"ms", ms}, {"within_budget", peak <= budget},
+                     {"estimate_error", double(p.estimated_peak_bytes - peak) / double(peak)}});
+    std::cerr << "[sweep] " << c.name << " budget " << budget << " peak " << peak << " est " << p.estimated_peak_bytes
+              << " ms " << ms << std::endl;
+  }
+  j["sweep"] = sweep;
+  nlohmann::json fixed = nlohmann::json::array();
+  double best = 0;
+  for (int64_t chunk : fixed_chunks) {
+    plan::Options o;
+    o.token_chunk = chunk;
+    const plan::Plan p = plan::make_plan(inst.model, reg, caps, o);
+    const auto [ms, peak] = run(p);
+    if (best == 0 || ms < best) best = ms;
+    fixed.push_back({{"token_chunk", chunk}, {"ms", ms}, {"measured_peak_bytes", peak}});
+    std::cerr << "[sweep] " << c.name << " fixed chunk " << chunk << " ms " << ms << std::endl;
+  }
+  j["fixed_chunks"] = fixed;
+  j["chosen_ms_at_largest_budget"] = chosen_ms;
+  j["fastest_fixed_ms"] = best;
+  j["chosen_over_fastest_fixed"] = best > 0 ? chosen_ms / best : 0.0;
+  return j;
 }
 
 nlohmann::json to_json(const std::vector<BenchResult>& rs) {

@@ -55,6 +55,15 @@ std::vector<BenchCase> bench_cases(bool tiny);
 BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
                            const at::Device& device, const BenchOptions& opt);
 
+// Budget sweep of one case (planned schedule only): `points` budgets from the smallest
+// achievable peak to the unbudgeted full-size peak, each planned, run and measured
+// (peak <= budget, estimate vs measured); then the fixed token chunks of `fixed_chunks`
+// without a budget, to compare the chooser's pick under the largest budget with the
+// fastest fixed chunk found by brute force. One JSON object per case.
+nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
+                                const at::Device& device, const BenchOptions& opt, int points,
+                                const std::vector<int64_t>& fixed_chunks);
+
 nlohmann::json to_json(const std::vector<BenchResult>& rs);
 std::string bench_table(const std::vector<BenchResult>& rs);
 
