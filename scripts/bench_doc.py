@@ -15,6 +15,8 @@ def main():
     ap.add_argument("--machine", required=True)
     ap.add_argument("--command", required=True)
     ap.add_argument("--docs", default=os.path.join(os.path.dirname(__file__), "..", "docs"))
+    ap.add_argument("--chart", action="append", default=[], help="chart files (relative to docs/) to show")
+    ap.add_argument("--notes", help="a Markdown file appended after the table")
     ap.add_argument("results", nargs="+")
     a = ap.parse_args()
     rows = []
@@ -25,8 +27,9 @@ def main():
     lines = [
         "# Benchmarks",
         "",
-        f"Machine: {a.machine}. Command: `{a.command}` (it runs `streamplan bench`; the chart is",
-        "`bench_*.png` in its output folder). bf16, naive and planned alternating in one process on the same",
+        f"Machine: {a.machine}.",
+        "",
+        f"Command: `{a.command}` (it runs `streamplan bench`). bf16, naive and planned alternating in one process on the same",
         "weights and inputs, one warm-up each, then 3 timed repetitions each (CUDA events), median time,",
         "largest peak. Peak activation = caching allocator peak above weights and inputs; floor = residual",
         "stream + global K + V.",
@@ -47,6 +50,10 @@ def main():
             f"| {r['case']} | {r['tokens']} | {nv} | {r['planned_peak_bytes'] / G:.2f} | {r['floor_bytes'] / G:.2f} | "
             f"{r['planned_peak_bytes'] / r['floor_bytes']:.3f} | {nt} | {nm} | {r['planned_ms']:.1f} | "
             f"{r['estimated_peak_bytes'] / r['planned_peak_bytes']:.4f} | {rel} |")
+    lines.append("")
+    lines += [f"![{c}]({c})" for c in a.chart]
+    if a.notes:
+        lines += ["", open(a.notes).read().rstrip()]
     open(os.path.join(a.docs, "benchmarks.md"), "w").write("\n".join(lines) + "\n")
 
 

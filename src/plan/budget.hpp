@@ -66,7 +66,8 @@ std::vector<int64_t> feature_slice_candidates(int64_t hidden, int64_t align);
 
 // Bytes the executor allocates besides the phase buffers, which schedule.hpp leaves out: the
 // norms' per-row values ([rows, 1] in the accumulation dtype, two at once for a LayerNorm)
-// and the Q/K norms' ([rows, heads, 1]), plus 4 KiB of scalars. The chooser keeps them free
+// and the Q/K norms' ([rows, heads, 1]), plus 4 KiB of scalars, and on CUDA 2 MiB for the
+// caching allocator's unsplit blocks. The chooser keeps them free
 // besides a candidate's peak, so that a plan which fits by its estimate also fits measured.
 int64_t row_statistics_bytes(int64_t rows, int64_t heads, ir::DType activations, const contracts::DeviceCaps& dev);
 
