@@ -19,8 +19,8 @@ at::Tensor affine(const exec::WeightSource& w, const std::string& prefix, const 
   return at::linear(x.to(wt.scalar_type()), wt, b);
 }
 
-std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& pos, const std::vector<int64_t>& axes_dim,
-                                              double theta) {
+void set_rope_tables(std::map<std::string, at::Tensor>& tables, const at::Tensor& pos,
+                     const std::vector<int64_t>& axes_dim, double theta) {
   if (pos.size(1) != int64_t(axes_dim.size()))
     throw std::invalid_argument("rope positions have " + std::to_string(pos.size(1)) + " axes, the model " +
                                 std::to_string(axes_dim.size()));
@@ -32,7 +32,20 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& pos, const std::
     cols.push_back(pos.select(1, int64_t(a)).to(at::kDouble).unsqueeze(1) * freq);
   }
   at::Tensor angle = at::cat(cols, 1);
-  return {angle.cos().to(at::kFloat), angle.sin().to(at::kFloat)};
+  tables["rope.cos"] = angle.cos().to(at::kFloat);
+  tables["rope.sin"] = angle.sin().to(at::kFloat);
+}
+
+ir::FinalLayer final_layer(std::vector<std::string> segments, ir::Norm norm, ir::ModScope scope,
+                           const std::string& table, ir::Linear proj) {
+  ir::FinalLayer fl;
+  fl.segments = std::move(segments);
+  fl.norm = norm;
+  fl.modulation = {scope, 2, table};
+  fl.mod = {0, 1, -1};
+  fl.proj = std::move(proj);
+  fl.proj.fp32_compute = true;
+  return fl;
 }
 
 at::Tensor grid_positions(int64_t f, int64_t h, int64_t w, const at::Device& d) {

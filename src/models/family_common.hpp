@@ -13,10 +13,14 @@ namespace sp::models::detail {
 at::Tensor sinusoid(const at::Tensor& t, int64_t dim);
 // y = x W^T + b for canonical weight "<prefix>.weight" / ".bias".
 at::Tensor affine(const exec::WeightSource& w, const std::string& prefix, const at::Tensor& x);
-// RoPE tables for positions [T, axes] (float): per axis a of width d_a, pair j rotates by
-// pos_a * theta^(-2j/d_a); columns axis by axis. Returns cos, sin [T, sum(d)/2] fp32.
-std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& pos, const std::vector<int64_t>& axes_dim,
-                                              double theta);
+// RoPE tables "rope.cos"/"rope.sin" [T, sum(d)/2] fp32 into `tables`, for positions [T, axes]
+// (float): per axis a of width d_a, pair j rotates by pos_a * theta^(-2j/d_a); columns axis by
+// axis (angles in fp64).
+void set_rope_tables(std::map<std::string, at::Tensor>& tables, const at::Tensor& pos,
+                     const std::vector<int64_t>& axes_dim, double theta);
+// Final layer: norm, shift/scale rows 0/1 of a 2-vector modulation table, fp32 projection.
+ir::FinalLayer final_layer(std::vector<std::string> segments, ir::Norm norm, ir::ModScope scope,
+                           const std::string& table, ir::Linear proj);
 // Positions (f, h, w) of a row-major grid, [F*H*W, 3] float.
 at::Tensor grid_positions(int64_t f, int64_t h, int64_t w, const at::Device& d);
 const at::Tensor& need(const TensorMap& raw, const std::string& name, std::vector<int64_t> rank_dims);

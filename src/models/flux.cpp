@@ -78,14 +78,8 @@ ir::Model build(const recognize::FamilyConfig& c, int64_t img, int64_t txt, ir::
     b.sublayers.push_back({"parallel", {}, layer_norm(c.eps), {0, 1, 2}, a});
     m.blocks.push_back(std::move(b));
   }
-  ir::FinalLayer fl;
-  fl.segments = {"img"};
-  fl.norm = layer_norm(c.eps);
-  fl.modulation = {ir::ModScope::Shared, 2, "final.mod"};
-  fl.mod = {0, 1, -1};
-  fl.proj = linear("final_layer.linear", c.dim, c.out_channels, true);
-  fl.proj.fp32_compute = true;
-  m.final_layer = fl;
+  m.final_layer = final_layer({"img"}, layer_norm(c.eps), ir::ModScope::Shared, "final.mod",
+                              linear("final_layer.linear", c.dim, c.out_channels, true));
   ir::validate(m);
   return m;
 }
@@ -123,9 +117,7 @@ FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w,
   for (int64_t i = 0; i < c.single_layers; ++i)
     run.inputs.tables[sgl(i) + "mod"] = affine(w, sgl(i) + "modulation.lin", vec).view({1, 3, c.dim}).to(dt);
   run.inputs.tables["final.mod"] = affine(w, "final_layer.adaLN_modulation.1", vec).view({1, 2, c.dim}).to(dt);
-  auto [cs, sn] = rope_tables(at::cat({txt_ids, img_ids}, 0).to(dev), c.rope_axes_dim, c.rope_theta);
-  run.inputs.tables["rope.cos"] = cs;
-  run.inputs.tables["rope.sin"] = sn;
+  set_rope_tables(run.inputs.tables, at::cat({txt_ids, img_ids}, 0).to(dev), c.rope_axes_dim, c.rope_theta);
   run.finish = [](const at::Tensor& out) { return out; };
   return run;
 }

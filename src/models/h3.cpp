@@ -55,14 +55,8 @@ ir::Model build(const recognize::FamilyConfig& c, const Lengths& n, ir::DType dt
     b.sublayers.push_back({"mlp", {}, rms_norm(c.eps), {3, 4, 5}, f});
     m.blocks.push_back(std::move(b));
   }
-  ir::FinalLayer fl;
-  fl.segments = {"video"};
-  fl.norm = rms_norm(c.eps);
-  fl.modulation = {ir::ModScope::PerSegment, 2, "final.mod"};
-  fl.mod = {0, 1, -1};
-  fl.proj = linear("final.proj", c.dim, c.out_channels, true);
-  fl.proj.fp32_compute = true;
-  m.final_layer = fl;
+  m.final_layer = final_layer({"video"}, rms_norm(c.eps), ir::ModScope::PerSegment, "final.mod",
+                              linear("final.proj", c.dim, c.out_channels, true));
   ir::validate(m);
   return m;
 }
@@ -94,9 +88,7 @@ FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w,
   // Video tokens on their (t, h, w) grid; text and audio at position 0.
   at::Tensor pos = at::zeros({run.model.tokens(), 3}, at::TensorOptions().dtype(at::kFloat).device(dev));
   pos.narrow(0, run.model.segment_begin("video"), video.size(0)).copy_(grid_positions(gf, gh, gw, dev));
-  auto [cs, sn] = rope_tables(pos, c.rope_axes_dim, c.rope_theta);
-  run.inputs.tables["rope.cos"] = cs;
-  run.inputs.tables["rope.sin"] = sn;
+  set_rope_tables(run.inputs.tables, pos, c.rope_axes_dim, c.rope_theta);
   run.finish = [](const at::Tensor& out) { return out; };
   return run;
 }

@@ -59,13 +59,8 @@ ir::Model build(const recognize::FamilyConfig& c, int64_t tokens, int64_t text, 
     b.sublayers.push_back({"ffn", {}, layer_norm(c.eps), {3, 4, 5}, f});
     m.blocks.push_back(std::move(b));
   }
-  ir::FinalLayer fl;
-  fl.norm = layer_norm(c.eps);
-  fl.modulation = {ir::ModScope::Shared, 2, "head.mod"};
-  fl.mod = {0, 1, -1};
-  fl.proj = linear("head.head", c.dim, c.out_channels * c.patch[0] * c.patch[1] * c.patch[2], true);
-  fl.proj.fp32_compute = true;
-  m.final_layer = fl;
+  m.final_layer = final_layer({}, layer_norm(c.eps), ir::ModScope::Shared, "head.mod",
+                              linear("head.head", c.dim, c.out_channels * c.patch[0] * c.patch[1] * c.patch[2], true));
   ir::validate(m);
   return m;
 }
@@ -99,9 +94,7 @@ FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w,
   run.inputs.tables["head.mod"] = (w.tensor("head.modulation").view({1, 2, c.dim}) + e).to(dt);
   run.inputs.tables["text"] =
       affine(w, "text_embedding.2", at::gelu(affine(w, "text_embedding.0", text.to(dev)), "tanh")).to(dt);
-  auto [cs, sn] = rope_tables(grid_positions(f, h, wd, dev), c.rope_axes_dim, c.rope_theta);
-  run.inputs.tables["rope.cos"] = cs;
-  run.inputs.tables["rope.sin"] = sn;
+  set_rope_tables(run.inputs.tables, grid_positions(f, h, wd, dev), c.rope_axes_dim, c.rope_theta);
   run.finish = [=](const at::Tensor& out) {
     return out.view({f, h, wd, pt, ph, pw, c.out_channels}).permute({6, 0, 3, 1, 4, 2, 5}).reshape({c.out_channels, F, H, W});
   };

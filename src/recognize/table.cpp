@@ -135,4 +135,12 @@ const Family* find_family(const std::string& name) {
   return nullptr;
 }
 
+void check_whole_head_rope(const FamilyConfig& c, const std::string& family, const std::string& streams) {
+  if (c.rotary_dim != c.head_dim)
+    throw RecognizeError("rope.rotary_dim " + std::to_string(c.rotary_dim) + " must equal head_dim " +
+                         std::to_string(c.head_dim) + " (" + family + " rotates the whole head)");
+  if (!c.segments.empty())
+    throw RecognizeError("sidecar field segments applies to h3 only (" + family + " " + streams + ")");
+}
+
 }  // namespace sp::recognize::detail

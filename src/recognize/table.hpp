@@ -103,4 +103,8 @@ bool same_structure(const FamilyConfig& a, const FamilyConfig& b);
 // Copies the convention fields (eps, rope, text_tokens, timestep_scale, segments).
 void copy_conventions(const FamilyConfig& from, FamilyConfig& to);
 
+// Checks shared by families that rotate the whole head and have one fixed stream order:
+// rotary_dim == head_dim and no sidecar `segments`. `family` and `streams` name them in errors.
+void check_whole_head_rope(const FamilyConfig& c, const std::string& family, const std::string& streams);
+
 }  // namespace sp::recognize::detail

@@ -200,14 +200,7 @@ void custom_defaults(FamilyConfig& c) {
   c.segments = {};
 }
 
-void check(const FamilyConfig& c, const Symbols&) {
-  if (c.rotary_dim != c.head_dim)
-    throw RecognizeError("rope.rotary_dim " + std::to_string(c.rotary_dim) +
-                         " must equal head_dim " + std::to_string(c.head_dim) +
-                         " (Flux rotates the whole head)");
-  if (!c.segments.empty())
-    throw RecognizeError("sidecar field segments applies to h3 only (Flux orders [text | image])");
-}
+void check(const FamilyConfig& c, const Symbols&) { check_whole_head_rope(c, "Flux", "orders [text | image]"); }
 
 FamilyConfig make(const std::string& variant, bool guidance, bool tiny) {
   FamilyConfig c;

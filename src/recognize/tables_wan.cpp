@@ -149,14 +149,7 @@ void custom_defaults(FamilyConfig& c) {
   c.segments = {};
 }
 
-void check(const FamilyConfig& c, const Symbols&) {
-  if (c.rotary_dim != c.head_dim)
-    throw RecognizeError("rope.rotary_dim " + std::to_string(c.rotary_dim) +
-                         " must equal head_dim " + std::to_string(c.head_dim) +
-                         " (Wan rotates the whole head)");
-  if (!c.segments.empty())
-    throw RecognizeError("sidecar field segments applies to h3 only (Wan has one video stream)");
-}
+void check(const FamilyConfig& c, const Symbols&) { check_whole_head_rope(c, "Wan", "has one video stream"); }
 
 FamilyConfig make(const std::string& variant, int64_t dim, int64_t heads, int64_t head_dim,
                   int64_t ffn, int64_t layers, int64_t text_dim, int64_t freq_dim) {
