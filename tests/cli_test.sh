@@ -54,4 +54,21 @@ assert r["plan"]["budget_bytes"] == 6 << 20, r["plan"]["budget_bytes"]
 assert r["planned"]["peak_bytes"] <= 6 << 20, r["planned"]
 assert r["planned"]["estimated_peak_bytes"] <= 6 << 20' || fail "budget 6MiB not met"
 if err=$("$bin" demo --budget 12 parsecs 2>&1); then fail "bad budget should fail"; fi
+# Checkpoints: a tiny H3 written and run with outputs; malformed and unrecognized files named.
+corpus="$(dirname "$0")/../fuzz/corpus"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$bin" make-checkpoint --family h3 --tiny --layers 1 --out "$tmp/h3.safetensors" >/dev/null
+"$bin" run --checkpoint "$tmp/h3.safetensors" --frames 2 --height 64 --width 96 --text-tokens 5 --audio-tokens 3 \
+  --output "$tmp/out.safetensors" --json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+assert r["error"]["rel_l2"] <= 1e-5, r["error"]' || fail "run on a tiny h3 checkpoint"
+[ -s "$tmp/out.safetensors" ] || fail "run --output wrote nothing"
+if err=$("$bin" run --checkpoint "$corpus/bad_overlap.safetensors" --tokens 10 2>&1); then fail "malformed checkpoint accepted"; fi
+grep -q "overlaps tensor 'a'" <<<"$err" || fail "unexpected error: $err"
+if err=$("$bin" run --checkpoint "$corpus/valid_small.safetensors" --tokens 10 2>&1); then fail "unknown checkpoint accepted"; fi
+grep -q "unrecognized checkpoint" <<<"$err" || fail "unexpected error: $err"
+if err=$("$bin" run --checkpoint "$tmp/h3.safetensors" --frames 2 --height 60 --width 96 2>&1); then fail "bad geometry accepted"; fi
+grep -q "multiples of 32, got 2x60x96" <<<"$err" || fail "unexpected error: $err"
 echo "cli_test: ok"
