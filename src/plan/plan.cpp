@@ -12,19 +12,13 @@ namespace sp::plan {
 
 using legality::Verdict;
 
-bool SublayerPlan::chosen(Transform t) const {
-  for (const auto& d : decisions)
-    if (d.transform == t) return d.chosen;
-  return false;
-}
-
-bool FinalPlan::chosen(Transform t) const {
-  for (const auto& d : decisions)
-    if (d.transform == t) return d.chosen;
-  return false;
-}
-
 namespace {
+
+bool is_chosen(const std::vector<Decision>& ds, Transform t) {
+  for (const auto& d : ds)
+    if (d.transform == t) return d.chosen;
+  return false;
+}
 
 int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
@@ -55,6 +49,13 @@ Decision* find(std::vector<Decision>& ds, Transform t) {
     if (d.transform == t) return &d;
   return nullptr;
 }
+
+}  // namespace
+
+bool SublayerPlan::chosen(Transform t) const { return is_chosen(decisions, t); }
+bool FinalPlan::chosen(Transform t) const { return is_chosen(decisions, t); }
+
+namespace {
 
 void decline(std::vector<Decision>& ds, Transform t, const std::string& why) {
   if (Decision* d = find(ds, t); d && d->chosen) {

@@ -43,22 +43,55 @@ double median(std::vector<double> v) {
 
 bool is_oom(const std::exception& e) { return dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr; }
 
+// A case's model with random weights generated on the device and random inputs.
+struct CaseModel {
+  recognize::FamilyConfig cfg;
+  models::Instance inst;
+};
+
+CaseModel build_case(const BenchCase& c, const contracts::Registry& reg, const at::Device& device,
+                     const BenchOptions& opt) {
+  CaseModel cm{recognize::preset(c.variant, c.layers, opt.tiny), {}};
+  auto weights = models::random_weights_on(cm.cfg, device, exec::to_aten(opt.dtype), opt.seed, reg);
+  const models::FamilyRun fr =
+      models::prepare(cm.cfg, *weights, models::random_raw_inputs(cm.cfg, c.geom, opt.seed), opt.dtype, "sdpa");
+  cm.inst = {fr.model, weights, fr.inputs};
+  return cm;
+}
+
+// `reps` metered calls of f: the median time, the largest peak, the last output.
+struct Repeated {
+  double ms = 0;
+  int64_t peak = 0;
+  at::Tensor out;
+};
+
+Repeated repeat(const at::Device& device, int reps, const std::function<at::Tensor()>& f) {
+  std::vector<double> ms;
+  Repeated r;
+  for (int i = 0; i < reps; ++i) {
+    auto [out, m] = measure(device, f);
+    r.out = out;
+    ms.push_back(m.ms);
+    r.peak = std::max(r.peak, m.peak_bytes);
+  }
+  r.ms = median(ms);
+  return r;
+}
+
 }  // namespace
 
 BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
                            const at::Device& device, const BenchOptions& opt) {
-  const auto cfg = recognize::preset(c.variant, c.layers, opt.tiny);
-  auto weights = models::random_weights_on(cfg, device, exec::to_aten(opt.dtype), opt.seed, reg);
-  const auto raw = models::random_raw_inputs(cfg, c.geom, opt.seed);
-  const models::FamilyRun fr = models::prepare(cfg, *weights, raw, opt.dtype, "sdpa");
-  const models::Instance inst{fr.model, weights, fr.inputs};
+  const CaseModel cm = build_case(c, reg, device, opt);
+  const models::Instance& inst = cm.inst;
   plan::Options po = opt.plan;
   if (opt.budget_floor > 0) po.budget_bytes = static_cast<int64_t>(opt.budget_floor * double(plan::floor_bytes(inst.model)));
   const plan::Plan p = plan::make_plan(inst.model, reg, caps, po);
 
   BenchResult r;
   r.name = c.name;
-  r.variant = cfg.variant;
+  r.variant = cm.cfg.variant;
   r.device = caps.name;
   r.dtype = ir::to_string(opt.dtype);
   r.tokens = inst.model.tokens();
@@ -69,15 +102,6 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
 
   auto naive = [&] { return exec::run_naive(inst.model, *inst.weights, inst.inputs, reg); };
   auto planned = [&] { return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, caps); };
-  // One timed, metered call; returns the output.
-  auto measure = [&](const std::function<at::Tensor()>& f, std::vector<double>& ms, int64_t& peak) {
-    exec::synchronize(device);
-    exec::PeakMeter meter(device);
-    at::Tensor out;
-    ms.push_back(exec::time_ms(device, [&] { out = f(); }));
-    peak = std::max(peak, meter.peak_above_start());
-    return out;
-  };
   bool naive_fits = true;
   try {
     naive();
@@ -88,19 +112,27 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
     exec::release_cached(device);
   }
   planned();
+  // Alternating: naive, planned, naive, planned, ...
   std::vector<double> nms, pms;
   int64_t npeak = 0;
   at::Tensor nout, pout;
   for (int i = 0; i < opt.reps; ++i) {
-    if (naive_fits) nout = measure(naive, nms, npeak);
-    pout = measure(planned, pms, r.planned_peak);
-    if (naive_fits && i + 1 < opt.reps) nout.reset();
+    if (naive_fits) {
+      const Repeated n = repeat(device, 1, naive);
+      nms.push_back(n.ms);
+      npeak = std::max(npeak, n.peak);
+      nout = n.out;
+    }
+    const Repeated pl = repeat(device, 1, planned);
+    pms.push_back(pl.ms);
+    r.planned_peak = std::max(r.planned_peak, pl.peak);
+    pout = pl.out;
   }
   r.planned_ms = median(pms);
   if (naive_fits) {
     r.naive_ms = median(nms);
     r.naive_peak = npeak;
-    r.rel_l2 = ((pout.to(at::kDouble) - nout.to(at::kDouble)).norm() / nout.to(at::kDouble).norm()).item<double>();
+    r.rel_l2 = rel_l2(pout, nout);
   }
   return r;
 }
@@ -108,24 +140,14 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
 nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
                                 const at::Device& device, const BenchOptions& opt, int points,
                                 const std::vector<int64_t>& fixed_chunks) {
-  const auto cfg = recognize::preset(c.variant, c.layers, opt.tiny);
-  auto weights = models::random_weights_on(cfg, device, exec::to_aten(opt.dtype), opt.seed, reg);
-  const models::FamilyRun fr =
-      models::prepare(cfg, *weights, models::random_raw_inputs(cfg, c.geom, opt.seed), opt.dtype, "sdpa");
-  const models::Instance inst{fr.model, weights, fr.inputs};
+  const CaseModel cm = build_case(c, reg, device, opt);
+  const models::Instance& inst = cm.inst;
   // Median of `reps` timed runs after one warm-up, and the largest peak.
   auto run = [&](const plan::Plan& p) {
     auto f = [&] { return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, caps); };
     f();
-    std::vector<double> ms;
-    int64_t peak = 0;
-    for (int i = 0; i < opt.reps; ++i) {
-      exec::synchronize(device);
-      exec::PeakMeter meter(device);
-      ms.push_back(exec::time_ms(device, [&] { f(); }));
-      peak = std::max(peak, meter.peak_above_start());
-    }
-    return std::make_pair(median(ms), peak);
+    const Repeated rp = repeat(device, opt.reps, f);
+    return std::make_pair(rp.ms, rp.peak);
   };
   int64_t smallest = 0;
   try {

@@ -27,19 +27,6 @@ exec::Progress progress_printer(const std::string& label, bool enabled) {
   };
 }
 
-template <typename F>
-std::pair<at::Tensor, Measurement> measure(const at::Device& d, F&& f) {
-  exec::synchronize(d);
-  exec::PeakMeter meter(d);
-  const auto t0 = Clock::now();
-  at::Tensor out = f();
-  exec::synchronize(d);
-  Measurement m;
-  m.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  m.peak_bytes = meter.peak_above_start();
-  return {out, m};
-}
-
 std::string mib(int64_t b) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(b) / (1 << 20));
@@ -47,6 +34,21 @@ std::string mib(int64_t b) {
 }
 
 }  // namespace
+
+std::pair<at::Tensor, Measurement> measure(const at::Device& d, const std::function<at::Tensor()>& f) {
+  exec::synchronize(d);
+  exec::PeakMeter meter(d);
+  at::Tensor out;
+  Measurement m;
+  m.ms = exec::time_ms(d, [&] { out = f(); });
+  m.peak_bytes = meter.peak_above_start();
+  return {out, m};
+}
+
+double rel_l2(const at::Tensor& out, const at::Tensor& ref) {
+  const at::Tensor r = ref.to(at::kDouble);
+  return ((out.to(at::kDouble) - r).norm() / r.norm().clamp_min(1e-300)).item<double>();
+}
 
 RunReport compare(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,
                   const contracts::DeviceCaps& dev, const CompareOptions& opt) {
@@ -83,9 +85,8 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
     r.naive_out = ref;
   }
   if (ref.defined()) {
-    at::Tensor diff = out.to(at::kDouble) - ref.to(at::kDouble);
-    r.max_abs = diff.abs().max().item<double>();
-    r.rel_l2 = (diff.norm() / ref.to(at::kDouble).norm().clamp_min(1e-300)).item<double>();
+    r.max_abs = (out.to(at::kDouble) - ref.to(at::kDouble)).abs().max().item<double>();
+    r.rel_l2 = rel_l2(out, ref);
   }
   return r;
 }

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -41,6 +42,12 @@ struct CompareOptions {
   bool progress = true;  // progress lines on stderr once a run passes a few seconds
   bool keep_outputs = false;
 };
+
+// One metered call on the device: its output, time (device events on a GPU) and the
+// activation peak above what was live when it started.
+std::pair<at::Tensor, Measurement> measure(const at::Device& d, const std::function<at::Tensor()>& f);
+// ||out - ref|| / ||ref|| in float64.
+double rel_l2(const at::Tensor& out, const at::Tensor& ref);
 
 RunReport compare(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,
                   const contracts::DeviceCaps& dev, const CompareOptions& opt);
