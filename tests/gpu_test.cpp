@@ -5,7 +5,11 @@
 #include <random>
 
 #include "exec/device.hpp"
+#include "exec/fused.hpp"
 #include "models/builder.hpp"
+#include "models/checkpoint.hpp"
+#include "models/families.hpp"
+#include "recognize/recognize.hpp"
 #include "report/report.hpp"
 #include "test_util.hpp"
 
@@ -70,3 +74,141 @@ TEST(Gpu, ReducedPrecisionPlannedWithinTwiceNaiveErrorAndEstimateWithinFivePerce
 }
 
 }  // namespace
+
+// The fused row kernels against the formulas they implement, in float64 on the CPU: every
+// element within one unit in the last place of the output dtype (fp32: 1e-5 relative).
+namespace fusedk {
+
+using namespace sp;
+
+double ulp_of(at::ScalarType t) { return t == at::kBFloat16 ? 0x1p-7 : t == at::kHalf ? 0x1p-10 : 1e-5; }
+
+void expect_close(const at::Tensor& got, const at::Tensor& want64, at::ScalarType dt, const std::string& what) {
+  const at::Tensor g = got.cpu().to(at::kDouble);
+  const at::Tensor bound = want64.abs() * ulp_of(dt) + 1e-5;
+  const at::Tensor bad = (g - want64).abs() > bound;
+  EXPECT_EQ(bad.sum().item<int64_t>(), 0) << what << ": max |diff| " << (g - want64).abs().max().item<double>();
+}
+
+TEST(Gpu, FusedNormModulateMatchesFormula) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const at::Device d = exec::pick_device("cuda");
+  at::manual_seed(7);
+  for (at::ScalarType dt : {at::kBFloat16, at::kHalf, at::kFloat})
+    for (int64_t dim : {77, 1000, 5120})
+      for (bool ln : {true, false})
+        for (int mode : {0, 1, 2}) {  // modulation: none, one row for all, per row
+          const int64_t rows = 37;
+          const std::string what = std::string(c10::toString(dt)) + " dim " + std::to_string(dim) +
+                                   (ln ? " layernorm" : " rmsnorm") + " mod " + std::to_string(mode);
+          // x as a strided row view of a wider tensor, modulation rows strided too.
+          const at::Tensor xw = at::randn({rows, dim + 3}).to(dt), x = xw.narrow(1, 1, dim);
+          const at::Tensor w = at::randn({dim}), b = ln ? at::randn({dim}) : at::Tensor();
+          at::Tensor scale, shift;
+          if (mode == 1) scale = at::randn({dim}) * 0.1, shift = at::randn({dim});
+          if (mode == 2) {
+            const at::Tensor table = at::randn({rows, 2, dim});
+            scale = table.select(1, 0) * 0.1, shift = table.select(1, 1);
+          }
+          const at::Tensor x64 = x.to(at::kDouble);
+          const at::Tensor mean = ln ? x64.mean(-1, true) : at::zeros({rows, 1}, at::kDouble);
+          const at::Tensor var = (x64 - mean).pow(2).mean(-1, true);
+          at::Tensor want = (x64 - mean) * at::rsqrt(var + 1e-6) * w.to(at::kDouble);
+          if (ln) want = want + b.to(at::kDouble);
+          if (mode) want = want * (1 + scale.to(at::kDouble)) + shift.to(at::kDouble);
+          const at::Tensor out = at::empty({rows, dim}, at::TensorOptions().dtype(dt).device(d));
+          auto cuda = [&](const at::Tensor& t) { return t.defined() ? t.to(d) : t; };
+          exec::fused::norm_modulate(xw.to(d).narrow(1, 1, dim), out, {ln, 1e-6, cuda(w), cuda(b)},
+                                     mode == 2 ? scale.to(d) : cuda(scale), cuda(shift));
+          expect_close(out, want, dt, what);
+        }
+}
+
+TEST(Gpu, FusedQkNormRopeMatchesFormula) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const at::Device d = exec::pick_device("cuda");
+  at::manual_seed(11);
+  struct C {
+    int64_t heads, hd, rot;
+  };
+  for (at::ScalarType dt : {at::kBFloat16, at::kHalf, at::kFloat})
+    for (C c : {C{3, 64, 32}, C{40, 128, 128}, C{5, 96, 0}})
+      for (auto norm : {ir::QkNormKind::None, ir::QkNormKind::PerHead, ir::QkNormKind::AcrossHeads})
+        for (auto style : {ir::RopeStyle::None, ir::RopeStyle::SplitHalf, ir::RopeStyle::Interleaved}) {
+          if ((style == ir::RopeStyle::None) != (c.rot == 0)) continue;
+          const int64_t n = 19, H = c.heads, hd = c.hd, half = c.rot / 2;
+          const std::string what = std::string(c10::toString(dt)) + " heads " + std::to_string(H) + " hd " +
+                                   std::to_string(hd) + " rot " + std::to_string(c.rot) + " norm " + ir::to_string(norm) +
+                                   " rope " + std::to_string(int(style));
+          const at::Tensor in = at::randn({n, H * hd}).to(dt);
+          const at::Tensor w = norm == ir::QkNormKind::PerHead ? at::randn({hd}) : at::randn({H * hd});
+          const at::Tensor ang = at::randn({n, std::max<int64_t>(half, 1)});
+          const at::Tensor cs = at::cos(ang).narrow(1, 0, half), sn = at::sin(ang).narrow(1, 0, half);
+          at::Tensor v = in.to(at::kDouble).view({n, H, hd});
+          if (norm == ir::QkNormKind::PerHead)
+            v = v * at::rsqrt(v.pow(2).mean(-1, true) + 1e-6) * w.to(at::kDouble);
+          if (norm == ir::QkNormKind::AcrossHeads) {
+            const at::Tensor f = v.flatten(1);
+            v = (f * at::rsqrt(f.pow(2).mean(-1, true) + 1e-6) * w.to(at::kDouble)).view({n, H, hd});
+          }
+          at::Tensor want = v.clone();
+          if (style != ir::RopeStyle::None) {
+            at::Tensor a, b, wa, wb;
+            if (style == ir::RopeStyle::SplitHalf) {
+              a = v.narrow(-1, 0, half), b = v.narrow(-1, half, half);
+              wa = want.narrow(-1, 0, half), wb = want.narrow(-1, half, half);
+            } else {
+              a = v.narrow(-1, 0, c.rot).unflatten(-1, {half, 2}).select(-1, 0);
+              b = v.narrow(-1, 0, c.rot).unflatten(-1, {half, 2}).select(-1, 1);
+              wa = want.narrow(-1, 0, c.rot).unflatten(-1, {half, 2}).select(-1, 0);
+              wb = want.narrow(-1, 0, c.rot).unflatten(-1, {half, 2}).select(-1, 1);
+            }
+            const at::Tensor c64 = cs.to(at::kDouble).unsqueeze(1), s64 = sn.to(at::kDouble).unsqueeze(1);
+            const at::Tensor na = a * c64 - b * s64, nb = b * c64 + a * s64;
+            wa.copy_(na);
+            wb.copy_(nb);
+          }
+          // Written head-major ([H, n, hd]), the folded layout of the Q slab.
+          const at::Tensor out = at::full({H, n, hd}, 7.0, at::TensorOptions().dtype(dt).device(d));
+          exec::fused::qk_norm_rope(in.to(d), out.transpose(0, 1), norm, 1e-6,
+                                    norm == ir::QkNormKind::None ? at::Tensor() : w.to(d),
+                                    {style, c.rot, style == ir::RopeStyle::None ? at::Tensor() : cs.to(d),
+                                     style == ir::RopeStyle::None ? at::Tensor() : sn.to(d)});
+          expect_close(out.transpose(0, 1), want, dt, what);
+        }
+}
+
+}  // namespace fusedk
+
+// Every family's structure on the GPU in bf16 (Wan: LayerNorm, Q/K RMSNorm across heads,
+// cross-attention; Flux: joint attention, parallel MLP; H3: GQA, partial RoPE): planned with
+// the fused row kernels, with a chunk that divides nothing, within twice naive's error
+// against an fp64 run of the same weights.
+TEST(Gpu, FamiliesWithFusedRowKernelsWithinTwiceNaiveError) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const auto reg = contracts::Registry::builtin();
+  const at::Device d = exec::pick_device("cuda");
+  const auto dev = exec::describe_device(d);
+  ASSERT_EQ(dev.fused_row_kernels, contracts::Cap::Yes);
+  const std::vector<std::pair<std::string, models::Geometry>> cases = {
+      {"wan2.1-14b", {.frames = 5, .height = 48, .width = 80, .text_tokens = 9}},
+      {"flux1-dev", {.height = 112, .width = 80, .text_tokens = 7}},
+      {"h3", {.frames = 3, .height = 96, .width = 160, .text_tokens = 11, .audio_tokens = 5}}};
+  for (const auto& [variant, geom] : cases) {
+    SCOPED_TRACE(variant);
+    const auto cfg = recognize::preset(variant, 2, true);
+    auto weights = models::random_weights_on(cfg, d, at::kBFloat16, 5, reg);
+    const auto fr = models::prepare(cfg, *weights, models::random_raw_inputs(cfg, geom, 5), ir::DType::BF16, "sdpa");
+    const models::Instance inst{fr.model, weights, fr.inputs};
+    const auto ref_inst = models::upcast_f64(inst, reg);
+    const at::Tensor ref = exec::run_naive(ref_inst.model, *ref_inst.weights, ref_inst.inputs, reg).cpu();
+    const at::Tensor naive = exec::run_naive(inst.model, *inst.weights, inst.inputs, reg).cpu();
+    const auto p = plan::make_plan(inst.model, reg, dev, {37, 0});
+    const at::Tensor planned = exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev).cpu();
+    const double en = test::rel_l2(naive, ref), ep = test::rel_l2(planned, ref);
+    std::cout << variant << " (" << inst.model.tokens() << " tokens): naive err " << en << ", planned (fused) err "
+              << ep << "\n";
+    EXPECT_GT(en, 0.0);
+    EXPECT_LE(ep, 2.0 * en);
+  }
+}

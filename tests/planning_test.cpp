@@ -594,6 +594,50 @@ TEST_F(Planning, ChunkNotDividingTokensIsPlanned) {
   EXPECT_EQ(plan(q64, {.token_chunk = 519}).blocks[0].sublayers[0].q_chunk, 520);
 }
 
+// A device with fused row kernels: the fp32 staging buffers (N32, Q32, K32, RopeTmp) leave
+// every phase, QF gets its own bytes (the kernel reads Q while it writes QF), the peak drops;
+// a patch on Q keeps the staged Q/K path, and fp64 models keep all of it.
+TEST_F(Planning, FusedRowKernelsDropStagingBuffers) {
+  ct::DeviceCaps fused = dev;
+  fused.fused_row_kernels = Cap::Yes;
+  auto ids = [](const pl::PhaseSpec& ph) {
+    std::set<pl::Buf> s;
+    for (const auto& b : ph.buffers) s.insert(b.id);
+    return s;
+  };
+  const ir::Model m = build(gqa_bf16());
+  const pl::Plan staged = pl::make_plan(m, reg, dev, {.token_chunk = 100});
+  const pl::Plan one_pass = pl::make_plan(m, reg, fused, {.token_chunk = 100});
+  EXPECT_LT(one_pass.estimated_peak_bytes, staged.estimated_peak_bytes);
+  const ir::Attention& a = std::get<ir::Attention>(m.blocks[0].sublayers[0].body);
+  EXPECT_TRUE(pl::fused_qk(m, a, reg, fused));
+  EXPECT_FALSE(pl::fused_qk(m, a, reg, dev));
+  for (size_t s = 0; s < 2; ++s)
+    for (const auto& ph : pl::sublayer_phases(m, m.blocks[0].sublayers[s], one_pass.blocks[0].sublayers[s], reg, fused)) {
+      SCOPED_TRACE(ph.name);
+      for (pl::Buf gone : {pl::Buf::N32, pl::Buf::Q32, pl::Buf::K32, pl::Buf::RopeTmp}) EXPECT_EQ(ids(ph).count(gone), 0u);
+      EXPECT_TRUE(ids(ph).count(pl::Buf::H));
+      if (const pl::BufferSpec* qf = ph.find(pl::Buf::QF)) EXPECT_EQ(qf->share, pl::Buf::Count);
+      if (const pl::BufferSpec* y = ph.find(pl::Buf::Y); y && ph.name == "q") EXPECT_EQ(y->share, pl::Buf::QF);
+    }
+
+  Knobs patched = gqa_bf16();
+  patched.attn_patches = {"q-temperature"};
+  const ir::Model mq = build(patched);
+  const ir::Attention& aq = std::get<ir::Attention>(mq.blocks[0].sublayers[0].body);
+  EXPECT_FALSE(pl::fused_qk(mq, aq, reg, fused));
+  EXPECT_TRUE(pl::fused_norm(mq, fused));
+  const auto phases = pl::sublayer_phases(mq, mq.blocks[0].sublayers[0],
+                                          pl::make_plan(mq, reg, fused, {.token_chunk = 100}).blocks[0].sublayers[0], reg, fused);
+  EXPECT_EQ(ids(phases[1]).count(pl::Buf::N32), 0u);
+  EXPECT_EQ(ids(phases[1]).count(pl::Buf::Q32), 1u);
+  EXPECT_EQ(phases[1].find(pl::Buf::Q32)->share, pl::Buf::Count);
+
+  Knobs f64 = gqa_bf16();
+  f64.dtype = ir::DType::F64;
+  EXPECT_FALSE(pl::fused_norm(build(f64), fused));
+}
+
 TEST(PlanDefaults, DefaultTokenChunkBoundsAndAlignment) {
   const std::vector<int64_t> tokens = {1,    15,    16,    17,    127,   128,   2047,    2048,    2049,
                                        8192, 65535, 65536, 65537, 74304, 75000, 1000000, 10000000};

@@ -23,6 +23,7 @@ struct Args {
   int sweep = 0;
   std::vector<int64_t> fixed = {512, 1024, 2048, 4096, 8192, 16384};
   bool tiny = false, list = false;
+  std::string row_kernels = "fused";
 };
 
 int bench(const Args& a) {
@@ -40,6 +41,7 @@ int bench(const Args& a) {
   const auto reg = contracts::Registry::builtin();
   const at::Device d = exec::pick_device(a.device);
   auto caps = exec::describe_device(d);
+  if (a.row_kernels == "aten") caps.fused_row_kernels = contracts::Cap::No;
   exec::install_cpu_meter();
   if (!a.budget.empty() || a.budget_floor > 0) exec::apply_rates(exec::probe_device(d, caps), caps);
   report::BenchOptions opt;
@@ -97,6 +99,9 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--sweep", a->sweep, "budget sweep with this many budgets per case (planned only) instead")
       ->check(CLI::Range(2, 100));
   cmd->add_option("--fixed-chunks", a->fixed, "fixed token chunks the sweep compares with")->delimiter(',');
+  cmd->add_option("--row-kernels", a->row_kernels,
+                 "planned schedule's norm / Q-K rows: fused kernels where the device has them, or aten ops")
+      ->check(CLI::IsMember({"fused", "aten"}));
   cmd->add_option("--out", a->out, "write the results as JSON (updated after every case)");
   return [cmd, a]() { return cmd->parsed() ? bench(*a) : -1; };
 }

@@ -78,7 +78,22 @@ struct Run {
   at::Device device;
   at::ScalarType dt, acc;
   Ops ops;
+  bool fused;  // plan::fused_norm: norm + modulation in one kernel, straight into H
 };
+
+// H [n, D] := modulate(norm(rows [row0, row0 + n) of x)), in the activation dtype.
+at::Tensor normed_rows(const Run& r, const Workspace& ws, const at::Tensor& x, const ir::Norm& norm,
+                       const ir::Modulation& mod, const ir::ModRef& ref, int64_t row0, int64_t n) {
+  at::Tensor h = ws.get(Buf::H, {n, r.m.dim});
+  if (r.fused) {
+    r.ops.norm_modulate_fused(x.narrow(0, row0, n), norm, mod, ref, row0, h);
+    return h;
+  }
+  at::Tensor n32 = ws.get(Buf::N32, {n, r.m.dim});
+  r.ops.norm_modulate(x.narrow(0, row0, n), norm, mod, ref, row0, n32);
+  h.copy_(n32);
+  return h;
+}
 
 template <typename F>
 void for_slabs(int64_t total, int64_t chunk, F&& f) {
@@ -143,6 +158,7 @@ void attention(Run& r, const ir::Block& b, const ir::Sublayer& s, const ir::Atte
   const int64_t L = cross ? ctx.size(0) : T;
   const auto phases = plan::sublayer_phases(r.m, s, p, r.reg, dev);
   const bool roped = a.rope.style != ir::RopeStyle::None;
+  const bool fq = plan::fused_qk(r.m, a, r.reg, dev);
   at::Tensor cos, sin;
   if (roped) {
     cos = r.in.table(a.rope.table + ".cos");
@@ -154,12 +170,15 @@ void attention(Run& r, const ir::Block& b, const ir::Sublayer& s, const ir::Atte
       r.ops.rope_(t3, a.rope, cos.narrow(0, row0, n), sin.narrow(0, row0, n),
                   ws.get(Buf::RopeTmp, {n, heads, a.rope.rotary_dim / 2}));
   };
+  // Q/K norm and RoPE of t [n, heads*hd] (absolute rows from row0) in one kernel, into out3 [n, heads, hd].
+  auto norm_rotate_into = [&](const at::Tensor& t, const std::string& weight, int64_t row0, const at::Tensor& out3) {
+    const int64_t n = t.size(0);
+    r.ops.qk_norm_rope_fused(t, a.qk_norm, weight, a.rope, roped ? cos.narrow(0, row0, n) : at::Tensor(),
+                             roped ? sin.narrow(0, row0, n) : at::Tensor(), out3);
+  };
   using Acq = std::tuple<const ir::Linear*, Slice, Slice>;
   auto normed = [&](const Workspace& ws, int64_t row0, int64_t n) {
-    at::Tensor n32 = ws.get(Buf::N32, {n, D}), h = ws.get(Buf::H, {n, D});
-    r.ops.norm_modulate(x.narrow(0, row0, n), s.norm, b.modulation, s.mod, row0, n32);
-    h.copy_(n32);
-    return h;
+    return normed_rows(r, ws, x, s.norm, b.modulation, s.mod, row0, n);
   };
 
   // Phase kv: K and V for every row (or every context row) into the global buffers.
@@ -172,20 +191,26 @@ void attention(Run& r, const ir::Block& b, const ir::Sublayer& s, const ir::Atte
       const int64_t row0 = rr.begin + l0;
       at::Tensor h = cross ? ctx.narrow(0, l0, n) : normed(ws, row0, n);
       at::Tensor kv = ws.get(Buf::KV, {2, n, wkv});
-      at::Tensor k = kv.select(0, 0), v = kv.select(0, 1), k32 = ws.get(Buf::K32, {n, wkv});
+      at::Tensor k = kv.select(0, 0), v = kv.select(0, 1), k32 = fq ? at::Tensor() : ws.get(Buf::K32, {n, wkv});
       auto project_kv = [&](int64_t lb, int64_t len, const ir::AttnProj& pr) {
         project(r, pr.k_linear(), wk.of(pr), region_rows(pr, "k", wkv), h.narrow(0, lb, len), k.narrow(0, lb, len));
         project(r, pr.v_linear(), wv.of(pr), region_rows(pr, "v", wkv), h.narrow(0, lb, len), v.narrow(0, lb, len));
+        if (fq) {  // straight into the global K rows
+          norm_rotate_into(k.narrow(0, lb, len), pr.k_norm, row0 + lb, K.narrow(1, l0 + lb, len).transpose(0, 1));
+          return;
+        }
         at::Tensor kp = k32.narrow(0, lb, len);
         kp.copy_(k.narrow(0, lb, len));
         r.ops.qk_norm_(kp, a.qk_norm, pr.k_norm, G, hd);
       };
       if (cross) project_kv(0, n, a.proj);
       else proj_pieces(r.m, a, row0, n, project_kv);
-      rotate(k32.view({n, G, hd}), ws, row0, n, G);
-      apply_patches(r.reg, a.patches, contracts::TensorRole::K, k32);
+      if (!fq) {
+        rotate(k32.view({n, G, hd}), ws, row0, n, G);
+        apply_patches(r.reg, a.patches, contracts::TensorRole::K, k32);
+        K.narrow(1, l0, n).copy_(k32.view({n, G, hd}).transpose(0, 1));
+      }
       apply_patches(r.reg, a.patches, contracts::TensorRole::V, v);
-      K.narrow(1, l0, n).copy_(k32.view({n, G, hd}).transpose(0, 1));
       V.narrow(1, l0, n).copy_(v.view({n, G, hd}).transpose(0, 1));
     });
   }
@@ -232,18 +257,24 @@ void attention(Run& r, const ir::Block& b, const ir::Sublayer& s, const ir::Atte
     for_slabs(T, p.q_chunk, [&](int64_t t0, int64_t n) {
       const int64_t row0 = rr.begin + t0;
       at::Tensor h = normed(ws, row0, n);
-      at::Tensor q = ws.get(Buf::Q, {n, wq}), q32 = ws.get(Buf::Q32, {n, wq});
+      at::Tensor q = ws.get(Buf::Q, {n, wq}), q32 = fq ? at::Tensor() : ws.get(Buf::Q32, {n, wq});
+      // Each KV group's query heads folded into rows: [G, rep, n, hd] head-major.
+      at::Tensor qf = ws.get(Buf::QF, {G, rep * n, hd});
       proj_pieces(r.m, a, row0, n, [&](int64_t lb, int64_t len, const ir::AttnProj& pr) {
         project(r, pr.q_linear(), wqt.of(pr), region_rows(pr, "q", wq), h.narrow(0, lb, len), q.narrow(0, lb, len));
+        if (fq) {  // straight into the folded layout
+          norm_rotate_into(q.narrow(0, lb, len), pr.q_norm, row0 + lb, qf.view({H, n, hd}).narrow(1, lb, len).transpose(0, 1));
+          return;
+        }
         at::Tensor qp = q32.narrow(0, lb, len);
         qp.copy_(q.narrow(0, lb, len));
         r.ops.qk_norm_(qp, a.qk_norm, pr.q_norm, H, hd);
       });
-      rotate(q32.view({n, H, hd}), ws, row0, n, H);
-      apply_patches(r.reg, a.patches, contracts::TensorRole::Q, q32);
-      // Fold each KV group's query heads into rows: [G, rep, n, hd] head-major.
-      at::Tensor qf = ws.get(Buf::QF, {G, rep * n, hd});
-      qf.view({G, rep, n, hd}).copy_(q32.view({n, G, rep, hd}).permute({1, 2, 0, 3}));
+      if (!fq) {
+        rotate(q32.view({n, H, hd}), ws, row0, n, H);
+        apply_patches(r.reg, a.patches, contracts::TensorRole::Q, q32);
+        qf.view({G, rep, n, hd}).copy_(q32.view({n, G, rep, hd}).permute({1, 2, 0, 3}));
+      }
       at::Tensor o4 = attend(qf.unsqueeze(0), K, V, scale);
       at::Tensor o = streamed ? ws.get(Buf::O, {n, wq}) : ws.full(Buf::OFull).narrow(0, t0, n);
       o.view({n, G, rep, hd}).copy_(o4.view({G, rep, n, hd}).permute({2, 0, 1, 3}));
@@ -309,10 +340,8 @@ void mlp(Run& r, const ir::Block& b, const ir::Sublayer& s, const ir::Mlp& m, co
   if (!sliced) held = acquire(0, F);
   for_slabs(T, p.token_chunk, [&](int64_t t0, int64_t n) {
     const int64_t r0 = rr.begin + t0;
-    at::Tensor n32 = ws.get(Buf::N32, {n, D}), h = ws.get(Buf::H, {n, D});
     at::Tensor xr = x.narrow(0, r0, n);
-    r.ops.norm_modulate(xr, s.norm, b.modulation, s.mod, r0, n32);
-    h.copy_(n32);
+    const at::Tensor h = normed_rows(r, ws, x, s.norm, b.modulation, s.mod, r0, n);
     at::Tensor acc = sliced ? ws.get(Buf::Acc, {n, D}) : at::Tensor();
     if (sliced) acc.zero_();
     at::Tensor y = ws.get(Buf::Y, {n, D});
@@ -351,7 +380,7 @@ at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSour
                                 std::to_string(m.blocks.size()) + " / " + std::to_string(m.tokens()));
   const at::ScalarType dt = to_aten(m.dtype), acc = to_aten(plan::accumulation_dtype(m.dtype));
   const at::Device device = in.device();
-  Run r{m, w, in, reg, device, dt, acc, Ops(m, w, in)};
+  Run r{m, w, in, reg, device, dt, acc, Ops(m, w, in), plan::fused_norm(m, dev)};
   const int64_t T = m.tokens(), D = m.dim;
 
   at::Tensor x = at::empty({T, D}, at::TensorOptions().dtype(dt).device(device));
@@ -388,7 +417,8 @@ at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSour
   for_slabs(fr.size(), p.final_layer.chunk, [&](int64_t t0, int64_t n) {
     const int64_t r0 = fr.begin + t0;
     at::Tensor n32 = ws.get(Buf::N32, {n, D});
-    r.ops.norm_modulate(x.narrow(0, r0, n), f.norm, f.modulation, f.mod, r0, n32);
+    if (r.fused) r.ops.norm_modulate_fused(x.narrow(0, r0, n), f.norm, f.modulation, f.mod, r0, n32);
+    else r.ops.norm_modulate(x.narrow(0, r0, n), f.norm, f.modulation, f.mod, r0, n32);
     at::Tensor o = out.narrow(0, t0, n);
     at::mm_out(o, n32, w32.t());
     if (b32.defined()) o.add_(b32);

@@ -1,5 +1,7 @@
 #include "exec/device.hpp"
 
+#include "exec/fused.hpp"
+
 #include <ATen/Parallel.h>
 #include <ATen/Context.h>
 
@@ -60,6 +62,7 @@ contracts::DeviceCaps describe_device(const at::Device& d) {
     c.dtypes = {DType::F32, DType::BF16, DType::F16, DType::F64};
     c.threads = at::get_num_threads();
     c.alloc_round = 1;
+    c.fused_row_kernels = contracts::Cap::No;
     return c;
   }
 #ifdef STREAMPLAN_WITH_CUDA
@@ -76,6 +79,7 @@ contracts::DeviceCaps describe_device(const at::Device& d) {
   if (p->major >= 8) c.dtypes.insert(DType::BF16);
   if (p->major > 8 || (p->major == 8 && p->minor >= 9)) c.dtypes.insert(DType::F8E4M3);
   c.alloc_round = 512;  // the caching allocator rounds every block to 512 bytes
+  c.fused_row_kernels = fused::fused_rows_built() ? contracts::Cap::Yes : contracts::Cap::No;
   c.threads = 1;
   return c;
 #else

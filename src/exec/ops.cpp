@@ -2,25 +2,55 @@
 
 #include <cmath>
 
+#include "exec/fused.hpp"
+
 namespace sp::exec {
 
 template <typename F>
-void Ops::mod_pieces(const ir::Modulation& mod, int idx, int64_t row0, int64_t n, F&& f) const {
-  const at::Tensor& t = in_.table(mod.table);
-  if (mod.scope == ir::ModScope::PerToken) {
-    f(0, n, t.narrow(0, row0, n).select(1, idx));
-    return;
-  }
-  if (mod.scope == ir::ModScope::Shared) {
-    f(0, n, t.select(0, 0).select(0, idx));
+void Ops::pieces(const ir::Modulation& mod, int64_t row0, int64_t n, F&& f) const {
+  if (mod.scope != ir::ModScope::PerSegment) {
+    f(0, n, int64_t{-1});
     return;
   }
   int64_t start = 0;
   for (size_t s = 0; s < m_.segments.size(); ++s) {
     const int64_t a = std::max(row0, start), b = std::min(row0 + n, start + m_.segments[s].length);
-    if (a < b) f(a - row0, b - a, t.select(0, int64_t(s)).select(0, idx));
+    if (a < b) f(a - row0, b - a, int64_t(s));
     start += m_.segments[s].length;
   }
+}
+
+at::Tensor Ops::mod_rows(const ir::Modulation& mod, int idx, int64_t row0, int64_t len, int64_t segment) const {
+  const at::Tensor& t = in_.table(mod.table);
+  if (mod.scope == ir::ModScope::PerToken) return t.narrow(0, row0, len).select(1, idx);
+  return t.select(0, segment < 0 ? 0 : segment).select(0, idx);
+}
+
+template <typename F>
+void Ops::mod_pieces(const ir::Modulation& mod, int idx, int64_t row0, int64_t n, F&& f) const {
+  pieces(mod, row0, n, [&](int64_t lb, int64_t len, int64_t seg) { f(lb, len, mod_rows(mod, idx, row0 + lb, len, seg)); });
+}
+
+void Ops::norm_modulate_fused(const at::Tensor& x_rows, const ir::Norm& n, const ir::Modulation& mod,
+                              const ir::ModRef& r, int64_t row0, const at::Tensor& out) const {
+  fused::NormArgs args{n.kind == ir::NormKind::LayerNorm, n.eps, {}, {}};
+  if (n.affine) {
+    args.weight = w_.tensor(n.weight);
+    if (!n.bias.empty()) args.bias = w_.tensor(n.bias);
+  }
+  const bool modulated = mod.scope != ir::ModScope::None;
+  pieces(mod, row0, x_rows.size(0), [&](int64_t lb, int64_t len, int64_t seg) {
+    const at::Tensor scale = modulated && r.scale >= 0 ? mod_rows(mod, r.scale, row0 + lb, len, seg) : at::Tensor();
+    const at::Tensor shift = modulated && r.shift >= 0 ? mod_rows(mod, r.shift, row0 + lb, len, seg) : at::Tensor();
+    fused::norm_modulate(x_rows.narrow(0, lb, len), out.narrow(0, lb, len), args, scale, shift);
+  });
+}
+
+void Ops::qk_norm_rope_fused(const at::Tensor& t, const ir::QkNorm& qn, const std::string& weight,
+                             const ir::Rope& rope, const at::Tensor& cos, const at::Tensor& sin,
+                             const at::Tensor& out3) const {
+  const at::Tensor w = qn.kind == ir::QkNormKind::None ? at::Tensor() : w_.tensor(weight);
+  fused::qk_norm_rope(t, out3, qn.kind, qn.eps, w, {rope.style, rope.rotary_dim, cos, sin});
 }
 
 void Ops::norm_modulate(const at::Tensor& x_rows, const ir::Norm& n, const ir::Modulation& mod, const ir::ModRef& r,

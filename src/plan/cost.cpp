@@ -110,11 +110,16 @@ class Walker {
  public:
   Walker(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev)
       : m_(m), reg_(reg), dev_(dev), rates_(rates_of(dev)), t_(rates_, m.dtype),
-        esz_(double(ir::dtype_size(m.dtype))), acc_(double(ir::dtype_size(accumulation_dtype(m.dtype)))) {}
+        esz_(double(ir::dtype_size(m.dtype))), acc_(double(ir::dtype_size(accumulation_dtype(m.dtype)))),
+        fused_(fused_norm(m, dev)) {}
 
   // Ops::norm_modulate on n rows (one modulation piece), then the copy into H when `to_h`.
   void norm(const ir::Norm& nm, const ir::Modulation& mod, const ir::ModRef& r, int64_t n, int64_t times, bool to_h) {
     const double nd = double(n) * double(m_.dim);
+    if (fused_) {  // one kernel: rows in, H (or the fp32 rows of the final layer) out
+      t_.op(nd * (esz_ + (to_h ? esz_ : acc_)), times);
+      return;
+    }
     double bytes = nd * (esz_ + acc_) + nd * acc_ + 2 * nd * acc_;  // copy in, vector norm, scale by 1/rms
     int64_t ops = 7;                                                // + 4 on the row statistics
     if (nm.kind == ir::NormKind::LayerNorm) bytes += 3 * nd * acc_, ops += 2;
@@ -145,6 +150,8 @@ class Walker {
     if (q.kind == ir::QkNormKind::None) return;
     t_.op(5 * double(n) * double(width) * acc_ / 7, 7 * times);
   }
+  // The fused Q/K norm + RoPE kernel: n x width in, the same out in the attention layout.
+  void qk_fused(int64_t n, int64_t width, int64_t times) { t_.op(2 * double(n) * double(width) * esz_, times); }
   // Ops::rope_ on n x heads x rotary_dim/2 pairs.
   void rope(const ir::Rope& r, int64_t n, int64_t heads, int64_t times) {
     if (r.style == ir::RopeStyle::None) return;
@@ -182,6 +189,7 @@ class Walker {
   Rates rates_;
   Tally t_;
   double esz_, acc_;
+  bool fused_;
 };
 
 void Walker::attention(const ir::Block& b, const ir::Sublayer& s, const ir::Attention& a, const SublayerPlan& p) {
@@ -195,6 +203,7 @@ void Walker::attention(const ir::Block& b, const ir::Sublayer& s, const ir::Atte
   const int64_t pieces = inner_boundaries(m_, rr);
   const auto projs = a.all_proj();
   const bool streamed = p.chosen(legality::Transform::StreamedOutProj);
+  const bool fq = fused_qk(m_, a, reg_, dev_);
 
   // Phase kv.
   for (const ir::AttnProj* pr : projs) {
@@ -205,12 +214,16 @@ void Walker::attention(const ir::Block& b, const ir::Sublayer& s, const ir::Atte
     if (!cross) norm(s.norm, b.modulation, s.mod, n, times, true);
     project(a.proj.k_linear(), n, kv_in, wkv, times);
     project(a.proj.v_linear(), n, kv_in, wkv, times);
-    copy(double(n) * wkv, esz_, acc_, times);
-    qk_norm(a.qk_norm, n, wkv, times);
-    rope(a.rope, n, G, times);
-    patches(a.patches, TensorRole::K, double(n) * wkv, times);
+    if (fq) {
+      qk_fused(n, wkv, times);
+    } else {
+      copy(double(n) * wkv, esz_, acc_, times);
+      qk_norm(a.qk_norm, n, wkv, times);
+      rope(a.rope, n, G, times);
+      patches(a.patches, TensorRole::K, double(n) * wkv, times);
+      copy(double(n) * wkv, acc_, esz_, times);
+    }
     patches(a.patches, TensorRole::V, double(n) * wkv, times);
-    copy(double(n) * wkv, acc_, esz_, times);
     copy(double(n) * wkv, esz_, esz_, times);
   });
   if (!cross) mod_pieces(b.modulation, s.mod, pieces);
@@ -240,11 +253,15 @@ void Walker::attention(const ir::Block& b, const ir::Sublayer& s, const ir::Atte
   for_slab_sizes(T, p.q_chunk, [&](int64_t n, int64_t times) {
     norm(s.norm, b.modulation, s.mod, n, times, true);
     project(a.proj.q_linear(), n, D, wq, times);
-    copy(double(n) * wq, esz_, acc_, times);
-    qk_norm(a.qk_norm, n, wq, times);
-    rope(a.rope, n, H, times);
-    patches(a.patches, TensorRole::Q, double(n) * wq, times);
-    copy(double(n) * wq, acc_, esz_, times);  // fold heads
+    if (fq) {
+      qk_fused(n, wq, times);
+    } else {
+      copy(double(n) * wq, esz_, acc_, times);
+      qk_norm(a.qk_norm, n, wq, times);
+      rope(a.rope, n, H, times);
+      patches(a.patches, TensorRole::Q, double(n) * wq, times);
+      copy(double(n) * wq, acc_, esz_, times);  // fold heads
+    }
     const contracts::AttnShape sh{rep * n, L, G, G, hd, m_.dtype, dev_.kind, dev_.threads};
     t_.attention(rep * n, L, G, hd, consumer.call_bytes(sh), times);
     copy(double(n) * wq, esz_, esz_, times);  // unfold into O

@@ -52,6 +52,22 @@ int64_t acquire_bytes(const contracts::Registry& reg, const std::string& format,
   return rows * cols * static_cast<int64_t>(ir::dtype_size(dtype));
 }
 
+bool fused_norm(const ir::Model& m, const contracts::DeviceCaps& dev) {
+  return dev.fused_row_kernels == contracts::Cap::Yes &&
+         (m.dtype == DType::F32 || m.dtype == DType::F16 || m.dtype == DType::BF16);
+}
+
+bool fused_qk(const ir::Model& m, const ir::Attention& a, const contracts::Registry& reg,
+              const contracts::DeviceCaps& dev) {
+  if (!fused_norm(m, dev)) return false;
+  for (const auto& name : a.patches) {
+    const auto& p = reg.patch(name);
+    for (auto role : {contracts::TensorRole::Q, contracts::TensorRole::K})
+      if (p.reads.count(role) || p.modifies.count(role)) return false;
+  }
+  return true;
+}
+
 namespace {
 
 int64_t rows(int64_t chunk, int64_t tokens) { return std::min(chunk, tokens); }
@@ -83,6 +99,7 @@ std::vector<PhaseSpec> attention_phases(const ir::Model& m, const ir::Sublayer& 
   const int64_t mlp = a.parallel ? a.parallel->hidden : 0;
   const DType dt = m.dtype, f32 = accumulation_dtype(dt);
   const bool streamed_out = p.chosen(legality::Transform::StreamedOutProj);
+  const bool fn = fused_norm(m, dev), fq = fused_qk(m, a, reg, dev);
   const BufferSpec k{Buf::K, {a.kv_heads, L, a.head_dim}, dt}, v{Buf::V, {a.kv_heads, L, a.head_dim}, dt};
   using Acq = std::tuple<const ir::Linear*, int64_t, int64_t>;
 
@@ -91,13 +108,15 @@ std::vector<PhaseSpec> attention_phases(const ir::Model& m, const ir::Sublayer& 
     const int64_t c = rows(p.token_chunk, L);
     PhaseSpec ph{"kv", {k, v}, {}};
     if (!cross) {  // cross-attention projects the context rows as they are
-      ph.buffers.push_back({Buf::N32, {c, D}, f32});
+      if (!fn) ph.buffers.push_back({Buf::N32, {c, D}, f32});
       ph.buffers.push_back({Buf::H, {c, D}, dt});
     }
     ph.buffers.push_back({Buf::KV, {2, c, wkv}, dt});
-    // Once H holds the normed rows, N32 is dead: K32 reuses its bytes.
-    ph.buffers.push_back({Buf::K32, {c, wkv}, f32, cross ? Buf::Count : Buf::N32});
-    if (half > 0) ph.buffers.push_back({Buf::RopeTmp, {c, a.kv_heads, half}, f32});
+    if (!fq) {
+      // Once H holds the normed rows, N32 is dead: K32 reuses its bytes.
+      ph.buffers.push_back({Buf::K32, {c, wkv}, f32, (cross || fn) ? Buf::Count : Buf::N32});
+      if (half > 0) ph.buffers.push_back({Buf::RopeTmp, {c, a.kv_heads, half}, f32});
+    }
     add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&pr.k_linear(), wkv, kv_in}; }, dt);
     add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&pr.v_linear(), wkv, kv_in}; }, dt);
     out.push_back(ph);
@@ -107,16 +126,19 @@ std::vector<PhaseSpec> attention_phases(const ir::Model& m, const ir::Sublayer& 
     PhaseSpec ph{"q", {k, v}, {}};
     if (!streamed_out) ph.buffers.push_back({Buf::OFull, {R, wq}, dt});
     // Per slab: N32 -> H, then Q32 and later Y reuse N32's bytes; Q is dead once copied to
-    // Q32, QF once attended, so QF and O reuse Q's bytes.
-    ph.buffers.push_back({Buf::N32, {c, D}, f32});
+    // Q32, QF once attended, so QF and O reuse Q's bytes. Fused, the kernel reads Q while
+    // it writes QF (own bytes), and Y reuses the first staging buffer that is dead by then.
+    if (!fn) ph.buffers.push_back({Buf::N32, {c, D}, f32});
     ph.buffers.push_back({Buf::H, {c, D}, dt});
     ph.buffers.push_back({Buf::Q, {c, wq}, dt});
-    ph.buffers.push_back({Buf::Q32, {c, wq}, f32, Buf::N32});
-    if (half > 0) ph.buffers.push_back({Buf::RopeTmp, {c, a.heads, half}, f32});
-    ph.buffers.push_back({Buf::QF, {a.kv_heads, r * c, a.head_dim}, dt, Buf::Q});
+    if (!fq) {
+      ph.buffers.push_back({Buf::Q32, {c, wq}, f32, fn ? Buf::Count : Buf::N32});
+      if (half > 0) ph.buffers.push_back({Buf::RopeTmp, {c, a.heads, half}, f32});
+    }
+    ph.buffers.push_back({Buf::QF, {a.kv_heads, r * c, a.head_dim}, dt, fq ? Buf::Count : Buf::Q});
     if (streamed_out) {
       ph.buffers.push_back({Buf::O, {c, wq}, dt, Buf::Q});
-      ph.buffers.push_back({Buf::Y, {c, D}, dt, Buf::N32});
+      ph.buffers.push_back({Buf::Y, {c, D}, dt, !fn ? Buf::N32 : !fq ? Buf::Q32 : Buf::QF});
       if (mlp) {
         ph.buffers.push_back({Buf::U, {1, c, mlp}, dt});
         add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&*pr.qkv, mlp, D}; }, dt);
@@ -132,7 +154,7 @@ std::vector<PhaseSpec> attention_phases(const ir::Model& m, const ir::Sublayer& 
     const int64_t c = rows(p.token_chunk, R);
     PhaseSpec ph{"out", {{Buf::OFull, {R, wq}, dt}, {Buf::Y, {c, D}, dt}}, {}};
     if (mlp) {  // the parallel MLP is recomputed here, slab by slab, from the unchanged rows
-      ph.buffers.push_back({Buf::N32, {c, D}, f32});
+      if (!fn) ph.buffers.push_back({Buf::N32, {c, D}, f32});
       ph.buffers.push_back({Buf::H, {c, D}, dt});
       ph.buffers.push_back({Buf::U, {1, c, mlp}, dt});
       add_proj_acquire(ph, reg, a, [&](const ir::AttnProj& pr) { return Acq{&*pr.qkv, mlp, D}; }, dt);
@@ -148,15 +170,15 @@ PhaseSpec mlp_phase(const ir::Model& m, const ir::Sublayer& s, const ir::Mlp& ml
   const int64_t T = m.rows(s.segments).size(), D = m.dim, c = rows(p.token_chunk, T), f = p.feature_slice;
   const DType dt = m.dtype;
   const bool sliced = f < mlp.hidden;
-  PhaseSpec ph{"mlp",
-               {{Buf::N32, {c, D}, accumulation_dtype(dt)},
-                {Buf::H, {c, D}, dt},
-                {Buf::U, {mlp.gated() ? 2 : 1, c, f}, dt},
-                {Buf::Y, {c, D}, dt}},
-               {}};
+  const bool fn = fused_norm(m, dev);
+  PhaseSpec ph{"mlp", {}, {}};
+  if (!fn) ph.buffers.push_back({Buf::N32, {c, D}, accumulation_dtype(dt)});
+  ph.buffers.push_back({Buf::H, {c, D}, dt});
+  ph.buffers.push_back({Buf::U, {mlp.gated() ? 2 : 1, c, f}, dt});
+  ph.buffers.push_back({Buf::Y, {c, D}, dt});
   // The accumulator starts after H holds the normed rows: it reuses N32's bytes.
   const DType acc = accumulation_dtype(dt);
-  if (sliced) ph.buffers.push_back({Buf::Acc, {c, D}, acc, Buf::N32});
+  if (sliced) ph.buffers.push_back({Buf::Acc, {c, D}, acc, fn ? Buf::Count : Buf::N32});
   // ATen's CPU kernels cast mixed-dtype operands through temporaries: accumulating a 16-bit
   // slice into the fp32 accumulator and adding it into the 16-bit residual hold two fp32
   // copies of the slab at once. CUDA kernels cast in registers.

@@ -68,6 +68,13 @@ struct PhaseSpec {
   int64_t storage_bytes(Buf owner) const;
 };
 
+// The device's fused row kernels write the normed, modulated rows straight into H (no N32).
+bool fused_norm(const ir::Model& m, const contracts::DeviceCaps& dev);
+// ... and Q/K norm + RoPE straight from Q / KV into QF / K (no Q32, K32, RopeTmp). Patches
+// that read or modify Q or K run on the fp32 staging buffers, so they rule it out.
+bool fused_qk(const ir::Model& m, const ir::Attention& a, const contracts::Registry& reg,
+              const contracts::DeviceCaps& dev);
+
 // fp32, or fp64 for an fp64 model: norms, RoPE, feature-slice accumulation, the output.
 ir::DType accumulation_dtype(ir::DType activations);
 

@@ -1,0 +1,139 @@
+#include "exec/fused.hpp"
+
+#ifdef STREAMPLAN_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "exec/kernels/row_kernels.cuh"
+#endif
+
+namespace sp::exec::fused {
+
+#ifdef STREAMPLAN_WITH_CUDA
+
+bool fused_rows_built() { return true; }
+
+namespace {
+
+kernels::Elem elem_of(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return kernels::Elem::F32;
+    case at::kHalf: return kernels::Elem::F16;
+    case at::kBFloat16: return kernels::Elem::BF16;
+    default: TORCH_CHECK(false, "fused row kernel: ", what, " has dtype ", t.scalar_type(), "; expected fp32, fp16 or bf16");
+  }
+}
+
+void check_cuda(const at::Tensor& t, const at::Tensor& like, const char* what) {
+  TORCH_CHECK(t.is_cuda() && t.device() == like.device(), "fused row kernel: ", what, " is on ", t.device(),
+              ", expected ", like.device());
+  TORCH_CHECK(t.dim() == 0 || t.stride(-1) == 1, "fused row kernel: ", what, " needs a unit last stride");
+}
+
+// A per-row ([rows, width]) or shared ([width]) vector; undefined gives an absent one.
+kernels::RowVec row_vec(const at::Tensor& t, int64_t rows, int64_t width, const at::Tensor& like, const char* what) {
+  kernels::RowVec v;
+  if (!t.defined()) return v;
+  check_cuda(t, like, what);
+  const bool per_row = t.dim() == 2;
+  TORCH_CHECK((t.dim() == 1 && t.size(0) == width) || (per_row && t.size(0) == rows && t.size(1) == width),
+              "fused row kernel: ", what, " has shape ", t.sizes(), "; expected [", rows, ", ", width, "] or [", width,
+              "]");
+  v.ptr = t.data_ptr();
+  v.stride = per_row ? t.stride(0) : 0;
+  v.type = elem_of(t, what);
+  return v;
+}
+
+void check_launch(cudaError_t e, const char* what) {
+  TORCH_CHECK(e == cudaSuccess, "fused row kernel ", what, ": ", cudaGetErrorString(e));
+}
+
+}  // namespace
+
+void norm_modulate(const at::Tensor& x, const at::Tensor& out, const NormArgs& n, const at::Tensor& scale,
+                   const at::Tensor& shift) {
+  check_cuda(x, x, "x");
+  check_cuda(out, x, "out");
+  TORCH_CHECK(x.dim() == 2 && out.sizes() == x.sizes(), "fused norm: x ", x.sizes(), " and out ", out.sizes(),
+              " must be the same [rows, dim]");
+  const int64_t rows = x.size(0), dim = x.size(1);
+  kernels::NormModParams p;
+  p.x = x.data_ptr();
+  p.x_stride = x.stride(0);
+  p.x_type = elem_of(x, "x");
+  p.out = out.data_ptr();
+  p.out_stride = out.stride(0);
+  p.out_type = elem_of(out, "out");
+  p.rows = rows;
+  p.dim = dim;
+  p.layer_norm = n.layer_norm;
+  p.eps = static_cast<float>(n.eps);
+  p.weight = row_vec(n.weight, rows, dim, x, "norm weight");
+  p.bias = row_vec(n.bias, rows, dim, x, "norm bias");
+  TORCH_CHECK(!n.weight.defined() || n.weight.dim() == 1, "fused norm: weight must be [dim]");
+  TORCH_CHECK(!n.bias.defined() || n.bias.dim() == 1, "fused norm: bias must be [dim]");
+  p.scale = row_vec(scale, rows, dim, x, "modulation scale");
+  p.shift = row_vec(shift, rows, dim, x, "modulation shift");
+  check_launch(kernels::norm_modulate(p, c10::cuda::getCurrentCUDAStream(x.get_device()).stream()), "norm_modulate");
+}
+
+void qk_norm_rope(const at::Tensor& in, const at::Tensor& out, ir::QkNormKind norm, double eps,
+                  const at::Tensor& weight, const RopeArgs& rope) {
+  check_cuda(in, in, "in");
+  check_cuda(out, in, "out");
+  TORCH_CHECK(out.dim() == 3 && in.dim() == 2 && in.size(0) == out.size(0) && in.size(1) == out.size(1) * out.size(2),
+              "fused qk: in ", in.sizes(), " must be [rows, heads * head_dim] of out ", out.sizes());
+  TORCH_CHECK(out.scalar_type() == in.scalar_type(), "fused qk: out dtype ", out.scalar_type(), " differs from in ",
+              in.scalar_type());
+  const int64_t rows = in.size(0), heads = out.size(1), hd = out.size(2);
+  kernels::QkRopeParams p;
+  p.in = in.data_ptr();
+  p.in_stride = in.stride(0);
+  p.type = elem_of(in, "in");
+  p.out = out.data_ptr();
+  p.out_row_stride = out.stride(0);
+  p.out_head_stride = out.stride(1);
+  p.rows = rows;
+  p.heads = heads;
+  p.head_dim = hd;
+  p.eps = static_cast<float>(eps);
+  switch (norm) {
+    case ir::QkNormKind::None: p.norm = kernels::QkNorm::None; break;
+    case ir::QkNormKind::PerHead:
+      p.norm = kernels::QkNorm::PerHead;
+      p.weight = row_vec(weight, rows, hd, in, "q/k norm weight");
+      break;
+    default:
+      p.norm = kernels::QkNorm::AcrossHeads;
+      p.weight = row_vec(weight, rows, heads * hd, in, "q/k norm weight");
+      break;
+  }
+  TORCH_CHECK(p.norm == kernels::QkNorm::None || (weight.defined() && weight.dim() == 1),
+              "fused qk: the norm weight must be one vector");
+  if (rope.style != ir::RopeStyle::None) {
+    TORCH_CHECK(rope.rotary_dim > 0 && rope.rotary_dim % 2 == 0 && rope.rotary_dim <= hd, "fused qk: rotary_dim ",
+                rope.rotary_dim, " must be even and within head_dim ", hd);
+    p.rope = rope.style == ir::RopeStyle::SplitHalf ? kernels::Rope::SplitHalf : kernels::Rope::Interleaved;
+    p.rotary_dim = rope.rotary_dim;
+    p.cos = row_vec(rope.cos, rows, rope.rotary_dim / 2, in, "rope cos");
+    p.sin = row_vec(rope.sin, rows, rope.rotary_dim / 2, in, "rope sin");
+    TORCH_CHECK(rope.cos.dim() == 2 && rope.sin.dim() == 2, "fused qk: cos/sin must be per row");
+  }
+  check_launch(kernels::qk_norm_rope(p, c10::cuda::getCurrentCUDAStream(in.get_device()).stream()), "qk_norm_rope");
+}
+
+#else
+
+bool fused_rows_built() { return false; }
+
+void norm_modulate(const at::Tensor&, const at::Tensor&, const NormArgs&, const at::Tensor&, const at::Tensor&) {
+  TORCH_CHECK(false, "fused row kernels are not part of this build (no CUDA)");
+}
+
+void qk_norm_rope(const at::Tensor&, const at::Tensor&, ir::QkNormKind, double, const at::Tensor&, const RopeArgs&) {
+  TORCH_CHECK(false, "fused row kernels are not part of this build (no CUDA)");
+}
+
+#endif
+
+}  // namespace sp::exec::fused
