@@ -7,8 +7,12 @@
 #                                    (blocks and Flux); copies the binary to OUT/streamplan
 #   scripts/device.sh OUT models     bench of the whole H3 and Wan models only, with the binary
 #                                    at $STREAMPLAN_BIN (default build-gpu/streamplan)
+#   scripts/device.sh OUT sweep-models
+#                                    budget sweeps of the whole H3 (10 s) and Wan 14B models
+#                                    from 1.1 x floor, against two fixed chunks (same binary)
 # BENCH_ARGS adds options to `streamplan bench` (e.g. "--budget-floor 1.1"); CASES overrides
-# the mode's bench cases.
+# the mode's bench or sweep cases; AB_CASES (mode all) are benched once more with the ATen
+# row operations instead of the fused kernels.
 #
 # Header-only dependencies and GoogleTest's sources are taken from .deps/ when the machine
 # has no packages for them (scripts/device-deps.sh fills it on a Debian machine).
@@ -66,9 +70,19 @@ json.dump(runs, open(dst, "w"), indent=1)
 PY
 
   # Budget sweeps (planned only) against fixed chunk sizes found by brute force.
-  $bin bench --device cuda --cases h3-block-10s,wan14b-block-81f --sweep ${SWEEP_POINTS:-8} --reps 2 \
+  $bin bench --device cuda --cases h3-block-10s,wan14b-block-81f,flux-dev-1024 --sweep ${SWEEP_POINTS:-8} --reps 2 \
     --out "$out/sweep.json" >/tmp/streamplan-sweep.txt 2>>"$out/logs.txt" || summary+=("sweep failed")
   cases=${CASES:-h3-block-5s,h3-block-10s,wan14b-block-81f,flux-dev-1024,flux-dev-2048}
+  # The same schedules with the ATen row operations: what the fused kernels are worth.
+  $bin bench --device cuda --cases "${AB_CASES:-wan14b-block-81f,flux-dev-2048}" ${BENCH_ARGS:-} --row-kernels aten \
+    --out "$out/bench_aten.json" >/tmp/streamplan-bench-aten.txt 2>>"$out/logs.txt" || summary+=("bench aten failed")
+elif [ "$mode" = sweep-models ]; then
+  $bin bench --device cuda --cases "${CASES:-h3-model-10s,wan14b-model-81f}" --sweep ${SWEEP_POINTS:-3} \
+    --sweep-min-floor 1.1 --reps 1 --fixed-chunks 4096,16384 --out "$out/sweep_models.json" \
+    >/tmp/streamplan-sweep.txt 2>>"$out/logs.txt" || summary+=("sweep failed")
+  printf '%s\n' "${summary[@]}"
+  cat /tmp/streamplan-sweep.txt
+  exit 0
 else
   cases=${CASES:-h3-model-5s,h3-model-10s,wan14b-model-81f}
 fi
@@ -97,6 +111,8 @@ print()
 try: print(open(f"/tmp/streamplan-bench-{mode}.txt").read())
 except Exception as e: print("bench:", e)
 if mode == "all":
+    try: print("ATen row operations instead of the fused kernels:\n" + open("/tmp/streamplan-bench-aten.txt").read())
+    except Exception as e: print("bench aten:", e)
     try: print(open("/tmp/streamplan-sweep.txt").read())
     except Exception as e: print("sweep:", e)
 PY

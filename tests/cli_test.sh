@@ -43,11 +43,11 @@ if err=$("$bin" plan --feature-slice 100 --format int8-rowwise 2>&1); then fail 
 grep -q "not a multiple of the weight formats' alignment 256" <<<"$err" || fail "unexpected error: $err"
 # Budgets: an infeasible one exits 2 naming the smallest peak; a feasible one is met.
 set +e
-err=$("$bin" demo --tokens 1200 --layers 1 --budget 1MiB 2>&1); rc=$?
+err=$("$bin" demo --device cpu --tokens 1200 --layers 1 --budget 1MiB 2>&1); rc=$?
 set -e
 [ "$rc" -eq 2 ] || fail "infeasible budget: exit $rc, expected 2"
 grep -q "is below the smallest achievable peak" <<<"$err" || fail "unexpected budget error: $err"
-"$bin" demo --tokens 1200 --layers 1 --budget 6MiB --json | python3 -c '
+"$bin" demo --device cpu --tokens 1200 --layers 1 --budget 6MiB --json | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
 assert r["plan"]["budget_bytes"] == 6 << 20, r["plan"]["budget_bytes"]

@@ -19,7 +19,7 @@ struct Args {
   int reps = 3;
   int64_t chunk = 0;
   std::string budget;
-  double budget_floor = 0;
+  double budget_floor = 0, sweep_min_floor = 0;
   int sweep = 0;
   std::vector<int64_t> fixed = {512, 1024, 2048, 4096, 8192, 16384};
   bool tiny = false, list = false;
@@ -51,6 +51,7 @@ int bench(const Args& a) {
   opt.plan.token_chunk = a.chunk;
   if (!a.budget.empty()) opt.plan.budget_bytes = plan::budget_from_option(a.budget, caps);
   opt.budget_floor = a.budget_floor;
+  opt.sweep_min_floor = a.sweep_min_floor;
   if (a.sweep > 0) {
     nlohmann::json all_sweeps = nlohmann::json::array();
     for (const auto& c : chosen) {
@@ -98,6 +99,9 @@ Runner add_bench(CLI::App& app) {
       ->check(CLI::Range(1.0, 100.0));
   cmd->add_option("--sweep", a->sweep, "budget sweep with this many budgets per case (planned only) instead")
       ->check(CLI::Range(2, 100));
+  cmd->add_option("--sweep-min-floor", a->sweep_min_floor,
+                 "lowest budget of the sweep as a multiple of the floor (default: the smallest achievable peak)")
+      ->check(CLI::Range(1.0, 100.0));
   cmd->add_option("--fixed-chunks", a->fixed, "fixed token chunks the sweep compares with")->delimiter(',');
   cmd->add_option("--row-kernels", a->row_kernels,
                  "planned schedule's norm / Q-K rows: fused kernels where the device has them, or aten ops")

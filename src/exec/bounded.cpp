@@ -100,11 +100,16 @@ void for_slabs(int64_t total, int64_t chunk, F&& f) {
   for (int64_t r0 = 0; r0 < total; r0 += chunk) f(r0, std::min(chunk, total - r0));
 }
 
+// out = h @ w^T (+ bias): one GEMM, the bias in its epilogue (as at::linear does).
+void gemm_into(at::Tensor out, const at::Tensor& h, const at::Tensor& w, const at::Tensor& bias) {
+  if (bias.defined()) at::addmm_out(out, bias, h, w.t());
+  else at::mm_out(out, h, w.t());
+}
+
 // y = h @ W[rows]^T (+ bias[rows]) into `out`.
 void project(const Run& r, const ir::Linear& l, const at::Tensor& weight_rows, Slice rows, const at::Tensor& h,
              at::Tensor out) {
-  at::mm_out(out, h, weight_rows.t());
-  if (!l.bias.empty()) out.add_(slice(r.w.tensor(l.bias), 0, rows));
+  gemm_into(out, h, weight_rows, l.bias.empty() ? at::Tensor() : slice(r.w.tensor(l.bias), 0, rows));
 }
 
 // Calls f(local_begin, length, projections) for the pieces of absolute rows [r0, r0+n)
@@ -232,9 +237,8 @@ void attention(Run& r, const ir::Block& b, const ir::Sublayer& s, const ir::Atte
     proj_pieces(r.m, a, row0, n, [&](int64_t lb, int64_t len, const ir::AttnProj& pr) {
       const at::Tensor& w = wo.of(pr);
       at::Tensor yp = y.narrow(0, lb, len);
-      at::mm_out(yp, o.narrow(0, lb, len), w.narrow(1, 0, wq).t());
+      gemm_into(yp, o.narrow(0, lb, len), w.narrow(1, 0, wq), pr.out.bias.empty() ? at::Tensor() : r.w.tensor(pr.out.bias));
       if (mlp) yp.addmm_(u.narrow(0, lb, len), w.narrow(1, wq, mlp).t());
-      if (!pr.out.bias.empty()) yp.add_(r.w.tensor(pr.out.bias));
     });
     r.ops.gated_add(x.narrow(0, row0, n), y, b.modulation, s.mod, row0);
   };
@@ -360,11 +364,12 @@ void mlp(Run& r, const ir::Block& b, const ir::Sublayer& s, const ir::Mlp& m, co
         r.ops.activate_(act, m.act);
       }
       apply_patches(r.reg, m.patches, contracts::TensorRole::MlpHidden, act);
-      at::mm_out(y, act, wt.down.t());
+      const at::Tensor bias = m.down.bias.empty() ? at::Tensor() : r.w.tensor(m.down.bias);
+      gemm_into(y, act, wt.down, sliced ? at::Tensor() : bias);  // sliced: the bias is added once, below
       if (sliced) acc.add_(y);
     });
     at::Tensor out = sliced ? acc : y;
-    if (!m.down.bias.empty()) out.add_(r.w.tensor(m.down.bias));
+    if (sliced && !m.down.bias.empty()) out.add_(r.w.tensor(m.down.bias));
     r.ops.gated_add(xr, out, b.modulation, s.mod, r0);
   });
 }

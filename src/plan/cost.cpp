@@ -137,14 +137,12 @@ class Walker {
     if (mod.scope != ir::ModScope::PerSegment) return;
     t_.launches(pieces * ((r.scale >= 0) + (r.shift >= 0) + (r.gate >= 0)));
   }
-  // y += bias (when present) over n x w.
+  // y += bias (when present) over n x w, as its own pass; projections add theirs in the GEMM.
   void bias(const ir::Linear& l, int64_t n, int64_t w, int64_t times) {
     if (!l.bias.empty()) t_.op(2 * double(n) * double(w) * esz_, times);
   }
-  void project(const ir::Linear& l, int64_t n, int64_t in, int64_t out, int64_t times) {
-    t_.gemm(n, in, out, times);
-    bias(l, n, out, times);
-  }
+  // A projection: one GEMM, its bias (if any) added in the GEMM epilogue.
+  void project(const ir::Linear&, int64_t n, int64_t in, int64_t out, int64_t times) { t_.gemm(n, in, out, times); }
   // Ops::qk_norm_ on n x (heads*head_dim) fp32 values.
   void qk_norm(const ir::QkNorm& q, int64_t n, int64_t width, int64_t times) {
     if (q.kind == ir::QkNormKind::None) return;
@@ -240,7 +238,6 @@ void Walker::attention(const ir::Block& b, const ir::Sublayer& s, const ir::Atte
     }
     t_.gemm(n, wq, D, times);
     if (mlp) t_.gemm(n, mlp, D, times);
-    bias(a.proj.out, n, D, times);
     gated_add(n, times);
   };
   auto acquire_out = [&] {
@@ -315,7 +312,7 @@ void Walker::mlp(const ir::Block& b, const ir::Sublayer& s, const ir::Mlp& f, co
       t_.gemm(n, fn, D, k);
       if (sliced) t_.op(double(n) * D * (2 * acc_ + esz_), k);  // accumulate
     });
-    bias(f.down, n, D, times);
+    if (sliced) bias(f.down, n, D, times);
     gated_add(n, times);
   });
   mod_pieces(b.modulation, s.mod, inner_boundaries(m_, rr));

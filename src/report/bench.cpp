@@ -155,17 +155,20 @@ nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& r
   } catch (const plan::BudgetError& e) {
     smallest = e.smallest_peak_bytes;
   }
+  const int64_t lowest =
+      std::max(smallest, int64_t(opt.sweep_min_floor * double(plan::floor_bytes(inst.model))));
   plan::Options full;
   full.token_chunk = inst.model.tokens();
   // The full-size schedule's peak, with the room the chooser keeps for row statistics.
   const int64_t largest = std::max<int64_t>(
-      int64_t(1.05 * double(plan::make_plan(inst.model, reg, caps, full).estimated_peak_bytes)), int64_t(1.2 * double(smallest)));
+      int64_t(1.05 * double(plan::make_plan(inst.model, reg, caps, full).estimated_peak_bytes)), int64_t(1.2 * double(lowest)));
   nlohmann::json j{{"case", c.name}, {"tokens", inst.model.tokens()}, {"floor_bytes", plan::floor_bytes(inst.model)},
-                   {"smallest_peak_bytes", smallest}, {"full_peak_bytes", largest}};
+                   {"smallest_peak_bytes", smallest}, {"lowest_budget_bytes", lowest},
+                   {"full_peak_bytes", largest}};
   nlohmann::json sweep = nlohmann::json::array();
   double chosen_ms = 0;
   for (int i = 0; i < points; ++i) {
-    const int64_t budget = smallest + (largest - smallest) * i / std::max(1, points - 1);
+    const int64_t budget = lowest + (largest - lowest) * i / std::max(1, points - 1);
     const plan::Plan p = plan::make_plan(inst.model, reg, caps, {.budget_bytes = budget});
     const auto [ms, peak] = run(p);
     chosen_ms = ms;

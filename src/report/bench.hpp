@@ -36,6 +36,7 @@ struct BenchOptions {
   ir::DType dtype = ir::DType::BF16;
   plan::Options plan;
   double budget_floor = 0;  // > 0: each case's budget is this multiple of its floor
+  double sweep_min_floor = 0;  // > 0: a sweep's lowest budget is this multiple of the floor
   uint64_t seed = 0;
 };
 
@@ -56,7 +57,7 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
                            const at::Device& device, const BenchOptions& opt);
 
 // Budget sweep of one case (planned schedule only): `points` budgets from the smallest
-// achievable peak to the unbudgeted full-size peak, each planned, run and measured
+// achievable peak (or opt.sweep_min_floor x floor, when larger) to the unbudgeted full-size peak, each planned, run and measured
 // (peak <= budget, estimate vs measured); then the fixed token chunks of `fixed_chunks`
 // without a budget, to compare the chooser's pick under the largest budget with the
 // fastest fixed chunk found by brute force. One JSON object per case.
