@@ -5,6 +5,7 @@
 #
 #   scripts/device.sh OUT            build, tests, demo, real-dimension family runs, bench
 #                                    (blocks and Flux); copies the binary to OUT/streamplan
+#   scripts/device.sh OUT test       build and the test suite only, then the GPU tests' figures
 #   scripts/device.sh OUT models     bench of the whole H3 and Wan models only, with the binary
 #                                    at $STREAMPLAN_BIN (default build-gpu/streamplan)
 #   scripts/device.sh OUT sweep-models
@@ -25,7 +26,7 @@ py=${PYTHON:-python3}
 bin=${STREAMPLAN_BIN:-build-gpu/streamplan}
 summary=()
 
-if [ "$mode" = all ]; then
+if [ "$mode" = all ] || [ "$mode" = test ]; then
   prefix=$($py -c 'import torch; print(torch.utils.cmake_prefix_path)')
   extra=()
   [ -d .deps/include ] && extra+=(-DCMAKE_INCLUDE_PATH="$PWD/.deps/include" -DCMAKE_PREFIX_PATH="$prefix;$PWD/.deps")
@@ -43,6 +44,12 @@ if [ "$mode" = all ]; then
   OMP_NUM_THREADS=4 ctest --test-dir build-gpu --output-on-failure --parallel 4 --timeout 900 >"$out/ctest.log" 2>&1 \
     && summary+=("test suite: passed") || summary+=("test suite: FAILED")
   grep -E "tests passed|tests failed|\*\*\*Failed|naive err" "$out/ctest.log" | tail -12
+  if [ "$mode" = test ]; then
+    build-gpu/tests/exec_test --gtest_filter='Gpu.*' 2>&1 | grep -E "err|OK \]|FAILED" | tee "$out/gpu_tests.txt"
+    $bin plan --device cuda --tokens 16384 --dtype bf16 | head -3
+    printf '%s\n' "${summary[@]}"
+    exit 0
+  fi
 
   # The demo at 16,384 tokens (fp32 and bf16).
   ck=/tmp/streamplan-ck && mkdir -p "$ck"

@@ -59,7 +59,7 @@ corpus="$(dirname "$0")/../fuzz/corpus"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$bin" make-checkpoint --family h3 --tiny --layers 1 --out "$tmp/h3.safetensors" >/dev/null
-"$bin" run --checkpoint "$tmp/h3.safetensors" --frames 2 --height 64 --width 96 --text-tokens 5 --audio-tokens 3 \
+"$bin" run --device cpu --checkpoint "$tmp/h3.safetensors" --frames 2 --height 64 --width 96 --text-tokens 5 --audio-tokens 3 \
   --output "$tmp/out.safetensors" --json | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
@@ -69,6 +69,6 @@ if err=$("$bin" run --checkpoint "$corpus/bad_overlap.safetensors" --tokens 10 2
 grep -q "overlaps tensor 'a'" <<<"$err" || fail "unexpected error: $err"
 if err=$("$bin" run --checkpoint "$corpus/valid_small.safetensors" --tokens 10 2>&1); then fail "unknown checkpoint accepted"; fi
 grep -q "unrecognized checkpoint" <<<"$err" || fail "unexpected error: $err"
-if err=$("$bin" run --checkpoint "$tmp/h3.safetensors" --frames 2 --height 60 --width 96 2>&1); then fail "bad geometry accepted"; fi
+if err=$("$bin" run --device cpu --checkpoint "$tmp/h3.safetensors" --frames 2 --height 60 --width 96 2>&1); then fail "bad geometry accepted"; fi
 grep -q "multiples of 32, got 2x60x96" <<<"$err" || fail "unexpected error: $err"
 echo "cli_test: ok"

@@ -633,9 +633,17 @@ TEST_F(Planning, FusedRowKernelsDropStagingBuffers) {
   EXPECT_EQ(ids(phases[1]).count(pl::Buf::Q32), 1u);
   EXPECT_EQ(phases[1].find(pl::Buf::Q32)->share, pl::Buf::Count);
 
+  // --explain says which path runs, and why not the fused one.
+  EXPECT_EQ(one_pass.row_kernels, "fused kernels (norm + modulation; Q/K norm + RoPE)");
+  EXPECT_TRUE(contains(staged.row_kernels, "declares fused row kernels: undeclared")) << staged.row_kernels;
+  const std::string note = pl::make_plan(mq, reg, fused, {}).row_kernels;
+  EXPECT_TRUE(contains(note, "Q/K staged in fp32 in 1 sublayer(s)")) << note;
+  EXPECT_TRUE(contains(pl::explain(one_pass), "row operations: fused kernels")) << pl::explain(one_pass);
+
   Knobs f64 = gqa_bf16();
   f64.dtype = ir::DType::F64;
   EXPECT_FALSE(pl::fused_norm(build(f64), fused));
+  EXPECT_TRUE(contains(pl::row_kernels_note(build(f64), reg, fused), "not fp64")) << pl::row_kernels_note(build(f64), reg, fused);
 }
 
 TEST(PlanDefaults, DefaultTokenChunkBoundsAndAlignment) {

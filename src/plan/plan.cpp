@@ -406,6 +406,7 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
   p.residual_bytes = dev.round_alloc(m.tokens() * m.dim * static_cast<int64_t>(ir::dtype_size(m.dtype)));
   p.floor_bytes = floor_bytes(m);
   p.budget_bytes = opt.budget_bytes;
+  p.row_kernels = row_kernels_note(m, reg, dev);
   std::optional<BudgetPlanner> budget;
   if (opt.budget_bytes > 0) budget.emplace(m, reg, dev, opt, p.residual_bytes);
   const Cost embed = embed_cost(m, reg, dev);
@@ -468,6 +469,7 @@ std::string explain(const Plan& p) {
      << " (residual " << human_bytes(p.residual_bytes) << ")";
   if (p.budget_bytes > 0) os << ", budget " << human_bytes(p.budget_bytes);
   os << ", estimated time " << human_ms(p.estimated_ms) << "\n";
+  if (!p.row_kernels.empty()) os << "  row operations: " << p.row_kernels << "\n";
   // Consecutive blocks with the same plan are printed once, with their range.
   std::vector<std::string> bodies;
   for (const BlockPlan& b : p.blocks) {

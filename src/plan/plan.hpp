@@ -103,6 +103,7 @@ struct Plan {
   int64_t estimated_peak_bytes = 0;
   int64_t budget_bytes = 0;  // 0: none
   double estimated_ms = 0;   // sum of the sublayers', the final layer's and the embedding's
+  std::string row_kernels;   // schedule.hpp row_kernels_note
 };
 
 class PlanError : public std::invalid_argument {

@@ -68,6 +68,26 @@ bool fused_qk(const ir::Model& m, const ir::Attention& a, const contracts::Regis
   return true;
 }
 
+std::string row_kernels_note(const ir::Model& m, const contracts::Registry& reg,
+                             const contracts::DeviceCaps& dev) {
+  if (dev.fused_row_kernels != contracts::Cap::Yes)
+    return std::string("ATen operations with fp32 staging (device '") + dev.name + "' declares fused row kernels: " +
+           contracts::to_string(dev.fused_row_kernels) + ")";
+  if (!fused_norm(m, dev))
+    return std::string("ATen operations with fp32 staging (the fused kernels take fp32, fp16 and bf16, not ") +
+           ir::to_string(m.dtype) + ")";
+  std::string note = "fused kernels (norm + modulation; Q/K norm + RoPE)";
+  std::vector<std::string> staged;
+  for (const auto& b : m.blocks)
+    for (const auto& s : b.sublayers)
+      if (const auto* a = std::get_if<ir::Attention>(&s.body); a && !fused_qk(m, *a, reg, dev))
+        staged.push_back(b.name + "." + s.name);
+  if (!staged.empty())
+    note += "; Q/K staged in fp32 in " + std::to_string(staged.size()) + " sublayer(s) (first: " + staged.front() +
+            ") because a patch reads or modifies Q or K";
+  return note;
+}
+
 namespace {
 
 int64_t rows(int64_t chunk, int64_t tokens) { return std::min(chunk, tokens); }

@@ -75,6 +75,10 @@ bool fused_norm(const ir::Model& m, const contracts::DeviceCaps& dev);
 bool fused_qk(const ir::Model& m, const ir::Attention& a, const contracts::Registry& reg,
               const contracts::DeviceCaps& dev);
 
+// Which row operations a plan runs and why, for explain(): "fused kernels", or the ATen path
+// with the reason (device, dtype), plus each attention sublayer whose Q/K stay staged.
+std::string row_kernels_note(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
+
 // fp32, or fp64 for an fp64 model: norms, RoPE, feature-slice accumulation, the output.
 ir::DType accumulation_dtype(ir::DType activations);
 

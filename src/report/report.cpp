@@ -137,7 +137,7 @@ nlohmann::json to_json(const plan::Plan& p) {
                    {"residual_bytes", p.residual_bytes}, {"floor_bytes", p.floor_bytes},
                    {"estimated_peak_bytes", p.estimated_peak_bytes}, {"estimated_ms", p.estimated_ms},
                    {"budget_bytes", p.budget_bytes ? nlohmann::json(p.budget_bytes) : nlohmann::json(nullptr)},
-                   {"blocks", blocks}};
+                   {"row_kernels", p.row_kernels}, {"blocks", blocks}};
   if (p.final_layer.present)
     j["final_layer"] = {{"chunk", p.final_layer.chunk},
                         {"estimated_peak_bytes", p.final_layer.estimated_peak},
