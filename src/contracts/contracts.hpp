@@ -76,6 +76,7 @@ struct PatchCaps {
   Cap row_local = Cap::Unknown;      // may run on a token slab
   Cap feature_local = Cap::Unknown;  // may run on a feature slice of a row
   double param = 1.0;                // kind-specific scalar
+  bool touches(TensorRole r) const { return reads.count(r) != 0 || modifies.count(r) != 0; }
 };
 
 struct DeviceCaps {

@@ -68,7 +68,7 @@ void require_patch_locality(Checker& c, const Context& ctx, const std::vector<st
   for (const auto& name : patches) {
     const auto& p = ctx.registry->patch(name);
     for (TensorRole r : roles) {
-      if (!p.modifies.count(r) && !p.reads.count(r)) continue;
+      if (!p.touches(r)) continue;
       c.require_cap("patch '" + name + "' on " + contracts::to_string(r),
                     feature ? "runs on a feature slice" : "runs on a token slab",
                     feature ? p.feature_local : p.row_local);

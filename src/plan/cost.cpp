@@ -156,10 +156,8 @@ class Walker {
     t_.op(12 * double(n) * double(heads) * double(r.rotary_dim / 2) * acc_ / 5, 5 * times);
   }
   void patches(const std::vector<std::string>& names, contracts::TensorRole role, double elems, int64_t times) {
-    for (const auto& name : names) {
-      const auto& p = reg_.patch(name);
-      if (p.modifies.count(role) || p.reads.count(role)) t_.op(2 * elems * esz_, 2 * times);
-    }
+    for (const auto& name : names)
+      if (reg_.patch(name).touches(role)) t_.op(2 * elems * esz_, 2 * times);
   }
   // WeightSource::acquire of rows x cols of a non-dense weight: convert, then scale.
   void acquire(const ir::Linear& l, int64_t rows, int64_t cols, int64_t times) {

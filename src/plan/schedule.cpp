@@ -60,12 +60,10 @@ bool fused_norm(const ir::Model& m, const contracts::DeviceCaps& dev) {
 bool fused_qk(const ir::Model& m, const ir::Attention& a, const contracts::Registry& reg,
               const contracts::DeviceCaps& dev) {
   if (!fused_norm(m, dev)) return false;
-  for (const auto& name : a.patches) {
+  return std::none_of(a.patches.begin(), a.patches.end(), [&](const std::string& name) {
     const auto& p = reg.patch(name);
-    for (auto role : {contracts::TensorRole::Q, contracts::TensorRole::K})
-      if (p.reads.count(role) || p.modifies.count(role)) return false;
-  }
-  return true;
+    return p.touches(contracts::TensorRole::Q) || p.touches(contracts::TensorRole::K);
+  });
 }
 
 std::string row_kernels_note(const ir::Model& m, const contracts::Registry& reg,
