@@ -148,8 +148,20 @@ class Walker {
     if (q.kind == ir::QkNormKind::None) return;
     t_.op(5 * double(n) * double(width) * acc_ / 7, 7 * times);
   }
-  // The fused Q/K norm + RoPE kernel: n x width in, the same out in the attention layout.
-  void qk_fused(int64_t n, int64_t width, int64_t times) { t_.op(2 * double(n) * double(width) * esz_, times); }
+  // n projected Q (or K) rows of `heads` heads to the attention layout: the fused kernel (one
+  // pass), or the staged path — to fp32, Q/K norm, RoPE, the role's patches, back (folded).
+  void qk_rows(const ir::Attention& a, bool fused, int64_t n, int64_t heads, contracts::TensorRole role, int64_t times) {
+    const int64_t width = heads * a.head_dim;
+    if (fused) {
+      t_.op(2 * double(n) * double(width) * esz_, times);
+      return;
+    }
+    copy(double(n) * width, esz_, acc_, times);
+    qk_norm(a.qk_norm, n, width, times);
+    rope(a.rope, n, heads, times);
+    patches(a.patches, role, double(n) * width, times);
+    copy(double(n) * width, acc_, esz_, times);
+  }
   // Ops::rope_ on n x heads x rotary_dim/2 pairs.
   void rope(const ir::Rope& r, int64_t n, int64_t heads, int64_t times) {
     if (r.style == ir::RopeStyle::None) return;
@@ -210,15 +222,7 @@ void Walker::attention(const ir::Block& b, const ir::Sublayer& s, const ir::Atte
     if (!cross) norm(s.norm, b.modulation, s.mod, n, times, true);
     project(a.proj.k_linear(), n, kv_in, wkv, times);
     project(a.proj.v_linear(), n, kv_in, wkv, times);
-    if (fq) {
-      qk_fused(n, wkv, times);
-    } else {
-      copy(double(n) * wkv, esz_, acc_, times);
-      qk_norm(a.qk_norm, n, wkv, times);
-      rope(a.rope, n, G, times);
-      patches(a.patches, TensorRole::K, double(n) * wkv, times);
-      copy(double(n) * wkv, acc_, esz_, times);
-    }
+    qk_rows(a, fq, n, G, TensorRole::K, times);
     patches(a.patches, TensorRole::V, double(n) * wkv, times);
     copy(double(n) * wkv, esz_, esz_, times);
   });
@@ -248,15 +252,7 @@ void Walker::attention(const ir::Block& b, const ir::Sublayer& s, const ir::Atte
   for_slab_sizes(T, p.q_chunk, [&](int64_t n, int64_t times) {
     norm(s.norm, b.modulation, s.mod, n, times, true);
     project(a.proj.q_linear(), n, D, wq, times);
-    if (fq) {
-      qk_fused(n, wq, times);
-    } else {
-      copy(double(n) * wq, esz_, acc_, times);
-      qk_norm(a.qk_norm, n, wq, times);
-      rope(a.rope, n, H, times);
-      patches(a.patches, TensorRole::Q, double(n) * wq, times);
-      copy(double(n) * wq, acc_, esz_, times);  // fold heads
-    }
+    qk_rows(a, fq, n, H, TensorRole::Q, times);
     const contracts::AttnShape sh{rep * n, L, G, G, hd, m_.dtype, dev_.kind, dev_.threads};
     t_.attention(rep * n, L, G, hd, consumer.call_bytes(sh), times);
     copy(double(n) * wq, esz_, esz_, times);  // unfold into O
