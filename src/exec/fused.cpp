@@ -1,5 +1,7 @@
 #include "exec/fused.hpp"
 
+#include <sstream>
+
 #ifdef STREAMPLAN_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
 
@@ -29,15 +31,25 @@ void check_cuda(const at::Tensor& t, const at::Tensor& like, const char* what) {
   TORCH_CHECK(t.dim() == 0 || t.stride(-1) == 1, "fused row kernel: ", what, " needs a unit last stride");
 }
 
-// A per-row ([rows, width]) or shared ([width]) vector; undefined gives an absent one.
-kernels::RowVec row_vec(const at::Tensor& t, int64_t rows, int64_t width, const at::Tensor& like, const char* what) {
+// Which shapes a parameter vector may have: one [width] vector for all rows, one per row
+// ([rows, width]), or either; `Optional` also lets it be undefined (absent).
+enum Shape : unsigned { Shared = 1, PerRow = 2, Either = Shared | PerRow, Optional = 4 };
+
+kernels::RowVec row_vec(const at::Tensor& t, int64_t rows, int64_t width, const at::Tensor& like, const char* what,
+                        unsigned want) {
   kernels::RowVec v;
+  TORCH_CHECK(t.defined() || (want & Optional), "fused row kernel: ", what, " is missing");
   if (!t.defined()) return v;
   check_cuda(t, like, what);
   const bool per_row = t.dim() == 2;
-  TORCH_CHECK((t.dim() == 1 && t.size(0) == width) || (per_row && t.size(0) == rows && t.size(1) == width),
-              "fused row kernel: ", what, " has shape ", t.sizes(), "; expected [", rows, ", ", width, "] or [", width,
-              "]");
+  const bool shared_ok = (want & Shared) && t.dim() == 1 && t.size(0) == width;
+  const bool per_row_ok = (want & PerRow) && per_row && t.size(0) == rows && t.size(1) == width;
+  if (!shared_ok && !per_row_ok) {
+    std::ostringstream expected;
+    if (want & PerRow) expected << "[" << rows << ", " << width << "]" << ((want & Shared) ? " or " : "");
+    if (want & Shared) expected << "[" << width << "]";
+    TORCH_CHECK(false, "fused row kernel: ", what, " has shape ", t.sizes(), "; expected ", expected.str());
+  }
   v.ptr = t.data_ptr();
   v.stride = per_row ? t.stride(0) : 0;
   v.type = elem_of(t, what);
@@ -68,12 +80,10 @@ void norm_modulate(const at::Tensor& x, const at::Tensor& out, const NormArgs& n
   p.dim = dim;
   p.layer_norm = n.layer_norm;
   p.eps = static_cast<float>(n.eps);
-  p.weight = row_vec(n.weight, rows, dim, x, "norm weight");
-  p.bias = row_vec(n.bias, rows, dim, x, "norm bias");
-  TORCH_CHECK(!n.weight.defined() || n.weight.dim() == 1, "fused norm: weight must be [dim]");
-  TORCH_CHECK(!n.bias.defined() || n.bias.dim() == 1, "fused norm: bias must be [dim]");
-  p.scale = row_vec(scale, rows, dim, x, "modulation scale");
-  p.shift = row_vec(shift, rows, dim, x, "modulation shift");
+  p.weight = row_vec(n.weight, rows, dim, x, "norm weight", Shared | Optional);
+  p.bias = row_vec(n.bias, rows, dim, x, "norm bias", Shared | Optional);
+  p.scale = row_vec(scale, rows, dim, x, "modulation scale", Either | Optional);
+  p.shift = row_vec(shift, rows, dim, x, "modulation shift", Either | Optional);
   check_launch(kernels::norm_modulate(p, c10::cuda::getCurrentCUDAStream(x.get_device()).stream()), "norm_modulate");
 }
 
@@ -101,23 +111,20 @@ void qk_norm_rope(const at::Tensor& in, const at::Tensor& out, ir::QkNormKind no
     case ir::QkNormKind::None: p.norm = kernels::QkNorm::None; break;
     case ir::QkNormKind::PerHead:
       p.norm = kernels::QkNorm::PerHead;
-      p.weight = row_vec(weight, rows, hd, in, "q/k norm weight");
+      p.weight = row_vec(weight, rows, hd, in, "q/k norm weight", Shared);
       break;
     default:
       p.norm = kernels::QkNorm::AcrossHeads;
-      p.weight = row_vec(weight, rows, heads * hd, in, "q/k norm weight");
+      p.weight = row_vec(weight, rows, heads * hd, in, "q/k norm weight", Shared);
       break;
   }
-  TORCH_CHECK(p.norm == kernels::QkNorm::None || (weight.defined() && weight.dim() == 1),
-              "fused qk: the norm weight must be one vector");
   if (rope.style != ir::RopeStyle::None) {
     TORCH_CHECK(rope.rotary_dim > 0 && rope.rotary_dim % 2 == 0 && rope.rotary_dim <= hd, "fused qk: rotary_dim ",
                 rope.rotary_dim, " must be even and within head_dim ", hd);
     p.rope = rope.style == ir::RopeStyle::SplitHalf ? kernels::Rope::SplitHalf : kernels::Rope::Interleaved;
     p.rotary_dim = rope.rotary_dim;
-    p.cos = row_vec(rope.cos, rows, rope.rotary_dim / 2, in, "rope cos");
-    p.sin = row_vec(rope.sin, rows, rope.rotary_dim / 2, in, "rope sin");
-    TORCH_CHECK(rope.cos.dim() == 2 && rope.sin.dim() == 2, "fused qk: cos/sin must be per row");
+    p.cos = row_vec(rope.cos, rows, rope.rotary_dim / 2, in, "rope cos", PerRow);
+    p.sin = row_vec(rope.sin, rows, rope.rotary_dim / 2, in, "rope sin", PerRow);
   }
   check_launch(kernels::qk_norm_rope(p, c10::cuda::getCurrentCUDAStream(in.get_device()).stream()), "qk_norm_rope");
 }
