@@ -251,18 +251,10 @@ TEST(MeasuredBudget, ProbeMeasuresAndCachesPerDevice) {
   ::rmdir(dir.c_str());
 }
 
-bool have_cuda() {
-  try {
-    return exec::pick_device("auto").is_cuda();
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
 // On a GPU (skipped without one): the probe, and budgets from the smallest peak to the naive
 // peak against the caching allocator's measured peak; estimated and measured times side by side.
 TEST(MeasuredBudget, CudaSweepWithProbedRates) {
-  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
   const auto reg = contracts::Registry::builtin();
   const at::Device d = exec::pick_device("cuda");
   auto dev = exec::describe_device(d);

@@ -17,16 +17,8 @@ namespace {
 
 using namespace sp;
 
-bool have_cuda() {
-  try {
-    return exec::pick_device("auto").is_cuda();
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
 TEST(Gpu, ReducedPrecisionPlannedWithinTwiceNaiveErrorAndEstimateWithinFivePercent) {
-  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
   const auto reg = contracts::Registry::builtin();
   const at::Device d = exec::pick_device("cuda");
   const auto dev = exec::describe_device(d);
@@ -91,7 +83,7 @@ void expect_close(const at::Tensor& got, const at::Tensor& want64, at::ScalarTyp
 }
 
 TEST(Gpu, FusedNormModulateMatchesFormula) {
-  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
   const at::Device d = exec::pick_device("cuda");
   at::manual_seed(7);
   for (at::ScalarType dt : {at::kBFloat16, at::kHalf, at::kFloat})
@@ -125,7 +117,7 @@ TEST(Gpu, FusedNormModulateMatchesFormula) {
 }
 
 TEST(Gpu, FusedQkNormRopeMatchesFormula) {
-  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
   const at::Device d = exec::pick_device("cuda");
   at::manual_seed(11);
   struct C {
@@ -185,7 +177,7 @@ TEST(Gpu, FusedQkNormRopeMatchesFormula) {
 // the fused row kernels, with a chunk that divides nothing, within twice naive's error
 // against an fp64 run of the same weights.
 TEST(Gpu, FamiliesWithFusedRowKernelsWithinTwiceNaiveError) {
-  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
   const auto reg = contracts::Registry::builtin();
   const at::Device d = exec::pick_device("cuda");
   const auto dev = exec::describe_device(d);

@@ -3,9 +3,19 @@
 
 #include <ATen/ATen.h>
 
+#include "exec/device.hpp"
 #include "exec/memory.hpp"
 
 namespace sp::test {
+
+// Whether a CUDA device is present (GPU tests skip without one).
+inline bool have_cuda() {
+  try {
+    return sp::exec::pick_device("auto").is_cuda();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 // ||a - b|| / ||b|| in float64.
 inline double rel_l2(const at::Tensor& a, const at::Tensor& b) {
