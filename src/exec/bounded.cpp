@@ -342,6 +342,7 @@ void mlp(Run& r, const ir::Block& b, const ir::Sublayer& s, const ir::Mlp& m, co
     return h;
   };
   if (!sliced) held = acquire(0, F);
+  const at::Tensor bias = m.down.bias.empty() ? at::Tensor() : r.w.tensor(m.down.bias);
   for_slabs(T, p.token_chunk, [&](int64_t t0, int64_t n) {
     const int64_t r0 = rr.begin + t0;
     at::Tensor xr = x.narrow(0, r0, n);
@@ -364,12 +365,11 @@ void mlp(Run& r, const ir::Block& b, const ir::Sublayer& s, const ir::Mlp& m, co
         r.ops.activate_(act, m.act);
       }
       apply_patches(r.reg, m.patches, contracts::TensorRole::MlpHidden, act);
-      const at::Tensor bias = m.down.bias.empty() ? at::Tensor() : r.w.tensor(m.down.bias);
       gemm_into(y, act, wt.down, sliced ? at::Tensor() : bias);  // sliced: the bias is added once, below
       if (sliced) acc.add_(y);
     });
     at::Tensor out = sliced ? acc : y;
-    if (sliced && !m.down.bias.empty()) out.add_(r.w.tensor(m.down.bias));
+    if (sliced && bias.defined()) out.add_(bias);
     r.ops.gated_add(xr, out, b.modulation, s.mod, r0);
   });
 }
