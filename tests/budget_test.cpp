@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "exec/device.hpp"
-#include "exec/probe.hpp"
+#include "exec/device/device.hpp"
+#include "exec/device/probe.hpp"
 #include "models/builder.hpp"
 #include "plan/budget.hpp"
 #include "report/report.hpp"

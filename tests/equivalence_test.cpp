@@ -9,8 +9,8 @@
 
 #include <random>
 
-#include "exec/device.hpp"
-#include "exec/executor.hpp"
+#include "exec/device/device.hpp"
+#include "exec/run/executor.hpp"
 #include "models/builder.hpp"
 #include "test_util.hpp"
 

@@ -1,12 +1,12 @@
 // Executor pieces: input validation, weight acquisition, consumers, patches, workspaces.
 #include <gtest/gtest.h>
 
-#include "exec/consumers.hpp"
+#include "exec/consumers/consumer.hpp"
 #include <ATen/Parallel.h>
 
-#include "exec/device.hpp"
-#include "exec/memory.hpp"
-#include "exec/patches.hpp"
+#include "exec/device/device.hpp"
+#include "exec/device/memory.hpp"
+#include "exec/patches/patch.hpp"
 #include "exec/workspace.hpp"
 #include "models/builder.hpp"
 #include "test_util.hpp"

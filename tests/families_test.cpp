@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "exec/device.hpp"
+#include "exec/device/device.hpp"
 #include "models/checkpoint.hpp"
 #include "models/families.hpp"
 #include "report/report.hpp"

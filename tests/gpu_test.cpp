@@ -4,8 +4,8 @@
 
 #include <random>
 
-#include "exec/device.hpp"
-#include "exec/fused.hpp"
+#include "exec/device/device.hpp"
+#include "exec/kernels/fused.hpp"
 #include "models/builder.hpp"
 #include "models/checkpoint.hpp"
 #include "models/families.hpp"

@@ -2,8 +2,8 @@
 // acceptance figures, and that runs leave their inputs untouched.
 #include <gtest/gtest.h>
 
-#include "exec/device.hpp"
-#include "exec/memory.hpp"
+#include "exec/device/device.hpp"
+#include "exec/device/memory.hpp"
 #include "models/builder.hpp"
 #include "report/report.hpp"
 #include "test_util.hpp"

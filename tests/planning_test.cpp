@@ -11,6 +11,7 @@
 #include <chrono>
 #include <iostream>
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <set>
 #include <stdexcept>
@@ -155,23 +156,56 @@ ct::Registry registry_with_test_contracts() {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-// component and check match by substring; required and actual exactly (empty: any).
+using lg::Check;
+using lg::ComponentKind;
+
+// The component a rejection must name; unset or empty fields match anything.
+struct Comp {
+  std::optional<ComponentKind> kind;
+  std::string name, format;
+  std::optional<ct::TensorRole> role;
+};
+// Read as "rejected by consumer 'whole'".
+namespace by {
+Comp any() { return {}; }
+Comp consumer(const std::string& name) { return {ComponentKind::Consumer, name, "", {}}; }
+Comp weight(const std::string& name, const std::string& format = "") {
+  return {ComponentKind::Weight, name, format, {}};
+}
+Comp patch(const std::string& name, std::optional<ct::TensorRole> role = {}) {
+  return {ComponentKind::Patch, name, "", role};
+}
+Comp device(const std::string& name) { return {ComponentKind::Device, name, "", {}}; }
+Comp model_quantity(const std::string& name) { return {ComponentKind::Model, name, "", {}}; }
+Comp transformation(Transform t) { return {ComponentKind::Transformation, lg::to_string(t), "", {}}; }
+}  // namespace by
+
+// Every field matches exactly; an empty string or unset optional matches anything.
 struct Want {
   Transform transform;
-  std::string component, check, required, actual;
+  Check check;
+  Comp component;
+  std::string required, actual;
+  std::string region;
 };
 
 bool matches(const lg::Rejection& r, const Want& w) {
-  return r.transform == w.transform && contains(r.component, w.component) && contains(r.check, w.check) &&
-         (w.required.empty() || r.required == w.required) && (w.actual.empty() || r.actual == w.actual);
+  const Comp& c = w.component;
+  return r.transform == w.transform && r.check == w.check && (!c.kind || r.component_kind == *c.kind) &&
+         (c.name.empty() || r.component_name == c.name) && (c.format.empty() || r.format == c.format) &&
+         (!c.role || r.role == c.role) && (w.required.empty() || r.required == w.required) &&
+         (w.actual.empty() || r.actual == w.actual) && (w.region.empty() || r.region == w.region);
 }
 
 ::testing::AssertionResult Rejected(const std::vector<lg::Rejection>& rs, const Want& w) {
   for (const auto& r : rs)
     if (matches(r, w)) return ::testing::AssertionSuccess();
+  const Comp& c = w.component;
   auto f = ::testing::AssertionFailure();
-  f << "no rejection of '" << lg::to_string(w.transform) << "' with component~\"" << w.component << "\" check~\""
-    << w.check << "\" required=\"" << w.required << "\" actual=\"" << w.actual << "\"; got:";
+  f << "no rejection of '" << lg::to_string(w.transform) << "' with code " << lg::code_name(w.check) << " component "
+    << (c.kind ? lg::to_string(*c.kind) : "any") << " name=\"" << c.name << "\" format=\"" << c.format << "\" role="
+    << (c.role ? ct::to_string(*c.role) : "any") << " required=\"" << w.required << "\" actual=\"" << w.actual
+    << "\" region=\"" << w.region << "\"; got:";
   for (const auto& r : rs) f << "\n  " << lg::describe(r);
   return f;
 }
@@ -185,8 +219,6 @@ const pl::Decision& decision(const std::vector<pl::Decision>& ds, Transform t) {
     if (d.transform == t) return d;
   throw std::logic_error(std::string("no decision for ") + lg::to_string(t));
 }
-
-std::string prerequisite(Transform t) { return "transformation '" + std::string(lg::to_string(t)) + "'"; }
 
 // ---------------------------------------------------------------------------------------
 // 1. IR validation: every error class throws IrError naming the field and the values
@@ -287,18 +319,18 @@ TEST_F(Legality, WholeConsumerFailsClosedForStreamedQOnly) {
   const Transform t = Transform::GlobalKvStreamedQ;
   const auto& q = decision(a.decisions, t);
   EXPECT_FALSE(q.chosen);
-  EXPECT_TRUE(Rejected(q.rejections, {t, "consumer 'whole'", "accepts bounded Q", "yes", "undeclared"}));
-  EXPECT_TRUE(Rejected(q.rejections, {t, "consumer 'whole'", "states whether it needs complete K",
-                                      "declared (yes or no)", "undeclared"}));
-  EXPECT_TRUE(Rejected(q.rejections, {t, "consumer 'whole'", "states whether it needs complete V",
-                                      "declared (yes or no)", "undeclared"}));
-  EXPECT_TRUE(Rejected(q.rejections, {t, "consumer 'whole'", "Q-sized slabs", "yes", "undeclared"}));
+  EXPECT_TRUE(Rejected(q.rejections, {t, Check::ConsumerBoundedQ, by::consumer("whole"), "yes", "undeclared"}));
+  EXPECT_TRUE(Rejected(q.rejections, {t, Check::ConsumerDeclaresGlobalK, by::consumer("whole"), "declared (yes or no)",
+                                      "undeclared"}));
+  EXPECT_TRUE(Rejected(q.rejections, {t, Check::ConsumerDeclaresGlobalV, by::consumer("whole"), "declared (yes or no)",
+                                      "undeclared"}));
+  EXPECT_TRUE(Rejected(q.rejections, {t, Check::ConsumerSlabOutput, by::consumer("whole"), "yes", "undeclared"}));
   EXPECT_EQ(q.rejections.size(), 4u);
 
   const auto& o = decision(a.decisions, Transform::StreamedOutProj);
   EXPECT_FALSE(o.chosen);
-  EXPECT_TRUE(Rejected(o.rejections, {Transform::StreamedOutProj, "transformation 'global K/V + streamed Q'",
-                                      "prerequisite is legal", "legal", "rejected"}));
+  EXPECT_TRUE(Rejected(o.rejections, {Transform::StreamedOutProj, Check::Prerequisite,
+                                      by::transformation(Transform::GlobalKvStreamedQ), "legal", "rejected"}));
   EXPECT_EQ(o.rejections.size(), 1u);
 
   // Only those two: bounded QKV and the MLP transformations of the same block still run.
@@ -311,22 +343,22 @@ TEST_F(Legality, WholeConsumerFailsClosedForStreamedQOnly) {
 
 TEST_F(Legality, UnregisteredConsumer) {
   const lg::Verdict v = verdict(build({.consumer = "flash-x"}), 0);
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, "consumer 'flash-x'", "is registered",
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, Check::ConsumerRegistered, by::consumer("flash-x"),
                                       "registered consumer", "unknown name"}));
   EXPECT_TRUE(v.is_legal(Transform::BoundedQkv));
 }
 
 TEST_F(Legality, ConsumerKvAlignmentNotMetByTokens) {
   const lg::Verdict v = verdict(build({.consumer = "sdpa-kv128"}), 0);  // 520 tokens
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, "consumer 'sdpa-kv128'",
-                                      "global K/V length aligned", "multiple of 128", "520"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, Check::ConsumerKvAligned,
+                                      by::consumer("sdpa-kv128"), "multiple of 128", "520"}));
   EXPECT_EQ(count_of(v.rejections, Transform::GlobalKvStreamedQ), 1u);
 }
 
 TEST_F(Legality, ConsumerWithoutModelDtype) {
   const lg::Verdict v = verdict(build({.dtype = ir::DType::BF16, .consumer = "fp32-only"}), 0);
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, "consumer 'fp32-only'",
-                                      "accepts activation dtype", "bf16", "not accepted"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, Check::ConsumerDtype, by::consumer("fp32-only"),
+                                      "bf16", "not accepted"}));
   EXPECT_EQ(count_of(v.rejections, Transform::GlobalKvStreamedQ), 1u);
   EXPECT_TRUE(verdict(build({.consumer = "fp32-only"}), 0).is_legal(Transform::GlobalKvStreamedQ));
 }
@@ -335,7 +367,7 @@ TEST_F(Legality, AttnOutRenormPatchBlocksStreamedOutProjOnly) {
   const pl::SublayerPlan a = plan(build({.attn_patches = {"attn-out-renorm"}})).blocks[0].sublayers[0];
   const auto& o = decision(a.decisions, Transform::StreamedOutProj);
   EXPECT_FALSE(o.chosen);
-  EXPECT_TRUE(Rejected(o.rejections, {Transform::StreamedOutProj, "patch 'attn-out-renorm'", "runs on a token slab",
+  EXPECT_TRUE(Rejected(o.rejections, {Transform::StreamedOutProj, Check::PatchRowLocal, by::patch("attn-out-renorm"),
                                       "yes", "no"}));
   EXPECT_TRUE(a.chosen(Transform::GlobalKvStreamedQ));
   EXPECT_TRUE(a.chosen(Transform::BoundedQkv));
@@ -345,46 +377,46 @@ TEST_F(Legality, MlpHiddenRownormPatchBlocksFeatureSlicingOnly) {
   const pl::SublayerPlan f = plan(build({.mlp_patches = {"mlp-hidden-rownorm"}})).blocks[0].sublayers[1];
   const auto& d = decision(f.decisions, Transform::FeatureSlicedMlp);
   EXPECT_FALSE(d.chosen);
-  EXPECT_TRUE(Rejected(d.rejections, {Transform::FeatureSlicedMlp, "patch 'mlp-hidden-rownorm'",
-                                      "runs on a feature slice", "yes", "no"}));
+  EXPECT_TRUE(Rejected(d.rejections, {Transform::FeatureSlicedMlp, Check::PatchFeatureLocal,
+                                      by::patch("mlp-hidden-rownorm"), "yes", "no"}));
   EXPECT_TRUE(f.chosen(Transform::TokenChunkedMlp));
   EXPECT_EQ(f.feature_slice, 256);
 }
 
 TEST_F(Legality, NonRowLocalQPatchBlocksBoundedQkvAndStreamedQ) {
   const lg::Verdict v = verdict(build({.attn_patches = {"q-global-norm"}}), 0);
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "patch 'q-global-norm' on Q", "runs on a token slab",
-                                      "yes", "no"}));
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, prerequisite(Transform::BoundedQkv),
-                                      "prerequisite is legal", "legal", "rejected"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, Check::PatchRowLocal,
+                                      by::patch("q-global-norm", ct::TensorRole::Q), "yes", "no"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, Check::Prerequisite,
+                                      by::transformation(Transform::BoundedQkv), "legal", "rejected"}));
   EXPECT_TRUE(v.legal.empty());
 }
 
 TEST_F(Legality, UndeclaredRowSlicingOnFusedQkv) {
   const lg::Verdict v = verdict(build({.qkv_format = "rows-undeclared"}), 0);
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "weight 'blocks.0.attn.qkv.weight' (format rows-undeclared)",
-                                      "output-feature (row) slicing for regions q|k|v", "yes", "undeclared"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, Check::FormatRegionSlicing,
+                                      by::weight("blocks.0.attn.qkv.weight", "rows-undeclared"), "yes", "undeclared"}));
   EXPECT_FALSE(v.is_legal(Transform::BoundedQkv));
 }
 
 TEST_F(Legality, MisalignedQkvRegionOffset) {
   // 3 heads of 32: q|k|v at rows 0, 96, 192 of a format aligned to 128 rows.
   const lg::Verdict v = verdict(build({.heads = 3, .kv_heads = 3, .qkv_format = "rows128"}), 0);
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "format rows128", "region 'k' offset aligned",
-                                      "multiple of 128", "96"}));
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "format rows128", "region 'v' offset aligned",
-                                      "multiple of 128", "192"}));
-  EXPECT_FALSE(Rejected(v.rejections, {Transform::BoundedQkv, "", "region 'q'", "", ""}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, Check::RegionAligned, by::weight("", "rows128"),
+                                      "multiple of 128", "96", "k"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, Check::RegionAligned, by::weight("", "rows128"),
+                                      "multiple of 128", "192", "v"}));
+  EXPECT_FALSE(Rejected(v.rejections, {Transform::BoundedQkv, Check::RegionAligned, by::any(), "", "", "q"}));
   // 4 heads of 32: offsets 0, 128, 256.
   EXPECT_TRUE(verdict(build({.qkv_format = "rows128"}), 0).is_legal(Transform::BoundedQkv));
 }
 
 TEST_F(Legality, DownWeightWithoutHeldExecution) {
   const lg::Verdict v = verdict(build({.down_format = "no-held"}), 1);
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::TokenChunkedMlp, "weight 'blocks.0.mlp.fc2.weight' (format no-held)",
-                                      "held execution", "yes", "no"}));
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, prerequisite(Transform::TokenChunkedMlp),
-                                      "prerequisite is legal", "legal", "rejected"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::TokenChunkedMlp, Check::FormatHeld,
+                                      by::weight("blocks.0.mlp.fc2.weight", "no-held"), "yes", "no"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, Check::Prerequisite,
+                                      by::transformation(Transform::TokenChunkedMlp), "legal", "rejected"}));
   EXPECT_EQ(count_of(v.rejections, Transform::FeatureSlicedMlp), 1u);
 }
 
@@ -392,8 +424,8 @@ TEST_F(Legality, Int8RowwiseNeedsTwoAlignedFeatureSlices) {
   // int8-rowwise: input (column) slices of the down projection at multiples of 256.
   Knobs k{.hidden = 384, .up_format = "int8-rowwise", .down_format = "int8-rowwise"};
   const lg::Verdict v = verdict(build(k), 1);
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, "MLP hidden width", "at least two aligned slices",
-                                      ">= 512 (alignment 256)", "384"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, Check::HiddenTooNarrow,
+                                      by::model_quantity("mlp.hidden"), ">= 512 (alignment 256)", "384"}));
   EXPECT_TRUE(v.is_legal(Transform::TokenChunkedMlp));
 
   k.hidden = 1024;
@@ -406,8 +438,8 @@ TEST_F(Legality, Int8RowwiseNeedsTwoAlignedFeatureSlices) {
 
 TEST_F(Legality, DownWeightWithoutColumnSlicing) {
   const lg::Verdict v = verdict(build({.down_format = "no-col-slice"}), 1);
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, "weight 'blocks.0.mlp.fc2.weight'",
-                                      "input-feature (column) slicing", "yes", "no"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, Check::FormatColumnSlicing,
+                                      by::weight("blocks.0.mlp.fc2.weight"), "yes", "no"}));
   EXPECT_TRUE(v.is_legal(Transform::TokenChunkedMlp));
 }
 
@@ -415,10 +447,10 @@ TEST_F(Legality, DeviceWithoutModelDtype) {
   const ct::DeviceCaps no_bf16 = cpu({ir::DType::F32, ir::DType::F16, ir::DType::F64});
   const ir::Model m = build({.dtype = ir::DType::BF16});
   const lg::Verdict a = verdict(m, 0, &no_bf16), f = verdict(m, 1, &no_bf16);
-  EXPECT_TRUE(Rejected(a.rejections, {Transform::BoundedQkv, "device 'cpu'", "supports activation dtype", "bf16",
+  EXPECT_TRUE(Rejected(a.rejections, {Transform::BoundedQkv, Check::DeviceDtype, by::device("cpu"), "bf16",
                                       "unsupported"}));
-  EXPECT_TRUE(Rejected(f.rejections, {Transform::TokenChunkedMlp, "device 'cpu'", "supports activation dtype",
-                                      "bf16", "unsupported"}));
+  EXPECT_TRUE(Rejected(f.rejections, {Transform::TokenChunkedMlp, Check::DeviceDtype, by::device("cpu"), "bf16",
+                                      "unsupported"}));
   EXPECT_TRUE(a.legal.empty());
   EXPECT_TRUE(f.legal.empty());
 }
@@ -427,8 +459,8 @@ TEST_F(Legality, FinalProjectionWithUndeclaredHeldExecution) {
   const ir::Model m = build({.final_format = "held-undeclared"});
   lg::Context ctx{&m, &reg, &dev};
   const lg::Verdict v = lg::check_final(ctx, *m.final_layer);
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedFinal, "weight 'final.proj.weight' (format held-undeclared)",
-                                      "held execution", "yes", "undeclared"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedFinal, Check::FormatHeld,
+                                      by::weight("final.proj.weight", "held-undeclared"), "yes", "undeclared"}));
   const pl::Plan p = plan(m);
   EXPECT_FALSE(p.final_layer.chosen(Transform::BoundedFinal));
   EXPECT_EQ(p.final_layer.chunk, p.tokens);
@@ -441,13 +473,17 @@ TEST_F(Legality, EveryRejectionIsCollected) {
   const lg::Verdict v = verdict(m, 0, &fp32_device);
   // Three components reject bounded QKV: the weight format, the patch and the device.
   EXPECT_EQ(count_of(v.rejections, Transform::BoundedQkv), 3u);
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "format no-held", "held execution", "yes", "no"}));
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "patch 'q-global-norm'", "token slab", "yes", "no"}));
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, "device 'cpu'", "activation dtype", "bf16", ""}));
+  EXPECT_TRUE(
+      Rejected(v.rejections, {Transform::BoundedQkv, Check::FormatHeld, by::weight("", "no-held"), "yes", "no"}));
+  EXPECT_TRUE(
+      Rejected(v.rejections, {Transform::BoundedQkv, Check::PatchRowLocal, by::patch("q-global-norm"), "yes", "no"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::BoundedQkv, Check::DeviceDtype, by::device("cpu"), "bf16", ""}));
   // Streamed Q: its prerequisite and four consumer checks.
   EXPECT_EQ(count_of(v.rejections, Transform::GlobalKvStreamedQ), 5u);
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, prerequisite(Transform::BoundedQkv), "", "", ""}));
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, "consumer 'whole'", "bounded Q", "", ""}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::GlobalKvStreamedQ, Check::Prerequisite,
+                                      by::transformation(Transform::BoundedQkv), "", ""}));
+  EXPECT_TRUE(
+      Rejected(v.rejections, {Transform::GlobalKvStreamedQ, Check::ConsumerBoundedQ, by::consumer("whole"), "", ""}));
 }
 
 // The up half of a fused [gate | up] weight starts at row `hidden`; with out_align 128 and
@@ -455,9 +491,32 @@ TEST_F(Legality, EveryRejectionIsCollected) {
 TEST_F(Legality, FusedHalvesUpSliceOffsetMustRespectRowAlignment) {
   const lg::Verdict v = verdict(build({.hidden = 320, .up_format = "rows128"}), 1);
   EXPECT_FALSE(v.is_legal(Transform::FeatureSlicedMlp));
-  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, "blocks.0.mlp.fc1.weight",
-                                      "up half's row offset aligned", "multiple of 128", "320"}));
+  EXPECT_TRUE(Rejected(v.rejections, {Transform::FeatureSlicedMlp, Check::UpHalfAligned,
+                                      by::weight("blocks.0.mlp.fc1.weight"), "multiple of 128", "320"}));
   EXPECT_TRUE(verdict(build({.hidden = 384, .up_format = "rows128"}), 1).is_legal(Transform::FeatureSlicedMlp));
+}
+
+// Codes are what tools match on: each must be present, distinct and come with a text.
+TEST(LegalityCodes, EveryCheckHasDistinctCodeAndText) {
+  std::set<std::string> codes;
+  for (size_t i = 0; i < std::size(lg::kAllChecks); ++i) {
+    const Check c = lg::kAllChecks[i];
+    EXPECT_EQ(static_cast<size_t>(c), i) << "kAllChecks is not in declaration order at " << i;
+    const std::string code = lg::code_name(c);
+    EXPECT_FALSE(code.empty()) << i;
+    EXPECT_NE(code, "?") << i;
+    EXPECT_TRUE(codes.insert(code).second) << "duplicate code " << code;
+    const lg::Rejection r{.transform = Transform::BoundedQkv,
+                          .check = c,
+                          .component_kind = ComponentKind::Weight,
+                          .component_name = "w",
+                          .format = "dense",
+                          .region = "k"};
+    EXPECT_FALSE(lg::check_text(r).empty()) << code;
+    EXPECT_TRUE(contains(lg::describe(r), "[" + code + "]")) << lg::describe(r);
+  }
+  // An enumerator appended to Check but missing from kAllChecks would have a code here.
+  EXPECT_EQ(std::string(lg::code_name(static_cast<Check>(std::size(lg::kAllChecks)))), "?");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -478,8 +537,9 @@ TEST_F(Planning, ExplainListsEveryRejection) {
   collect(p.final_layer.decisions);
   ASSERT_GE(all.size(), 7u);
   for (const auto& r : all) {
-    EXPECT_TRUE(contains(text, r.component)) << r.component << "\n" << text;
-    EXPECT_TRUE(contains(text, r.check)) << r.check << "\n" << text;
+    EXPECT_TRUE(contains(text, lg::component_text(r))) << lg::component_text(r) << "\n" << text;
+    EXPECT_TRUE(contains(text, lg::check_text(r))) << lg::check_text(r) << "\n" << text;
+    EXPECT_TRUE(contains(text, lg::code_name(r.check))) << lg::code_name(r.check) << "\n" << text;
   }
   EXPECT_TRUE(contains(text, "[x] bounded QKV")) << text;
 }

@@ -3,8 +3,8 @@
 
 #include <ATen/ATen.h>
 
-#include "exec/device.hpp"
-#include "exec/memory.hpp"
+#include "exec/device/device.hpp"
+#include "exec/device/memory.hpp"
 
 namespace sp::test {
 

@@ -3,9 +3,10 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
-#include "exec/device.hpp"
-#include "exec/memory.hpp"
-#include "exec/probe.hpp"
+#include "exec/registry.hpp"
+#include "exec/device/device.hpp"
+#include "exec/device/memory.hpp"
+#include "exec/device/probe.hpp"
 #include "plan/budget.hpp"
 #include "report/bench.hpp"
 
@@ -38,7 +39,7 @@ int bench(const Args& a) {
   for (const auto& n : a.cases)
     if (std::none_of(all.begin(), all.end(), [&](const auto& c) { return c.name == n; }))
       throw std::invalid_argument("--cases: unknown case '" + n + "' (see bench --list)");
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
   auto caps = exec::describe_device(d);
   if (a.row_kernels == "aten") caps.fused_row_kernels = contracts::Cap::No;

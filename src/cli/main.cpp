@@ -13,10 +13,12 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
-#include "exec/device.hpp"
-#include "exec/memory.hpp"
-#include "exec/probe.hpp"
+#include "exec/registry.hpp"
+#include "exec/device/device.hpp"
+#include "exec/device/memory.hpp"
+#include "exec/device/probe.hpp"
 #include "models/builder.hpp"
+#include "plan/arena.hpp"
 #include "plan/budget.hpp"
 #include "report/report.hpp"
 
@@ -38,11 +40,12 @@ struct ModelArgs {
   std::string budget;
   bool json = false;
   bool explain = false;
+  bool program = false;
 };
 
 void add_model_options(CLI::App* cmd, ModelArgs& a) {
   const auto& reg_names = [] {
-    static contracts::Registry reg = contracts::Registry::builtin();
+    static contracts::Registry reg = exec::builtin_registry();
     return &reg;
   }();
   cmd->add_option("--tokens", a.tokens, "total tokens (text + video) of the demo model")->check(CLI::PositiveNumber);
@@ -58,7 +61,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("--seed", a.seed, "random seed of weights and inputs");
   cmd->add_option("--budget", a.budget, "activation memory budget: bytes, 512MiB, 2.5GiB, ... or auto");
   cmd->add_flag("--json", a.json, "print the run report as JSON");
-  cmd->add_flag("--explain", a.explain, "print the plan with every rejection");
+  cmd->add_flag("--explain", a.explain, "print the plan with every rejection (with --json: and the programs)");
 }
 
 ir::DType parse_dtype(const std::string& s) {
@@ -83,10 +86,10 @@ models::ModelConfig config_from(const ModelArgs& a, const contracts::Registry& r
   return c;
 }
 
-// Under a budget the chooser compares estimated times: the device's rates are measured once
-// (cached per device) first.
+// The chooser compares estimated times: the device's rates are measured once (cached per
+// device) first.
 plan::Options plan_options(const ModelArgs& a, contracts::DeviceCaps& dev, const at::Device& d) {
-  if (!a.budget.empty()) exec::apply_rates(exec::probe_device(d, dev), dev);
+  exec::apply_rates(exec::probe_device(d, dev), dev);
   plan::Options o;
   o.token_chunk = a.chunk;
   o.feature_slice = a.feature_slice;
@@ -95,7 +98,7 @@ plan::Options plan_options(const ModelArgs& a, contracts::DeviceCaps& dev, const
 }
 
 int cmd_plan(const ModelArgs& a) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
   auto dev = exec::describe_device(d);
   const ir::Model m = models::build_ir(config_from(a, reg));
@@ -105,7 +108,17 @@ int cmd_plan(const ModelArgs& a) {
     j["planned"] = {{"estimated_peak_bytes", p.estimated_peak_bytes}};
     j["floor_bytes"] = p.floor_bytes;
     j["plan"] = report::to_json(p);
+    if (a.explain || a.program) {
+      nlohmann::json progs = nlohmann::json::array();
+      for (const auto& prog : report::programs(m, p, reg, dev)) progs.push_back(report::to_json(prog, dev));
+      j["programs"] = progs;
+    }
     std::cout << j.dump(2) << "\n";
+  } else if (a.program) {
+    for (const auto& prog : report::programs(m, p, reg, dev)) {
+      const plan::Placement pl = plan::place(prog, dev);
+      std::cout << plan::to_text(prog, pl.offset, pl.arena_bytes);
+    }
   } else {
     std::cout << plan::explain(p);
   }
@@ -113,7 +126,7 @@ int cmd_plan(const ModelArgs& a) {
 }
 
 int cmd_demo(const ModelArgs& a) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
   auto dev = exec::describe_device(d);
   exec::install_cpu_meter();
@@ -136,6 +149,7 @@ int main(int argc, char** argv) {
   add_model_options(demo, demo_args);
   auto* plan_cmd = app.add_subcommand("plan", "print the plan for the demo model without running it");
   add_model_options(plan_cmd, plan_args);
+  plan_cmd->add_flag("--program", plan_args.program, "print the schedule program of every sublayer");
   const std::vector<sp::cli::Runner> runners = {sp::cli::add_run(app), sp::cli::add_make_checkpoint(app),
                                                  sp::cli::add_bench(app)};
   CLI11_PARSE(app, argc, argv);

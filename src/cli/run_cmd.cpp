@@ -2,9 +2,10 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
-#include "exec/device.hpp"
-#include "exec/memory.hpp"
-#include "exec/probe.hpp"
+#include "exec/registry.hpp"
+#include "exec/device/device.hpp"
+#include "exec/device/memory.hpp"
+#include "exec/device/probe.hpp"
 #include "models/checkpoint.hpp"
 #include "models/families.hpp"
 #include "plan/budget.hpp"
@@ -30,7 +31,7 @@ ir::DType pick_dtype(const std::string& s, const at::Device& d) {
 }
 
 int run(const Args& a) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
   auto dev = exec::describe_device(d);
   exec::install_cpu_meter();

@@ -4,13 +4,16 @@
 // contract. Every capability is tri-state: Yes, No, or Unknown — and Unknown is
 // treated exactly like No (fail closed), but reported as "undeclared" so a user can
 // tell a missing declaration from a real limitation. Consumers, weight formats and
-// patches are registered by name in a Registry; the planner looks them up and never
-// lists known implementations. Sizes that an implementation allocates internally
-// (a consumer's output slab and scratch, a format's dequantized slice) are declared
-// here as pure functions, so the cost model and the executor cannot disagree.
+// patches are registered by name in a Registry, each with its implementation beside its
+// capabilities (one registration: exec/registry.hpp); the planner looks them up and never
+// lists known implementations. The implementation is an opaque Impl here — the planning
+// code never calls it — and the executor casts it to its ATen interface. Sizes that an
+// implementation allocates internally (a consumer's output slab and scratch, a format's
+// converted slice) are declared here as pure functions, so the cost model and the executor
+// cannot disagree.
 //
 // Example:
-//     sp::contracts::Registry reg = sp::contracts::Registry::builtin();
+//     sp::contracts::Registry reg = sp::exec::builtin_registry();   // exec/registry.hpp
 //     const auto& c = reg.consumer("sdpa");
 //     if (c.accepts_bounded_q == sp::contracts::Cap::Yes) { ... }
 #pragma once
@@ -18,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -28,6 +32,11 @@
 namespace sp::contracts {
 
 enum class Cap { Unknown, No, Yes };
+
+// The implementation registered with a capability contract, opaque to planning code.
+struct Impl {
+  virtual ~Impl() = default;
+};
 const char* to_string(Cap);
 
 enum class DeviceKind { CPU, CUDA };
@@ -52,17 +61,27 @@ struct ConsumerCaps {
   int64_t kv_align = 1;                  // global K/V length must be a multiple
   // Bytes the consumer allocates for one call (output + scratch), by shape.
   std::function<int64_t(const AttnShape&)> call_bytes;
+  std::shared_ptr<const Impl> impl;
 };
 
 struct FormatCaps {
   std::string name;
   std::string description;
   ir::DType storage = ir::DType::F32;  // element type as stored (dense: the model dtype)
-  bool dense = true;                   // usable directly, no conversion on acquire
+  bool dense = true;                   // stored in the model dtype: acquired as a view
   Cap out_slicing = Cap::Unknown;      // row (output-feature) slices
   Cap in_slicing = Cap::Unknown;       // column (input-feature) slices
   int64_t out_align = 1, in_align = 1;
   Cap held_execution = Cap::Unknown;   // acquire once per block, reuse for every slab
+  std::shared_ptr<const Impl> impl;
+  // Element type of the stored weight of a model computing in `model`.
+  ir::DType stored(ir::DType model) const { return dense ? model : storage; }
+  // Bytes an acquire of rows x cols for compute in `compute` allocates: none where the
+  // stored tensor is handed out as a view, else the converted slice.
+  int64_t acquire_bytes(int64_t rows, int64_t cols, ir::DType model, ir::DType compute) const {
+    if (dense && compute == model) return 0;
+    return rows * cols * static_cast<int64_t>(ir::dtype_size(compute));
+  }
 };
 
 enum class TensorRole { Q, K, V, AttnOut, MlpHidden, BlockInput, BlockOutput };
@@ -70,12 +89,13 @@ const char* to_string(TensorRole);
 
 struct PatchCaps {
   std::string name;   // instance name used in the IR
-  std::string kind;   // implementation kind in the executor
   std::string description;
   std::set<TensorRole> reads, modifies;
   Cap row_local = Cap::Unknown;      // may run on a token slab
   Cap feature_local = Cap::Unknown;  // may run on a feature slice of a row
-  double param = 1.0;                // kind-specific scalar
+  // Bytes one application allocates on `device` on a [rows, cols] tensor of `dtype`.
+  std::function<int64_t(int64_t rows, int64_t cols, ir::DType dtype, DeviceKind device)> scratch_bytes;
+  std::shared_ptr<const Impl> impl;
   bool touches(TensorRole r) const { return reads.count(r) != 0 || modifies.count(r) != 0; }
 };
 
@@ -88,7 +108,7 @@ struct DeviceCaps {
   int threads = 1;
   // CUDA's caching allocator rounds each block up; CPU allocations are exact.
   int64_t alloc_round = 1;
-  // Rates of the time estimate (plan/cost.hpp), measured by exec/probe.hpp; 0 means not
+  // Rates of the time estimate (plan/cost.hpp), measured by exec/device/probe.hpp; 0 means not
   // measured, and the cost model uses its documented defaults for the device kind.
   double flops_per_s = 0;      // dense matmul throughput in 16-bit floats (bf16, fp16)
   double flops_per_s_f32 = 0;  // dense matmul throughput in fp32 (fp64 is taken as half)
@@ -96,10 +116,14 @@ struct DeviceCaps {
   double launch_s = 0;         // fixed cost of one small operation: dispatch and kernel launch
   double gemm_half_rows = 0;   // rows at which a matmul reaches half its peak (efficiency rows/(rows+k))
   // One-pass row kernels: norm + modulation into the activation dtype, and Q/K norm + RoPE
-  // into the attention layout (exec/fused.hpp). Yes drops the fp32 staging buffers.
+  // into the attention layout (exec/kernels/fused.hpp). Yes drops the fp32 staging buffers.
   Cap fused_row_kernels = Cap::Unknown;
   int64_t round_alloc(int64_t bytes) const;
 };
+
+// On the CPU an ATen operation with a number operand wraps it in a 0-dim tensor (a double,
+// then one of the operation's dtype) while it runs; CUDA wraps numbers on the host.
+int64_t scalar_operand_bytes(ir::DType op, DeviceKind device);
 
 class ContractError : public std::invalid_argument {
  public:
@@ -108,7 +132,6 @@ class ContractError : public std::invalid_argument {
 
 class Registry {
  public:
-  static Registry builtin();
   void add(ConsumerCaps c);
   void add(FormatCaps f);
   void add(PatchCaps p);

@@ -129,6 +129,21 @@ int64_t Model::input_features(const std::string& seg) const {
   return e ? e->linear.in_features : dim;
 }
 
+int64_t Model::kv_rows(const Sublayer& s) const {
+  const auto* a = std::get_if<Attention>(&s.body);
+  if (a && a->kind == AttnKind::Cross) return context(a->context).length;
+  return rows(s.segments).size();
+}
+
+int64_t Model::inner_boundaries(RowRange r) const {
+  int64_t n = 0, start = 0;
+  for (const auto& seg : segments) {
+    if (start > r.begin && start < r.end) ++n;
+    start += seg.length;
+  }
+  return n;
+}
+
 int64_t Model::output_tokens() const { return final_layer ? rows(final_layer->segments).size() : tokens(); }
 
 const Context& Model::context(const std::string& n) const {

@@ -217,6 +217,11 @@ struct Model {
   int64_t output_tokens() const;
   int64_t output_features() const { return final_layer ? final_layer->proj.out_features : dim; }
   const Context& context(const std::string& name) const;  // throws IrError
+  // Rows of K and V of an attention sublayer: the context's for cross-attention, else its own.
+  int64_t kv_rows(const Sublayer& s) const;
+  // Segment boundaries strictly inside `r`: a slab over r splits into one more piece for
+  // each (per-segment modulation, per-segment projections).
+  int64_t inner_boundaries(RowRange r) const;
 };
 
 // Throws IrError naming the field path and the values on any inconsistency.

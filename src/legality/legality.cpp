@@ -8,6 +8,11 @@ namespace sp::legality {
 using contracts::Cap;
 using contracts::TensorRole;
 
+namespace {
+// component_name of the one model quantity a check is about: the MLP's hidden width.
+constexpr const char* kMlpHidden = "mlp.hidden";
+}  // namespace
+
 const char* to_string(Transform t) {
   switch (t) {
     case Transform::TokenChunkedMlp: return "token-chunked MLP";
@@ -20,47 +25,141 @@ const char* to_string(Transform t) {
   return "?";
 }
 
+const char* code_name(Check c) {
+  switch (c) {
+    case Check::ConsumerRegistered: return "consumer.registered";
+    case Check::ConsumerBoundedQ: return "consumer.bounded_q";
+    case Check::ConsumerDeclaresGlobalK: return "consumer.declares_global_k";
+    case Check::ConsumerDeclaresGlobalV: return "consumer.declares_global_v";
+    case Check::ConsumerSlabOutput: return "consumer.slab_output";
+    case Check::ConsumerKvAligned: return "consumer.kv_aligned";
+    case Check::ConsumerDtype: return "consumer.dtype";
+    case Check::FormatHeld: return "format.held";
+    case Check::FormatRegionSlicing: return "format.region_slicing";
+    case Check::FormatRowSlicing: return "format.row_slicing";
+    case Check::FormatColumnSlicing: return "format.column_slicing";
+    case Check::RegionAligned: return "format.region_aligned";
+    case Check::UpHalfAligned: return "format.up_half_aligned";
+    case Check::PatchRowLocal: return "patch.row_local";
+    case Check::PatchFeatureLocal: return "patch.feature_local";
+    case Check::DeviceDtype: return "device.dtype";
+    case Check::DeviceFp32: return "device.fp32";
+    case Check::Prerequisite: return "transform.prerequisite";
+    case Check::HiddenTooNarrow: return "model.hidden_too_narrow";
+  }
+  return "?";
+}
+
+const char* to_string(ComponentKind k) {
+  switch (k) {
+    case ComponentKind::Consumer: return "consumer";
+    case ComponentKind::Weight: return "weight";
+    case ComponentKind::Patch: return "patch";
+    case ComponentKind::Device: return "device";
+    case ComponentKind::Model: return "model";
+    case ComponentKind::Transformation: return "transformation";
+  }
+  return "?";
+}
+
+std::string component_text(const Rejection& r) {
+  const std::string quoted = "'" + r.component_name + "'";
+  switch (r.component_kind) {
+    case ComponentKind::Consumer: return "consumer " + quoted;
+    case ComponentKind::Weight: return "weight " + quoted + " (format " + r.format + ")";
+    case ComponentKind::Patch:
+      return "patch " + quoted + (r.role ? std::string(" on ") + contracts::to_string(*r.role) : "");
+    case ComponentKind::Device: return "device " + quoted;
+    case ComponentKind::Model: return r.component_name == kMlpHidden ? "MLP hidden width" : "model " + quoted;
+    case ComponentKind::Transformation: return "transformation " + quoted;
+  }
+  return quoted;
+}
+
+std::string check_text(const Rejection& r) {
+  switch (r.check) {
+    case Check::ConsumerRegistered: return "is registered";
+    case Check::ConsumerBoundedQ: return "accepts bounded Q against global K/V";
+    case Check::ConsumerDeclaresGlobalK: return "states whether it needs complete K";
+    case Check::ConsumerDeclaresGlobalV: return "states whether it needs complete V";
+    case Check::ConsumerSlabOutput: return "produces output in Q-sized slabs";
+    case Check::ConsumerKvAligned: return "global K/V length aligned";
+    case Check::ConsumerDtype: return "accepts activation dtype";
+    case Check::FormatHeld: return "held execution (acquire once, reuse per slab)";
+    case Check::FormatRegionSlicing: return "output-feature (row) slicing for regions q|k|v";
+    case Check::FormatRowSlicing: return "output-feature (row) slicing";
+    case Check::FormatColumnSlicing: return "input-feature (column) slicing";
+    case Check::RegionAligned: return "region '" + r.region + "' offset aligned";
+    case Check::UpHalfAligned: return "up half's row offset aligned";
+    case Check::PatchRowLocal: return "runs on a token slab";
+    case Check::PatchFeatureLocal: return "runs on a feature slice";
+    case Check::DeviceDtype: return "supports activation dtype";
+    case Check::DeviceFp32: return "supports fp32 (final projection)";
+    case Check::Prerequisite: return "prerequisite is legal";
+    case Check::HiddenTooNarrow: return "at least two aligned slices";
+  }
+  return code_name(r.check);
+}
+
 std::string describe(const Rejection& r) {
-  return std::string(to_string(r.transform)) + ": " + r.component + ": " + r.check + " — required " +
-         r.required + ", actual " + r.actual;
+  return std::string(to_string(r.transform)) + ": " + component_text(r) + ": " + check_text(r) + " [" +
+         code_name(r.check) + "] — required " + r.required + ", actual " + r.actual;
 }
 
 bool Verdict::is_legal(Transform t) const { return std::find(legal.begin(), legal.end(), t) != legal.end(); }
 
 namespace {
 
+// The component a check is about: the structured part of a Rejection that names it.
+struct Component {
+  ComponentKind kind;
+  std::string name;
+  std::string format;
+  std::optional<TensorRole> role;
+};
+
+Component weight_component(const ir::Linear& l) { return {ComponentKind::Weight, l.weight, l.format, {}}; }
+Component device_component(const contracts::DeviceCaps& d) { return {ComponentKind::Device, d.name, {}, {}}; }
+
 // Collects rejections for one transformation; the transformation is legal when none was added.
 class Checker {
  public:
   Checker(Verdict& v, Transform t) : v_(v), t_(t), before_(v.rejections.size()) { v_.candidates.push_back(t); }
-  void require_cap(const std::string& component, const std::string& check, Cap actual) {
+  void require_cap(const Component& component, Check check, Cap actual) {
     if (actual != Cap::Yes) add(component, check, "yes", contracts::to_string(actual));
   }
-  void require_declared(const std::string& component, const std::string& check, Cap actual) {
+  void require_declared(const Component& component, Check check, Cap actual) {
     if (actual == Cap::Unknown) add(component, check, "declared (yes or no)", contracts::to_string(actual));
   }
-  void require(bool ok, const std::string& component, const std::string& check, const std::string& required,
-               const std::string& actual) {
-    if (!ok) add(component, check, required, actual);
+  void require(bool ok, const Component& component, Check check, const std::string& required,
+               const std::string& actual, const std::string& region = {}) {
+    if (!ok) add(component, check, required, actual, region);
   }
   void depends_on(Transform other) {
     if (!v_.is_legal(other))
-      add("transformation '" + std::string(to_string(other)) + "'", "prerequisite is legal", "legal", "rejected");
+      add({ComponentKind::Transformation, to_string(other), {}, {}}, Check::Prerequisite, "legal", "rejected");
   }
   void done() {
     if (v_.rejections.size() == before_) v_.legal.push_back(t_);
   }
 
  private:
-  void add(const std::string& c, const std::string& check, const std::string& req, const std::string& act) {
-    v_.rejections.push_back({t_, c, check, req, act});
+  void add(const Component& c, Check check, const std::string& req, const std::string& act,
+           const std::string& region = {}) {
+    v_.rejections.push_back({.transform = t_,
+                             .check = check,
+                             .component_kind = c.kind,
+                             .component_name = c.name,
+                             .format = c.format,
+                             .role = c.role,
+                             .region = region,
+                             .required = req,
+                             .actual = act});
   }
   Verdict& v_;
   Transform t_;
   size_t before_;
 };
-
-std::string weight_component(const ir::Linear& l) { return "weight '" + l.weight + "' (format " + l.format + ")"; }
 
 // Every patch on `roles` must declare the locality `cap` selects.
 void require_patch_locality(Checker& c, const Context& ctx, const std::vector<std::string>& patches,
@@ -69,31 +168,29 @@ void require_patch_locality(Checker& c, const Context& ctx, const std::vector<st
     const auto& p = ctx.registry->patch(name);
     for (TensorRole r : roles) {
       if (!p.touches(r)) continue;
-      c.require_cap("patch '" + name + "' on " + contracts::to_string(r),
-                    feature ? "runs on a feature slice" : "runs on a token slab",
+      c.require_cap({ComponentKind::Patch, name, {}, r}, feature ? Check::PatchFeatureLocal : Check::PatchRowLocal,
                     feature ? p.feature_local : p.row_local);
     }
   }
 }
 
 void require_held(Checker& c, const Context& ctx, const ir::Linear& l) {
-  c.require_cap(weight_component(l), "held execution (acquire once, reuse per slab)",
-                ctx.registry->format(l.format).held_execution);
+  c.require_cap(weight_component(l), Check::FormatHeld, ctx.registry->format(l.format).held_execution);
 }
 
 void require_device_dtype(Checker& c, const Context& ctx) {
   const auto dt = ctx.model->dtype;
-  c.require(ctx.device->dtypes.count(dt) != 0, "device '" + ctx.device->name + "'", "supports activation dtype",
-            ir::to_string(dt), "unsupported");
+  c.require(ctx.device->dtypes.count(dt) != 0, device_component(*ctx.device), Check::DeviceDtype, ir::to_string(dt),
+            "unsupported");
 }
 
 // Fused QKV: projecting only the k|v rows, then only the q rows, slices the weight by output rows.
 void require_region_slicing(Checker& c, const Context& ctx, const ir::Linear& l) {
   const auto& f = ctx.registry->format(l.format);
-  c.require_cap(weight_component(l), "output-feature (row) slicing for regions q|k|v", f.out_slicing);
+  c.require_cap(weight_component(l), Check::FormatRegionSlicing, f.out_slicing);
   for (const auto& r : l.out_regions)
-    c.require(r.offset % f.out_align == 0, weight_component(l), "region '" + r.name + "' offset aligned",
-              "multiple of " + std::to_string(f.out_align), std::to_string(r.offset));
+    c.require(r.offset % f.out_align == 0, weight_component(l), Check::RegionAligned,
+              "multiple of " + std::to_string(f.out_align), std::to_string(r.offset), r.name);
 }
 
 void check_attention(Verdict& v, const Context& ctx, const ir::Attention& a, int64_t kv_rows) {
@@ -115,18 +212,18 @@ void check_attention(Verdict& v, const Context& ctx, const ir::Attention& a, int
   {
     Checker c(v, Transform::GlobalKvStreamedQ);
     c.depends_on(Transform::BoundedQkv);
-    const std::string comp = "consumer '" + a.consumer + "'";
+    const Component comp{ComponentKind::Consumer, a.consumer, {}, {}};
     if (!ctx.registry->has_consumer(a.consumer)) {
-      c.require(false, comp, "is registered", "registered consumer", "unknown name");
+      c.require(false, comp, Check::ConsumerRegistered, "registered consumer", "unknown name");
     } else {
       const auto& k = ctx.registry->consumer(a.consumer);
-      c.require_cap(comp, "accepts bounded Q against global K/V", k.accepts_bounded_q);
-      c.require_declared(comp, "states whether it needs complete K", k.requires_global_k);
-      c.require_declared(comp, "states whether it needs complete V", k.requires_global_v);
-      c.require_cap(comp, "produces output in Q-sized slabs", k.slab_output);
-      c.require(kv_rows % k.kv_align == 0, comp, "global K/V length aligned",
-                "multiple of " + std::to_string(k.kv_align), std::to_string(kv_rows));
-      c.require(k.dtypes.count(ctx.model->dtype) != 0, comp, "accepts activation dtype", ir::to_string(ctx.model->dtype),
+      c.require_cap(comp, Check::ConsumerBoundedQ, k.accepts_bounded_q);
+      c.require_declared(comp, Check::ConsumerDeclaresGlobalK, k.requires_global_k);
+      c.require_declared(comp, Check::ConsumerDeclaresGlobalV, k.requires_global_v);
+      c.require_cap(comp, Check::ConsumerSlabOutput, k.slab_output);
+      c.require(kv_rows % k.kv_align == 0, comp, Check::ConsumerKvAligned, "multiple of " + std::to_string(k.kv_align),
+                std::to_string(kv_rows));
+      c.require(k.dtypes.count(ctx.model->dtype) != 0, comp, Check::ConsumerDtype, ir::to_string(ctx.model->dtype),
                 "not accepted");
     }
     c.done();
@@ -155,19 +252,18 @@ void check_mlp(Verdict& v, const Context& ctx, const ir::Mlp& m) {
     Checker c(v, Transform::FeatureSlicedMlp);
     c.depends_on(Transform::TokenChunkedMlp);
     for (const auto* l : ins)
-      c.require_cap(weight_component(*l), "output-feature (row) slicing", ctx.registry->format(l->format).out_slicing);
-    c.require_cap(weight_component(m.down), "input-feature (column) slicing",
-                  ctx.registry->format(m.down.format).in_slicing);
+      c.require_cap(weight_component(*l), Check::FormatRowSlicing, ctx.registry->format(l->format).out_slicing);
+    c.require_cap(weight_component(m.down), Check::FormatColumnSlicing, ctx.registry->format(m.down.format).in_slicing);
     require_patch_locality(c, ctx, m.patches, {TensorRole::MlpHidden}, true);
     const int64_t align = feature_alignment(*ctx.registry, m);
     // The up half of a fused [gate | up] weight starts at row `hidden`: slices of it are
     // aligned only if that offset is.
     if (m.layout == ir::GateUpLayout::FusedHalves) {
       const int64_t oa = ctx.registry->format(m.up->format).out_align;
-      c.require(m.hidden % oa == 0, weight_component(*m.up), "up half's row offset aligned",
-                "multiple of " + std::to_string(oa), std::to_string(m.hidden));
+      c.require(m.hidden % oa == 0, weight_component(*m.up), Check::UpHalfAligned, "multiple of " + std::to_string(oa),
+                std::to_string(m.hidden));
     }
-    c.require(m.hidden >= 2 * align, "MLP hidden width", "at least two aligned slices",
+    c.require(m.hidden >= 2 * align, {ComponentKind::Model, kMlpHidden, {}, {}}, Check::HiddenTooNarrow,
               ">= " + std::to_string(2 * align) + " (alignment " + std::to_string(align) + ")",
               std::to_string(m.hidden));
     c.done();
@@ -198,8 +294,8 @@ Verdict check_final(const Context& ctx, const ir::FinalLayer& f) {
   Verdict v;
   Checker c(v, Transform::BoundedFinal);
   require_held(c, ctx, f.proj);
-  c.require(ctx.device->dtypes.count(ir::DType::F32) != 0, "device '" + ctx.device->name + "'",
-            "supports fp32 (final projection)", "fp32", "unsupported");
+  c.require(ctx.device->dtypes.count(ir::DType::F32) != 0, device_component(*ctx.device), Check::DeviceFp32, "fp32",
+            "unsupported");
   c.done();
   return v;
 }

@@ -1,8 +1,11 @@
 // Legality: which schedule transformations every party of a run permits.
 //
 // Design note. Each transformation is guarded by small named predicates, one per
-// (component, check). A predicate that fails yields a Rejection — component, check,
-// required, actual — and all failing predicates are collected, never just the first.
+// (component, check). A predicate that fails yields a Rejection — a Check code, the
+// component (kind and name), required, actual — and all failing predicates are
+// collected, never just the first. Codes are the stable interface: tests and tools
+// match them, while the human texts are derived from the structured fields and may be
+// reworded freely.
 // A transformation is legal only if model semantics ∩ patches ∩ weight formats ∩
 // consumer ∩ device all permit it; anything undeclared fails closed for that
 // transformation only. Dependencies between transformations (streamed Q needs bounded
@@ -10,12 +13,13 @@
 // chunks) are rejections too, naming the transformation that is missing.
 //
 // Example:
-//     auto reg = sp::contracts::Registry::builtin();
+//     auto reg = sp::exec::builtin_registry();
 //     sp::legality::Context ctx{&model, &reg, &device};
 //     auto d = sp::legality::check_sublayer(ctx, model.blocks[0].sublayers[0]);
 //     for (const auto& r : d.rejections) std::cout << sp::legality::describe(r) << "\n";
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,13 +38,64 @@ enum class Transform {
 };
 const char* to_string(Transform);
 
+// One enumerator per check legality performs. The code_name of each is the stable
+// interface: changing one breaks whoever matches on it.
+enum class Check {
+  ConsumerRegistered,       // the attention's consumer name is in the registry
+  ConsumerBoundedQ,         // consumer accepts bounded Q against global K/V
+  ConsumerDeclaresGlobalK,  // consumer states whether it needs complete K
+  ConsumerDeclaresGlobalV,  // consumer states whether it needs complete V
+  ConsumerSlabOutput,       // consumer produces output in Q-sized slabs
+  ConsumerKvAligned,        // global K/V length is a multiple of the consumer's alignment
+  ConsumerDtype,            // consumer accepts the activation dtype
+  FormatHeld,               // weight format supports held execution
+  FormatRegionSlicing,      // fused QKV weight format slices by output rows into q|k|v
+  FormatRowSlicing,         // MLP input weight format slices by output rows
+  FormatColumnSlicing,      // MLP down weight format slices by input columns
+  RegionAligned,            // a fused QKV region starts on the format's row alignment
+  UpHalfAligned,            // the up half of fused [gate | up] starts on the row alignment
+  PatchRowLocal,            // patch runs on a token slab
+  PatchFeatureLocal,        // patch runs on a feature slice
+  DeviceDtype,              // device supports the activation dtype
+  DeviceFp32,               // device supports fp32 for the final projection
+  Prerequisite,             // the transformation this one builds on is legal
+  HiddenTooNarrow,          // MLP hidden width holds fewer than two aligned slices
+};
+// Every enumerator, in declaration order.
+inline constexpr Check kAllChecks[] = {
+    Check::ConsumerRegistered,  Check::ConsumerBoundedQ,    Check::ConsumerDeclaresGlobalK,
+    Check::ConsumerDeclaresGlobalV, Check::ConsumerSlabOutput, Check::ConsumerKvAligned,
+    Check::ConsumerDtype,       Check::FormatHeld,          Check::FormatRegionSlicing,
+    Check::FormatRowSlicing,    Check::FormatColumnSlicing, Check::RegionAligned,
+    Check::UpHalfAligned,       Check::PatchRowLocal,       Check::PatchFeatureLocal,
+    Check::DeviceDtype,         Check::DeviceFp32,          Check::Prerequisite,
+    Check::HiddenTooNarrow,
+};
+// Stable dotted identifier, e.g. "consumer.bounded_q"; "?" for a value outside the enum.
+const char* code_name(Check);
+
+enum class ComponentKind { Consumer, Weight, Patch, Device, Model, Transformation };
+const char* to_string(ComponentKind);  // "consumer", "weight", ...
+
 struct Rejection {
   Transform transform;
-  std::string component;  // e.g. "consumer 'whole'", "patch 'attn-out-renorm'"
-  std::string check;      // e.g. "accepts bounded Q"
+  Check check;
+  ComponentKind component_kind;
+  // Consumer, patch or device name; weight name; transformation (to_string of it);
+  // model quantity ("mlp.hidden").
+  std::string component_name;
+  std::string format;                         // Weight: the weight's format
+  std::optional<contracts::TensorRole> role;  // Patch: the tensor role it touches
+  std::string region;                         // RegionAligned: the fused weight's region
   std::string required;
   std::string actual;
 };
+// Human texts, derived from the fields: "consumer 'whole'", "weight 'W' (format F)",
+// "patch 'P' on Q", "device 'cpu'", "transformation 'bounded QKV'", "MLP hidden width";
+// "accepts bounded Q against global K/V", "region 'k' offset aligned".
+std::string component_text(const Rejection&);
+std::string check_text(const Rejection&);
+// "<transformation>: <component>: <check> [<code>] — required <r>, actual <a>".
 std::string describe(const Rejection&);
 
 struct Context {

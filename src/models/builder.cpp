@@ -184,15 +184,7 @@ struct Maker {
   }
   void dense(const std::string& name, at::Tensor t) { w.add(name, t.to(dt)); }
   void linear(const ir::Linear& l) {
-    at::Tensor t = randn({l.out_features, l.in_features}, 1.0 / std::sqrt(double(l.in_features)));
-    if (reg.format(l.format).dense) {
-      dense(l.weight, t);
-    } else {
-      // Symmetric int8, one fp32 scale per output row.
-      at::Tensor scale = t.abs().amax(1).clamp_min(1e-8).div_(127.0);
-      w.add(l.weight, t.div(scale.unsqueeze(1)).round_().clamp_(-127, 127).to(at::kChar));
-      w.add(l.weight + ".scale", scale);
-    }
+    w.store(l, randn({l.out_features, l.in_features}, 1.0 / std::sqrt(double(l.in_features))), dt);
     if (!l.bias.empty()) dense(l.bias, randn({l.out_features}, 0.02));
   }
   void norm(const ir::Norm& n, int64_t dim) {

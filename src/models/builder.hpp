@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "exec/executor.hpp"
-#include "exec/weights.hpp"
+#include "exec/run/executor.hpp"
+#include "exec/formats/weights.hpp"
 #include "ir/model.hpp"
 
 namespace sp::models {

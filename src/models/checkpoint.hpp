@@ -22,7 +22,7 @@
 #include <memory>
 #include <optional>
 
-#include "exec/weights.hpp"
+#include "exec/formats/weights.hpp"
 #include "recognize/recognize.hpp"
 
 namespace sp::models {

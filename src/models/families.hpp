@@ -27,7 +27,7 @@
 
 #include <functional>
 
-#include "exec/executor.hpp"
+#include "exec/run/executor.hpp"
 #include "models/tensor_io.hpp"
 #include "recognize/recognize.hpp"
 

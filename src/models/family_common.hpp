@@ -3,7 +3,7 @@
 
 #include <ATen/ATen.h>
 
-#include "exec/weights.hpp"
+#include "exec/formats/weights.hpp"
 #include "ir/model.hpp"
 #include "models/tensor_io.hpp"
 

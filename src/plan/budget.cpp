@@ -224,13 +224,39 @@ Choice choose(const std::vector<Candidate>& cs, int64_t available) {
   return ch;
 }
 
-int64_t row_statistics_bytes(int64_t rows, int64_t heads, ir::DType activations, const contracts::DeviceCaps& dev) {
-  const int64_t acc = static_cast<int64_t>(ir::dtype_size(accumulation_dtype(activations)));
-  // On CUDA the caching allocator may hand a large request a cached block up to 1 MiB larger
-  // than asked (it splits only when more than 1 MiB would remain); measured at the smallest
-  // budgets on an H200 this came to 0.7 MiB above the estimate. 2 MiB covers it.
-  const int64_t allocator_slack = dev.kind == contracts::DeviceKind::CUDA ? (int64_t{2} << 20) : 0;
-  return dev.round_alloc(rows * std::max<int64_t>(heads, 2) * acc) + 4096 + allocator_slack;
+int64_t allocator_reserve(const contracts::DeviceCaps& dev) {
+  return 4096 + (dev.kind == contracts::DeviceKind::CUDA ? (int64_t{2} << 20) : 0);
+}
+
+Choice choose_lean(const std::vector<Candidate>& cs, double tolerance) {
+  Choice ch;
+  if (cs.empty()) return ch;
+  size_t fastest = 0;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    if (better(cs[i], i, cs[fastest], fastest)) fastest = i;
+    const Candidate &k = cs[i], &s = cs[ch.smallest];
+    if (k.need() < s.need() || (k.need() == s.need() && better(k, i, s, ch.smallest))) ch.smallest = i;
+  }
+  const double limit = cs[fastest].cost.seconds * (1.0 + tolerance);
+  for (size_t i = 0; i < cs.size(); ++i) {
+    if (cs[i].cost.seconds > limit) continue;
+    if (!ch.chosen || cs[i].need() < cs[*ch.chosen].need() ||
+        (cs[i].need() == cs[*ch.chosen].need() && better(cs[i], i, cs[*ch.chosen], *ch.chosen)))
+      ch.chosen = i;
+  }
+  const Candidate& c = cs[*ch.chosen];
+  auto alt = [&](size_t i, std::string lost) {
+    const Candidate& k = cs[i];
+    ch.alternatives.push_back({k.strategy, k.token_chunk, k.q_chunk, k.feature_slice, k.cost.peak_bytes, k.cost.ms(),
+                               std::move(lost)});
+  };
+  if (fastest != *ch.chosen)
+    alt(fastest, "larger peak: " + human_bytes(cs[fastest].cost.peak_bytes) + " vs " + human_bytes(c.cost.peak_bytes) +
+                     ", for " + ms_pair(cs[fastest].cost.ms(), c.cost.ms()));
+  if (ch.smallest != *ch.chosen && ch.smallest != fastest)
+    alt(ch.smallest, "slower by more than " + std::to_string(int(tolerance * 100)) +
+                         "% of the fastest: " + ms_pair(cs[ch.smallest].cost.ms(), cs[fastest].cost.ms()));
+  return ch;
 }
 
 namespace {
@@ -241,73 +267,52 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// What each buffer of schedule.hpp holds, in words.
-const char* buffer_words(Buf b) {
-  switch (b) {
-    case Buf::N32: return "normalized rows";
-    case Buf::H: return "normalized rows (activation dtype)";
-    case Buf::KV: return "projected K/V slab";
-    case Buf::K32: return "K slab for norm and RoPE";
-    case Buf::Q: return "projected Q slab";
-    case Buf::Q32: return "Q slab for norm and RoPE";
-    case Buf::RopeTmp: return "RoPE scratch";
-    case Buf::QF: return "folded Q slab";
-    case Buf::O: return "attention output slab";
-    case Buf::OFull: return "complete attention output";
-    case Buf::Y: return "projection slab";
-    case Buf::U: return "MLP hidden slab";
-    case Buf::Acc: return "feature-slice accumulator";
-    case Buf::Out: return "model output";
-    default: return to_string(b);
-  }
-}
-
 }  // namespace
 
-std::string dominant_terms(const PhaseSpec& ph, const contracts::DeviceCaps& dev) {
+std::string dominant_terms(const Program& p, const Placement& pl) {
   struct Term {
     std::string text;
     int64_t bytes;
   };
   std::vector<Term> terms;
-  const BufferSpec *k = ph.find(Buf::K), *v = ph.find(Buf::V);
-  if (k && v && k->shape.size() == 3) {
-    const int64_t kb = dev.round_alloc(k->bytes()), vb = dev.round_alloc(v->bytes());
-    terms.push_back({"global K/V for " + std::to_string(k->shape[1]) + " tokens at " + std::to_string(k->shape[0]) +
-                         "x" + std::to_string(k->shape[2]) + " " + ir::to_string(k->dtype) + " (" +
-                         (kb == vb ? "2 x " + human_bytes(kb) : human_bytes(kb) + " + " + human_bytes(vb)) + ")",
-                     kb + vb});
+  const int at = std::max(pl.peak_step, 0);
+  auto live = [&](size_t i) { return pl.offset[i] >= 0 && pl.live[i].first <= at && at <= pl.live[i].second; };
+  int k = -1, v = -1;
+  for (size_t i = 0; i < p.buffers.size(); ++i) {
+    if (!live(i)) continue;
+    if (p.buffers[i].role == BufRole::GlobalK) k = int(i);
+    if (p.buffers[i].role == BufRole::GlobalV) v = int(i);
   }
-  // One term per storage: a buffer and those sharing its bytes, named by the largest of them.
-  for (const auto& owner : ph.buffers) {
-    if (owner.share != Buf::Count || ((owner.id == Buf::K || owner.id == Buf::V) && k && v)) continue;
-    const BufferSpec* largest = &owner;
-    std::string others;
-    for (const auto& b : ph.buffers)
-      if (b.share == owner.id && b.bytes() > largest->bytes()) largest = &b;
-    for (const auto& b : ph.buffers)
-      if ((b.id == owner.id || b.share == owner.id) && &b != largest)
-        others += std::string(others.empty() ? "" : ", ") + to_string(b.id);
-    const int64_t bytes = dev.round_alloc(ph.storage_bytes(owner.id));
-    terms.push_back({std::string(buffer_words(largest->id)) + " " + shape_text(largest->shape) + " " +
-                         ir::to_string(largest->dtype) + (others.empty() ? "" : ", shared with " + others) + " (" +
-                         human_bytes(bytes) + ")",
-                     bytes});
+  if (k >= 0 && v >= 0 && p.buffers[size_t(k)].shape.size() == 3) {
+    const Buffer& kb = p.buffers[size_t(k)];
+    const int64_t kx = kb.bytes(), vx = p.buffers[size_t(v)].bytes();
+    terms.push_back({"global K/V for " + std::to_string(kb.shape[1]) + " tokens at " + std::to_string(kb.shape[0]) +
+                         "x" + std::to_string(kb.shape[2]) + " " + ir::to_string(kb.dtype) + " (" +
+                         (kx == vx ? "2 x " + human_bytes(kx) : human_bytes(kx) + " + " + human_bytes(vx)) + ")",
+                     kx + vx});
   }
-  for (const auto& e : ph.extras) terms.push_back({e.what + " (" + human_bytes(dev.round_alloc(e.bytes)) + ")",
-                                                   dev.round_alloc(e.bytes)});
+  for (size_t i = 0; i < p.buffers.size(); ++i) {
+    const Buffer& b = p.buffers[i];
+    if (int(i) == k || int(i) == v) continue;
+    if (live(i) || (separate(b) && pl.live[i].first >= 0))
+      terms.push_back({std::string(describe(b.role)) + " " + shape_text(b.shape) + " " + ir::to_string(b.dtype) + " (" +
+                           human_bytes(b.bytes()) + ")",
+                       b.bytes()});
+  }
+  if (pl.transient_bytes > 0)
+    terms.push_back({p.steps[size_t(at)].what + " (" + human_bytes(pl.transient_bytes) + ")", pl.transient_bytes});
   std::stable_sort(terms.begin(), terms.end(), [](const Term& a, const Term& b) { return a.bytes > b.bytes; });
-  const int64_t total = ph.total_bytes(dev);
+  const int64_t total = pl.peak_bytes;
   std::string out;
   int64_t shown = 0;
   size_t i = 0;
-  // The largest terms until they make up 90% of the phase, at most four.
+  // The largest terms until they make up 90% of the peak, at most four.
   for (; i < terms.size() && i < 4 && (i == 0 || 10 * shown < 9 * total); ++i) {
     out += (i ? " + " : "") + terms[i].text;
     shown += terms[i].bytes;
   }
   if (i < terms.size())
-    out += " + " + std::to_string(terms.size() - i) + " more (" + human_bytes(total - shown) + ")";
+    out += " + " + std::to_string(terms.size() - i) + " more (" + human_bytes(std::max<int64_t>(total - shown, 0)) + ")";
   return out.empty() ? "nothing" : out;
 }
 

@@ -25,7 +25,8 @@
 #include "contracts/contracts.hpp"
 #include "plan/cost.hpp"
 #include "plan/plan.hpp"
-#include "plan/schedule.hpp"
+#include "plan/arena.hpp"
+#include "plan/program.hpp"
 
 namespace sp::plan {
 
@@ -64,19 +65,23 @@ std::vector<int64_t> chunk_candidates(int64_t rows, int64_t align);
 // further but turn each slice's matmuls skinny and multiply the accumulator passes.
 std::vector<int64_t> feature_slice_candidates(int64_t hidden, int64_t align);
 
-// Bytes the executor allocates besides the phase buffers, which schedule.hpp leaves out: the
-// norms' per-row values ([rows, 1] in the accumulation dtype, two at once for a LayerNorm)
-// and the Q/K norms' ([rows, heads, 1]), plus 4 KiB of scalars, and on CUDA 2 MiB for the
-// caching allocator's unsplit blocks. The chooser keeps them free
-// besides a candidate's peak, so that a plan which fits by its estimate also fits measured.
-int64_t row_statistics_bytes(int64_t rows, int64_t heads, ir::DType activations, const contracts::DeviceCaps& dev);
+// What the chooser keeps free besides a candidate's estimated peak, so that a plan which
+// fits by its estimate also fits measured: 4 KiB of scalars, and on CUDA 2 MiB for the
+// caching allocator, which may hand a large request a cached block up to 1 MiB larger than
+// asked (it splits only when more than 1 MiB would remain; measured at the smallest budgets
+// on an H200 this came to 0.7 MiB above the estimate).
+int64_t allocator_reserve(const contracts::DeviceCaps& dev);
+
+// Without a budget the chooser takes the smallest peak among candidates within this
+// fraction of the fastest estimated time.
+inline constexpr double kLeanTolerance = 0.02;
 
 // One candidate schedule of a sublayer or the final layer, with its cost.
 struct Candidate {
   std::string strategy;
   int64_t token_chunk = 0, q_chunk = 0, feature_slice = 0;
   Cost cost;
-  int64_t reserve = 0;  // the transients above, for its largest slab
+  int64_t reserve = 0;  // allocator_reserve
   int64_t need() const { return cost.peak_bytes + reserve; }
 };
 
@@ -93,8 +98,13 @@ struct Choice {
 // fastest fitting one that is slower than the choice.
 Choice choose(const std::vector<Candidate>& candidates, int64_t available);
 
-// The largest terms of a phase, for error messages: "global K/V for 38184 tokens at
-// 56x128 bf16 (2 x 522.0 MiB) + consumer 'sdpa' call (3.1 MiB) + 5 more (2.0 MiB)".
-std::string dominant_terms(const PhaseSpec& phase, const contracts::DeviceCaps& dev);
+// Without a budget: the smallest need among candidates whose time is within `tolerance` of
+// the fastest; ties go to the faster. Alternatives: the fastest candidate and the smallest
+// peak overall, each with why it lost.
+Choice choose_lean(const std::vector<Candidate>& candidates, double tolerance);
+
+// The largest terms of a program's peak, for error messages: "global K/V for 38184 tokens
+// at 56x128 bf16 (2 x 522.0 MiB) + consumer 'sdpa' call (3.1 MiB) + 5 more (2.0 MiB)".
+std::string dominant_terms(const Program& p, const Placement& pl);
 
 }  // namespace sp::plan

@@ -1,22 +1,17 @@
-// Cost model: the peak bytes and the estimated time of a candidate schedule.
+// Cost model: the peak bytes and the estimated time of a schedule program.
 //
-// Design note. Memory is exact accounting: a sublayer's peak is its worst phase of
-// schedule.hpp (buffers + declared extras, rounded by DeviceCaps::round_alloc), the same
-// specs the executor allocates. Time is an estimate, good for ranking candidates of one
-// model on one device, not a benchmark. It walks the slab and slice loops of the bounded
-// executor (exec/bounded.cpp) and charges each operation
+// Design note. Both come from the program (plan/program.hpp) and nothing else. Memory is
+// exact accounting: the arena that plan/arena.hpp places by liveness (the executor
+// allocates exactly it), the buffers allocated on their own, and the largest transient a
+// step declares. Time is the sum, over the steps (loop bodies times their slab counts), of
 //
-//   matmul      max(2·rows·in·out / (peak · efficiency(rows)),  bytes moved / bandwidth)
-//   attention   max(4·q·kv·heads·head_dim / (peak · efficiency(q rows per K/V head)),
-//                   (Q + K + V + output + 2 × the consumer's declared scratch) / bandwidth)
-//   elementwise bytes read and written / bandwidth
+//   max(FLOPs / (peak(dtype) · efficiency(rows)),  bytes moved / bandwidth)  +  launches · launch cost
 //
-// plus a fixed launch cost for every operation, so more and smaller slabs cost more
-// launches, smaller matmuls run further below peak, and every Q slab re-reads the global
-// K/V. Efficiency is rows/(rows + k): k is the row count at which a matmul reaches half its
-// peak — with few rows a matmul re-reads its whole weight for little work. The rates (peak
-// matmul throughput per dtype, bandwidth, launch cost, k) come from exec/probe.hpp where
-// measured on the device, and from default_rates() otherwise.
+// where efficiency is rows/(rows + k) for a matmul over `rows` rows (k: the row count at
+// which a matmul reaches half its peak — with few rows it re-reads its whole weight for
+// little work) and 1 for everything else. The rates (peak matmul throughput per dtype,
+// bandwidth, launch cost, k) come from exec/device/probe.hpp where measured on the device, and
+// from default_rates() otherwise. Good for ranking candidates of one model on one device.
 //
 // Example:
 //     sp::plan::Cost c = sp::plan::sublayer_cost(model, block, sub, splan, reg, dev);
@@ -27,6 +22,7 @@
 
 #include "contracts/contracts.hpp"
 #include "ir/model.hpp"
+#include "plan/program.hpp"
 
 namespace sp::plan {
 
@@ -55,16 +51,20 @@ Rates rates_of(const contracts::DeviceCaps& dev);
 double gemm_efficiency(int64_t rows, double half_rows);
 
 struct Cost {
-  int64_t peak_bytes = 0;  // above the residual stream: the worst phase
+  int64_t peak_bytes = 0;  // above the residual stream
   double seconds = 0;
   int64_t launches = 0;
   double ms() const { return seconds * 1e3; }
 };
 
-// Peak (worst phase, as make_plan counts it) and time of one sublayer under plan `p`.
+// Time of one execution of a step at the given rates.
+double step_seconds(const Terms& t, const Rates& r);
+// Peak (plan/arena.hpp) and summed time of a program.
+Cost program_cost(const Program& p, const contracts::DeviceCaps& dev);
+
+// compile_* (plan/program.hpp), then program_cost.
 Cost sublayer_cost(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const SublayerPlan& p,
                    const contracts::Registry& reg, const contracts::DeviceCaps& dev);
-// The final layer with `chunk` rows per slab; the embedding of every segment.
 Cost final_cost(const ir::Model& m, int64_t chunk, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
 Cost embed_cost(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
 

@@ -1,12 +1,14 @@
 #include "plan/plan.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <sstream>
 
 #include "plan/budget.hpp"
 #include "plan/cost.hpp"
-#include "plan/schedule.hpp"
+#include "plan/arena.hpp"
+#include "plan/program.hpp"
 
 namespace sp::plan {
 
@@ -64,56 +66,24 @@ void decline(std::vector<Decision>& ds, Transform t, const std::string& why) {
   }
 }
 
-int64_t token_chunk_for(int64_t T, const Options& opt) {
-  if (opt.token_chunk < 0) throw PlanError("token_chunk: must be positive, got " + std::to_string(opt.token_chunk));
-  return std::min(T, opt.token_chunk > 0 ? opt.token_chunk : default_token_chunk(T, 1));
-}
-
-SublayerPlan plan_attention(const ir::Model& m, const ir::Sublayer& s, const ir::Attention& a, Verdict v,
-                            const Options& opt, const contracts::Registry& reg) {
-  const int64_t T = m.rows(s.segments).size();
-  // Cross-attention's K/V rows are the context's; a full-size chunk covers both.
-  const int64_t kv_rows = a.kind == ir::AttnKind::Cross ? m.context(a.context).length : T;
+// Attention with an explicit token chunk: K/V (and non-streamed output) slabs of the chunk,
+// Q slabs of it rounded to the consumer's alignment.
+SublayerPlan fixed_attention(const ir::Model& m, const ir::Sublayer& s, const ir::Attention& a, const Verdict& v,
+                             int64_t chunk, const contracts::Registry& reg) {
+  const int64_t T = m.rows(s.segments).size(), L = m.kv_rows(s);
   SublayerPlan p;
   p.attention = true;
   p.decisions = decide(v);
-  p.token_chunk = std::max(T, kv_rows);
+  p.token_chunk = std::max(T, L);
   p.q_chunk = T;
-  if (p.chosen(Transform::BoundedQkv)) p.token_chunk = token_chunk_for(T, opt);
-  if (p.chosen(Transform::GlobalKvStreamedQ)) {
-    const int64_t align = reg.consumer(a.consumer).q_align;
-    p.q_chunk = std::min(T, round_up(p.token_chunk, align));
-  }
-  if (p.token_chunk >= T && p.token_chunk >= kv_rows) {
+  if (p.chosen(Transform::BoundedQkv)) p.token_chunk = std::min(std::max(T, L), chunk);
+  if (p.chosen(Transform::GlobalKvStreamedQ)) p.q_chunk = std::min(T, round_up(chunk, reg.consumer(a.consumer).q_align));
+  if (p.token_chunk >= T && p.token_chunk >= L) {
     const char* why = "one chunk covers all tokens";
     decline(p.decisions, Transform::BoundedQkv, why);
     decline(p.decisions, Transform::GlobalKvStreamedQ, why);
     decline(p.decisions, Transform::StreamedOutProj, why);
   }
-  return p;
-}
-
-SublayerPlan plan_mlp(const ir::Model& m, const ir::Sublayer& s, const ir::Mlp& mlp, Verdict v, const Options& opt,
-                      const contracts::Registry& reg) {
-  const int64_t T = m.rows(s.segments).size();
-  SublayerPlan p;
-  p.decisions = decide(v);
-  p.token_chunk = p.chosen(Transform::TokenChunkedMlp) ? token_chunk_for(T, opt) : T;
-  p.feature_slice = mlp.hidden;
-  if (p.chosen(Transform::FeatureSlicedMlp)) {
-    const int64_t align = legality::feature_alignment(reg, mlp);
-    if (opt.feature_slice < 0) {
-      decline(p.decisions, Transform::FeatureSlicedMlp, "disabled by option");
-    } else {
-      const int64_t f = opt.feature_slice > 0 ? opt.feature_slice : default_feature_slice(mlp.hidden, align);
-      if (f % align != 0)
-        throw PlanError("feature_slice: " + std::to_string(f) + " is not a multiple of the weight formats' alignment " +
-                        std::to_string(align));
-      if (f >= mlp.hidden) decline(p.decisions, Transform::FeatureSlicedMlp, "one slice covers the hidden width");
-      else p.feature_slice = f;
-    }
-  }
-  if (p.token_chunk >= T) decline(p.decisions, Transform::TokenChunkedMlp, "one chunk covers all tokens");
   return p;
 }
 
@@ -123,8 +93,8 @@ void explain_decisions(std::ostringstream& os, const std::vector<Decision>& ds) 
     if (!d.note.empty()) os << " (legal; not chosen: " << d.note << ")";
     os << "\n";
     for (const auto& r : d.rejections)
-      os << "        rejected by " << r.component << ": " << r.check << " — required " << r.required << ", actual "
-         << r.actual << "\n";
+      os << "        rejected by " << legality::component_text(r) << ": " << legality::check_text(r) << " ["
+         << legality::code_name(r.check) << "] — required " << r.required << ", actual " << r.actual << "\n";
   }
 }
 
@@ -170,10 +140,13 @@ void choose_transforms(P& p, F&& on) {
   for (auto& d : p.decisions) d.chosen = d.rejections.empty() && on(d.transform);
 }
 template <typename P>
-void note_unchosen(P& p) {
+void note_unchosen(P& p, const std::string& policy) {
   for (auto& d : p.decisions)
-    if (d.rejections.empty() && !d.chosen)
-      d.note = "the budget's fastest fitting schedule is '" + p.strategy + "'";
+    if (d.rejections.empty() && !d.chosen) d.note = policy + " is '" + p.strategy + "'";
+}
+// Replaces the note of a legal transformation that was not chosen.
+void note(std::vector<Decision>& ds, Transform t, const std::string& why) {
+  if (Decision* d = find(ds, t); d && d->rejections.empty() && !d->chosen) d->note = why;
 }
 
 // Attention with kv rows per K/V (and non-streamed output) slab and q rows per Q slab.
@@ -208,28 +181,23 @@ struct Bottleneck {
   int64_t need = -1;  // peak + reserve, above the residual
   int64_t reserve = 0;
   std::string where, how;
-  PhaseSpec phase;
+  std::string terms;
 };
 
-PhaseSpec worst_phase(const std::vector<PhaseSpec>& phases, const contracts::DeviceCaps& dev) {
-  PhaseSpec best = phases.front();
-  for (const auto& ph : phases)
-    if (ph.total_bytes(dev) > best.total_bytes(dev)) best = ph;
-  return best;
-}
-
-class BudgetPlanner {
+// Picks one candidate schedule per sublayer (and for the final layer): under a budget the
+// fastest that fits, without one the smallest peak within kLeanTolerance of the fastest.
+class Chooser {
  public:
-  BudgetPlanner(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
-                const Options& opt, int64_t residual)
-      : m_(m), reg_(reg), dev_(dev), opt_(opt), residual_(residual), available_(opt.budget_bytes - residual) {}
+  Chooser(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev, const Options& opt,
+          int64_t residual)
+      : m_(m), reg_(reg), dev_(dev), opt_(opt), residual_(residual),
+        available_(opt.budget_bytes > 0 ? opt.budget_bytes - residual : std::numeric_limits<int64_t>::max()) {}
 
   SublayerPlan attention(const ir::Block& b, const ir::Sublayer& s, const ir::Attention& a, const Verdict& v) {
-    const int64_t T = m_.rows(s.segments).size();
-    const int64_t L = a.kind == ir::AttnKind::Cross ? m_.context(a.context).length : T;
+    const int64_t T = m_.rows(s.segments).size(), L = m_.kv_rows(s);
     std::vector<SublayerPlan> plans;
     if (opt_.token_chunk > 0) {
-      plans.push_back(plan_attention(m_, s, a, v, opt_, reg_));  // the chunk is fixed: as without a budget
+      plans.push_back(fixed_attention(m_, s, a, v, opt_.token_chunk, reg_));  // the chunk is fixed
       plans.back().strategy = strategy_of(plans.back());
     } else {
       plans.push_back(attention_candidate(v, T, L, std::max(T, L), T));
@@ -250,7 +218,7 @@ class BudgetPlanner {
       if (opt_.token_chunk > 0) chunks = {std::min(T, opt_.token_chunk)};
       else for (int64_t c : chunk_candidates(T, 1)) chunks.push_back(c);
     }
-    if (v.is_legal(Transform::FeatureSlicedMlp) && opt_.feature_slice >= 0) {
+    if (v.is_legal(Transform::FeatureSlicedMlp) && opt_.feature_slice >= 0 && chunks.front() < T) {
       const int64_t align = legality::feature_alignment(reg_, f);
       if (opt_.feature_slice > 0) {
         if (opt_.feature_slice % align != 0)
@@ -264,7 +232,9 @@ class BudgetPlanner {
     std::vector<SublayerPlan> plans;
     for (int64_t c : chunks)
       for (int64_t x : slices) plans.push_back(mlp_candidate(v, T, f.hidden, c, x));
-    return pick(b, s, std::move(plans));
+    SublayerPlan p = pick(b, s, std::move(plans));
+    if (opt_.feature_slice < 0) note(p.decisions, Transform::FeatureSlicedMlp, "disabled by option");
+    return p;
   }
 
   void final_layer(FinalPlan& f) {
@@ -279,14 +249,13 @@ class BudgetPlanner {
       FinalPlan k = f;
       k.chunk = c;
       for (auto& d : k.decisions) d.chosen = d.rejections.empty() && c < rows;
-      cands.push_back({strategy_of(k), c, 0, 0, final_cost(m_, c, reg_, dev_),
-                       row_statistics_bytes(std::min(c, rows), 1, m_.dtype, dev_)});
+      cands.push_back({strategy_of(k), c, 0, 0, final_cost(m_, c, reg_, dev_), allocator_reserve(dev_)});
     }
-    const Choice ch = choose(cands, available_);
+    const Choice ch = decide_among(cands);
     if (!ch.chosen) {
       const Candidate& k = cands[ch.smallest];
-      note(k, "the final layer", k.strategy + ", chunk " + std::to_string(k.token_chunk),
-           final_phase(m_, k.token_chunk, reg_));
+      note_bottleneck(k, "the final layer", k.strategy + ", chunk " + std::to_string(k.token_chunk),
+                      [&] { return compile_final(m_, k.token_chunk, reg_, dev_); });
       return;
     }
     const Candidate& c = cands[*ch.chosen];
@@ -299,68 +268,72 @@ class BudgetPlanner {
     f.estimated_peak = c.cost.peak_bytes;
     f.estimated_ms = c.cost.ms();
     f.alternatives = ch.alternatives;
-    note_unchosen(f);
+    note_unchosen(f, policy_word());
+    if (rows <= c.token_chunk) note(f.decisions, Transform::BoundedFinal, "one chunk covers all tokens");
   }
 
-  void embedding() {
-    const PhaseSpec ph = embed_phase(m_, reg_);
+  Cost embedding() {
     Candidate c;
-    c.cost.peak_bytes = ph.total_bytes(dev_);
-    note(c, "the embedding", "", ph);
+    c.cost = embed_cost(m_, reg_, dev_);
+    c.reserve = allocator_reserve(dev_);
+    if (opt_.budget_bytes > 0) note_bottleneck(c, "the embedding", "", [&] { return compile_embed(m_, reg_, dev_); });
+    return c.cost;
   }
 
   // Throws BudgetError when the smallest achievable peak exceeds the budget.
   void check() const {
+    if (opt_.budget_bytes <= 0) return;
     const int64_t smallest = residual_ + worst_.need;
     if (smallest <= opt_.budget_bytes) return;
     std::string msg = "budget " + human_bytes(opt_.budget_bytes) + " is below the smallest achievable peak " +
                       human_bytes(smallest) + " (" + std::to_string(smallest) + " bytes): residual stream " +
-                      human_bytes(residual_) + " + " + dominant_terms(worst_.phase, dev_);
-    if (worst_.reserve > 0) msg += " + row statistics and temporaries (" + human_bytes(worst_.reserve) + ")";
+                      human_bytes(residual_) + " + " + worst_.terms;
+    if (worst_.reserve > 0) msg += " + allocator reserve (" + human_bytes(worst_.reserve) + ")";
     msg += " in " + worst_.where;
-    if (!worst_.how.empty()) msg += " (phase " + worst_.phase.name + ", " + worst_.how + ")";
+    if (!worst_.how.empty()) msg += " (" + worst_.how + ")";
     throw BudgetError(msg, opt_.budget_bytes, smallest);
   }
 
  private:
+  const char* policy_word() const { return opt_.budget_bytes > 0 ? "the budget's fastest fitting schedule" : "the leanest schedule within 2% of the fastest"; }
+
+  Choice decide_among(const std::vector<Candidate>& cands) const {
+    return opt_.budget_bytes > 0 ? choose(cands, available_) : choose_lean(cands, kLeanTolerance);
+  }
+
   SublayerPlan pick(const ir::Block& b, const ir::Sublayer& s, std::vector<SublayerPlan> plans) {
     std::vector<Candidate> cands;
     cands.reserve(plans.size());
     for (const auto& p : plans)
       cands.push_back({p.strategy, p.token_chunk, p.q_chunk, p.feature_slice, sublayer_cost(m_, b, s, p, reg_, dev_),
-                       reserve(s, p)});
-    const Choice ch = choose(cands, available_);
+                       allocator_reserve(dev_)});
+    const Choice ch = decide_among(cands);
     if (!ch.chosen) {
       const SublayerPlan& k = plans[ch.smallest];
-      note(cands[ch.smallest], "block " + b.name + " " + s.name,
-           k.strategy + ", " + chunks_text(k.attention, false, k.token_chunk, k.q_chunk, k.feature_slice),
-           worst_phase(sublayer_phases(m_, s, k, reg_, dev_), dev_));
+      note_bottleneck(cands[ch.smallest], "block " + b.name + " " + s.name,
+                      k.strategy + ", " + chunks_text(k.attention, false, k.token_chunk, k.q_chunk, k.feature_slice),
+                      [&] { return compile_sublayer(m_, b, s, k, reg_, dev_); });
       return k;
     }
     SublayerPlan p = std::move(plans[*ch.chosen]);
     p.estimated_peak = cands[*ch.chosen].cost.peak_bytes;
     p.estimated_ms = cands[*ch.chosen].cost.ms();
     p.alternatives = ch.alternatives;
-    note_unchosen(p);
+    note_unchosen(p, policy_word());
+    const int64_t T = m_.rows(s.segments).size();
+    if (p.attention && p.token_chunk >= std::max(T, m_.kv_rows(s)) && p.q_chunk >= T)
+      for (Transform t : {Transform::BoundedQkv, Transform::GlobalKvStreamedQ, Transform::StreamedOutProj})
+        note(p.decisions, t, "one chunk covers all tokens");
+    if (!p.attention && p.token_chunk >= T) note(p.decisions, Transform::TokenChunkedMlp, "one chunk covers all tokens");
     return p;
   }
 
-  // The transients (budget.hpp) of the largest slab of any phase of a sublayer plan.
-  int64_t reserve(const ir::Sublayer& s, const SublayerPlan& p) const {
-    const int64_t T = m_.rows(s.segments).size();
-    if (const auto* a = std::get_if<ir::Attention>(&s.body)) {
-      const int64_t L = a->kind == ir::AttnKind::Cross ? m_.context(a->context).length : T;
-      const int64_t rows = std::max(std::min(p.token_chunk, std::max(T, L)), std::min(p.q_chunk, T));
-      return row_statistics_bytes(rows, a->heads, m_.dtype, dev_);
-    }
-    const int64_t rows = std::min(p.token_chunk, T);
-    return row_statistics_bytes(rows, 1, m_.dtype, dev_);
-  }
-
   // Records a part whose least need does not fit, keeping the largest.
-  void note(const Candidate& c, const std::string& where, const std::string& how, const PhaseSpec& phase) {
+  template <typename F>
+  void note_bottleneck(const Candidate& c, const std::string& where, const std::string& how, F&& program) {
     if (c.need() + residual_ <= opt_.budget_bytes || c.need() <= worst_.need) return;
-    worst_ = {c.need(), c.reserve, where, how, phase};
+    const Program prog = program();
+    worst_ = {c.need(), c.reserve, where, how, dominant_terms(prog, place(prog, dev_))};
   }
 
   const ir::Model& m_;
@@ -372,20 +345,6 @@ class BudgetPlanner {
 };
 
 }  // namespace
-
-// Slabs of about 1/16 of the sequence keep a slab's scratch (norm, projections, one
-// attention output) a small fraction of the residual stream and the global K/V, which
-// dominate the floor. Below 128 rows the matrix products lose efficiency and the fixed
-// per-launch overhead grows with the slab count; above 4096 rows they gain nothing while
-// the scratch keeps growing. The result is a multiple of `align`.
-int64_t default_token_chunk(int64_t tokens, int64_t align) {
-  const int64_t c = std::clamp<int64_t>((tokens + 15) / 16, 128, 4096);
-  return std::max<int64_t>(align, round_up(c, align));
-}
-
-// A quarter of the hidden width per slice: the FFN scratch of a slab shrinks fourfold while
-// each slice's matrix products stay wide. Rounded up to the formats' slice alignment.
-int64_t default_feature_slice(int64_t hidden, int64_t align) { return round_up((hidden + 3) / 4, align); }
 
 int64_t floor_bytes(const ir::Model& m) {
   return m.tokens() * m.dim * static_cast<int64_t>(ir::dtype_size(m.dtype)) + kv_bytes(m);
@@ -407,29 +366,21 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
   p.floor_bytes = floor_bytes(m);
   p.budget_bytes = opt.budget_bytes;
   p.row_kernels = row_kernels_note(m, reg, dev);
-  std::optional<BudgetPlanner> budget;
-  if (opt.budget_bytes > 0) budget.emplace(m, reg, dev, opt, p.residual_bytes);
-  const Cost embed = embed_cost(m, reg, dev);
+  p.policy = opt.budget_bytes > 0
+                 ? "budget " + human_bytes(opt.budget_bytes) + ": the fastest schedule whose estimated peak fits"
+                 : "default: the smallest estimated peak among schedules within 2% of the fastest estimate";
+  if (opt.token_chunk > 0) p.policy += " (token chunk fixed at " + std::to_string(opt.token_chunk) + ")";
+  Chooser chooser(m, reg, dev, opt, p.residual_bytes);
+  const Cost embed = chooser.embedding();
   int64_t worst = embed.peak_bytes;
   double seconds = embed.seconds;
-  if (budget) budget->embedding();
   for (const auto& b : m.blocks) {
     BlockPlan bp;
     bp.name = b.name;
     for (const auto& s : b.sublayers) {
-      Verdict v = legality::check_sublayer(ctx, s);
-      SublayerPlan sp;
-      if (budget) {
-        sp = s.is_attention() ? budget->attention(b, s, std::get<ir::Attention>(s.body), v)
-                              : budget->mlp(b, s, std::get<ir::Mlp>(s.body), v);
-      } else {
-        sp = s.is_attention() ? plan_attention(m, s, std::get<ir::Attention>(s.body), v, opt, reg)
-                              : plan_mlp(m, s, std::get<ir::Mlp>(s.body), v, opt, reg);
-        const Cost c = sublayer_cost(m, b, s, sp, reg, dev);
-        sp.estimated_peak = c.peak_bytes;
-        sp.estimated_ms = c.ms();
-        sp.strategy = strategy_of(sp);
-      }
+      const Verdict v = legality::check_sublayer(ctx, s);
+      SublayerPlan sp = s.is_attention() ? chooser.attention(b, s, std::get<ir::Attention>(s.body), v)
+                                         : chooser.mlp(b, s, std::get<ir::Mlp>(s.body), v);
       sp.name = s.name;
       worst = std::max(worst, sp.estimated_peak);
       seconds += sp.estimated_ms / 1e3;
@@ -441,21 +392,11 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
     FinalPlan& f = p.final_layer;
     f.present = true;
     f.decisions = decide(legality::check_final(ctx, *m.final_layer));
-    const int64_t rows = m.output_tokens();
-    if (budget) {
-      budget->final_layer(f);
-    } else {
-      f.chunk = f.chosen(Transform::BoundedFinal) ? token_chunk_for(rows, opt) : rows;
-      if (f.chunk >= rows) decline(f.decisions, Transform::BoundedFinal, "one chunk covers all tokens");
-      const Cost c = final_cost(m, f.chunk, reg, dev);
-      f.estimated_peak = c.peak_bytes;
-      f.estimated_ms = c.ms();
-      f.strategy = strategy_of(f);
-    }
+    chooser.final_layer(f);
     worst = std::max(worst, f.estimated_peak);
     seconds += f.estimated_ms / 1e3;
   }
-  if (budget) budget->check();
+  chooser.check();
   p.estimated_peak_bytes = p.residual_bytes + worst;
   p.estimated_ms = seconds * 1e3;
   return p;
@@ -469,6 +410,7 @@ std::string explain(const Plan& p) {
      << " (residual " << human_bytes(p.residual_bytes) << ")";
   if (p.budget_bytes > 0) os << ", budget " << human_bytes(p.budget_bytes);
   os << ", estimated time " << human_ms(p.estimated_ms) << "\n";
+  os << "  policy: " << p.policy << "\n";
   if (!p.row_kernels.empty()) os << "  row operations: " << p.row_kernels << "\n";
   // Consecutive blocks with the same plan are printed once, with their range.
   std::vector<std::string> bodies;

@@ -3,19 +3,19 @@
 // Design note. For every sublayer the plan records each candidate transformation —
 // chosen, or rejected with the reasons legality gave — and the chunk sizes. A
 // transformation that is not chosen degenerates to a chunk covering all tokens (or
-// all features), so the executor has one bounded code path whose extreme is the
-// full-size computation of that sublayer. The buffers each phase of that path
-// allocates come from schedule.hpp; the estimate is their sum plus what consumers
-// and weight formats declare, so the estimate and the allocation share one source.
+// all features), so one program compiler (plan/program.hpp) covers every schedule, whose
+// extreme is the full-size computation of that sublayer. The estimates are the cost
+// model's sums over that program (plan/cost.hpp), the same program the executor runs.
 //
-// Without a budget every legal transformation is taken with the default chunk sizes (the
-// lowest-memory schedule). With Options::budget_bytes the chooser (plan/budget.hpp) picks,
-// per sublayer, the fastest candidate by the cost model (plan/cost.hpp) whose estimated
-// peak fits; the plan records the strategy, its estimates and every alternative with the
-// reason it lost. A budget below the smallest achievable peak throws BudgetError.
+// The chooser enumerates, per sublayer, the candidate chunk sizes legality permits
+// (plan/budget.hpp). Without a budget it takes the smallest estimated peak among the
+// candidates whose estimated time is within 2% of the fastest (lean and fast). With
+// Options::budget_bytes it takes the fastest candidate whose estimated peak fits; a budget
+// below the smallest achievable peak throws BudgetError. The plan records the policy, the
+// strategy, its estimates and the serious alternatives with the reason each lost.
 //
 // Example:
-//     auto reg = sp::contracts::Registry::builtin();
+//     auto reg = sp::exec::builtin_registry();
 //     sp::plan::Plan p = sp::plan::make_plan(model, reg, device, {});
 //     std::cout << sp::plan::explain(p);
 //     sp::plan::Options o;
@@ -85,9 +85,9 @@ struct FinalPlan {
 struct Options {
   int64_t token_chunk = 0;    // 0: automatic
   int64_t feature_slice = 0;  // 0: automatic; < 0: never slice features
-  // 0: no budget (every legal transformation at the default sizes). > 0: the fastest
-  // schedule whose estimated activation peak (residual included) fits; explicit
-  // token_chunk / feature_slice above still fix those sizes.
+  // 0: no budget (the smallest peak within 2% of the fastest). > 0: the fastest schedule
+  // whose estimated activation peak (residual included) fits; explicit token_chunk /
+  // feature_slice above still fix those sizes.
   int64_t budget_bytes = 0;
 };
 
@@ -103,7 +103,8 @@ struct Plan {
   int64_t estimated_peak_bytes = 0;
   int64_t budget_bytes = 0;  // 0: none
   double estimated_ms = 0;   // sum of the sublayers', the final layer's and the embedding's
-  std::string row_kernels;   // schedule.hpp row_kernels_note
+  std::string row_kernels;   // program.hpp row_kernels_note
+  std::string policy;        // which rule chose the schedules
 };
 
 class PlanError : public std::invalid_argument {
@@ -125,10 +126,6 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
 
 // Floor: residual stream + the largest global K + V of any attention sublayer.
 int64_t floor_bytes(const ir::Model& m);
-
-// Heuristic default chunk sizes (pure; reasoning in the definitions).
-int64_t default_token_chunk(int64_t tokens, int64_t align);
-int64_t default_feature_slice(int64_t hidden, int64_t align);
 
 // Human-readable plan with every rejection; JSON-ready rendering lives in report/.
 std::string explain(const Plan& p);

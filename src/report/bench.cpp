@@ -5,8 +5,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "exec/device.hpp"
-#include "exec/memory.hpp"
+#include "exec/device/device.hpp"
+#include "exec/device/memory.hpp"
 #include "models/builder.hpp"
 #include "models/checkpoint.hpp"
 #include "plan/budget.hpp"

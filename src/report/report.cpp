@@ -1,11 +1,14 @@
 #include "report/report.hpp"
 
+#include "plan/arena.hpp"
+#include "plan/cost.hpp"
+
 #include <chrono>
 #include <cstdio>
 #include <sstream>
 
-#include "exec/device.hpp"
-#include "exec/memory.hpp"
+#include "exec/device/device.hpp"
+#include "exec/device/memory.hpp"
 
 namespace sp::report {
 
@@ -99,7 +102,13 @@ nlohmann::json to_json(const plan::Plan& p) {
       if (!d.note.empty()) j["note"] = d.note;
       nlohmann::json rs = nlohmann::json::array();
       for (const auto& r : d.rejections)
-        rs.push_back({{"component", r.component}, {"check", r.check}, {"required", r.required}, {"actual", r.actual}});
+        rs.push_back({{"code", legality::code_name(r.check)},
+                      {"component_kind", legality::to_string(r.component_kind)},
+                      {"component_name", r.component_name},
+                      {"component", legality::component_text(r)},
+                      {"check", legality::check_text(r)},
+                      {"required", r.required},
+                      {"actual", r.actual}});
       j["rejections"] = rs;
       arr.push_back(j);
     }
@@ -137,7 +146,7 @@ nlohmann::json to_json(const plan::Plan& p) {
                    {"residual_bytes", p.residual_bytes}, {"floor_bytes", p.floor_bytes},
                    {"estimated_peak_bytes", p.estimated_peak_bytes}, {"estimated_ms", p.estimated_ms},
                    {"budget_bytes", p.budget_bytes ? nlohmann::json(p.budget_bytes) : nlohmann::json(nullptr)},
-                   {"row_kernels", p.row_kernels}, {"blocks", blocks}};
+                   {"row_kernels", p.row_kernels}, {"policy", p.policy}, {"blocks", blocks}};
   if (p.final_layer.present)
     j["final_layer"] = {{"chunk", p.final_layer.chunk},
                         {"estimated_peak_bytes", p.final_layer.estimated_peak},
@@ -182,6 +191,47 @@ std::string to_table(const RunReport& r) {
     os << line;
   }
   return os.str();
+}
+
+nlohmann::json to_json(const plan::Program& prog, const contracts::DeviceCaps& dev) {
+  const plan::Placement pl = plan::place(prog, dev);
+  const plan::Cost cost = plan::program_cost(prog, dev);
+  nlohmann::json bufs = nlohmann::json::array();
+  for (size_t i = 0; i < prog.buffers.size(); ++i) {
+    const plan::Buffer& b = prog.buffers[i];
+    bufs.push_back({{"id", i},
+                    {"role", plan::to_string(b.role)},
+                    {"label", b.label},
+                    {"shape", b.shape},
+                    {"dtype", ir::to_string(b.dtype)},
+                    {"bytes", b.bytes()},
+                    {"offset", pl.offset[i]},
+                    {"live", {pl.live[i].first, pl.live[i].second}}});
+  }
+  nlohmann::json steps = nlohmann::json::array();
+  for (const auto& s : prog.steps) {
+    nlohmann::json j{{"kind", plan::step_name(s.body)}, {"what", s.what}, {"depth", s.depth}};
+    if (!s.reads.empty()) j["reads"] = s.reads;
+    if (!s.writes.empty()) j["writes"] = s.writes;
+    if (const auto* l = std::get_if<plan::LoopStep>(&s.body)) j["slabs"] = {{"rows", l->rows}, {"count", l->count}};
+    if (s.terms.launches > 0)
+      j["cost"] = {{"flops", s.terms.flops}, {"bytes", s.terms.bytes}, {"launches", s.terms.launches}};
+    if (s.transient > 0) j["transient_bytes"] = s.transient;
+    steps.push_back(j);
+  }
+  return {{"name", prog.name},         {"arena_bytes", pl.arena_bytes}, {"peak_bytes", pl.peak_bytes},
+          {"estimated_ms", cost.ms()}, {"buffers", bufs},                {"steps", steps}};
+}
+
+std::vector<plan::Program> programs(const ir::Model& m, const plan::Plan& p, const contracts::Registry& reg,
+                                    const contracts::DeviceCaps& dev) {
+  std::vector<plan::Program> out;
+  out.push_back(plan::compile_embed(m, reg, dev));
+  for (size_t bi = 0; bi < m.blocks.size(); ++bi)
+    for (size_t si = 0; si < m.blocks[bi].sublayers.size(); ++si)
+      out.push_back(plan::compile_sublayer(m, m.blocks[bi], m.blocks[bi].sublayers[si], p.blocks[bi].sublayers[si], reg, dev));
+  if (m.final_layer) out.push_back(plan::compile_final(m, p.final_layer.chunk, reg, dev));
+  return out;
 }
 
 }  // namespace sp::report

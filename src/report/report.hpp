@@ -18,6 +18,7 @@
 
 #include "models/builder.hpp"
 #include "plan/plan.hpp"
+#include "plan/program.hpp"
 
 namespace sp::report {
 
@@ -54,6 +55,11 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
 
 nlohmann::json to_json(const plan::Plan& p);
 nlohmann::json to_json(const RunReport& r);
+// A program with its placement and cost (the program of `plan --program`).
+nlohmann::json to_json(const plan::Program& prog, const contracts::DeviceCaps& dev);
+// The programs a planned run executes, in order: embedding, every sublayer, final layer.
+std::vector<plan::Program> programs(const ir::Model& m, const plan::Plan& p, const contracts::Registry& reg,
+                                    const contracts::DeviceCaps& dev);
 // Short human-readable table of a report.
 std::string to_table(const RunReport& r);
 

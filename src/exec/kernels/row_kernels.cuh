@@ -6,7 +6,7 @@
 // kernels here do each step in one pass: read the 16-bit (or fp32) rows once, compute in fp32
 // registers, write the result in the dtype and layout its consumer wants. The arithmetic is
 // the one of the composed path (two-pass mean/variance, then scale, shift), so results agree
-// to the rounding of the output dtype. exec/fused.hpp adapts ATen tensors to these structs.
+// to the rounding of the output dtype. exec/kernels/fused.hpp adapts ATen tensors to these structs.
 //
 // Example:
 //     sp::kernels::NormModParams p;

@@ -1,48 +1,16 @@
 // The naive schedule: every IR op on full tensors, the way the original model computes
 // it. It is the reference every planned schedule is tested against, so it is kept as
-// plain as possible and shares no slab machinery with bounded.cpp.
+// plain as possible and shares no slab machinery with the planned schedule.
 #include <cmath>
 #include <stdexcept>
 
-#include "exec/consumers.hpp"
-#include "exec/executor.hpp"
-#include "exec/patches.hpp"
+#include "exec/consumers/consumer.hpp"
+#include "exec/patches/patch.hpp"
+#include "exec/run/executor.hpp"
 
 namespace sp::exec {
 
-const at::Tensor& Inputs::table(const std::string& name) const {
-  auto it = tables.find(name);
-  if (it == tables.end()) throw std::invalid_argument("input table '" + name + "' is missing");
-  return it->second;
-}
-
-const at::Tensor& Inputs::segment_tokens(const std::string& segment) const {
-  auto it = tokens.find(segment);
-  if (it == tokens.end()) throw std::invalid_argument("input tokens of segment '" + segment + "' are missing");
-  return it->second;
-}
-
-at::Device Inputs::device() const {
-  if (tokens.empty()) throw std::invalid_argument("inputs hold no tokens");
-  return tokens.begin()->second.device();
-}
-
 namespace {
-
-std::string shape_str(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
-void expect_shape(const std::string& what, const at::Tensor& t, std::vector<int64_t> shape) {
-  if (!t.defined()) throw std::invalid_argument(what + ": missing");
-  if (t.sizes().vec() != shape) {
-    std::string want = "[";
-    for (size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
-    throw std::invalid_argument(what + ": expected shape " + want + "], got " + shape_str(t));
-  }
-}
 
 struct Ctx {
   const ir::Model& m;
@@ -196,7 +164,7 @@ at::Tensor attention(const Ctx& c, const Span& sp, const ir::Attention& a, const
     vv = vv.repeat_interleave(a.heads / a.kv_heads, 1);
   }
   (void)L;
-  at::Tensor o = consumer_impl(a.consumer)(qp.transpose(0, 1).unsqueeze(0), kk, vv, 1.0 / std::sqrt(double(a.head_dim)));
+  at::Tensor o = impl_of<ConsumerImpl>(c.reg.consumer(a.consumer)).attend(qp.transpose(0, 1).unsqueeze(0), kk, vv, 1.0 / std::sqrt(double(a.head_dim)));
   at::Tensor out = o.squeeze(0).transpose(0, 1).reshape({T, wq});
   apply_patches(c.reg, a.patches, contracts::TensorRole::AttnOut, out);
   if (a.parallel) {
@@ -233,36 +201,6 @@ at::Tensor mlp(const Ctx& c, const ir::Mlp& m, const at::Tensor& h) {
 }
 
 }  // namespace
-
-void validate_inputs(const ir::Model& m, const Inputs& in) {
-  const at::ScalarType dt = to_aten(m.dtype);
-  for (const auto& seg : m.segments) {
-    const at::Tensor& t = in.segment_tokens(seg.name);
-    expect_shape("input tokens of segment '" + seg.name + "'", t, {seg.length, m.input_features(seg.name)});
-    if (t.scalar_type() != dt)
-      throw std::invalid_argument("input tokens of segment '" + seg.name + "': dtype " +
-                                  std::string(c10::toString(t.scalar_type())) + " does not match the model dtype " +
-                                  ir::to_string(m.dtype));
-  }
-  for (const auto& ctx : m.contexts) expect_shape("context '" + ctx.name + "'", in.table(ctx.name), {ctx.length, ctx.dim});
-  const int64_t T = m.tokens();
-  auto check_mod = [&](const ir::Modulation& mod, const std::string& where) {
-    if (mod.scope == ir::ModScope::None) return;
-    const int64_t rows = mod.scope == ir::ModScope::Shared       ? 1
-                         : mod.scope == ir::ModScope::PerSegment ? int64_t(m.segments.size())
-                                                                 : T;
-    expect_shape(where + " modulation table '" + mod.table + "'", in.table(mod.table), {rows, mod.count, m.dim});
-  };
-  for (const auto& b : m.blocks) {
-    check_mod(b.modulation, "block " + b.name);
-    for (const auto& s : b.sublayers)
-      if (const auto* a = std::get_if<ir::Attention>(&s.body); a && a->rope.style != ir::RopeStyle::None) {
-        expect_shape("rope table '" + a->rope.table + ".cos'", in.table(a->rope.table + ".cos"), {T, a->rope.rotary_dim / 2});
-        expect_shape("rope table '" + a->rope.table + ".sin'", in.table(a->rope.table + ".sin"), {T, a->rope.rotary_dim / 2});
-      }
-  }
-  if (m.final_layer) check_mod(m.final_layer->modulation, "final layer");
-}
 
 at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in, const contracts::Registry& reg,
                      const Progress& progress) {

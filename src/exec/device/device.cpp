@@ -1,6 +1,6 @@
-#include "exec/device.hpp"
+#include "exec/device/device.hpp"
 
-#include "exec/fused.hpp"
+#include "exec/kernels/fused.hpp"
 
 #include <ATen/Parallel.h>
 #include <ATen/Context.h>

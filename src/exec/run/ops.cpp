@@ -1,8 +1,8 @@
-#include "exec/ops.hpp"
+#include "exec/run/ops.hpp"
 
 #include <cmath>
 
-#include "exec/fused.hpp"
+#include "exec/kernels/fused.hpp"
 
 namespace sp::exec {
 
@@ -54,10 +54,14 @@ void Ops::qk_norm_rope_fused(const at::Tensor& t, const ir::QkNorm& qn, const st
 }
 
 void Ops::norm_modulate(const at::Tensor& x_rows, const ir::Norm& n, const ir::Modulation& mod, const ir::ModRef& r,
-                        int64_t row0, at::Tensor& n32) const {
+                        int64_t row0, const at::Tensor& n32, const at::Tensor& stats) const {
   n32.copy_(x_rows);
-  if (n.kind == ir::NormKind::LayerNorm) n32.sub_(n32.mean(-1, true));
-  at::Tensor rs = at::linalg_vector_norm(n32, 2, {-1}, true);
+  at::Tensor rs = stats;
+  if (n.kind == ir::NormKind::LayerNorm) {
+    at::mean_out(rs, n32, {-1}, true);
+    n32.sub_(rs);
+  }
+  at::linalg_vector_norm_out(rs, n32, 2, {-1}, true);
   rs.square_().div_(double(n32.size(-1))).add_(n.eps).rsqrt_();
   n32.mul_(rs);
   if (n.affine) {
@@ -76,12 +80,13 @@ void Ops::norm_modulate(const at::Tensor& x_rows, const ir::Norm& n, const ir::M
                [&](int64_t lb, int64_t len, const at::Tensor& sh) { n32.narrow(0, lb, len).add_(sh); });
 }
 
-void Ops::qk_norm_(at::Tensor& t32, const ir::QkNorm& qn, const std::string& weight, int64_t heads,
-                   int64_t head_dim) const {
+void Ops::qk_norm_(const at::Tensor& t32, const ir::QkNorm& qn, const std::string& weight, int64_t heads,
+                   int64_t head_dim, const at::Tensor& stats) const {
   if (qn.kind == ir::QkNormKind::None) return;
   const int64_t n = t32.size(0);
   at::Tensor v = qn.kind == ir::QkNormKind::PerHead ? t32.view({n, heads, head_dim}) : t32;
-  at::Tensor rs = at::linalg_vector_norm(v, 2, {-1}, true);
+  at::Tensor rs = qn.kind == ir::QkNormKind::PerHead ? stats.view({n, heads, 1}) : stats.view({n, 1});
+  at::linalg_vector_norm_out(rs, v, 2, {-1}, true);
   rs.square_().div_(double(v.size(-1))).add_(qn.eps).rsqrt_();
   v.mul_(rs);
   v.mul_(w_.tensor(weight));
@@ -105,7 +110,8 @@ void Ops::rope_(const at::Tensor& t3, const ir::Rope& r, const at::Tensor& cos, 
   b.mul_(c).addcmul_(tmp, s);    // b' = b cos + a sin
 }
 
-void Ops::activate_(at::Tensor& t, ir::ActKind a) const {
+void Ops::activate_(const at::Tensor& t_in, ir::ActKind a) const {
+  at::Tensor t = t_in;  // a handle to the same storage
   switch (a) {
     case ir::ActKind::Gelu: at::gelu_(t); return;
     case ir::ActKind::GeluTanh: at::gelu_(t, "tanh"); return;

@@ -1,6 +1,8 @@
-#include "exec/weights.hpp"
+#include "exec/formats/weights.hpp"
 
 #include <stdexcept>
+
+#include "exec/consumers/consumer.hpp"
 
 namespace sp::exec {
 
@@ -25,7 +27,20 @@ at::Tensor slice(const at::Tensor& t, int64_t dim, Slice s) {
   return t.slice(dim, s.begin, s.begin + (len - 1) * s.step + 1, s.step);
 }
 
+at::Tensor stored_slice(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols) {
+  const at::Tensor& w = src.tensor(l.weight);
+  if (w.dim() != 2 || w.size(0) != l.out_features || w.size(1) != l.in_features)
+    throw std::invalid_argument("weight '" + l.weight + "': shape " + std::to_string(w.size(0)) + "x" +
+                                std::to_string(w.dim() > 1 ? w.size(1) : 0) + " does not match the IR's [" +
+                                std::to_string(l.out_features) + ", " + std::to_string(l.in_features) + "]");
+  return slice(slice(w, 0, rows), 1, cols);
+}
+
 void TensorWeights::add(const std::string& name, at::Tensor t) { t_[name] = std::move(t); }
+
+void TensorWeights::store(const ir::Linear& l, const at::Tensor& w, at::ScalarType model) {
+  impl_of<FormatImpl>(reg_->format(l.format)).store(*this, l, w, model);
+}
 
 const at::Tensor& TensorWeights::tensor(const std::string& name) const {
   auto it = t_.find(name);
@@ -39,23 +54,9 @@ int64_t TensorWeights::total_bytes() const {
   return b;
 }
 
-at::Tensor TensorWeights::acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype) const {
-  const at::Tensor& w = tensor(l.weight);
-  if (w.dim() != 2 || w.size(0) != l.out_features || w.size(1) != l.in_features)
-    throw std::invalid_argument("weight '" + l.weight + "': shape " + std::to_string(w.size(0)) + "x" +
-                                std::to_string(w.dim() > 1 ? w.size(1) : 0) + " does not match the IR's [" +
-                                std::to_string(l.out_features) + ", " + std::to_string(l.in_features) + "]");
-  at::Tensor view = slice(slice(w, 0, rows), 1, cols);
-  if (reg_->format(l.format).dense) {
-    if (view.scalar_type() != dtype)
-      throw std::invalid_argument("weight '" + l.weight + "' is " + std::string(c10::toString(view.scalar_type())) +
-                                  " but compute dtype is " + c10::toString(dtype) + " (format " + l.format + ")");
-    return view;
-  }
-  // int8 with one scale per output row: convert the slice only, then scale in place.
-  at::Tensor out = view.to(dtype);
-  out.mul_(slice(tensor(l.weight + ".scale"), 0, rows).unsqueeze(1));
-  return out;
+at::Tensor TensorWeights::acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
+                                  const at::Tensor& out) const {
+  return impl_of<FormatImpl>(reg_->format(l.format)).acquire(*this, l, rows, cols, dtype, out);
 }
 
 }  // namespace sp::exec

@@ -1,4 +1,4 @@
-#include "exec/fused.hpp"
+#include "exec/kernels/fused.hpp"
 
 #include <sstream>
 

@@ -1,15 +1,16 @@
-// In-place row operations of the bounded schedule. Each works on a slab of rows
-// [row0, row0 + n) and allocates nothing larger than one value per row.
+// In-place row operations of the planned schedule. Each works on a slab of rows
+// [row0, row0 + n) and allocates nothing: per-row statistics go to the buffer the
+// program placed for them.
 //
 // Example:
 //     sp::exec::Ops ops(model, weights, inputs);
-//     ops.norm_modulate(x.narrow(0, r0, n), sub.norm, block.modulation, sub.mod, r0, n32);
+//     ops.norm_modulate(x.narrow(0, r0, n), sub.norm, block.modulation, sub.mod, r0, n32, stats);
 //     ops.norm_modulate_fused(x.narrow(0, r0, n), sub.norm, block.modulation, sub.mod, r0, h);  // CUDA
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include "exec/executor.hpp"
+#include "exec/run/executor.hpp"
 
 namespace sp::exec {
 
@@ -17,23 +18,24 @@ class Ops {
  public:
   Ops(const ir::Model& m, const WeightSource& w, const Inputs& in) : m_(m), w_(w), in_(in) {}
 
-  // n32 := modulate(norm(x_rows)) in the accumulation dtype.
+  // n32 := modulate(norm(x_rows)) in the accumulation dtype; stats [n, 1] scratch.
   void norm_modulate(const at::Tensor& x_rows, const ir::Norm& n, const ir::Modulation& mod, const ir::ModRef& r,
-                     int64_t row0, at::Tensor& n32) const;
-  // out := modulate(norm(x_rows)) in one kernel (exec/fused.hpp), in out's dtype.
+                     int64_t row0, const at::Tensor& n32, const at::Tensor& stats) const;
+  // out := modulate(norm(x_rows)) in one kernel (exec/kernels/fused.hpp), in out's dtype.
   void norm_modulate_fused(const at::Tensor& x_rows, const ir::Norm& n, const ir::Modulation& mod,
                            const ir::ModRef& r, int64_t row0, const at::Tensor& out) const;
   // out3 [n, heads, head_dim] (any layout) := rope(qk_norm(t)) in one kernel, t [n, heads*head_dim];
   // cos / sin: the slab's rows of the RoPE tables (undefined without RoPE).
   void qk_norm_rope_fused(const at::Tensor& t, const ir::QkNorm& qn, const std::string& weight, const ir::Rope& rope,
                           const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& out3) const;
-  // t32 [n, heads*head_dim] normalized per head or across heads, times the named weight.
-  void qk_norm_(at::Tensor& t32, const ir::QkNorm& qn, const std::string& weight, int64_t heads,
-                int64_t head_dim) const;
+  // t32 [n, heads*head_dim] normalized per head or across heads, times the named weight;
+  // stats [n, heads] (per head) or [n, 1] scratch.
+  void qk_norm_(const at::Tensor& t32, const ir::QkNorm& qn, const std::string& weight, int64_t heads,
+                int64_t head_dim, const at::Tensor& stats) const;
   // t3 [n, heads, head_dim]: rotates the leading rotary_dim dims; tmp [n, heads, rotary_dim/2].
   void rope_(const at::Tensor& t3, const ir::Rope& r, const at::Tensor& cos, const at::Tensor& sin,
              const at::Tensor& tmp) const;
-  void activate_(at::Tensor& t, ir::ActKind a) const;
+  void activate_(const at::Tensor& t, ir::ActKind a) const;
   // x_rows += gate * y (gate from the modulation table, or 1).
   void gated_add(const at::Tensor& x_rows, const at::Tensor& y, const ir::Modulation& mod, const ir::ModRef& r,
                  int64_t row0) const;

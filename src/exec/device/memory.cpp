@@ -1,4 +1,4 @@
-#include "exec/memory.hpp"
+#include "exec/device/memory.hpp"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>

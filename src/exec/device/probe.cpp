@@ -1,4 +1,4 @@
-#include "exec/probe.hpp"
+#include "exec/device/probe.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -14,7 +14,7 @@
 #include <fstream>
 #include <vector>
 
-#include "exec/device.hpp"
+#include "exec/device/device.hpp"
 
 namespace sp::exec {
 

@@ -1,14 +1,12 @@
-// Executors: the naive reference schedule and the bounded (planned) schedule.
+// Executors: the naive reference schedule and the planned schedule.
 //
 // Design note. run_naive computes every op of the IR on full tensors, exactly as the
 // original model does, and shares no chunking code with run_planned — comparing the two
-// tests the schedule. run_planned follows a plan::Plan: per phase it allocates the
-// buffers plan/schedule.hpp specifies (nothing else of size larger than a row vector,
-// besides what consumers and weight formats declare), preallocates global K/V, streams
-// Q slabs against them, and writes each slab's projection straight into the residual
-// once every reader of the old values has run. Both return the model output [T, out]
-// rows of the final layer's segments, in fp32 (or fp64 for an fp64 model), and never
-// modify their inputs.
+// tests the schedule. run_planned compiles each sublayer's plan into its program
+// (plan/program.hpp) and interprets it (interpreter.cpp): one arena per program, placed by
+// liveness (plan/arena.hpp), and nothing else allocated besides what consumers declare.
+// Both return the model output [T, out] rows of the final layer's segments, in fp32 (or
+// fp64 for an fp64 model), and never modify their inputs.
 //
 // Example:
 //     sp::exec::Inputs in = ...;                      // tokens per segment + tables
@@ -23,7 +21,8 @@
 #include <string>
 
 #include "contracts/contracts.hpp"
-#include "exec/weights.hpp"
+#include "exec/formats/weights.hpp"
+#include "plan/program.hpp"
 #include "ir/model.hpp"
 #include "plan/plan.hpp"
 
@@ -48,6 +47,10 @@ using Progress = std::function<void(int64_t done, int64_t total)>;
 
 at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in, const contracts::Registry& reg,
                      const Progress& progress = {});
+// Runs one program on the residual stream x (modified in place); returns the program's
+// output buffer (the final layer's), else an undefined tensor.
+at::Tensor run_program(const ir::Model& m, const plan::Program& p, const WeightSource& w, const Inputs& in,
+                       const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x);
 at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSource& w, const Inputs& in,
                        const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                        const Progress& progress = {});

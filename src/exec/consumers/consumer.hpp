@@ -1,0 +1,49 @@
+// Attention consumers: implementations registered together with their capabilities.
+//
+// Design note. A consumer computes softmax(q k^T * scale) v for q [1, G, rows, head_dim]
+// against k, v [1, G, kv_rows, head_dim] and returns a new [1, G, rows, head_dim] tensor in
+// q's dtype; grouped-query heads arrive folded into rows, so a consumer sees G equal head
+// groups. What a call allocates must match the call_bytes its capabilities declare: the
+// planner counts exactly that. Each consumer is one file here with one registration
+// function, called from exec/registry.cpp; a consumer defined elsewhere (a test, a host)
+// registers the same way with contracts::Registry::add.
+//
+// Example:
+//     const auto& attend = sp::exec::impl_of<sp::exec::ConsumerImpl>(reg.consumer("sdpa"));
+//     at::Tensor o = attend.attend(q, k, v, 1.0 / std::sqrt(128.0));
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "contracts/contracts.hpp"
+
+namespace sp::exec {
+
+struct ConsumerImpl : contracts::Impl {
+  virtual at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const = 0;
+};
+
+// A consumer from a function (tests, hosts).
+using AttentionFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>;
+std::shared_ptr<const ConsumerImpl> consumer_from(AttentionFn fn);
+
+// The implementation registered with `caps`, as interface T; throws naming the component
+// when none (or one of another kind) was registered.
+template <typename T, typename Caps>
+const T& impl_of(const Caps& caps) {
+  const T* impl = dynamic_cast<const T*>(caps.impl.get());
+  if (!impl) throw contracts::ContractError("'" + caps.name + "' has capabilities but no implementation registered");
+  return *impl;
+}
+
+namespace consumers {
+void register_sdpa(contracts::Registry& reg);
+void register_math(contracts::Registry& reg);
+}  // namespace consumers
+
+}  // namespace sp::exec

@@ -1,0 +1,44 @@
+// int8-rowwise: symmetric int8 with one fp32 scale per output channel, stored as the weight
+// and "<weight>.scale"; an acquire converts the requested slice only and scales it.
+#include "exec/consumers/consumer.hpp"
+#include "exec/formats/weights.hpp"
+
+namespace sp::exec::formats {
+
+namespace {
+
+std::string scale_name(const ir::Linear& l) { return l.weight + ".scale"; }
+
+struct Int8Rowwise : FormatImpl {
+  void store(TensorWeights& into, const ir::Linear& l, const at::Tensor& w, at::ScalarType) const override {
+    at::Tensor scale = w.abs().amax(1).clamp_min(1e-8).div_(127.0);
+    into.add(l.weight, w.div(scale.unsqueeze(1)).round_().clamp_(-127, 127).to(at::kChar));
+    into.add(scale_name(l), scale);
+  }
+  at::Tensor acquire(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
+                     const at::Tensor& out) const override {
+    const at::Tensor view = stored_slice(src, l, rows, cols);
+    const at::Tensor scale = slice(src.tensor(scale_name(l)), 0, rows).unsqueeze(1);
+    if (!out.defined()) return view.to(dtype).mul_(scale);
+    out.copy_(view);
+    out.mul_(scale);
+    return out;
+  }
+};
+
+}  // namespace
+
+void register_int8_rowwise(contracts::Registry& reg) {
+  using contracts::Cap;
+  contracts::FormatCaps f;
+  f.name = "int8-rowwise";
+  f.description = "int8 with one fp32 scale per output channel; dequantized on acquire";
+  f.storage = ir::DType::I8;
+  f.dense = false;
+  f.out_slicing = f.in_slicing = f.held_execution = Cap::Yes;
+  f.in_align = 256;
+  f.impl = std::make_shared<Int8Rowwise>();
+  reg.add(f);
+}
+
+}  // namespace sp::exec::formats

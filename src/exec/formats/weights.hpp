@@ -1,0 +1,88 @@
+// Weight sources and weight formats: how the executor acquires the weights the IR names.
+//
+// Design note. The IR names weights with their format; a WeightSource supplies them on
+// acquire, as the program asks: whole or a slice of rows (output features, optionally
+// strided for interleaved layouts) and columns (input features), for compute in a dtype.
+// How a stored weight becomes a computable one is the format's: each format is one file
+// here (dense.cpp, int8_rowwise.cpp) registering its capabilities (contracts::FormatCaps)
+// together with a FormatImpl. A format whose caps declare acquire bytes writes the
+// converted slice into the buffer the program placed for it (`out`); one handed out as a
+// view allocates nothing. Nothing keeps a converted copy beyond the program's release step.
+//
+// Example:
+//     sp::exec::TensorWeights w(&reg);
+//     reg.format("dense") ... ;
+//     w.store(lin, at::randn({64, 32}));                              // in lin's format
+//     at::Tensor rows = w.acquire(lin, {0, 16}, {}, at::kFloat);      // view of rows 0..15
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+
+#include "contracts/contracts.hpp"
+#include "ir/model.hpp"
+
+namespace sp::exec {
+
+struct Slice {
+  int64_t begin = 0;
+  int64_t length = -1;  // -1: to the end
+  int64_t step = 1;
+};
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // The raw tensor (e.g. norm weights, biases, int8 storage).
+  virtual const at::Tensor& tensor(const std::string& name) const = 0;
+  virtual bool contains(const std::string& name) const = 0;
+  // rows/cols of a Linear's weight for compute in `dtype`: a view where the format hands
+  // out views, else converted into `out` (a placed buffer of that shape) and returned;
+  // without `out` a converting format allocates (the naive reference).
+  virtual at::Tensor acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
+                             const at::Tensor& out = {}) const = 0;
+};
+
+class TensorWeights;
+
+// How one weight format stores and converts its weights.
+struct FormatImpl : contracts::Impl {
+  // Stores the float weight `w` [out, in] of `l` in this format (with any tensors beside it).
+  virtual void store(TensorWeights& into, const ir::Linear& l, const at::Tensor& w, at::ScalarType model) const = 0;
+  // rows x cols of the stored weight, in `dtype` (see WeightSource::acquire).
+  virtual at::Tensor acquire(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols,
+                             at::ScalarType dtype, const at::Tensor& out) const = 0;
+};
+
+// Weights held as tensors by name, acquired through their formats' implementations.
+class TensorWeights : public WeightSource {
+ public:
+  explicit TensorWeights(const contracts::Registry* reg) : reg_(reg) {}
+  void add(const std::string& name, at::Tensor t);
+  // `w` (float) stored in l's format under l.weight.
+  void store(const ir::Linear& l, const at::Tensor& w, at::ScalarType model);
+  const at::Tensor& tensor(const std::string& name) const override;
+  bool contains(const std::string& name) const override { return t_.count(name) != 0; }
+  at::Tensor acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
+                     const at::Tensor& out = {}) const override;
+  int64_t total_bytes() const;
+  const std::map<std::string, at::Tensor>& all() const { return t_; }
+
+ private:
+  const contracts::Registry* reg_;
+  std::map<std::string, at::Tensor> t_;
+};
+
+at::ScalarType to_aten(ir::DType d);
+at::Tensor slice(const at::Tensor& t, int64_t dim, Slice s);
+// The stored weight of `l`, checked against the IR's shape, sliced.
+at::Tensor stored_slice(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols);
+
+namespace formats {
+void register_dense(contracts::Registry& reg);
+void register_int8_rowwise(contracts::Registry& reg);
+}  // namespace formats
+
+}  // namespace sp::exec

@@ -1,0 +1,269 @@
+// The planned schedule: programs (plan/program.hpp) interpreted step by step.
+//
+// Per program the interpreter allocates exactly the arena plan/arena.hpp placed, views
+// every buffer at its offset, and runs the steps in order, one function per step kind. It
+// knows nothing of the transformations that produced the steps: the program's compiler
+// proved the order legal (e.g. K/V complete before any residual row changes).
+#include <cmath>
+
+#include "exec/consumers/consumer.hpp"
+#include "exec/patches/patch.hpp"
+#include "exec/run/executor.hpp"
+#include "exec/run/ops.hpp"
+#include "plan/arena.hpp"
+
+namespace sp::exec {
+
+namespace {
+
+using namespace plan;
+
+class Interpreter {
+ public:
+  Interpreter(const ir::Model& m, const Program& p, const WeightSource& w, const Inputs& in,
+              const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x)
+      : m_(m), p_(p), w_(w), in_(in), reg_(reg), x_(x), ops_(m, w, in), device_(in.device()) {
+    const Placement pl = place(p, dev);
+    if (pl.arena_bytes > 0) arena_ = at::empty({pl.arena_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
+    bufs_.resize(p.buffers.size());
+    for (size_t i = 0; i < p.buffers.size(); ++i) {
+      const Buffer& b = p.buffers[i];
+      if (b.view || pl.live[i].first < 0) continue;
+      const auto opts = at::TensorOptions().dtype(to_aten(b.dtype)).device(device_);
+      if (separate(b)) bufs_[i] = at::empty(b.shape, opts);
+      else if (b.bytes() > 0)
+        bufs_[i] = arena_.narrow(0, pl.offset[i], b.bytes()).view(to_aten(b.dtype)).view(b.shape);
+    }
+  }
+
+  void run() { range(0, int(p_.steps.size())); }
+
+  // The buffer a program returns (its model output), if any.
+  at::Tensor output() const {
+    for (size_t i = 0; i < p_.buffers.size(); ++i)
+      if (separate(p_.buffers[i])) return bufs_[i];
+    return {};
+  }
+
+ private:
+  struct Frame {
+    int64_t token = 0, base = 0;  // relative index of the token slab, absolute row of index 0
+    int64_t feature = 0;          // first feature of the feature slab
+  };
+
+  void range(int from, int to) {
+    for (int i = from; i < to; ++i) {
+      const Step& s = p_.steps[size_t(i)];
+      if (const auto* l = std::get_if<LoopStep>(&s.body)) {
+        const Frame saved = f_;
+        for (int64_t k = 0; k < l->count; ++k) {
+          if (l->axis == Axis::Tokens) {
+            f_.token = l->begin + k * l->rows;
+            f_.base = l->base;
+          } else {
+            f_.feature = l->begin + k * l->rows;
+          }
+          range(i + 1, l->end);
+        }
+        f_ = saved;
+        i = l->end;
+        continue;
+      }
+      std::visit([&](const auto& b) { step(b); }, s.body);
+    }
+  }
+
+  int64_t row0() const { return f_.base + f_.token; }
+
+  at::Tensor operand(const Operand& o) const {
+    const int64_t n = o.shape.empty() ? 0 : o.shape[0];
+    switch (o.src) {
+      case Src::Residual: return x_.narrow(0, row0(), n);
+      case Src::Context: return in_.table(o.name).narrow(0, f_.token, n);
+      case Src::Tokens: return in_.segment_tokens(o.name);
+      case Src::Tables: return {};
+      case Src::Buffer: break;
+    }
+    const at::Tensor& full = bufs_[size_t(o.buf)];
+    if (o.slab_dim >= 0) return full.narrow(o.slab_dim, f_.token, o.shape[size_t(o.slab_dim)]);
+    return full.view(-1).narrow(0, 0, c10::multiply_integers(o.shape)).view(o.shape);
+  }
+
+  Slice resolve(const SliceExpr& e) const { return {e.base + e.per_feature * f_.feature, e.length, e.step}; }
+
+  // Calls f(local_begin, length, entry) for the pieces of the current slab's n rows that use
+  // the same entry of `ws` (one piece unless entries differ by segment).
+  template <typename F>
+  void by_segment(const std::vector<SegWeight>& ws, int64_t n, F&& f) const {
+    if (ws.size() == 1) {
+      f(int64_t{0}, n, ws.front());
+      return;
+    }
+    const int64_t r0 = row0();
+    int64_t start = 0;
+    for (const auto& seg : m_.segments) {
+      const int64_t lo = std::max(r0, start), hi = std::min(r0 + n, start + seg.length);
+      if (lo < hi) {
+        const SegWeight* pick = &ws.front();
+        for (const auto& w : ws)
+          if (w.segment == seg.name) pick = &w;
+        f(lo - r0, hi - lo, *pick);
+      }
+      start += seg.length;
+    }
+  }
+
+  at::Tensor bias_of(const SegWeight& w) const {
+    if (w.bias_buf >= 0) return bufs_[size_t(w.bias_buf)];
+    return w.bias.empty() ? at::Tensor() : slice(w_.tensor(w.bias), 0, resolve(w.bias_rows));
+  }
+
+  // --- one function per step kind --------------------------------------------------------
+
+  void step(const LoopStep&) {}
+  void step(const EndLoopStep&) {}
+  void step(const AcquireStep& a) {
+    const Buffer& b = p_.buffers[size_t(a.out)];
+    const at::Tensor out = b.view ? at::Tensor() : bufs_[size_t(a.out)];
+    const Slice rows = resolve(a.rows);
+    if (a.linear) {
+      bufs_[size_t(a.out)] = w_.acquire(*a.linear, rows, resolve(a.cols), to_aten(a.dtype), out);
+      return;
+    }
+    const at::Tensor raw = slice(w_.tensor(a.tensor), 0, rows);
+    if (b.view) bufs_[size_t(a.out)] = raw;
+    else out.copy_(raw);
+  }
+  void step(const ReleaseStep& r) {
+    if (p_.buffers[size_t(r.weight)].view) bufs_[size_t(r.weight)] = at::Tensor();
+  }
+  void step(const ZeroStep& z) { operand(z.t).zero_(); }
+  void step(const NormStep& s) {
+    const at::Tensor rows = x_.narrow(0, row0(), s.out.shape[0]);
+    if (s.fused) ops_.norm_modulate_fused(rows, *s.norm, *s.mod, s.ref, row0(), operand(s.out));
+    else ops_.norm_modulate(rows, *s.norm, *s.mod, s.ref, row0(), operand(s.out), operand_of(s.stats, s.out.shape[0]));
+  }
+  // A RowStats buffer's first n rows.
+  at::Tensor operand_of(int buf, int64_t n) const {
+    auto shape = p_.buffers[size_t(buf)].shape;
+    shape[0] = n;
+    return operand({Src::Buffer, buf, {}, -1, shape});
+  }
+  void step(const CopyStep& c) {
+    const at::Tensor src = operand(c.src), dst = operand(c.dst);
+    const int64_t n = src.size(0);
+    switch (c.layout) {
+      case Layout::Same: dst.copy_(src); return;
+      case Layout::HeadMajor: dst.copy_(src.view({n, c.heads, c.head_dim}).transpose(0, 1)); return;
+      case Layout::Folded:
+        dst.view({c.heads, c.rep, n, c.head_dim}).copy_(src.view({n, c.heads, c.rep, c.head_dim}).permute({1, 2, 0, 3}));
+        return;
+    }
+  }
+  void step(const ProjectStep& s) {
+    const at::Tensor in = operand(s.in), out = operand(s.out);
+    by_segment(s.weights, in.size(0), [&](int64_t lb, int64_t len, const SegWeight& w) {
+      at::Tensor wt = bufs_[size_t(w.weight)];
+      if (s.col_len >= 0) wt = wt.narrow(1, s.col_begin, s.col_len);
+      at::Tensor y = out.narrow(0, lb, len);
+      const at::Tensor x = in.narrow(0, lb, len), bias = bias_of(w);
+      if (s.accumulate) y.addmm_(x, wt.t());
+      else if (bias.defined()) at::addmm_out(y, bias, x, wt.t());
+      else at::mm_out(y, x, wt.t());
+    });
+  }
+  void step(const QkNormStep& s) {
+    const at::Tensor t = operand(s.t);
+    const at::Tensor stats = operand_of(s.stats, t.size(0));
+    by_segment(s.weights, t.size(0), [&](int64_t lb, int64_t len, const SegWeight& w) {
+      ops_.qk_norm_(t.narrow(0, lb, len), s.qk, w.norm_weight, s.heads, s.head_dim, stats.narrow(0, lb, len));
+    });
+  }
+  void step(const RopeStep& s) {
+    const at::Tensor t = operand(s.t);
+    const int64_t n = t.size(0);
+    const at::Tensor cos = in_.table(s.rope->table + ".cos").narrow(0, row0(), n);
+    const at::Tensor sin = in_.table(s.rope->table + ".sin").narrow(0, row0(), n);
+    ops_.rope_(t.view({n, s.heads, s.head_dim}), *s.rope, cos, sin, operand_of(s.tmp, n));
+  }
+  void step(const QkNormRopeStep& s) {
+    const at::Tensor in = operand(s.in), dst = operand(s.dst);
+    const int64_t n = in.size(0);
+    // [n, heads, hd] view of the destination: K rows (head-major) or the folded Q slab.
+    const at::Tensor out3 = s.layout == Layout::HeadMajor ? dst.transpose(0, 1)
+                                                          : dst.view({s.heads, n, s.head_dim}).transpose(0, 1);
+    const bool roped = s.rope->style != ir::RopeStyle::None;
+    by_segment(s.weights, n, [&](int64_t lb, int64_t len, const SegWeight& w) {
+      at::Tensor cos, sin;
+      if (roped) {
+        cos = in_.table(s.rope->table + ".cos").narrow(0, row0() + lb, len);
+        sin = in_.table(s.rope->table + ".sin").narrow(0, row0() + lb, len);
+      }
+      ops_.qk_norm_rope_fused(in.narrow(0, lb, len), s.qk, w.norm_weight, *s.rope, cos, sin, out3.narrow(0, lb, len));
+    });
+  }
+  void step(const PatchStep& s) {
+    at::Tensor t = operand(s.t);
+    impl_of<PatchImpl>(reg_.patch(s.patch)).apply(t);
+  }
+  void step(const AttendStep& s) {
+    const at::Tensor qf = operand(s.q), out = operand(s.out);
+    const int64_t n = out.size(0);
+    at::Tensor o4 = impl_of<ConsumerImpl>(reg_.consumer(s.consumer))
+                        .attend(qf.unsqueeze(0), operand(s.k).unsqueeze(0), operand(s.v).unsqueeze(0), s.scale);
+    out.view({n, s.kv_heads, s.rep, s.head_dim}).copy_(o4.view({s.kv_heads, s.rep, n, s.head_dim}).permute({2, 0, 1, 3}));
+  }
+  void step(const ActivateStep& s) { ops_.activate_(operand(s.t), s.act); }
+  void step(const MulStep& s) { operand(s.dst).mul_(operand(s.src)); }
+  void step(const AddStep& s) { operand(s.dst).add_(operand(s.src)); }
+  void step(const AddBiasStep& s) { operand(s.t).add_(w_.tensor(s.bias)); }
+  void step(const ResidualAddStep& s) {
+    const at::Tensor y = operand(s.y);
+    ops_.gated_add(x_.narrow(0, row0(), y.size(0)), y, *s.mod, s.ref, row0());
+  }
+
+  const ir::Model& m_;
+  const Program& p_;
+  const WeightSource& w_;
+  const Inputs& in_;
+  const contracts::Registry& reg_;
+  at::Tensor& x_;
+  Ops ops_;
+  at::Device device_;
+  at::Tensor arena_;
+  std::vector<at::Tensor> bufs_;
+  Frame f_;
+};
+
+}  // namespace
+
+at::Tensor run_program(const ir::Model& m, const Program& p, const WeightSource& w, const Inputs& in,
+                       const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x) {
+  Interpreter it(m, p, w, in, reg, dev, x);
+  it.run();
+  return it.output();
+}
+
+at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSource& w, const Inputs& in,
+                       const contracts::Registry& reg, const contracts::DeviceCaps& dev, const Progress& progress) {
+  validate_inputs(m, in);
+  if (p.blocks.size() != m.blocks.size() || p.tokens != m.tokens())
+    throw std::invalid_argument("plan does not belong to this model: " + std::to_string(p.blocks.size()) +
+                                " blocks / " + std::to_string(p.tokens) + " tokens vs " +
+                                std::to_string(m.blocks.size()) + " / " + std::to_string(m.tokens()));
+  at::Tensor x = at::empty({m.tokens(), m.dim}, at::TensorOptions().dtype(to_aten(m.dtype)).device(in.device()));
+  run_program(m, compile_embed(m, reg, dev), w, in, reg, dev, x);
+  int64_t done = 0, total = 0;
+  for (const auto& b : m.blocks) total += int64_t(b.sublayers.size());
+  for (size_t bi = 0; bi < m.blocks.size(); ++bi) {
+    const ir::Block& b = m.blocks[bi];
+    for (size_t si = 0; si < b.sublayers.size(); ++si) {
+      run_program(m, compile_sublayer(m, b, b.sublayers[si], p.blocks[bi].sublayers[si], reg, dev), w, in, reg, dev, x);
+      if (progress) progress(++done, total);
+    }
+  }
+  if (!m.final_layer) return x.to(to_aten(accumulation_dtype(m.dtype)));
+  return run_program(m, compile_final(m, p.final_layer.chunk, reg, dev), w, in, reg, dev, x);
+}
+
+}  // namespace sp::exec

@@ -1,0 +1,274 @@
+// Schedule program: the one description of what a planned run does, step by step.
+//
+// Design note. compile() turns the plan's decisions for one sublayer (or the final layer,
+// or the embedding) into a Program: an ordered list of typed steps — acquire a weight,
+// norm rows, project rows, a Q/K row operation, a consumer call, a residual add, release
+// — each naming the buffers it reads and writes (shape, dtype) and carrying its cost
+// terms (FLOPs, bytes moved, launches) and the bytes it allocates outside the arena
+// (a consumer's own output and scratch). Three readers use the program and nothing else:
+//
+//   exec/run/interpreter.cpp   runs it, one function per step kind;
+//   plan/cost.cpp              sums its steps' terms at the device's rates (time);
+//   plan/arena.cpp             places its buffers by liveness in one arena (memory).
+//
+// So the order of steps inside a sublayer is known in exactly one place: compile().
+// Slab loops are steps too (Loop ... EndLoop). A loop runs `count` slabs of `rows` rows;
+// a loop over N rows in chunks of c is emitted as one loop of the full slabs and one of
+// the remainder, each body with its own concrete shapes, and a body is split further
+// where its slabs cross a segment boundary (per-segment modulation and projections cost
+// one launch more per piece). Buffers declared inside a loop body live within one slab;
+// buffers declared outside it (global K/V, held weights, the accumulator of the feature
+// loop) live across the loop.
+//
+// A Program points into the ir::Model it was compiled from; keep the model alive.
+//
+// Example:
+//     sp::plan::Program prog = sp::plan::compile_sublayer(model, block, sub, splan, reg, dev);
+//     sp::plan::Placement pl = sp::plan::place(prog, dev);          // plan/arena.hpp
+//     std::cout << sp::plan::to_text(prog, &pl) << pl.peak_bytes << "\n";
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "contracts/contracts.hpp"
+#include "ir/model.hpp"
+
+namespace sp::plan {
+
+struct SublayerPlan;
+
+// What a buffer holds (for printing and for the budget error's terms).
+enum class BufRole {
+  GlobalK,      // [kv_heads, L, head_dim]      every key of the sublayer
+  GlobalV,      // [kv_heads, L, head_dim]
+  Normed32,     // [c, dim] fp32                normalized + modulated rows (staged path)
+  Normed,       // [c, dim]                     the same in the activation dtype
+  RowStats,     // [c, k] fp32                  per-row statistics of a staged norm
+  KV,           // [2, c, kv_width]             projected k (0) and v (1)
+  Staged32,     // [c, width] fp32              Q or K during Q/K norm and RoPE (staged path)
+  RopeTmp,      // [c, heads, rotary_dim/2]     one rotary half (staged path)
+  Q,            // [c, q_width]                 projected q
+  QFolded,      // [kv_heads, rep*c, head_dim]  q head-major, GQA groups folded into rows
+  AttnOut,      // [c, q_width]                 one slab's attention output
+  AttnOutFull,  // [T, q_width]                 the complete attention output
+  Proj,         // [c, dim]                     a projection before the residual add
+  Hidden,       // [2|1, c, f]                  MLP gate (0) / up (1) of a feature slice
+  Acc,          // [c, dim] fp32                accumulator over feature slices
+  Output,       // [T, out] fp32                the model output
+  Weight,       // an acquired weight (slice), converted where its format is not a view
+};
+const char* to_string(BufRole);
+const char* describe(BufRole);
+
+struct Buffer {
+  BufRole role;
+  std::string label;  // e.g. "K", "weight blocks.0.attn.qkv.weight rows [0, 1536)"
+  std::vector<int64_t> shape;
+  ir::DType dtype;
+  // Acquired weights that the weight source hands out as views own no bytes.
+  bool view = false;
+  int depth = 0;  // loop depth of its declaration (0: the whole program)
+  int64_t bytes() const;
+};
+
+// Where a step's tensor comes from.
+enum class Src {
+  Buffer,    // a program buffer (prefix view of `shape`, or a slab of a global buffer)
+  Residual,  // the residual stream: the current slab's rows
+  Context,   // a context input (cross-attention K/V source): the current slab's rows
+  Tokens,    // a segment's input tokens (embedding)
+  Tables,    // nothing: the step reads only named input tables
+};
+
+struct Operand {
+  Src src = Src::Buffer;
+  int buf = -1;              // Src::Buffer
+  std::string name;          // Src::Context / Src::Tokens
+  int slab_dim = -1;         // >= 0: the current token slab's rows along this dim of the buffer
+  std::vector<int64_t> shape;  // the view the step uses
+};
+
+// rows [base + per_feature * f0, + length) with `step`, f0 the first feature of the current
+// feature slab (0 outside a feature loop).
+struct SliceExpr {
+  int64_t base = 0, per_feature = 0, length = -1, step = 1;
+};
+
+// Cost terms of one execution of a step.
+struct Terms {
+  double flops = 0;       // multiply-adds x 2
+  double bytes = 0;       // bytes read + written
+  int64_t launches = 0;   // kernel launches / ATen operations
+  int64_t gemm_rows = 0;  // > 0: a matmul over this many rows (its efficiency)
+  ir::DType dtype = ir::DType::F32;  // compute dtype of the FLOPs
+  Terms& operator+=(const Terms& o);
+};
+
+enum class Axis { Tokens, Features };
+
+// One projection weight, by the segment its rows belong to (empty: every segment).
+struct SegWeight {
+  std::string segment;
+  int weight = -1;          // the acquired Weight buffer
+  std::string bias;         // empty: none
+  SliceExpr bias_rows;      // rows of the bias vector
+  std::string norm_weight;  // Q/K norm weight of this projection set (QkNorm / QkNormRope)
+  int bias_buf = -1;        // >= 0: the bias as acquired in the compute dtype (used instead)
+};
+
+struct LoopStep {
+  Axis axis = Axis::Tokens;
+  int64_t base = 0;   // absolute residual row of index 0 (token loops)
+  int64_t begin = 0;  // first index
+  int64_t rows = 0;   // per slab
+  int64_t count = 0;  // slabs
+  int end = -1;       // index of the matching EndLoop
+};
+struct EndLoopStep {
+  int begin = -1;
+};
+// A weight (slice) into its Weight buffer, as the format converts it to `dtype`.
+struct AcquireStep {
+  const ir::Linear* linear = nullptr;  // null: the raw tensor `tensor` (a bias in another dtype)
+  std::string tensor;
+  SliceExpr rows;
+  SliceExpr cols;
+  ir::DType dtype;
+  int out = -1;
+};
+struct ReleaseStep {
+  int weight = -1;
+};
+struct ZeroStep {
+  Operand t;
+};
+// out := modulate(norm(residual rows)); fused: one kernel, else fp32 staging with `stats`.
+struct NormStep {
+  const ir::Norm* norm = nullptr;
+  const ir::Modulation* mod = nullptr;
+  ir::ModRef ref;
+  bool fused = false;
+  Operand out;
+  int stats = -1;
+};
+enum class Layout {
+  Same,       // dst := src (a cast where dtypes differ)
+  HeadMajor,  // dst [heads, n, hd] := src [n, heads*hd]
+  Folded,     // dst [G, rep*n, hd] := src [n, G*rep*hd]
+};
+struct CopyStep {
+  Operand src, dst;
+  Layout layout = Layout::Same;
+  int64_t heads = 0, rep = 1, head_dim = 0;
+};
+// out (+)= in[:, cols] @ W^T (+ bias), W chosen by the segment of each row.
+struct ProjectStep {
+  Operand in, out;
+  std::vector<SegWeight> weights;
+  int64_t col_begin = 0, col_len = -1;  // input-feature range of the acquired weight
+  bool accumulate = false;
+};
+struct QkNormStep {
+  Operand t;  // [n, heads*hd] fp32
+  ir::QkNorm qk;
+  std::vector<SegWeight> weights;  // norm_weight per segment
+  int64_t heads = 0, head_dim = 0;
+  int stats = -1;
+};
+struct RopeStep {
+  Operand t;  // [n, heads*hd] fp32, rotated in place
+  const ir::Rope* rope = nullptr;
+  int64_t heads = 0, head_dim = 0;
+  int tmp = -1;
+};
+// Q/K norm and RoPE in one kernel, from in [n, heads*hd] into dst in `layout`.
+struct QkNormRopeStep {
+  Operand in, dst;
+  Layout layout = Layout::HeadMajor;
+  ir::QkNorm qk;
+  const ir::Rope* rope = nullptr;
+  std::vector<SegWeight> weights;
+  int64_t heads = 0, rep = 1, head_dim = 0;
+};
+struct PatchStep {
+  std::string patch;
+  contracts::TensorRole role;
+  Operand t;
+};
+// out [n, heads*hd] token-major := consumer(q folded, K, V).
+struct AttendStep {
+  std::string consumer;
+  Operand q, k, v, out;
+  int64_t kv_heads = 0, rep = 1, head_dim = 0;
+  double scale = 1.0;
+};
+struct ActivateStep {
+  Operand t;
+  ir::ActKind act;
+};
+struct MulStep {
+  Operand dst, src;  // dst *= src
+};
+struct AddStep {
+  Operand dst, src;  // dst += src
+};
+struct AddBiasStep {
+  Operand t;
+  std::string bias;
+};
+// residual rows += gate * y (gate from the modulation, or 1).
+struct ResidualAddStep {
+  Operand y;
+  const ir::Modulation* mod = nullptr;
+  ir::ModRef ref;
+};
+
+using StepBody = std::variant<LoopStep, EndLoopStep, AcquireStep, ReleaseStep, ZeroStep, NormStep, CopyStep,
+                              ProjectStep, QkNormStep, RopeStep, QkNormRopeStep, PatchStep, AttendStep, ActivateStep,
+                              MulStep, AddStep, AddBiasStep, ResidualAddStep>;
+const char* step_name(const StepBody&);
+
+struct Step {
+  StepBody body;
+  std::string what;           // human-readable summary
+  std::vector<int> reads, writes;  // buffers
+  Terms terms;                // one execution
+  int64_t transient = 0;      // bytes allocated outside the arena while the step runs
+  int depth = 0;              // loop depth
+};
+
+struct Program {
+  std::string name;  // "blocks.3.attn", "final", "embed"
+  std::vector<Buffer> buffers;
+  std::vector<Step> steps;
+  // Rows of the residual stream the program reads and writes.
+  ir::RowRange rows;
+};
+
+// Whether the device's fused row kernels run: norm + modulation straight into the
+// activation dtype, and Q/K norm + RoPE straight into the attention layout. Patches that
+// read or modify Q or K run on fp32 staging, so they rule out the fused Q/K kernel.
+bool fused_norm(const ir::Model& m, const contracts::DeviceCaps& dev);
+bool fused_qk(const ir::Model& m, const ir::Attention& a, const contracts::Registry& reg,
+              const contracts::DeviceCaps& dev);
+// Which row operations a plan runs and why (explain()).
+std::string row_kernels_note(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
+// fp32, or fp64 for an fp64 model: norms, RoPE, feature-slice accumulation, the output.
+ir::DType accumulation_dtype(ir::DType activations);
+
+Program compile_sublayer(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const SublayerPlan& p,
+                         const contracts::Registry& reg, const contracts::DeviceCaps& dev);
+Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Registry& reg,
+                      const contracts::DeviceCaps& dev);
+Program compile_embed(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
+
+// "Q [1072, 384] bf16"
+std::string buffer_text(const Buffer& b);
+// The program as text, one step per line, indented by loop depth: the step, the buffers it
+// writes and reads, its cost terms and transient; then the buffers with their placement.
+std::string to_text(const Program& p, const std::vector<int64_t>& offsets, int64_t arena_bytes);
+
+}  // namespace sp::plan
