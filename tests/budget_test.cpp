@@ -91,7 +91,7 @@ int64_t smallest_budget(const ir::Model& m, const contracts::Registry& reg, cons
 }
 
 TEST(MeasuredBudget, CpuSweepFitsMeasuredPeakAndMatchesNaive) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   for (const auto& sm : sweep_models()) {
     SCOPED_TRACE(sm.label);
@@ -163,7 +163,7 @@ TEST(MeasuredBudget, CpuSweepFitsMeasuredPeakAndMatchesNaive) {
 // Under a generous budget the plan is the fastest by the estimate: no plan with explicit
 // chunk sizes and feature slices is estimated faster, and every recorded alternative is slower.
 TEST(MeasuredBudget, GenerousBudgetIsTheFastestEstimate) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   for (const auto& sm : sweep_models()) {
     SCOPED_TRACE(sm.label);
@@ -255,7 +255,7 @@ TEST(MeasuredBudget, ProbeMeasuresAndCachesPerDevice) {
 // peak against the caching allocator's measured peak; estimated and measured times side by side.
 TEST(MeasuredBudget, CudaSweepWithProbedRates) {
   if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device("cuda");
   auto dev = exec::describe_device(d);
   const exec::ProbeResult pr = exec::probe_device(d, dev, false);

@@ -106,7 +106,7 @@ bool any_feature_sliced(const plan::Plan& p) {
 }
 
 TEST(Equivalence, RandomConfigurationsPlannedMatchesNaive) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   std::mt19937_64 rng(20261129);
   const int kCases = 300;
@@ -147,7 +147,7 @@ TEST(Equivalence, RandomConfigurationsPlannedMatchesNaive) {
 
 // Reduced precision: every transformation compared through a float64 reference.
 TEST(Equivalence, ReducedPrecisionWithinTwiceNaiveError) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   std::mt19937_64 rng(7);
   for (int i = 0; i < 24; ++i) {

@@ -25,7 +25,7 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 struct Small {
-  contracts::Registry reg = contracts::Registry::builtin();
+  contracts::Registry reg = exec::builtin_registry();
   contracts::DeviceCaps dev = exec::describe_device(at::Device(at::kCPU));
   models::Instance inst;
   Small() {
@@ -76,7 +76,7 @@ TEST(Inputs, PlanOfAnotherModelIsRefused) {
 }
 
 TEST(Weights, Int8SliceEqualsSliceOfDequantizedWhole) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   exec::TensorWeights w(&reg);
   at::Tensor q = at::randint(-127, 128, {40, 600}, at::kChar), sc = at::rand({40}) + 0.1;
   w.add("l.weight", q);
@@ -93,7 +93,7 @@ TEST(Weights, Int8SliceEqualsSliceOfDequantizedWhole) {
 }
 
 TEST(Weights, DenseWeightOfWrongDtypeOrShapeIsRefused) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   exec::TensorWeights w(&reg);
   w.add("l.weight", at::randn({4, 6}));
   ir::Linear l;
@@ -115,7 +115,7 @@ TEST(Consumers, MathAndSdpaAgreeOnBoundedQAgainstGlobalKv) {
 }
 
 TEST(Consumers, DeclaredCallBytesMatchWhatTheCallAllocates) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   exec::install_cpu_meter();
   for (const std::string name : {"sdpa", "math"}) {
     for (auto dt : {at::kFloat, at::kBFloat16}) {
@@ -144,7 +144,7 @@ TEST(Consumers, DeclaredCallBytesMatchWhatTheCallAllocates) {
 }
 
 TEST(Patches, ImplementationsDoWhatTheyDeclare) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   at::Tensor t = at::randn({8, 32});
   at::Tensor q = t.clone();
   exec::apply_patch(reg.patch("q-temperature"), q);

@@ -46,7 +46,7 @@ const std::vector<Case> kCases = {{"wan2.1-1.3b", {.frames = 5, .height = 48, .w
                                   {"h3", {.frames = 3, .height = 96, .width = 160, .text_tokens = 11, .audio_tokens = 5}}};
 
 TEST(Families, EveryLayoutRecognizedPlannedMatchesNaiveAndLayoutsAgree) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   // (std::filesystem is avoided here: libtorch exports conflicting definitions of some of it.)
   char tmpl[] = "/tmp/streamplan-families-XXXXXX";
@@ -90,7 +90,7 @@ TEST(Families, EveryLayoutRecognizedPlannedMatchesNaiveAndLayoutsAgree) {
 }
 
 TEST(Families, WanOutputKeepsTheLatentLayout) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const auto cfg = recognize::preset("wan2.1-1.3b", 1, true);
   const std::string path = "/tmp/streamplan-wan-layout-" + std::to_string(::getpid()) + ".safetensors";
   models::write_random_checkpoint(cfg, "original", path, 1, at::kFloat);
@@ -101,7 +101,7 @@ TEST(Families, WanOutputKeepsTheLatentLayout) {
 }
 
 TEST(Families, BadInputsAreNamed) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const auto cfg = recognize::preset("flux1-dev", 1, true);
   try {
     models::random_raw_inputs(cfg, {.height = 100, .width = 64}, 0);

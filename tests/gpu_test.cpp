@@ -19,7 +19,7 @@ using namespace sp;
 
 TEST(Gpu, ReducedPrecisionPlannedWithinTwiceNaiveErrorAndEstimateWithinFivePercent) {
   if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device("cuda");
   const auto dev = exec::describe_device(d);
   struct V {
@@ -178,7 +178,7 @@ TEST(Gpu, FusedQkNormRopeMatchesFormula) {
 // against an fp64 run of the same weights.
 TEST(Gpu, FamiliesWithFusedRowKernelsWithinTwiceNaiveError) {
   if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device("cuda");
   const auto dev = exec::describe_device(d);
   ASSERT_EQ(dev.fused_row_kernels, contracts::Cap::Yes);

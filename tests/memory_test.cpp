@@ -55,7 +55,7 @@ std::vector<Variant> variants() {
 }
 
 TEST(Memory, EstimateWithinFivePercentOfMeasured) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   for (const auto& v : variants()) {
     SCOPED_TRACE(v.label);
@@ -75,7 +75,7 @@ TEST(Memory, EstimateWithinFivePercentOfMeasured) {
 }
 
 TEST(Memory, DemoMeetsItsTargets) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   const auto inst = models::instantiate(models::demo_config(), reg, at::kCPU);
   const auto p = plan::make_plan(inst.model, reg, dev, {});
@@ -87,7 +87,7 @@ TEST(Memory, DemoMeetsItsTargets) {
 }
 
 TEST(Memory, RunsLeaveInputsAndWeightsUntouched) {
-  const auto reg = contracts::Registry::builtin();
+  const auto reg = exec::builtin_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   auto cfg = models::demo_config();
   models::set_total_tokens(cfg, 700);

@@ -218,7 +218,7 @@ class Chooser {
       if (opt_.token_chunk > 0) chunks = {std::min(T, opt_.token_chunk)};
       else for (int64_t c : chunk_candidates(T, 1)) chunks.push_back(c);
     }
-    if (v.is_legal(Transform::FeatureSlicedMlp) && opt_.feature_slice >= 0 && chunks.front() < T) {
+    if (v.is_legal(Transform::FeatureSlicedMlp) && opt_.feature_slice >= 0) {
       const int64_t align = legality::feature_alignment(reg_, f);
       if (opt_.feature_slice > 0) {
         if (opt_.feature_slice % align != 0)
