@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "exec/device/device.hpp"
+#include "exec/registry.hpp"
 #include "exec/device/probe.hpp"
 #include "models/builder.hpp"
 #include "plan/budget.hpp"

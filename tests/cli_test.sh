@@ -20,12 +20,27 @@ assert r["planned"]["peak_bytes"] < r["naive"]["peak_bytes"]
 assert abs(r["planned"]["estimated_peak_bytes"] - r["planned"]["peak_bytes"]) <= 0.05 * r["planned"]["peak_bytes"]
 PY
 
-out=$("$bin" plan --explain --consumer whole --patch mlp-hidden-rownorm --format int8-rowwise)
-for s in "rejected by consumer 'whole': accepts bounded Q against global K/V — required yes, actual undeclared" \
-         "rejected by patch 'mlp-hidden-rownorm' on MLP hidden: runs on a feature slice — required yes, actual no" \
-         "[x] bounded QKV" "[x] token-chunked MLP"; do
+out=$("$bin" plan --explain --consumer whole --patch mlp-hidden-rownorm --format int8-rowwise --chunk 256)
+for s in "rejected by consumer 'whole': accepts bounded Q against global K/V [consumer.bounded_q] — required yes, actual undeclared" \
+         "rejected by patch 'mlp-hidden-rownorm' on MLP hidden: runs on a feature slice [patch.feature_local] — required yes, actual no" \
+         "[x] bounded QKV" "[x] token-chunked MLP" "policy: default"; do
   grep -qF -- "$s" <<<"$out" || fail "plan --explain lacks: $s"
 done
+# The schedule program: as text, and in --explain --json with every rejection's code.
+out=$("$bin" plan --program --layers 1 --chunk 1000)
+for s in "program 0.attn:" "attend: attend (consumer 'sdpa')" "program 0.mlp:" "residual-add" "buffers:" "program final:"; do
+  grep -qF -- "$s" <<<"$out" || fail "plan --program lacks: $s"
+done
+"$bin" plan --explain --json --layers 1 --consumer whole | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+progs = {p["name"]: p for p in r["programs"]}
+assert {"embed", "0.attn", "0.mlp", "final"} <= set(progs), list(progs)
+a = progs["0.attn"]
+assert a["arena_bytes"] > 0 and a["steps"] and a["buffers"], a.keys()
+assert any(s["kind"] == "attend" for s in a["steps"])
+codes = [x["code"] for s in r["plan"]["blocks"][0]["sublayers"] for d in s["transformations"] for x in d["rejections"]]
+assert "consumer.bounded_q" in codes, codes' || fail "plan --explain --json programs and codes"
 "$bin" plan --json --patch attn-out-renorm | python3 -c '
 import json, sys
 p = json.load(sys.stdin)["plan"]

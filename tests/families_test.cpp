@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "exec/device/device.hpp"
+#include "exec/registry.hpp"
 #include "models/checkpoint.hpp"
 #include "models/families.hpp"
 #include "report/report.hpp"

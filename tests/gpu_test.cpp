@@ -5,6 +5,7 @@
 #include <random>
 
 #include "exec/device/device.hpp"
+#include "exec/registry.hpp"
 #include "exec/kernels/fused.hpp"
 #include "models/builder.hpp"
 #include "models/checkpoint.hpp"

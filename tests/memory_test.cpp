@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "exec/device/device.hpp"
+#include "exec/registry.hpp"
 #include "exec/device/memory.hpp"
 #include "models/builder.hpp"
 #include "report/report.hpp"
@@ -54,26 +55,37 @@ std::vector<Variant> variants() {
   return v;
 }
 
-TEST(Memory, EstimateWithinFivePercentOfMeasured) {
+// The estimate is the arena the executor allocates plus the transients its steps declare:
+// on the CPU it equals the measured peak to the byte.
+void expect_exact(const Variant& v) {
   const auto reg = exec::builtin_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
+  const auto inst = models::instantiate(v.cfg, reg, at::kCPU);
+  const auto p = plan::make_plan(inst.model, reg, dev, v.opt);
+  const auto r = report::compare(inst, p, reg, dev, {false, false});
+  std::cout << v.label << ": measured " << r.planned.peak_bytes << " estimated " << r.estimated_peak_bytes << "\n";
+  EXPECT_EQ(r.estimated_peak_bytes, r.planned.peak_bytes);
+  EXPECT_GE(r.planned.peak_bytes, p.floor_bytes);
+}
+
+TEST(Memory, EstimateEqualsMeasuredPeak) {
   for (const auto& v : variants()) {
     SCOPED_TRACE(v.label);
-    if (test::cpu_gemm_allocates(exec::to_aten(v.cfg.dtype))) {
-      std::cout << "skipping " << v.label << ": this CPU's GEMMs allocate scratch the contracts do not model\n";
-      continue;
-    }
-    const auto inst = models::instantiate(v.cfg, reg, at::kCPU);
-    const auto p = plan::make_plan(inst.model, reg, dev, v.opt);
-    const auto r = report::compare(inst, p, reg, dev, {false, false});
-    const double dev_pct = 100.0 * double(r.estimated_peak_bytes - r.planned.peak_bytes) / double(r.planned.peak_bytes);
-    std::cout << v.label << ": measured " << r.planned.peak_bytes << " estimated " << r.estimated_peak_bytes << " ("
-              << dev_pct << "%)\n";
-    EXPECT_LE(std::abs(dev_pct), 5.0);
-    EXPECT_GE(r.planned.peak_bytes, p.floor_bytes);
+    if (v.cfg.dtype == ir::DType::F32) expect_exact(v);
   }
 }
 
+TEST(Memory, EstimateEqualsMeasuredPeakInReducedPrecision) {
+  if (test::cpu_gemm_allocates(at::kBFloat16))
+    GTEST_SKIP() << "this CPU's bf16 GEMMs allocate packing scratch that no contract declares";
+  for (const auto& v : variants()) {
+    SCOPED_TRACE(v.label);
+    if (v.cfg.dtype != ir::DType::F32) expect_exact(v);
+  }
+}
+
+// The demo's figures: the default (lean within 2% of the fastest) plan needs at most 40% of
+// the naive peak; the leanest plan a third.
 TEST(Memory, DemoMeetsItsTargets) {
   const auto reg = exec::builtin_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
@@ -81,9 +93,19 @@ TEST(Memory, DemoMeetsItsTargets) {
   const auto p = plan::make_plan(inst.model, reg, dev, {});
   const auto r = report::compare(inst, p, reg, dev, {true, false});
   ASSERT_TRUE(r.naive.has_value());
-  EXPECT_LE(3 * r.planned.peak_bytes, r.naive->peak_bytes);
+  EXPECT_LE(10 * r.planned.peak_bytes, 4 * r.naive->peak_bytes);
   EXPECT_LE(*r.rel_l2, 1e-5);
-  EXPECT_LE(std::abs(double(r.estimated_peak_bytes - r.planned.peak_bytes)), 0.05 * double(r.planned.peak_bytes));
+  EXPECT_EQ(r.estimated_peak_bytes, r.planned.peak_bytes);
+  int64_t least = 0;
+  try {
+    plan::make_plan(inst.model, reg, dev, {.budget_bytes = 1});
+  } catch (const plan::BudgetError& e) {
+    least = e.smallest_peak_bytes;
+  }
+  const auto lean = plan::make_plan(inst.model, reg, dev, {.budget_bytes = least});
+  const auto rl = report::compare(inst, lean, reg, dev, {false, false});
+  EXPECT_LE(3 * rl.planned.peak_bytes, r.naive->peak_bytes);
+  EXPECT_EQ(rl.estimated_peak_bytes, rl.planned.peak_bytes);
 }
 
 TEST(Memory, RunsLeaveInputsAndWeightsUntouched) {

@@ -396,6 +396,10 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
     worst = std::max(worst, f.estimated_peak);
     seconds += f.estimated_ms / 1e3;
   }
+  // Without a final layer the residual stream is returned in the accumulation dtype: a
+  // reduced-precision stream is converted beside itself.
+  if (!m.final_layer && m.dtype != accumulation_dtype(m.dtype))
+    worst = std::max(worst, dev.round_alloc(m.tokens() * m.dim * int64_t(ir::dtype_size(accumulation_dtype(m.dtype)))));
   chooser.check();
   p.estimated_peak_bytes = p.residual_bytes + worst;
   p.estimated_ms = seconds * 1e3;
