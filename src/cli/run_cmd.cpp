@@ -53,11 +53,10 @@ int run(const Args& a) {
   plan::Options po;
   po.token_chunk = a.chunk;
   po.feature_slice = a.feature_slice;
-  // An automatic budget is read once the weights and inputs are resident.
-  if (!a.budget.empty()) {
-    exec::apply_rates(exec::probe_device(d, dev), dev);
-    po.budget_bytes = plan::budget_from_option(a.budget, exec::describe_device(d));
-  }
+  // The chooser compares estimated times; an automatic budget is read once the weights and
+  // inputs are resident.
+  exec::apply_rates(exec::probe_device(d, dev), dev);
+  if (!a.budget.empty()) po.budget_bytes = plan::budget_from_option(a.budget, exec::describe_device(d));
   const plan::Plan p = plan::make_plan(inst.model, reg, dev, po);
   if (!a.json) {
     std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << "\n";

@@ -99,6 +99,7 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
   r.floor = p.floor_bytes;
   r.estimated = p.estimated_peak_bytes;
   r.budget = po.budget_bytes;
+  r.estimated_ms = p.estimated_ms;
 
   auto naive = [&] { return exec::run_naive(inst.model, *inst.weights, inst.inputs, reg); };
   auto planned = [&] { return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, caps); };
@@ -213,6 +214,7 @@ nlohmann::json to_json(const std::vector<BenchResult>& rs) {
                  {"estimated_peak_bytes", r.estimated},
                  {"naive_ms", opt(r.naive_ms)},
                  {"planned_ms", r.planned_ms},
+                 {"estimated_ms", r.estimated_ms},
                  {"rel_l2", opt(r.rel_l2)},
                  {"budget_bytes", r.budget ? nlohmann::json(r.budget) : nlohmann::json(nullptr)},
                  {"note", r.note}});
@@ -222,9 +224,9 @@ nlohmann::json to_json(const std::vector<BenchResult>& rs) {
 std::string bench_table(const std::vector<BenchResult>& rs) {
   std::ostringstream os;
   char line[400];
-  std::snprintf(line, sizeof line, "%-18s %7s %10s %11s %9s %8s %8s %9s %10s %10s %8s %9s\n", "case", "tokens",
+  std::snprintf(line, sizeof line, "%-18s %7s %10s %11s %9s %8s %8s %9s %10s %10s %8s %8s %9s\n", "case", "tokens",
                 "naive GiB", "planned GiB", "floor GiB", "p/floor", "est/meas", "p/n peak", "naive ms", "planned ms",
-                "p/n time", "rel_l2");
+                "p/n time", "t est/m", "rel_l2");
   os << line;
   const double G = double(int64_t{1} << 30);
   auto fmt = [](const char* f, std::optional<double> v) {
@@ -235,13 +237,13 @@ std::string bench_table(const std::vector<BenchResult>& rs) {
   };
   for (const auto& r : rs) {
     const std::optional<double> np = r.naive_peak ? std::optional<double>(double(*r.naive_peak)) : std::nullopt;
-    std::snprintf(line, sizeof line, "%-18s %7lld %10s %11.3f %9.3f %8.3f %8.4f %9s %10s %10.1f %8s %9s\n",
+    std::snprintf(line, sizeof line, "%-18s %7lld %10s %11.3f %9.3f %8.3f %8.4f %9s %10s %10.1f %8s %8.3f %9s\n",
                   r.name.c_str(), static_cast<long long>(r.tokens), fmt("%.3f", np ? std::optional(*np / G) : np).c_str(),
                   double(r.planned_peak) / G, double(r.floor) / G, double(r.planned_peak) / double(r.floor),
                   double(r.estimated) / double(r.planned_peak),
                   fmt("%.3f", np ? std::optional(double(r.planned_peak) / *np) : np).c_str(), fmt("%.1f", r.naive_ms).c_str(),
                   r.planned_ms, fmt("%.3f", r.naive_ms ? std::optional(r.planned_ms / *r.naive_ms) : r.naive_ms).c_str(),
-                  fmt("%.2e", r.rel_l2).c_str());
+                  r.planned_ms > 0 ? r.estimated_ms / r.planned_ms : 0.0, fmt("%.2e", r.rel_l2).c_str());
     os << line;
   }
   return os.str();

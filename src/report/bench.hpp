@@ -47,6 +47,7 @@ struct BenchResult {
   std::optional<double> naive_ms, rel_l2;
   int64_t planned_peak = 0, floor = 0, estimated = 0, budget = 0;
   double planned_ms = 0;
+  double estimated_ms = 0;  // the plan's time estimate (cost model)
   std::string note;  // e.g. why the naive schedule has no figures
 };
 
