@@ -41,7 +41,7 @@ assert a["arena_bytes"] > 0 and a["steps"] and a["buffers"], a.keys()
 assert any(s["kind"] == "attend" for s in a["steps"])
 codes = [x["code"] for s in r["plan"]["blocks"][0]["sublayers"] for d in s["transformations"] for x in d["rejections"]]
 assert "consumer.bounded_q" in codes, codes' || fail "plan --explain --json programs and codes"
-"$bin" plan --json --patch attn-out-renorm | python3 -c '
+"$bin" plan --json --patch attn-out-renorm --chunk 256 | python3 -c '
 import json, sys
 p = json.load(sys.stdin)["plan"]
 t = {d["transformation"]: d for d in p["blocks"][0]["sublayers"][0]["transformations"]}

@@ -18,8 +18,8 @@ double Rates::flops(DType dt) const {
 }
 
 Rates default_rates(contracts::DeviceKind kind) {
-  if (kind == contracts::DeviceKind::CUDA) return {700e12, 50e12, 3.5e12, 8e-6, 256};
-  return {50e9, 50e9, 10e9, 5e-6, 32};
+  if (kind == contracts::DeviceKind::CUDA) return {700e12, 50e12, 3.5e12, 8e-6, 256, 0.7};
+  return {50e9, 50e9, 10e9, 5e-6, 32, 0.5};
 }
 
 Rates rates_of(const contracts::DeviceCaps& dev) {
@@ -32,6 +32,7 @@ Rates rates_of(const contracts::DeviceCaps& dev) {
   take(dev.bytes_per_s, r.bytes_per_s);
   take(dev.launch_s, r.launch_s);
   take(dev.gemm_half_rows, r.gemm_half_rows);
+  take(dev.attention_ratio, r.attention_ratio);
   return r;
 }
 
@@ -42,7 +43,10 @@ double gemm_efficiency(int64_t rows, double half_rows) {
 
 double step_seconds(const Terms& t, const Rates& r) {
   double compute = 0;
-  if (t.flops > 0) compute = t.flops / (r.flops(t.dtype) * (t.gemm_rows > 0 ? gemm_efficiency(t.gemm_rows, r.gemm_half_rows) : 1.0));
+  if (t.flops > 0) {
+    const double peak = r.flops(t.dtype) * (t.attention ? r.attention_ratio : 1.0);
+    compute = t.flops / (peak * (t.gemm_rows > 0 ? gemm_efficiency(t.gemm_rows, r.gemm_half_rows) : 1.0));
+  }
   return std::max(compute, t.bytes / r.bytes_per_s) + double(t.launches) * r.launch_s;
 }
 

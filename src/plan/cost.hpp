@@ -7,7 +7,8 @@
 //
 //   max(FLOPs / (peak(dtype) · efficiency(rows)),  bytes moved / bandwidth)  +  launches · launch cost
 //
-// where efficiency is rows/(rows + k) for a matmul over `rows` rows (k: the row count at
+// where efficiency is rows/(rows + k) for a matmul over `rows` rows (for attention: query
+// rows per K/V head, and the peak scaled by the consumer's measured attention ratio) (k: the row count at
 // which a matmul reaches half its peak — with few rows it re-reads its whole weight for
 // little work) and 1 for everything else. The rates (peak matmul throughput per dtype,
 // bandwidth, launch cost, k) come from exec/device/probe.hpp where measured on the device, and
@@ -34,15 +35,18 @@ struct Rates {
   double bytes_per_s = 0;     // bandwidth (bytes read + written)
   double launch_s = 0;        // per operation
   double gemm_half_rows = 0;  // k of the efficiency rows/(rows + k)
+  double attention_ratio = 1;  // attention FLOP/s as a fraction of the matmul's
   double flops(ir::DType dt) const;
 };
 
 // Defaults when no probe ran (documented figures, not measurements):
 //   CPU:  50 GFLOP/s (fp32 and 16-bit), 10 GB/s, 5 us per operation, k = 32 rows
-//         (a few cores of a server CPU; its matmuls are near peak from a few dozen rows).
+//         (a few cores of a server CPU; its matmuls are near peak from a few dozen rows),
+//         attention at half the matmul rate.
 //   CUDA: an H200: 700 TFLOP/s bf16/fp16 (achieved, of ~990 peak), 50 TFLOP/s fp32 (ATen's
 //         default disables TF32), 3.5 TB/s, 8 us per operation, k = 256 rows (a bf16 matmul
-//         of 4096 x 4096 weights is bound by reading its weight below ~300 rows).
+//         of 4096 x 4096 weights is bound by reading its weight below ~300 rows), flash
+//         attention at 70% of the matmul rate.
 Rates default_rates(contracts::DeviceKind kind);
 // The device's measured rates, each missing (0) one from default_rates().
 Rates rates_of(const contracts::DeviceCaps& dev);

@@ -384,7 +384,7 @@ class Compiler {
     Terms t{4.0 * q_rows * double(L) * double(G) * double(hd),
             (2.0 * q_rows + 2.0 * double(L)) * double(G * hd) * esz_ + 2.0 * double(scratch) +
                 2.0 * double(n) * double(a.heads * hd) * esz_,
-            2, rep * n, dt_};
+            2, rep * n, dt_, true};
     emit(AttendStep{a.consumer, qf, whole(k), whole(v), out, G, rep, hd, 1.0 / std::sqrt(double(hd))},
          "attend (consumer '" + a.consumer + "')", t, dev_.round_alloc(scratch));
   }

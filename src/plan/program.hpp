@@ -104,6 +104,7 @@ struct Terms {
   int64_t launches = 0;   // kernel launches / ATen operations
   int64_t gemm_rows = 0;  // > 0: a matmul over this many rows (its efficiency)
   ir::DType dtype = ir::DType::F32;  // compute dtype of the FLOPs
+  bool attention = false;            // FLOPs of an attention kernel (Rates::attention_ratio)
   Terms& operator+=(const Terms& o);
 };
 

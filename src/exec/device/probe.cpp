@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -20,7 +21,7 @@ namespace sp::exec {
 
 namespace {
 
-constexpr int kCacheVersion = 1;
+constexpr int kCacheVersion = 2;
 
 using Clock = std::chrono::steady_clock;
 
@@ -95,7 +96,8 @@ nlohmann::json to_json(const ProbeResult& r) {
   return {{"version", kCacheVersion},        {"key", r.key},
           {"flops_per_s", r.flops_per_s},    {"flops_per_s_f32", r.flops_per_s_f32},
           {"bytes_per_s", r.bytes_per_s},    {"launch_s", r.launch_s},
-          {"gemm_half_rows", r.gemm_half_rows}, {"probe_ms", r.probe_ms}};
+          {"gemm_half_rows", r.gemm_half_rows}, {"attention_ratio", r.attention_ratio},
+          {"probe_ms", r.probe_ms}};
 }
 
 // A cached result, or nothing when the file is missing, unreadable, of another version or
@@ -112,11 +114,13 @@ bool read_cache(const std::string& path, const std::string& key, ProbeResult& r)
     r.bytes_per_s = j.at("bytes_per_s").get<double>();
     r.launch_s = j.at("launch_s").get<double>();
     r.gemm_half_rows = j.at("gemm_half_rows").get<double>();
+    r.attention_ratio = j.at("attention_ratio").get<double>();
     r.probe_ms = j.value("probe_ms", 0.0);
   } catch (const nlohmann::json::exception&) {
     return false;
   }
-  return r.flops_per_s > 0 && r.flops_per_s_f32 > 0 && r.bytes_per_s > 0 && r.launch_s > 0 && r.gemm_half_rows >= 0;
+  return r.flops_per_s > 0 && r.flops_per_s_f32 > 0 && r.bytes_per_s > 0 && r.launch_s > 0 && r.gemm_half_rows >= 0 &&
+         r.attention_ratio > 0;
 }
 
 // mkdir -p; POSIX calls rather than std::filesystem, whose symbols libtorch also exports.
@@ -197,6 +201,22 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
     r.flops_per_s = scaled(gemm_rate(d, half, 256, 256, 0), 256);
   }
 
+  // Attention: the SDPA kernel large models run (16-bit on a GPU, fp32 on a CPU) on a slab of
+  // queries against a longer K/V, as a fraction of the matmul peak in the same dtype.
+  {
+    const at::ScalarType adt = gpu ? half : at::kFloat;
+    const int64_t heads = gpu ? 16 : 2, q = gpu ? 4096 : 256, kv = gpu ? 8192 : 1024, hd = gpu ? 128 : 64;
+    const auto o = at::TensorOptions().dtype(at::kFloat).device(d);
+    at::Tensor qt = at::randn({1, heads, q, hd}, o).to(adt), kt = at::randn({1, heads, kv, hd}, o).to(adt);
+    at::Tensor vt = at::randn({1, heads, kv, hd}, o).to(adt);
+    const double flops = 4.0 * double(q) * double(kv) * double(heads) * double(hd);
+    const int inner = static_cast<int>(std::clamp(per_timing / flops, 1.0, 64.0));
+    const double rate = flops / best_seconds(d, 3, inner, [&] {
+      at::scaled_dot_product_attention(qt, kt, vt, {}, 0.0, false, 1.0 / std::sqrt(double(hd)));
+    });
+    // The matmul peak of that dtype (CPU: fp32, the curve's peak).
+    r.attention_ratio = rate / (gpu ? r.flops_per_s : r.flops_per_s_f32);
+  }
   // Bandwidth: a copy reads and writes every byte.
   const int64_t bytes = gpu ? (int64_t{512} << 20) : (int64_t{64} << 20);
   {
@@ -235,6 +255,7 @@ void apply_rates(const ProbeResult& r, contracts::DeviceCaps& caps) {
   caps.bytes_per_s = r.bytes_per_s;
   caps.launch_s = r.launch_s;
   caps.gemm_half_rows = r.gemm_half_rows;
+  caps.attention_ratio = r.attention_ratio;
 }
 
 }  // namespace sp::exec

@@ -31,6 +31,7 @@ struct ProbeResult {
   double bytes_per_s = 0;        // copy bandwidth, bytes read + written
   double launch_s = 0;           // per small operation
   double gemm_half_rows = 0;     // k of rows / (rows + k)
+  double attention_ratio = 0;    // SDPA FLOP/s over the matmul peak, in the probe's dtype
   double probe_ms = 0;           // time the measurement took (as measured, also when cached)
   bool from_cache = false;
   std::string cache_path;        // empty: no cache directory known
