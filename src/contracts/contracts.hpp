@@ -116,6 +116,7 @@ struct DeviceCaps {
   double launch_s = 0;         // fixed cost of one small operation: dispatch and kernel launch
   double gemm_half_rows = 0;   // rows at which a matmul reaches half its peak (efficiency rows/(rows+k))
   double attention_ratio = 0;  // attention (SDPA) throughput as a fraction of the matmul peak
+  double row_bytes_per_s = 0;  // bandwidth of the fused row kernels (bytes read + written)
   // One-pass row kernels: norm + modulation into the activation dtype, and Q/K norm + RoPE
   // into the attention layout (exec/kernels/fused.hpp). Yes drops the fp32 staging buffers.
   Cap fused_row_kernels = Cap::Unknown;

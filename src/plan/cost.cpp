@@ -33,6 +33,7 @@ Rates rates_of(const contracts::DeviceCaps& dev) {
   take(dev.launch_s, r.launch_s);
   take(dev.gemm_half_rows, r.gemm_half_rows);
   take(dev.attention_ratio, r.attention_ratio);
+  take(dev.row_bytes_per_s, r.row_bytes_per_s);
   return r;
 }
 
@@ -47,7 +48,8 @@ double step_seconds(const Terms& t, const Rates& r) {
     const double peak = r.flops(t.dtype) * (t.attention ? r.attention_ratio : 1.0);
     compute = t.flops / (peak * (t.gemm_rows > 0 ? gemm_efficiency(t.gemm_rows, r.gemm_half_rows) : 1.0));
   }
-  return std::max(compute, t.bytes / r.bytes_per_s) + double(t.launches) * r.launch_s;
+  const double bw = t.row_kernel && r.row_bytes_per_s > 0 ? r.row_bytes_per_s : r.bytes_per_s;
+  return std::max(compute, t.bytes / bw) + double(t.launches) * r.launch_s;
 }
 
 Cost program_cost(const Program& p, const contracts::DeviceCaps& dev) {

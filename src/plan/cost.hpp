@@ -8,7 +8,8 @@
 //   max(FLOPs / (peak(dtype) · efficiency(rows)),  bytes moved / bandwidth)  +  launches · launch cost
 //
 // where efficiency is rows/(rows + k) for a matmul over `rows` rows (for attention: query
-// rows per K/V head, and the peak scaled by the consumer's measured attention ratio) (k: the row count at
+// rows per K/V head, and the peak scaled by the consumer's measured attention ratio); the
+// fused row kernels move their bytes at their own measured bandwidth. (k: the row count at
 // which a matmul reaches half its peak — with few rows it re-reads its whole weight for
 // little work) and 1 for everything else. The rates (peak matmul throughput per dtype,
 // bandwidth, launch cost, k) come from exec/device/probe.hpp where measured on the device, and
@@ -36,6 +37,7 @@ struct Rates {
   double launch_s = 0;        // per operation
   double gemm_half_rows = 0;  // k of the efficiency rows/(rows + k)
   double attention_ratio = 1;  // attention FLOP/s as a fraction of the matmul's
+  double row_bytes_per_s = 0;  // bandwidth of the fused row kernels (0: bytes_per_s)
   double flops(ir::DType dt) const;
 };
 

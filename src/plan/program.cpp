@@ -278,7 +278,9 @@ class Compiler {
     const double out_esz = double(ir::dtype_size(p_.buffers[size_t(out.buf)].dtype));
     const int64_t mod_pieces = mod.scope == ir::ModScope::PerSegment ? pieces : 1;
     if (fused_) {  // one kernel per modulation piece: rows in, out written once
-      emit(NormStep{&nm, &mod, ref, true, out, -1}, "norm + modulation (fused)", {0, nd * (esz_ + out_esz), mod_pieces});
+      Terms t{0, nd * (esz_ + out_esz), mod_pieces};
+      t.row_kernel = true;
+      emit(NormStep{&nm, &mod, ref, true, out, -1}, "norm + modulation (fused)", t);
       return;
     }
     const int stats = buffer(BufRole::RowStats, "Stats", {n, 1}, acc_);
@@ -357,9 +359,10 @@ class Compiler {
   }
   void qk_fused(const Operand& in, const Operand& dst, Layout layout, const ir::Attention& a,
                 std::vector<SegWeight> ws, int64_t heads, int64_t rep, int64_t n, int64_t pieces) {
-    const int64_t launches = ws.size() > 1 ? pieces : 1;
+    Terms t{0, 2 * double(n) * double(heads * a.head_dim) * esz_, ws.size() > 1 ? pieces : 1};
+    t.row_kernel = true;
     emit(QkNormRopeStep{in, dst, layout, a.qk_norm, &a.rope, std::move(ws), heads, rep, a.head_dim},
-         "Q/K norm + RoPE (fused)", {0, 2 * double(n) * double(heads * a.head_dim) * esz_, launches});
+         "Q/K norm + RoPE (fused)", t);
   }
   void patches(const std::vector<std::string>& names, TensorRole role, const Operand& t) {
     double elems = 1;

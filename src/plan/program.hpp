@@ -105,6 +105,7 @@ struct Terms {
   int64_t gemm_rows = 0;  // > 0: a matmul over this many rows (its efficiency)
   ir::DType dtype = ir::DType::F32;  // compute dtype of the FLOPs
   bool attention = false;            // FLOPs of an attention kernel (Rates::attention_ratio)
+  bool row_kernel = false;           // bytes moved by a fused row kernel (Rates::row_bytes_per_s)
   Terms& operator+=(const Terms& o);
 };
 

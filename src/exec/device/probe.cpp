@@ -16,12 +16,13 @@
 #include <vector>
 
 #include "exec/device/device.hpp"
+#include "exec/kernels/fused.hpp"
 
 namespace sp::exec {
 
 namespace {
 
-constexpr int kCacheVersion = 2;
+constexpr int kCacheVersion = 3;
 
 using Clock = std::chrono::steady_clock;
 
@@ -97,6 +98,7 @@ nlohmann::json to_json(const ProbeResult& r) {
           {"flops_per_s", r.flops_per_s},    {"flops_per_s_f32", r.flops_per_s_f32},
           {"bytes_per_s", r.bytes_per_s},    {"launch_s", r.launch_s},
           {"gemm_half_rows", r.gemm_half_rows}, {"attention_ratio", r.attention_ratio},
+          {"row_bytes_per_s", r.row_bytes_per_s},
           {"probe_ms", r.probe_ms}};
 }
 
@@ -115,6 +117,7 @@ bool read_cache(const std::string& path, const std::string& key, ProbeResult& r)
     r.launch_s = j.at("launch_s").get<double>();
     r.gemm_half_rows = j.at("gemm_half_rows").get<double>();
     r.attention_ratio = j.at("attention_ratio").get<double>();
+    r.row_bytes_per_s = j.at("row_bytes_per_s").get<double>();
     r.probe_ms = j.value("probe_ms", 0.0);
   } catch (const nlohmann::json::exception&) {
     return false;
@@ -217,6 +220,13 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
     // The matmul peak of that dtype (CPU: fp32, the curve's peak).
     r.attention_ratio = rate / (gpu ? r.flops_per_s : r.flops_per_s_f32);
   }
+  // The fused row kernels' bandwidth: norm + modulation of a slab of wide 16-bit rows.
+  if (gpu && fused::fused_rows_built()) {
+    const auto o = at::TensorOptions().dtype(half).device(d);
+    at::Tensor x = at::randn({8192, 5120}, o), out = at::empty({8192, 5120}, o), w = at::ones({5120}, o);
+    const double moved = 2.0 * double(x.nbytes());
+    r.row_bytes_per_s = moved / best_seconds(d, 3, 8, [&] { fused::norm_modulate(x, out, {true, 1e-6, w, {}}, {}, {}); });
+  }
   // Bandwidth: a copy reads and writes every byte.
   const int64_t bytes = gpu ? (int64_t{512} << 20) : (int64_t{64} << 20);
   {
@@ -256,6 +266,7 @@ void apply_rates(const ProbeResult& r, contracts::DeviceCaps& caps) {
   caps.launch_s = r.launch_s;
   caps.gemm_half_rows = r.gemm_half_rows;
   caps.attention_ratio = r.attention_ratio;
+  caps.row_bytes_per_s = r.row_bytes_per_s;
 }
 
 }  // namespace sp::exec

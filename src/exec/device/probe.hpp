@@ -32,6 +32,7 @@ struct ProbeResult {
   double launch_s = 0;           // per small operation
   double gemm_half_rows = 0;     // k of rows / (rows + k)
   double attention_ratio = 0;    // SDPA FLOP/s over the matmul peak, in the probe's dtype
+  double row_bytes_per_s = 0;    // fused row kernel bandwidth (0: none built / not a GPU)
   double probe_ms = 0;           // time the measurement took (as measured, also when cached)
   bool from_cache = false;
   std::string cache_path;        // empty: no cache directory known
