@@ -530,14 +530,6 @@ void release_all(Compiler& c, const Held& h) {
   for (int w : h.bufs) c.release(w);
 }
 
-// norm weights by segment (for Q/K norm) with no projection weight.
-std::vector<SegWeight> norm_weights(const ir::Attention& a, bool q) {
-  std::vector<SegWeight> out;
-  out.push_back({"", -1, {}, {}, q ? a.proj.q_norm : a.proj.k_norm});
-  for (const auto& [seg, pr] : a.segment_proj) out.push_back({seg, -1, {}, {}, q ? pr.q_norm : pr.k_norm});
-  return out;
-}
-
 void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, const ir::Attention& a,
                        const SublayerPlan& p) {
   const ir::Model& m = c.m();
@@ -551,6 +543,22 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
   const DType dt = c.dt(), acc = c.acc();
   using Pick = std::tuple<const ir::Linear*, SliceExpr, SliceExpr, bool, std::string>;
 
+  // Projected Q or K rows [n, heads*hd] into the attention layout `dst`: Q/K norm and RoPE in
+  // one fused kernel, or staged in fp32 with the role's patches in between.
+  auto qk_rows = [&](const Operand& src, const Operand& dst, Layout layout, const std::vector<SegWeight>& ws,
+                     int64_t groups, int64_t rep, TensorRole role, int64_t n, int64_t pieces) {
+    const int64_t heads = groups * rep;
+    if (fq) {
+      c.qk_fused(src, dst, layout, a, ws, heads, rep, n, pieces);
+      return;
+    }
+    const Operand s32 = c.whole(c.buffer(BufRole::Staged32, role == TensorRole::Q ? "Q32" : "K32", {n, heads * hd}, acc));
+    c.copy(src, s32);
+    c.qk_norm(s32, a.qk_norm, ws, heads, hd, n, pieces);
+    c.rope(s32, a.rope, heads, hd, n);
+    c.patches(a.patches, role, s32);
+    c.copy(s32, dst, layout, groups, rep, hd);
+  };
   const int K = c.buffer(BufRole::GlobalK, "K", {G, L, hd}, dt);
   const int V = c.buffer(BufRole::GlobalV, "V", {G, L, hd}, dt);
 
@@ -572,16 +580,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       c.project(h, k, cross ? only_default(wk) : wk.ws, kv_in, wkv, n, pieces);
       c.project(h, v, cross ? only_default(wv) : wv.ws, kv_in, wkv, n, pieces);
       const Operand kdst = c.slab_of(K, 1, n), vdst = c.slab_of(V, 1, n);
-      if (fq) {
-        c.qk_fused(k, kdst, Layout::HeadMajor, a, cross ? only_default(wk) : wk.ws, G, 1, n, pieces);
-      } else {
-        const Operand k32 = c.whole(c.buffer(BufRole::Staged32, "K32", {n, wkv}, acc));
-        c.copy(k, k32);
-        c.qk_norm(k32, a.qk_norm, norm_weights(a, false), G, hd, n, pieces);
-        c.rope(k32, a.rope, G, hd, n);
-        c.patches(a.patches, TensorRole::K, k32);
-        c.copy(k32, kdst, Layout::HeadMajor, G, 1, hd);
-      }
+      qk_rows(k, kdst, Layout::HeadMajor, cross ? only_default(wk) : wk.ws, G, 1, TensorRole::K, n, pieces);
       c.patches(a.patches, TensorRole::V, v);
       c.copy(v, vdst, Layout::HeadMajor, G, 1, hd);
     });
@@ -632,16 +631,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       const Operand q = c.whole(c.buffer(BufRole::Q, "Q", {n, wq}, dt));
       c.project(h, q, wqh.ws, D, wq, n, pieces);
       const Operand qf = c.whole(c.buffer(BufRole::QFolded, "QF", {G, rep * n, hd}, dt));
-      if (fq) {
-        c.qk_fused(q, qf, Layout::Folded, a, wqh.ws, H, rep, n, pieces);
-      } else {
-        const Operand q32 = c.whole(c.buffer(BufRole::Staged32, "Q32", {n, wq}, acc));
-        c.copy(q, q32);
-        c.qk_norm(q32, a.qk_norm, norm_weights(a, true), H, hd, n, pieces);
-        c.rope(q32, a.rope, H, hd, n);
-        c.patches(a.patches, TensorRole::Q, q32);
-        c.copy(q32, qf, Layout::Folded, G, rep, hd);
-      }
+      qk_rows(q, qf, Layout::Folded, wqh.ws, G, rep, TensorRole::Q, n, pieces);
       const Operand o = streamed ? c.whole(c.buffer(BufRole::AttnOut, "O", {n, wq}, dt)) : c.slab_of(ofull, 0, n);
       c.attend(a, qf, K, V, o, n, L);
       if (!streamed) return;
