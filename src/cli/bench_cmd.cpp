@@ -48,7 +48,7 @@ int bench(const Args& a) {
   report::BenchOptions opt;
   opt.reps = a.reps;
   opt.tiny = a.tiny;
-  opt.dtype = a.dtype == "fp32" ? ir::DType::F32 : a.dtype == "fp16" ? ir::DType::F16 : ir::DType::BF16;
+  opt.dtype = ir::parse_dtype(a.dtype, "--dtype");
   opt.plan.token_chunk = a.chunk;
   if (!a.budget.empty()) opt.plan.budget_bytes = plan::budget_from_option(a.budget, caps);
   opt.budget_floor = a.budget_floor;
@@ -93,7 +93,7 @@ Runner add_bench(CLI::App& app) {
   cmd->add_flag("--tiny", a->tiny, "tiny widths and shapes (tests)");
   cmd->add_option("--reps", a->reps, "timed repetitions of each schedule")->check(CLI::Range(1, 100));
   cmd->add_option("--device", a->device, "cpu, cuda, cuda:N or auto");
-  cmd->add_option("--dtype", a->dtype, "activation dtype")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  cmd->add_option("--dtype", a->dtype, "activation dtype")->check(CLI::IsMember(ir::activation_dtype_names()));
   cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(CLI::PositiveNumber);
   cmd->add_option("--budget", a->budget, "activation memory budget for every case: bytes, 2.5GiB, ... or auto");
   cmd->add_option("--budget-floor", a->budget_floor, "budget of each case as a multiple of its floor (e.g. 1.1)")

@@ -50,7 +50,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& a) {
   }();
   cmd->add_option("--tokens", a.tokens, "total tokens (text + video) of the demo model")->check(CLI::PositiveNumber);
   cmd->add_option("--layers", a.layers, "number of blocks")->check(CLI::Range(1, 1000));
-  cmd->add_option("--dtype", a.dtype, "activation dtype")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  cmd->add_option("--dtype", a.dtype, "activation dtype")->check(CLI::IsMember(ir::activation_dtype_names()));
   cmd->add_option("--consumer", a.consumer, "attention consumer")->check(CLI::IsMember(reg_names->consumer_names()));
   cmd->add_option("--format", a.format, "weight format of the block linears")
       ->check(CLI::IsMember(reg_names->format_names()));
@@ -64,16 +64,10 @@ void add_model_options(CLI::App* cmd, ModelArgs& a) {
   cmd->add_flag("--explain", a.explain, "print the plan with every rejection (with --json: and the programs)");
 }
 
-ir::DType parse_dtype(const std::string& s) {
-  if (s == "bf16") return ir::DType::BF16;
-  if (s == "fp16") return ir::DType::F16;
-  return ir::DType::F32;
-}
-
 models::ModelConfig config_from(const ModelArgs& a, const contracts::Registry& reg) {
   models::ModelConfig c = models::demo_config();
   c.layers = a.layers;
-  c.dtype = parse_dtype(a.dtype);
+  c.dtype = ir::parse_dtype(a.dtype, "--dtype");
   c.consumer = a.consumer;
   c.format = a.format;
   c.seed = a.seed;

@@ -24,10 +24,8 @@ struct Args {
 };
 
 ir::DType pick_dtype(const std::string& s, const at::Device& d) {
-  if (s == "fp32") return ir::DType::F32;
-  if (s == "fp16") return ir::DType::F16;
-  if (s == "bf16") return ir::DType::BF16;
-  return d.is_cuda() ? ir::DType::BF16 : ir::DType::F32;
+  if (s == "auto") return d.is_cuda() ? ir::DType::BF16 : ir::DType::F32;
+  return ir::parse_dtype(s, "--dtype");
 }
 
 int run(const Args& a) {
@@ -95,7 +93,11 @@ Runner add_run(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--output", a->output, "write the outputs (output, naive_output) to this safetensors file");
   cmd->add_option("--dtype", a->dtype, "activation dtype (auto: bf16 on CUDA, fp32 on the CPU)")
-      ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}));
+      ->check(CLI::IsMember([] {
+        auto names = ir::activation_dtype_names();
+        names.insert(names.begin(), "auto");
+        return names;
+      }()));
   cmd->add_option("--device", a->device, "cpu, cuda, cuda:N or auto");
   cmd->add_option("--consumer", a->consumer, "attention consumer");
   cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(CLI::PositiveNumber);

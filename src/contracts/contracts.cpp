@@ -31,11 +31,11 @@ const char* to_string(TensorRole r) {
 // unless more than 1 MiB would be left over (the allocator's split rule for large blocks).
 int64_t DeviceCaps::round_alloc(int64_t bytes) const {
   if (bytes <= 0) return 0;
-  const int64_t r = (bytes + alloc_round - 1) / alloc_round * alloc_round;
+  const int64_t r = ir::round_up(bytes, alloc_round);
   if (kind != DeviceKind::CUDA) return r;
   constexpr int64_t MiB = int64_t{1} << 20;
   if (r < 10 * MiB) return r;
-  const int64_t segment = (r + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
+  const int64_t segment = ir::round_up(r, 2 * MiB);
   return segment - r > MiB ? r : segment;
 }
 

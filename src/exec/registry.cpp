@@ -1,10 +1,19 @@
 #include "exec/registry.hpp"
 
-#include "exec/consumers/consumer.hpp"
-#include "exec/formats/weights.hpp"
-#include "exec/patches/patch.hpp"
-
 namespace sp::exec {
+
+// Each defined in its own file (consumers/, formats/, patches/): capabilities + implementation.
+namespace consumers {
+void register_sdpa(contracts::Registry& reg);
+void register_math(contracts::Registry& reg);
+}  // namespace consumers
+namespace formats {
+void register_dense(contracts::Registry& reg);
+void register_int8_rowwise(contracts::Registry& reg);
+}  // namespace formats
+namespace patches {
+void register_examples(contracts::Registry& reg);
+}  // namespace patches
 
 contracts::Registry builtin_registry() {
   contracts::Registry r;

@@ -79,6 +79,22 @@ ActKind parse_act(const std::string& s, const std::string& field) {
   throw IrError(field + ": unknown activation '" + s + "' (expected gelu, gelu-tanh or silu)");
 }
 
+namespace {
+constexpr DType kActivationDtypes[] = {DType::F32, DType::BF16, DType::F16};
+}  // namespace
+
+std::vector<std::string> activation_dtype_names() {
+  std::vector<std::string> out;
+  for (DType d : kActivationDtypes) out.push_back(to_string(d));
+  return out;
+}
+
+DType parse_dtype(const std::string& s, const std::string& field) {
+  for (DType d : kActivationDtypes)
+    if (s == to_string(d)) return d;
+  throw IrError(field + ": unknown dtype '" + s + "' (expected fp32, bf16 or fp16)");
+}
+
 const Region* Linear::out_region(const std::string& n) const {
   for (const auto& r : out_regions)
     if (r.name == n) return &r;

@@ -50,6 +50,15 @@ const char* to_string(AttnKind);
 size_t dtype_size(DType);
 // Parses "gelu", "gelu-tanh", "silu"; throws IrError naming `field` otherwise.
 ActKind parse_act(const std::string& s, const std::string& field);
+// Parses the dtypes activations (and written checkpoints) may have: "fp32", "bf16", "fp16";
+// throws IrError naming `field` otherwise. A caller that accepts "auto" resolves it first.
+DType parse_dtype(const std::string& s, const std::string& field);
+// The activation dtypes by name, as parse_dtype accepts them: "fp32", "bf16", "fp16".
+std::vector<std::string> activation_dtype_names();
+
+// The smallest multiple of `multiple` (> 0) that is >= v, for v >= 0: chunk sizes rounded
+// to a consumer's alignment, byte counts rounded to an allocator's granule.
+constexpr int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
 
 class IrError : public std::invalid_argument {
  public:

@@ -9,7 +9,7 @@ bool separate(const Buffer& b) { return b.role == BufRole::Output; }
 
 namespace {
 
-int64_t align_up(int64_t v) { return (v + kArenaAlign - 1) / kArenaAlign * kArenaAlign; }
+int64_t align_up(int64_t v) { return ir::round_up(v, kArenaAlign); }
 
 // [first, last] step of every buffer, a loop-carried use extended over the whole loop.
 std::vector<std::pair<int, int>> liveness(const Program& p) {

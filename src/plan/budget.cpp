@@ -13,8 +13,6 @@ namespace {
 
 constexpr int64_t GiB = int64_t{1} << 30;
 
-int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
-
 [[noreturn]] void bad_budget(const std::string& text, const std::string& why) {
   throw PlanError("budget: cannot use '" + text + "': " + why +
                   " (expected bytes, or a size with a unit: KiB, MiB, GiB, TiB, KB, MB, GB, TB; e.g. 512MiB, 2.5GiB)");
@@ -113,14 +111,14 @@ std::vector<int64_t> chunk_candidates(int64_t rows, int64_t align) {
   align = std::max<int64_t>(align, 1);
   std::vector<int64_t> out;
   auto offer = [&](int64_t c) {
-    if (c >= round_up(64, align) && c < rows) out.push_back(c);
+    if (c >= ir::round_up(64, align) && c < rows) out.push_back(c);
   };
-  for (int64_t p = 64; p < rows; p *= 2) offer(round_up(p, align));
+  for (int64_t p = 64; p < rows; p *= 2) offer(ir::round_up(p, align));
   const int64_t even = std::lcm(align, int64_t{8});
   for (int64_t k : {2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64}) {
     const int64_t c = (rows + k - 1) / k;
     if (c < 128) break;
-    offer(round_up(c, even));
+    offer(ir::round_up(c, even));
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -131,7 +129,7 @@ std::vector<int64_t> feature_slice_candidates(int64_t hidden, int64_t align) {
   align = std::max<int64_t>(align, 1);
   std::vector<int64_t> out;
   for (int64_t k : {2, 4, 8}) {
-    const int64_t f = round_up((hidden + k - 1) / k, align);
+    const int64_t f = ir::round_up((hidden + k - 1) / k, align);
     if (f < hidden) out.push_back(f);
   }
   std::sort(out.begin(), out.end());

@@ -22,8 +22,6 @@ bool is_chosen(const std::vector<Decision>& ds, Transform t) {
   return false;
 }
 
-int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
-
 int64_t kv_bytes(const ir::Model& m) {
   int64_t best = 0;
   for (const auto& b : m.blocks)
@@ -77,7 +75,8 @@ SublayerPlan fixed_attention(const ir::Model& m, const ir::Sublayer& s, const ir
   p.token_chunk = std::max(T, L);
   p.q_chunk = T;
   if (p.chosen(Transform::BoundedQkv)) p.token_chunk = std::min(std::max(T, L), chunk);
-  if (p.chosen(Transform::GlobalKvStreamedQ)) p.q_chunk = std::min(T, round_up(chunk, reg.consumer(a.consumer).q_align));
+  if (p.chosen(Transform::GlobalKvStreamedQ))
+    p.q_chunk = std::min(T, ir::round_up(chunk, reg.consumer(a.consumer).q_align));
   if (p.token_chunk >= T && p.token_chunk >= L) {
     const char* why = "one chunk covers all tokens";
     decline(p.decisions, Transform::BoundedQkv, why);

@@ -1,6 +1,7 @@
 #include "report/report.hpp"
 
 #include "plan/arena.hpp"
+#include "plan/budget.hpp"
 #include "plan/cost.hpp"
 
 #include <chrono>
@@ -28,12 +29,6 @@ exec::Progress progress_printer(const std::string& label, bool enabled) {
     std::fprintf(stderr, "[%s] sublayer %lld/%lld, %.1f s\n", label.c_str(), static_cast<long long>(done),
                  static_cast<long long>(total), s);
   };
-}
-
-std::string mib(int64_t b) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(b) / (1 << 20));
-  return buf;
 }
 
 }  // namespace
@@ -175,13 +170,14 @@ std::string to_table(const RunReport& r) {
   std::snprintf(line, sizeof line, "  %-8s %14s %12s %10s\n", "schedule", "peak", "time", "x floor");
   os << line;
   auto row = [&](const char* name, const Measurement& m) {
-    std::snprintf(line, sizeof line, "  %-8s %14s %9.1f ms %9.2fx\n", name, mib(m.peak_bytes).c_str(), m.ms,
-                  double(m.peak_bytes) / double(r.floor_bytes));
+    std::snprintf(line, sizeof line, "  %-8s %14s %9.1f ms %9.2fx\n", name, plan::human_bytes(m.peak_bytes).c_str(),
+                  m.ms, double(m.peak_bytes) / double(r.floor_bytes));
     os << line;
   };
   if (r.naive) row("naive", *r.naive);
   row("planned", r.planned);
-  os << "  floor " << mib(r.floor_bytes) << ", estimate " << mib(r.estimated_peak_bytes) << " ("
+  os << "  floor " << plan::human_bytes(r.floor_bytes) << ", estimate " << plan::human_bytes(r.estimated_peak_bytes)
+     << " ("
      << (r.planned.peak_bytes ? 100.0 * (double(r.estimated_peak_bytes) / double(r.planned.peak_bytes) - 1.0) : 0.0)
      << "% vs measured)\n";
   if (r.naive) {

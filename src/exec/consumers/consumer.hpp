@@ -41,9 +41,4 @@ const T& impl_of(const Caps& caps) {
   return *impl;
 }
 
-namespace consumers {
-void register_sdpa(contracts::Registry& reg);
-void register_math(contracts::Registry& reg);
-}  // namespace consumers
-
 }  // namespace sp::exec

@@ -80,9 +80,4 @@ at::Tensor slice(const at::Tensor& t, int64_t dim, Slice s);
 // The stored weight of `l`, checked against the IR's shape, sliced.
 at::Tensor stored_slice(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols);
 
-namespace formats {
-void register_dense(contracts::Registry& reg);
-void register_int8_rowwise(contracts::Registry& reg);
-}  // namespace formats
-
 }  // namespace sp::exec

@@ -27,8 +27,4 @@ std::shared_ptr<const PatchImpl> patch_from(std::function<void(at::Tensor&)> fn)
 void apply_patches(const contracts::Registry& reg, const std::vector<std::string>& names, contracts::TensorRole role,
                    at::Tensor& t);
 
-namespace patches {
-void register_examples(contracts::Registry& reg);
-}  // namespace patches
-
 }  // namespace sp::exec
