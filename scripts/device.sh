@@ -7,7 +7,8 @@
 #                                    (blocks and Flux); copies the binary to OUT/streamplan
 #   scripts/device.sh OUT test       build and the test suite only, then the GPU tests' figures
 #   scripts/device.sh OUT models     bench of the whole H3 and Wan models only, with the binary
-#                                    at $STREAMPLAN_BIN (default build-gpu/streamplan)
+#                                    at $STREAMPLAN_BIN (default build-gpu/streamplan; built
+#                                    first where missing)
 #   scripts/device.sh OUT sweep-models
 #                                    budget sweeps of the whole H3 (10 s) and Wan 14B models
 #                                    from 1.1 x floor, against two fixed chunks (same binary)
@@ -29,15 +30,19 @@ py=${PYTHON:-python3}
 bin=${STREAMPLAN_BIN:-build-gpu/streamplan}
 summary=()
 
+# The binary alone, where a mode needs it and no earlier call on this machine built it.
+build_bin() {
+  [ -x "$bin" ] && return 0
+  prefix=$($py -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
+  { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTREAMPLAN_TESTS=OFF \
+      -DCMAKE_INCLUDE_PATH="$PWD/.deps/include" -DCMAKE_PREFIX_PATH="$prefix;$PWD/.deps" &&
+    cmake --build build-gpu --parallel "$(nproc)" --target streamplan; } >"$out/logs.txt" 2>&1 \
+    || { tail -30 "$out/logs.txt"; exit 1; }
+}
+
 if [ "$mode" = policy ]; then
-  if [ ! -x "$bin" ]; then
-    prefix=$($py -c 'import torch; print(torch.utils.cmake_prefix_path)')
-    export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
-    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTREAMPLAN_TESTS=OFF \
-        -DCMAKE_INCLUDE_PATH="$PWD/.deps/include" -DCMAKE_PREFIX_PATH="$prefix;$PWD/.deps" &&
-      cmake --build build-gpu --parallel "$(nproc)" --target streamplan; } >"$out/logs.txt" 2>&1 \
-      || { tail -30 "$out/logs.txt"; exit 1; }
-  fi
+  build_bin
   cases=${CASES:-h3-block-5s,h3-block-10s,wan14b-block-81f,flux-dev-1024,flux-dev-2048}
   for v in default auto floor11; do
     args=()
@@ -126,6 +131,7 @@ PY
   $bin bench --device cuda --cases "${AB_CASES:-wan14b-block-81f,flux-dev-2048}" ${BENCH_ARGS:-} --row-kernels aten \
     --out "$out/bench_aten.json" >/tmp/streamplan-bench-aten.txt 2>>"$out/logs.txt" || summary+=("bench aten failed")
 elif [ "$mode" = sweep-models ]; then
+  build_bin
   $bin bench --device cuda --cases "${CASES:-h3-model-10s,wan14b-model-81f}" --sweep ${SWEEP_POINTS:-3} \
     --sweep-min-floor 1.1 --reps 1 --fixed-chunks 4096,16384 --out "$out/sweep_models.json" \
     >/tmp/streamplan-sweep.txt 2>>"$out/logs.txt" || summary+=("sweep failed")
@@ -133,6 +139,7 @@ elif [ "$mode" = sweep-models ]; then
   cat /tmp/streamplan-sweep.txt
   exit 0
 else
+  build_bin
   cases=${CASES:-h3-model-5s,h3-model-10s,wan14b-model-81f}
 fi
 
