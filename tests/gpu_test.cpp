@@ -4,6 +4,10 @@
 
 #include <random>
 
+#ifdef STREAMPLAN_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include "exec/device/device.hpp"
 #include "exec/registry.hpp"
 #include "exec/kernels/fused.hpp"
@@ -12,6 +16,8 @@
 #include "models/families.hpp"
 #include "recognize/recognize.hpp"
 #include "report/report.hpp"
+#include "plan/budget.hpp"
+#include "report/retry.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -206,3 +212,63 @@ TEST(Gpu, FamiliesWithFusedRowKernelsWithinTwiceNaiveError) {
     EXPECT_LE(ep, 2.0 * en);
   }
 }
+
+#ifdef STREAMPLAN_WITH_CUDA
+namespace {
+
+using namespace sp;
+
+// Out of memory in the middle of a planned run, under a cap of the caching allocator: one
+// retry with the fastest plan that fits what is free; with too little, OutOfMemory naming
+// what was needed.
+TEST(Gpu, OutOfMemoryRetriesOnceWithASmallerPlan) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  namespace cca = c10::cuda::CUDACachingAllocator;
+  const auto reg = exec::builtin_registry();
+  const at::Device d = exec::pick_device("cuda");
+  auto cfg = models::demo_config();
+  cfg.dtype = ir::DType::BF16;
+  cfg.layers = 2;
+  models::set_total_tokens(cfg, 16384);
+  const auto inst = models::instantiate(cfg, reg, d);
+  auto dev = exec::describe_device(d);
+  const plan::Plan fast = plan::make_plan(inst.model, reg, dev, {.budget_bytes = int64_t{1} << 40});
+  int64_t least = 0;
+  try {
+    plan::make_plan(inst.model, reg, dev, {.budget_bytes = 1});
+  } catch (const plan::BudgetError& e) {
+    least = e.smallest_peak_bytes;
+  }
+  ASSERT_GT(fast.estimated_peak_bytes, least + (int64_t{16} << 20));
+  const at::Tensor naive = exec::run_naive(inst.model, *inst.weights, inst.inputs, reg);
+
+  auto cap = [&](int64_t activations) {  // what may be allocated besides what is now
+    cca::emptyCache();
+    const auto st = cca::getDeviceStats(d.index());
+    const int64_t allocated =
+        st.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+    cca::setMemoryFraction(double(allocated + activations) / double(dev.memory_total), d.index());
+  };
+  // Room for the leanest plan and the auto margin, not for the fastest.
+  const int64_t margin = plan::auto_margin(dev);
+  cap(margin + (least + fast.estimated_peak_bytes) / 2);
+  const report::Retried r = report::run_planned_retrying(inst, fast, reg, dev, d);
+  EXPECT_TRUE(r.retried);
+  EXPECT_LT(r.plan.estimated_peak_bytes, fast.estimated_peak_bytes);
+  std::cout << r.note << "\n";
+  EXPECT_LT(test::rel_l2(r.out, naive), 2e-2);
+
+  // Too little for any plan: OutOfMemory, naming what was needed.
+  cap(margin + least / 2);
+  try {
+    report::run_planned_retrying(inst, fast, reg, dev, d);
+    ADD_FAILURE() << "ran with less memory than its smallest peak";
+  } catch (const report::OutOfMemory& e) {
+    std::cout << e.what() << "\n";
+    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos);
+  }
+  cca::setMemoryFraction(1.0, d.index());
+}
+
+}  // namespace
+#endif

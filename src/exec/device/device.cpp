@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <stdexcept>
@@ -72,7 +73,17 @@ contracts::DeviceCaps describe_device(const at::Device& d) {
   size_t free_b = 0, total_b = 0;
   AT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   c.memory_total = static_cast<int64_t>(total_b);
-  c.memory_free = static_cast<int64_t>(free_b);
+  // What this process can still allocate: the device's free memory plus the caching
+  // allocator's unused cached blocks, within the allocator's memory fraction (a cap set with
+  // setMemoryFraction counts against reserved, not physical, memory).
+  {
+    namespace cca = c10::cuda::CUDACachingAllocator;
+    const auto st = cca::getDeviceStats(d.index());
+    const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    const int64_t allocated = st.allocated_bytes[agg].current, reserved = st.reserved_bytes[agg].current;
+    const int64_t allowed = static_cast<int64_t>(cca::getMemoryFraction(d.index()) * double(total_b));
+    c.memory_free = std::min(static_cast<int64_t>(free_b) + (reserved - allocated), allowed - allocated);
+  }
   c.cc_major = p->major;
   c.cc_minor = p->minor;
   c.dtypes = {DType::F32, DType::F16, DType::F64};

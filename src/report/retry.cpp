@@ -1,0 +1,58 @@
+#include "report/retry.hpp"
+
+#include "exec/device/device.hpp"
+#include "plan/budget.hpp"
+
+namespace sp::report {
+
+namespace {
+
+bool is_oom(const std::exception& e) { return dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr; }
+
+}  // namespace
+
+Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,
+                             const contracts::DeviceCaps& dev, const at::Device& device,
+                             const exec::Progress& progress) {
+  Retried r;
+  r.plan = p;
+  try {
+    r.out = exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev, progress);
+    return r;
+  } catch (const std::exception& e) {
+    if (!is_oom(e)) throw;
+  }
+  exec::release_cached(device);
+  contracts::DeviceCaps now = dev;  // the same rates, the memory free now
+  now.memory_free = exec::describe_device(device).memory_free;
+  const int64_t budget = now.memory_free - plan::auto_margin(now);
+  const std::string failed = "the plan's estimated peak " + plan::human_bytes(p.estimated_peak_bytes) +
+                             " did not fit: out of memory with " + plan::human_bytes(now.memory_free) +
+                             " free after releasing the cache";
+  if (budget <= 0 || budget >= p.estimated_peak_bytes)
+    throw OutOfMemory("out of memory: " + failed + ", and no smaller budget leaves the auto margin (" +
+                          plan::human_bytes(plan::auto_margin(now)) + ")",
+                      p.estimated_peak_bytes, now.memory_free);
+  plan::Options o;
+  o.budget_bytes = budget;
+  try {
+    r.plan = plan::make_plan(inst.model, reg, now, o);
+  } catch (const plan::BudgetError& e) {
+    throw OutOfMemory("out of memory: " + failed + "; no schedule fits " + plan::human_bytes(budget) + ": " + e.what(),
+                      e.smallest_peak_bytes, now.memory_free);
+  }
+  r.retried = true;
+  r.note = "retried once: " + failed + "; planned again under a budget of " + plan::human_bytes(budget) +
+           " (estimated peak " + plan::human_bytes(r.plan.estimated_peak_bytes) + ")";
+  try {
+    r.out = exec::run_planned(inst.model, r.plan, *inst.weights, inst.inputs, reg, now, progress);
+  } catch (const std::exception& e) {
+    if (!is_oom(e)) throw;
+    exec::release_cached(device);
+    throw OutOfMemory("out of memory again after a retry under " + plan::human_bytes(budget) + " (" + failed + ")",
+                      r.plan.estimated_peak_bytes, exec::describe_device(device).memory_free);
+  }
+  return r;
+}
+
+}  // namespace sp::report

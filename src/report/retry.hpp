@@ -1,0 +1,50 @@
+// Out of memory in the middle of a planned run: one retry with a smaller plan.
+//
+// Design note. The plan's estimate covers what the schedule allocates, but the device may
+// have less free memory than the plan assumed (another process, fragmentation, a budget of
+// "none" on a small card). When the planned run raises CUDA's out-of-memory error, the
+// cached blocks go back to the device, the planner is asked for the fastest schedule that
+// fits what is free now (minus the auto budget's margin), and the run is repeated once.
+// Where no schedule fits — or the retry runs out of memory too — an OutOfMemory error says
+// what was needed and what was free; the caller's buffers are untouched either way (a run
+// writes only into memory it allocates, and the CLI writes its outputs after success).
+//
+// Example:
+//     sp::report::Retried r = sp::report::run_planned_retrying(inst, plan, reg, caps, device, {});
+//     if (r.retried) std::cerr << r.note << "\n";
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "exec/run/executor.hpp"
+#include "models/builder.hpp"
+#include "plan/plan.hpp"
+
+namespace sp::report {
+
+// The run needed more device memory than there is, even with the leanest schedule that the
+// free memory allowed. needed_bytes: the smallest achievable peak (or the failed plan's
+// estimate); free_bytes: what the device had free after releasing its cache.
+class OutOfMemory : public std::runtime_error {
+ public:
+  OutOfMemory(const std::string& what, int64_t needed, int64_t free)
+      : std::runtime_error(what), needed_bytes(needed), free_bytes(free) {}
+  int64_t needed_bytes, free_bytes;
+};
+
+struct Retried {
+  at::Tensor out;
+  plan::Plan plan;       // the plan that ran
+  bool retried = false;
+  std::string note;      // why and how the retry planned, when retried
+};
+
+// run_planned with `p`; on out of memory, one retry as described above. Throws OutOfMemory.
+Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,
+                             const contracts::DeviceCaps& dev, const at::Device& device,
+                             const exec::Progress& progress = {});
+
+}  // namespace sp::report
