@@ -81,6 +81,7 @@ const char* step_name(const StepBody& b) {
   static const char* names[] = {"loop",    "end",     "acquire", "release", "zero",     "norm",
                                 "copy",    "project", "qk-norm", "rope",    "qk-fused", "patch",
                                 "attend",  "activate", "mul",    "add",     "add-bias", "residual-add"};
+  static_assert(std::size(names) == std::variant_size_v<StepBody>, "a name for every step kind");
   return names[b.index()];
 }
 

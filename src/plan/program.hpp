@@ -80,7 +80,6 @@ enum class Src {
   Residual,  // the residual stream: the current slab's rows
   Context,   // a context input (cross-attention K/V source): the current slab's rows
   Tokens,    // a segment's input tokens (embedding)
-  Tables,    // nothing: the step reads only named input tables
 };
 
 struct Operand {

@@ -81,7 +81,6 @@ class Interpreter {
       case Src::Residual: return x_.narrow(0, row0(), n);
       case Src::Context: return in_.table(o.name).narrow(0, f_.token, n);
       case Src::Tokens: return in_.segment_tokens(o.name);
-      case Src::Tables: return {};
       case Src::Buffer: break;
     }
     const at::Tensor& full = bufs_[size_t(o.buf)];
