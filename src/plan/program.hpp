@@ -11,7 +11,8 @@
 //   plan/cost.cpp              sums its steps' terms at the device's rates (time);
 //   plan/arena.cpp             places its buffers by liveness in one arena (memory).
 //
-// So the order of steps inside a sublayer is known in exactly one place: compile().
+// So the order of steps inside a sublayer is known in exactly one place: the compiler,
+// plan/compile.cpp.
 // Slab loops are steps too (Loop ... EndLoop). A loop runs `count` slabs of `rows` rows;
 // a loop over N rows in chunks of c is emitted as one loop of the full slabs and one of
 // the remainder, each body with its own concrete shapes, and a body is split further
