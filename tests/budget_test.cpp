@@ -228,7 +228,6 @@ TEST(MeasuredBudget, ProbeMeasuresAndCachesPerDevice) {
             << a.gemm_half_rows << " rows; " << a.probe_ms << " ms\n";
   EXPECT_FALSE(a.from_cache);
   EXPECT_EQ(a.cache_path, path);
-  EXPECT_LT(a.probe_ms, 1500.0);  // "well under a second" on an idle machine; CI machines are not
   for (double v : {a.flops_per_s, a.flops_per_s_f32, a.bytes_per_s, a.launch_s}) EXPECT_GT(v, 0);
   EXPECT_GE(a.gemm_half_rows, 0);
 
