@@ -1,7 +1,68 @@
 #!/usr/bin/env bash
-# Builds the project (setting it up first where needed) and runs the whole test suite.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-scripts/setup.sh
-ctest --test-dir build --output-on-failure --parallel "$(nproc)" --timeout 1200
-fuzz/run.sh "${FUZZ_SECONDS:-60}"
+# Builds the project (setting it up first where needed) and runs every test suite: CTest,
+# then a bounded fuzzing run of the checkpoint reader. Each suite prints a short report (the
+# fuzzer's log goes to build/fuzz.log) and adds one entry to the summary line printed last,
+#   streamplan tests: ctest 130/130 passed, fuzz 60 s without a crash
+# The exit status is nonzero when any suite failed.
+#
+#   scripts/test.sh
+#   FUZZ_SECONDS=10 scripts/test.sh          # a shorter fuzzing run
+#   BUILD_DIR=../build-x scripts/test.sh     # an already configured build instead of ./build
+#
+# A suite is a function suite_<name> that returns nonzero on failure and appends its entry to
+# `summary`; adding one means adding the function and its name to `suites`.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+build="${BUILD_DIR:-build}"
+# Ninja's progress lines ("[12/130] Building CXX object ...") are dropped; errors stay.
+without_progress() { grep -vE '^\[[0-9]+/[0-9]+\] '; }
+if [ -z "${BUILD_DIR:-}" ]; then
+  scripts/setup.sh 2>&1 | without_progress
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "streamplan tests: setup or build failed" >&2; exit 1; }
+else
+  cmake --build "$build" 2>&1 | without_progress
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "streamplan tests: build of $build failed" >&2; exit 1; }
+fi
+
+summary=()
+
+suite_ctest() {
+  local log="$build/ctest.log" rc line total failed
+  # One line per finished test; the "Start" line of each stays in the log.
+  ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" --timeout 1200 2>&1 | tee "$log" |
+    grep -vE '^ +Start +[0-9]+: '
+  rc=${PIPESTATUS[0]}
+  # "100% tests passed, 0 tests failed out of 130"
+  line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
+  if [ -z "$line" ]; then
+    summary+=("ctest did not finish (exit $rc)")
+    return 1
+  fi
+  total=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$line")
+  failed=$(sed -E 's/.*passed, ([0-9]+) tests? failed.*/\1/' <<<"$line")
+  summary+=("ctest $((total - failed))/$total passed")
+  return "$rc"
+}
+
+suite_fuzz() {
+  local secs="${FUZZ_SECONDS:-60}"
+  if FUZZ_LOG="$build/fuzz.log" fuzz/run.sh "$secs"; then
+    summary+=("fuzz $secs s without a crash")
+  else
+    summary+=("fuzz FAILED (log: $build/fuzz.log)")
+    return 1
+  fi
+}
+
+suites=(ctest fuzz)
+status=0
+for s in "${suites[@]}"; do
+  echo "== $s"
+  "suite_$s" || status=1
+done
+line=$(printf '%s, ' "${summary[@]}")
+line="streamplan tests: ${line%, }"
+[ "$status" -eq 0 ] || line+="; FAILED"
+echo "$line"
+exit "$status"

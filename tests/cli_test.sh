@@ -15,6 +15,7 @@ for k in ("peak_bytes", "ms"):
 for k in ("peak_bytes", "estimated_peak_bytes", "ms"):
     assert isinstance(r["planned"][k], (int, float)), k
 assert r["tokens"] == 1200
+assert r["segments"] == {"text": 128, "video": 1072}, r["segments"]
 assert r["error"]["rel_l2"] <= 1e-5, r["error"]
 assert r["planned"]["peak_bytes"] < r["naive"]["peak_bytes"]
 assert abs(r["planned"]["estimated_peak_bytes"] - r["planned"]["peak_bytes"]) <= 0.05 * r["planned"]["peak_bytes"]
@@ -50,6 +51,18 @@ assert "attn-out-renorm" in t["streamed output projection"]["rejections"][0]["co
 assert t["global K/V + streamed Q"]["chosen"]' || fail "plan --json rejection"
 
 # Bad input: clear errors, nonzero status.
+# Exit status 1 with the one error prefix for option errors too; --help and --version exit 0.
+rc=0; err=$("$bin" demo --tokens 0 2>&1) || rc=$?
+[ "$rc" -eq 1 ] || fail "--tokens 0: exit $rc, expected 1"
+grep -qF "streamplan: error: --tokens: must be >= 1, got 0" <<<"$err" || fail "unexpected error: $err"
+rc=0; err=$("$bin" plan --no-such-option 2>&1) || rc=$?
+[ "$rc" -eq 1 ] || fail "unknown option: exit $rc, expected 1"
+grep -q "^streamplan: error: .*--no-such-option" <<<"$err" || fail "unexpected error: $err"
+out=$("$bin" demo --help) || fail "demo --help failed"
+grep -qE -- "--tokens INT=3200" <<<"$out" && grep -qE -- "--consumer .*=sdpa" <<<"$out" || fail "demo --help shows no defaults: $out"
+out=$("$bin" --version) || fail "--version failed"
+grep -qE "^streamplan [0-9]+\.[0-9]+\.[0-9]+$" <<<"$out" && grep -qE "^build: (CUDA|CPU)" <<<"$out" &&
+  grep -qE "^torch: [0-9]" <<<"$out" || fail "unexpected --version: $out"
 if err=$("$bin" demo --tokens 100 2>&1); then fail "--tokens 100 should fail"; fi
 grep -q "leaves no video tokens after 128 text tokens" <<<"$err" || fail "unexpected error: $err"
 if err=$("$bin" plan --consumer nope 2>&1); then fail "--consumer nope should fail"; fi
@@ -78,8 +91,28 @@ trap 'rm -rf "$tmp"' EXIT
   --output "$tmp/out.safetensors" --json | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
-assert r["error"]["rel_l2"] <= 1e-5, r["error"]' || fail "run on a tiny h3 checkpoint"
+assert r["error"]["rel_l2"] <= 1e-5, r["error"]
+s = r["segments"]
+assert s["text"] == 5 and s["audio"] == 3 and sum(s.values()) == r["tokens"], s' || fail "run on a tiny h3 checkpoint"
 [ -s "$tmp/out.safetensors" ] || fail "run --output wrote nothing"
+# The text and audio tokens a run adds to --tokens are shown, per segment.
+out=$("$bin" run --device cpu --checkpoint "$tmp/h3.safetensors" --tokens 20 --text-tokens 5 --audio-tokens 3 --planned-only)
+grep -qF "tokens: 28 = video 20 + text 5 + audio 3" <<<"$out" || fail "run shows no token breakdown: $out"
+# bench on a CPU warns that it is meant for a GPU and estimates its time.
+err=$("$bin" bench --device cpu --cases flux-dev-1024 --reps 1 --estimate 2>&1 >"$tmp/estimate.txt") || fail "bench --estimate failed"
+grep -qF "streamplan: warning: bench is meant for a GPU" <<<"$err" || fail "bench on the CPU did not warn: $err"
+grep -qE "^total: about [0-9.]+ (s|min|h|days) on the CPU" "$tmp/estimate.txt" || fail "bench --estimate: $(cat "$tmp/estimate.txt")"
+# A checkpoint larger than the free space is refused before anything is written, naming both
+# sizes; the test-only STREAMPLAN_FREE_BYTES_FOR_TESTS stands in for a full disk.
+size=$(wc -c <"$tmp/h3.safetensors")
+if err=$(STREAMPLAN_FREE_BYTES_FOR_TESTS=100000 "$bin" make-checkpoint --family h3 --tiny --layers 1 \
+  --out "$tmp/full.safetensors" 2>&1); then fail "make-checkpoint beyond the free space accepted"; fi
+grep -qF "the file needs $size bytes" <<<"$err" && grep -qF "has 100000 bytes" <<<"$err" || fail "unexpected error: $err"
+[ ! -e "$tmp/full.safetensors" ] && [ ! -e "$tmp/full.safetensors.tmp" ] || fail "refused make-checkpoint left a file"
+# Files that are not safetensors at all are called that, by name.
+printf '{"num_layers": 30}\n' >"$tmp/config.json"
+if err=$("$bin" run --checkpoint "$tmp/config.json" --tokens 10 2>&1); then fail "JSON checkpoint accepted"; fi
+grep -qF "'$tmp/config.json' is not a safetensors file: it looks like a JSON document" <<<"$err" || fail "unexpected error: $err"
 if err=$("$bin" run --checkpoint "$corpus/bad_overlap.safetensors" --tokens 10 2>&1); then fail "malformed checkpoint accepted"; fi
 grep -q "overlaps tensor 'a'" <<<"$err" || fail "unexpected error: $err"
 if err=$("$bin" run --checkpoint "$corpus/valid_small.safetensors" --tokens 10 2>&1); then fail "unknown checkpoint accepted"; fi

@@ -1,8 +1,10 @@
 // streamplan bench: naive vs planned on real-dimension models (JSON + table).
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/options.hpp"
 #include "exec/registry.hpp"
 #include "exec/device/device.hpp"
 #include "exec/device/memory.hpp"
@@ -23,9 +25,20 @@ struct Args {
   double budget_floor = 0, sweep_min_floor = 0;
   int sweep = 0;
   std::vector<int64_t> fixed = {512, 1024, 2048, 4096, 8192, 16384};
-  bool tiny = false, list = false;
+  bool tiny = false, list = false, estimate = false, quiet = false;
   std::string row_kernels = "fused";
 };
+
+// "45 s", "12 min", "3.5 h", "2.1 days".
+std::string duration_text(double ms) {
+  const double s = ms / 1000.0;
+  char buf[32];
+  if (s < 120) std::snprintf(buf, sizeof buf, "%.0f s", s);
+  else if (s < 2 * 3600) std::snprintf(buf, sizeof buf, "%.0f min", s / 60);
+  else if (s < 2 * 86400) std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
+  else std::snprintf(buf, sizeof buf, "%.1f days", s / 86400);
+  return buf;
+}
 
 int bench(const Args& a) {
   const auto all = report::bench_cases(a.tiny);
@@ -53,6 +66,30 @@ int bench(const Args& a) {
   if (!a.budget.empty()) opt.plan.budget_bytes = plan::budget_from_option(a.budget, caps);
   opt.budget_floor = a.budget_floor;
   opt.sweep_min_floor = a.sweep_min_floor;
+  opt.progress = !a.quiet;
+  // The real-dimension cases take hours on a CPU; say so before starting, with the cost
+  // model's estimate (the tiny cases are the ones meant for CPUs).
+  const bool on_cpu = d.is_cpu() && !a.tiny;
+  std::vector<double> estimates;
+  if (a.estimate || (on_cpu && a.sweep == 0))
+    for (const auto& c : chosen) estimates.push_back(report::estimate_case_ms(c, reg, caps, opt));
+  double total_ms = 0;
+  for (double ms : estimates) total_ms += ms;
+  const std::string runs = " (an estimate of the cost model: " + std::to_string(1 + a.reps) +
+                           " runs of each schedule, the naive one taken as long as the planned one, weights not included)";
+  if (on_cpu) {
+    std::cerr << "streamplan: warning: bench is meant for a GPU; on the CPU";
+    if (a.sweep == 0)
+      std::cerr << (chosen.size() == 1 ? " this case" : " these " + std::to_string(chosen.size()) + " cases")
+                << " would take about " << duration_text(total_ms) << runs;
+    std::cerr << ". --tiny runs the same structures at test sizes." << std::endl;
+  }
+  if (a.estimate) {
+    for (size_t i = 0; i < chosen.size(); ++i) std::cout << chosen[i].name << ": " << duration_text(estimates[i]) << "\n";
+    std::cout << "total: about " << duration_text(total_ms) << " on " << (d.is_cpu() ? "the CPU" : caps.name) << runs
+              << "\n";
+    return 0;
+  }
   if (a.sweep > 0) {
     nlohmann::json all_sweeps = nlohmann::json::array();
     for (const auto& c : chosen) {
@@ -72,10 +109,15 @@ int bench(const Args& a) {
     return 0;
   }
   std::vector<report::BenchResult> results;
-  for (const auto& c : chosen) {
-    std::cerr << "[bench] " << c.name << " ..." << std::endl;
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    const auto& c = chosen[i];
+    if (opt.progress) {
+      std::cerr << "[bench] " << c.name << " (" << i + 1 << "/" << chosen.size() << ")";
+      if (!estimates.empty()) std::cerr << ", estimated " << duration_text(estimates[i]);
+      std::cerr << " ..." << std::endl;
+    }
     results.push_back(report::run_bench_case(c, reg, caps, d, opt));
-    std::cerr << report::bench_table({results.back()});
+    if (opt.progress) std::cerr << report::bench_table({results.back()});
     if (!a.out.empty()) std::ofstream(a.out) << report::to_json(results).dump(2) << "\n";
   }
   std::cout << "device: " << caps.name << ", dtype " << a.dtype << ", " << a.reps << " timed repetitions (median)\n"
@@ -90,23 +132,34 @@ Runner add_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "naive vs planned on real-dimension models (H3-class, Wan 2.1 14B, Flux.1-dev)");
   cmd->add_option("--cases", a->cases, "cases to run (default: all; see --list)")->delimiter(',');
   cmd->add_flag("--list", a->list, "list the cases");
+  cmd->add_flag("--estimate", a->estimate, "print the cost model's time estimate of the cases and exit");
+  cmd->add_flag("--quiet", a->quiet, "no progress lines on stderr");
   cmd->add_flag("--tiny", a->tiny, "tiny widths and shapes (tests)");
-  cmd->add_option("--reps", a->reps, "timed repetitions of each schedule")->check(CLI::Range(1, 100));
-  cmd->add_option("--device", a->device, "cpu, cuda, cuda:N or auto");
-  cmd->add_option("--dtype", a->dtype, "activation dtype")->check(CLI::IsMember(ir::activation_dtype_names()));
-  cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(CLI::PositiveNumber);
+  cmd->add_option("--reps", a->reps, "timed repetitions of each schedule")
+      ->check(between(1, 100))
+      ->capture_default_str();
+  cmd->add_option("--device", a->device, "cpu, cuda, cuda:N or auto")->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "activation dtype")
+      ->check(CLI::IsMember(ir::activation_dtype_names()))
+      ->capture_default_str();
+  cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(at_least(1));
   cmd->add_option("--budget", a->budget, "activation memory budget for every case: bytes, 2.5GiB, ... or auto");
   cmd->add_option("--budget-floor", a->budget_floor, "budget of each case as a multiple of its floor (e.g. 1.1)")
-      ->check(CLI::Range(1.0, 100.0));
+      ->check(between(1, 100));
   cmd->add_option("--sweep", a->sweep, "budget sweep with this many budgets per case (planned only) instead")
-      ->check(CLI::Range(2, 100));
+      ->check(between(2, 100));
   cmd->add_option("--sweep-min-floor", a->sweep_min_floor,
                  "lowest budget of the sweep as a multiple of the floor (default: the smallest achievable peak)")
-      ->check(CLI::Range(1.0, 100.0));
-  cmd->add_option("--fixed-chunks", a->fixed, "fixed token chunks the sweep compares with")->delimiter(',');
+      ->check(between(1, 100));
+  std::string fixed_default;
+  for (int64_t c : a->fixed) fixed_default += (fixed_default.empty() ? "" : ",") + std::to_string(c);
+  cmd->add_option("--fixed-chunks", a->fixed, "fixed token chunks the sweep compares with")
+      ->delimiter(',')
+      ->default_str(fixed_default);
   cmd->add_option("--row-kernels", a->row_kernels,
                  "planned schedule's norm / Q-K rows: fused kernels where the device has them, or aten ops")
-      ->check(CLI::IsMember({"fused", "aten"}));
+      ->check(CLI::IsMember({"fused", "aten"}))
+      ->capture_default_str();
   cmd->add_option("--out", a->out, "write the results as JSON (updated after every case)");
   return [cmd, a]() { return cmd->parsed() ? bench(*a) : -1; };
 }

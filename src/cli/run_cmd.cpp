@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/options.hpp"
 #include "exec/registry.hpp"
 #include "exec/device/device.hpp"
 #include "exec/device/memory.hpp"
@@ -20,7 +21,7 @@ struct Args {
   models::Geometry geom;
   int64_t chunk = 0, feature_slice = 0;
   uint64_t seed = 0;
-  bool planned_only = false, json = false, explain = false;
+  bool planned_only = false, json = false, explain = false, quiet = false;
 };
 
 ir::DType pick_dtype(const std::string& s, const at::Device& d) {
@@ -33,11 +34,15 @@ int run(const Args& a) {
   const at::Device d = exec::pick_device(a.device);
   auto dev = exec::describe_device(d);
   exec::install_cpu_meter();
+  report::Progress progress("run", !a.quiet);
   const auto file = io::SafetensorsFile::open(a.checkpoint);
   const auto sidecar = a.sidecar.empty() ? models::sidecar_of(file) : recognize::load_sidecar(a.sidecar);
   const auto rec = recognize::recognize(file, sidecar);
   const ir::DType dtype = pick_dtype(a.dtype, d);
-  auto weights = models::load_canonical(file, rec, exec::to_aten(dtype), d, reg);
+  auto weights = [&] {
+    const auto phase = progress.phase("reading the weights");
+    return models::load_canonical(file, rec, exec::to_aten(dtype), d, reg);
+  }();
   models::TensorMap raw;
   if (!a.inputs.empty()) {
     raw = models::read_tensors(a.inputs);
@@ -55,12 +60,17 @@ int run(const Args& a) {
   // inputs are resident.
   exec::apply_rates(exec::probe_device(d, dev), dev);
   if (!a.budget.empty()) po.budget_bytes = plan::budget_from_option(a.budget, exec::describe_device(d));
-  const plan::Plan p = plan::make_plan(inst.model, reg, dev, po);
+  const plan::Plan p = [&] {
+    const auto phase = progress.phase("planning " + std::to_string(inst.model.blocks.size()) + " blocks");
+    return plan::make_plan(inst.model, reg, dev, po);
+  }();
   if (!a.json) {
     std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << "\n";
     if (a.explain) std::cout << plan::explain(p) << "\n";
   }
   report::CompareOptions opt;
+  opt.progress = !a.quiet;
+  opt.reporter = &progress;
   opt.run_naive = !a.planned_only;
   opt.keep_outputs = !a.output.empty();
   const report::RunReport r = report::compare(inst, p, reg, dev, opt);
@@ -86,9 +96,9 @@ Runner add_run(CLI::App& app) {
   cmd->add_option("--height", a->geom.height, "pixel height");
   cmd->add_option("--width", a->geom.width, "pixel width");
   cmd->add_option("--tokens", a->geom.tokens, "video/image tokens in one row instead of a geometry")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--text-tokens", a->geom.text_tokens, "text tokens (default: the family's)")->check(CLI::PositiveNumber);
-  cmd->add_option("--audio-tokens", a->geom.audio_tokens, "audio tokens (H3)")->check(CLI::PositiveNumber);
+      ->check(at_least(1));
+  cmd->add_option("--text-tokens", a->geom.text_tokens, "text tokens (default: the family's)")->check(at_least(1));
+  cmd->add_option("--audio-tokens", a->geom.audio_tokens, "audio tokens (H3)")->check(at_least(1));
   cmd->add_option("--inputs", a->inputs, "inputs (safetensors; see docs/checkpoints.md) instead of random ones")
       ->check(CLI::ExistingFile);
   cmd->add_option("--output", a->output, "write the outputs (output, naive_output) to this safetensors file");
@@ -97,16 +107,18 @@ Runner add_run(CLI::App& app) {
         auto names = ir::activation_dtype_names();
         names.insert(names.begin(), "auto");
         return names;
-      }()));
-  cmd->add_option("--device", a->device, "cpu, cuda, cuda:N or auto");
-  cmd->add_option("--consumer", a->consumer, "attention consumer");
-  cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(CLI::PositiveNumber);
+      }()))
+      ->capture_default_str();
+  cmd->add_option("--device", a->device, "cpu, cuda, cuda:N or auto")->capture_default_str();
+  cmd->add_option("--consumer", a->consumer, "attention consumer")->capture_default_str();
+  cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(at_least(1));
   cmd->add_option("--feature-slice", a->feature_slice, "MLP feature slice (default: automatic; -1: off)");
-  cmd->add_option("--seed", a->seed, "seed of the random inputs");
-  cmd->add_option("--budget", a->budget, "activation memory budget: bytes, 512MiB, 2.5GiB, ... or auto");
+  cmd->add_option("--seed", a->seed, "seed of the random inputs")->capture_default_str();
+  cmd->add_option("--budget", a->budget, "activation memory budget: bytes, 512MiB, 2.5GiB, ... or auto (default: none)");
   cmd->add_flag("--planned-only", a->planned_only, "skip the naive run (shapes where only the planned one fits)");
   cmd->add_flag("--json", a->json, "print the run report as JSON");
   cmd->add_flag("--explain", a->explain, "print the plan with every rejection");
+  cmd->add_flag("--quiet", a->quiet, "no progress lines on stderr");
   return [cmd, a]() { return cmd->parsed() ? run(*a) : -1; };
 }
 

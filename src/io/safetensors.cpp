@@ -3,13 +3,16 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -20,7 +23,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // same bound as the reference implementation
 constexpr int kMaxJsonDepth = 16;                  // a valid header nests 3 deep
 const char* const kMetadataKey = "__metadata__";
 
@@ -115,6 +117,81 @@ uint64_t read_le64(const std::byte* p) {
 
 std::string errno_str() { return std::strerror(errno); }
 
+[[noreturn]] void not_safetensors(const std::string& source, const std::string& why) {
+  throw SafetensorsError(quote(source) + " is not a safetensors file: " + why);
+}
+
+std::string too_short(size_t size) {
+  if (size == 0) return "it is empty";
+  return "it has " + std::to_string(size) + (size == 1 ? " byte" : " bytes") +
+         ", fewer than the 8-byte header length every safetensors file begins with";
+}
+
+std::string byte_str(std::byte b) {
+  const auto c = std::to_integer<unsigned char>(b);
+  char buf[16];
+  if (c >= 0x20 && c < 0x7f)
+    std::snprintf(buf, sizeof buf, "'%c'", c);
+  else
+    std::snprintf(buf, sizeof buf, "byte 0x%02x", c);
+  return buf;
+}
+
+// What a file with an impossible header length is more likely to be, from its first bytes;
+// empty when nothing is recognized.
+std::string likely_kind(const std::byte* p, size_t size) {
+  auto starts = [&](std::string_view magic) {
+    return size >= magic.size() && std::memcmp(p, magic.data(), magic.size()) == 0;
+  };
+  size_t i = starts("\xef\xbb\xbf") ? 3 : 0;  // a UTF-8 byte order mark
+  auto space = [](std::byte b) {
+    return b == std::byte{' '} || b == std::byte{'\t'} || b == std::byte{'\r'} || b == std::byte{'\n'};
+  };
+  while (i < size && i < 4096 && space(p[i])) ++i;
+  if (i < size && (p[i] == std::byte{'{'} || p[i] == std::byte{'['}))
+    return "it looks like a JSON document (it begins with " + byte_str(p[i]) +
+           "), while a safetensors file begins with an 8-byte little-endian header length "
+           "followed by its JSON header";
+  if (starts("PK\x03\x04"))
+    return "it looks like a zip archive (PyTorch .pt/.pth/.bin checkpoints are zip archives; "
+           "convert it to safetensors first)";
+  if (starts("GGUF")) return "it looks like a GGUF file";
+  return {};
+}
+
+// A byte count in the largest binary unit not above it, shown beside the exact count.
+std::string human(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes) / 1024;
+  size_t u = 0;
+  while (v >= 1024 && u + 1 < std::size(kUnits)) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
+  return buf;
+}
+
+// Bytes free to an unprivileged user on the filesystem holding `path`, or nullopt when the
+// directory cannot be measured (opening the file will then report why).
+std::optional<uint64_t> free_bytes_at(const std::string& path) {
+  if (const char* v = std::getenv("STREAMPLAN_FREE_BYTES_FOR_TESTS")) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || errno != 0 || *v == '-')
+      throw SafetensorsError("STREAMPLAN_FREE_BYTES_FOR_TESTS=" + quote(v) + " is not a byte count");
+    return n;
+  }
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  struct statvfs vfs{};
+  if (::statvfs(dir.c_str(), &vfs) != 0) return std::nullopt;
+  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------- dtypes
@@ -167,8 +244,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const auto size = static_cast<size_t>(st.st_size);
   if (size < 8) {
     ::close(fd);
-    throw SafetensorsError(path + ": file is " + std::to_string(size) +
-                           " bytes, shorter than the 8-byte header length prefix");
+    not_safetensors(path, too_short(size));
   }
   void* addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   std::string e = errno_str();
@@ -190,18 +266,32 @@ SafetensorsFile SafetensorsFile::from_memory(std::vector<std::byte> data) {
 void SafetensorsFile::parse(size_t file_size) {
   const std::string& src = source_;
   auto fail = [&](const std::string& msg) { throw SafetensorsError(src + ": " + msg); };
-  if (file_size < 8)
-    fail("file is " + std::to_string(file_size) +
-         " bytes, shorter than the 8-byte header length prefix");
+  if (file_size < 8) not_safetensors(src, too_short(file_size));
 
+  // A header begins with '{' (the format requires it). Without that brace an impossible
+  // length means the file is something else altogether; with it, the file is a safetensors
+  // file with a bad header (truncated, or written by a broken tool), reported specifically.
   const uint64_t hlen = read_le64(base());
+  const bool brace = file_size > 8 && base()[8] == std::byte{'{'};
+  if (!brace && (hlen > kMaxHeaderBytes || hlen > file_size - 8)) {
+    std::string why = likely_kind(base(), file_size);
+    if (why.empty())
+      why = "its first 8 bytes, read as the little-endian header length, give " + std::to_string(hlen) +
+            " bytes, but " +
+            (hlen > file_size - 8 ? "the file has " + std::to_string(file_size) + " bytes"
+                                  : "headers are limited to " + std::to_string(kMaxHeaderBytes) + " bytes");
+    not_safetensors(src, why);
+  }
   if (hlen > kMaxHeaderBytes)
     fail("header length " + std::to_string(hlen) + " exceeds the limit of " +
          std::to_string(kMaxHeaderBytes) + " bytes");
   if (hlen > file_size - 8)
     fail("header length " + std::to_string(hlen) + " exceeds the " +
          std::to_string(file_size - 8) + " bytes after the length prefix (file is " +
-         std::to_string(file_size) + " bytes)");
+         std::to_string(file_size) + " bytes; truncated?)");
+  if (hlen == 0) not_safetensors(src, "its header length is 0, too short for a JSON header (at least '{}')");
+  if (!brace)
+    not_safetensors(src, "the header does not begin with '{' (it begins with " + byte_str(base()[8]) + ")");
   data_offset_ = 8 + hlen;
   const uint64_t data_size = file_size - data_offset_;
   const std::string_view text(reinterpret_cast<const char*>(base() + 8), hlen);
@@ -232,7 +322,6 @@ void SafetensorsFile::parse(size_t file_size) {
   } catch (const json::exception& e) {
     fail(std::string("header is not valid JSON: ") + e.what());
   }
-  if (!header.is_object()) fail("header must be a JSON object, got " + std::string(header.type_name()));
 
   std::vector<const TensorInfo*> by_begin;
   for (const auto& [name, entry] : header.items()) {
@@ -365,22 +454,15 @@ void SafetensorsWriter::set_metadata(std::string key, std::string value) {
   metadata_[std::move(key)] = std::move(value);
 }
 
-std::string SafetensorsWriter::header() const {
-  nlohmann::ordered_json h = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) h[kMetadataKey] = metadata_;
-  for (const auto& e : entries_)
-    h[e.info.name] = {{"dtype", dtype_name(e.info.dtype)},
-                      {"shape", e.info.shape},
-                      {"data_offsets", {e.info.begin, e.info.end}}};
-  std::string text = h.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  for (size_t i = 0; i < 8; ++i) out[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
-  return out + text;
+void SafetensorsWriter::declare_all(SafetensorsStreamWriter& s) const {
+  for (const auto& [k, v] : metadata_) s.set_metadata(k, v);
+  for (const auto& e : entries_) s.declare(e.info.name, e.info.dtype, e.info.shape);
 }
 
 std::vector<std::byte> SafetensorsWriter::serialize() const {
-  const std::string h = header();
+  SafetensorsStreamWriter s;
+  declare_all(s);
+  const std::string h = s.header();
   std::vector<std::byte> out(reinterpret_cast<const std::byte*>(h.data()),
                              reinterpret_cast<const std::byte*>(h.data() + h.size()));
   for (const auto& e : entries_) out.insert(out.end(), e.data.begin(), e.data.end());
@@ -388,33 +470,187 @@ std::vector<std::byte> SafetensorsWriter::serialize() const {
 }
 
 void SafetensorsWriter::write(const std::string& path) const {
+  SafetensorsStreamWriter s;
+  declare_all(s);
+  s.open(path);
+  for (const auto& e : entries_) s.write(e.data);
+  s.commit();
+}
+
+// ---------------------------------------------------------------------------- stream writer
+
+namespace {
+constexpr size_t kWriteBuffer = size_t{1} << 20;
+}  // namespace
+
+SafetensorsStreamWriter::~SafetensorsStreamWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void SafetensorsStreamWriter::declare(std::string name, DType dtype, std::vector<int64_t> shape) {
+  const std::string where = "safetensors writer: tensor " + quote(name) + ": ";
+  if (!path_.empty()) throw SafetensorsError(where + "declared after open()");
+  if (name == kMetadataKey) throw SafetensorsError(where + "name is reserved");
+  if (auto bad = utf8_error(name))
+    throw SafetensorsError(where + "name is not valid UTF-8 (bad byte at " + std::to_string(*bad) + ")");
+  auto bytes = checked_nbytes(shape, dtype);
+  if (!bytes)
+    throw SafetensorsError(where + "shape " + shape_str(shape) + " has a negative dimension or overflows");
+  if (names_.count(name)) throw SafetensorsError(where + "duplicate tensor name");
+
+  // The entry exactly as nlohmann's compact dump writes it (key escaping included), so the
+  // header never has to exist as a JSON tree.
+  const uint64_t begin = data_bytes_;
+  entries_json_ += ',';
+  entries_json_ += json(name).dump();
+  entries_json_ += ":{\"dtype\":\"";
+  entries_json_ += dtype_name(dtype);
+  entries_json_ += "\",\"shape\":[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) entries_json_ += ',';
+    entries_json_ += std::to_string(shape[i]);
+  }
+  entries_json_ += "],\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(begin + *bytes) + "]}";
+  data_bytes_ += *bytes;
+  tensors_.push_back(TensorInfo{std::move(name), dtype, std::move(shape), begin, begin + *bytes});
+  names_.insert(tensors_.back().name);
+  if (header_bytes() - 8 > kMaxHeaderBytes)
+    throw SafetensorsError(where + "the header reaches " + std::to_string(header_bytes() - 8) +
+                           " bytes at this tensor (number " + std::to_string(tensors_.size()) +
+                           "), beyond the limit of " + std::to_string(kMaxHeaderBytes) +
+                           " bytes that readers accept");
+}
+
+void SafetensorsStreamWriter::set_metadata(std::string key, std::string value) {
+  for (const auto* s : {&key, &value})
+    if (utf8_error(*s))
+      throw SafetensorsError("safetensors writer: metadata " + quote(key) + " is not valid UTF-8");
+  if (!path_.empty()) throw SafetensorsError("safetensors writer: metadata " + quote(key) + " set after open()");
+  metadata_[std::move(key)] = std::move(value);
+  metadata_json_ = json(metadata_).dump();
+}
+
+uint64_t SafetensorsStreamWriter::header_bytes() const {
+  // '{' + ["__metadata__":meta] + entries (their leading comma dropped without metadata) + '}'
+  uint64_t n = 2 + entries_json_.size();
+  if (!metadata_.empty()) n += std::string_view("\"__metadata__\":").size() + metadata_json_.size();
+  else if (!entries_json_.empty()) n -= 1;
+  return 8 + (n + 7) / 8 * 8;
+}
+
+std::string SafetensorsStreamWriter::header() const {
+  std::string text = "{";
+  if (!metadata_.empty()) {
+    text += "\"__metadata__\":" + metadata_json_;
+    text += entries_json_;
+  } else if (!entries_json_.empty()) {
+    text.append(entries_json_, 1);
+  }
+  text += '}';
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  for (size_t i = 0; i < 8; ++i) out[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  return out + text;
+}
+
+void SafetensorsStreamWriter::open(const std::string& path) {
+  if (!path_.empty()) throw SafetensorsError(path + ": safetensors writer already opened for " + path_);
+  const uint64_t hbytes = header_bytes();
+  if (hbytes - 8 > kMaxHeaderBytes)
+    throw SafetensorsError(path + ": the header of " + std::to_string(tensors_.size()) + " tensors would be " +
+                           std::to_string(hbytes - 8) + " bytes, beyond the limit of " +
+                           std::to_string(kMaxHeaderBytes) + " bytes that readers accept; nothing was written");
   const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw SafetensorsError(path + ": cannot create " + tmp + ": " + errno_str());
-  auto bail = [&](const std::string& what) {
-    std::string e = errno_str();
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw SafetensorsError(path + ": " + what + ": " + e);
-  };
-  auto put = [&](const void* p, size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      ssize_t w = ::write(fd, c, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) bail("write to " + tmp + " failed");
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-  };
+  if (auto avail = free_bytes_at(path)) {
+    struct stat st{};
+    if (::stat(tmp.c_str(), &st) == 0 && S_ISREG(st.st_mode)) *avail += static_cast<uint64_t>(st.st_blocks) * 512;
+    if (file_bytes() > *avail)
+      throw SafetensorsError(path + ": the file needs " + std::to_string(file_bytes()) + " bytes (" +
+                             human(file_bytes()) + ") but its filesystem has " + std::to_string(*avail) +
+                             " bytes (" + human(*avail) + ") free; nothing was written");
+  }
+  fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw SafetensorsError(path + ": cannot create " + tmp + ": " + errno_str());
+  path_ = path;
+  tmp_ = tmp;
+  buffer_.reserve(kWriteBuffer);
   const std::string h = header();
   put(h.data(), h.size());
-  for (const auto& e : entries_) put(e.data.data(), e.data.size());
-  if (::fsync(fd) != 0) bail("fsync of " + tmp + " failed");
-  int rc = ::close(fd);
-  fd = -1;
-  if (rc != 0) bail("close of " + tmp + " failed");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) bail("rename " + tmp + " -> " + path + " failed");
+}
+
+void SafetensorsStreamWriter::write(std::span<const std::byte> data) {
+  if (fd_ < 0) throw SafetensorsError("safetensors writer: write() without open() or after commit()");
+  if (next_ >= tensors_.size())
+    fail("all " + std::to_string(tensors_.size()) + " declared tensors are already written");
+  const TensorInfo& t = tensors_[next_];
+  if (data.size() != t.nbytes())
+    fail("tensor " + quote(t.name) + ": shape " + shape_str(t.shape) + " x " + std::string(dtype_name(t.dtype)) +
+         " (" + std::to_string(dtype_size(t.dtype)) + " bytes) = " + std::to_string(t.nbytes()) + " bytes but " +
+         std::to_string(data.size()) + " bytes were given");
+  put(data.data(), data.size());
+  ++next_;
+}
+
+void SafetensorsStreamWriter::commit() {
+  if (fd_ < 0) throw SafetensorsError("safetensors writer: commit() without open() or twice");
+  if (next_ != tensors_.size())
+    fail("commit() after " + std::to_string(next_) + " of " + std::to_string(tensors_.size()) +
+         " tensors; the next one is " + quote(tensors_[next_].name));
+  flush();
+  if (::fsync(fd_) != 0) fail("fsync of " + tmp_ + " failed: " + errno_str());
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) {
+    const std::string e = errno_str();
+    ::unlink(tmp_.c_str());
+    throw SafetensorsError(path_ + ": close of " + tmp_ + " failed: " + e);
+  }
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const std::string e = errno_str();
+    ::unlink(tmp_.c_str());
+    throw SafetensorsError(path_ + ": rename " + tmp_ + " -> " + path_ + " failed: " + e);
+  }
+}
+
+void SafetensorsStreamWriter::put(const void* p, size_t n) {
+  bytes_written_ += n;
+  if (buffer_.size() + n <= kWriteBuffer) {
+    const char* c = static_cast<const char*>(p);
+    buffer_.insert(buffer_.end(), c, c + n);
+    return;
+  }
+  flush();
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail("write to " + tmp_ + " failed: " + (w < 0 ? errno_str() : "no progress"));
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void SafetensorsStreamWriter::flush() {
+  size_t done = 0;
+  while (done < buffer_.size()) {
+    const ssize_t w = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail("write to " + tmp_ + " failed: " + (w < 0 ? errno_str() : "no progress"));
+    done += static_cast<size_t>(w);
+  }
+  buffer_.clear();
+}
+
+void SafetensorsStreamWriter::fail(const std::string& what) {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(tmp_.c_str());
+  }
+  throw SafetensorsError(path_ + ": " + what);
 }
 
 }  // namespace sp::io

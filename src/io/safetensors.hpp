@@ -1,4 +1,4 @@
-// Memory-mapped, lazy, fully validating safetensors reader and a simple writer.
+// Memory-mapped, lazy, fully validating safetensors reader and two writers.
 //
 // Reading:
 //   auto f = sp::io::SafetensorsFile::open("model.safetensors");  // mmap + header validation
@@ -7,27 +7,45 @@
 //     std::span<const std::byte> raw = f.bytes(name);             // view into the mapping
 //   }
 //
-// Writing (atomic: goes to path + ".tmp", then rename):
+// Writing tensors held in memory (atomic: goes to path + ".tmp", then rename):
 //   sp::io::SafetensorsWriter w;
 //   w.add("fc.weight", sp::io::DType::BF16, {4, 8}, std::as_bytes(std::span(buf)));
 //   w.set_metadata("format", "pt");
 //   w.write("out.safetensors");
 //
+// Streaming a file larger than memory: declare every tensor first (the header and the file
+// size follow from names, dtypes and shapes alone), then hand over the bytes one tensor at
+// a time, in declaration order:
+//   sp::io::SafetensorsStreamWriter s;
+//   s.declare("fc.weight", sp::io::DType::BF16, {4, 8});
+//   s.file_bytes();                      // known before anything is written
+//   s.open("out.safetensors");           // refuses a file larger than the free disk space
+//   s.write(std::as_bytes(std::span(buf)));
+//   s.commit();                          // fsync + rename; without it the temp file is removed
+//
 // Every malformation is reported as sp::io::SafetensorsError whose message starts with
-// the file path (or "<memory>") and names the tensor and the offending values.
+// the file path (or "<memory>") and names the tensor and the offending values. A file that
+// is not a safetensors file at all (random bytes, a JSON document, an empty or tiny file)
+// is reported as "'<path>' is not a safetensors file: <why>".
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 namespace sp::io {
+
+// The largest header (JSON text with its padding) readers accept: the reference
+// implementation's bound. Writers refuse to produce a larger one.
+inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 class SafetensorsError : public std::runtime_error {
  public:
@@ -102,6 +120,8 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+class SafetensorsStreamWriter;
+
 class SafetensorsWriter {
  public:
   // Copies `data`. Throws SafetensorsError on a duplicate or reserved name, a negative
@@ -113,6 +133,7 @@ class SafetensorsWriter {
   // multiple of 8, then the tensors contiguously in insertion order.
   std::vector<std::byte> serialize() const;
   // Writes path + ".tmp", fsyncs, renames onto `path`; never leaves a partial file.
+  // Same checks as SafetensorsStreamWriter::open (header limit, free disk space).
   void write(const std::string& path) const;
 
  private:
@@ -120,10 +141,70 @@ class SafetensorsWriter {
     TensorInfo info;
     std::vector<std::byte> data;
   };
-  std::string header() const;
+  void declare_all(SafetensorsStreamWriter& s) const;
 
   std::vector<Entry> entries_;
   std::map<std::string, std::string> metadata_;
+};
+
+// Writes a safetensors file whose tensors are produced one at a time, so that memory is
+// bounded by the caller's largest tensor rather than by the file. The header is built from
+// the declarations alone; the file goes to path + ".tmp" and is renamed onto `path` by
+// commit(). If commit() is not reached (an exception, an early return) the destructor
+// removes the temp file, so a failed write never leaves a partial file under either name.
+class SafetensorsStreamWriter {
+ public:
+  SafetensorsStreamWriter() = default;
+  SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
+  SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
+  ~SafetensorsStreamWriter();
+
+  // Throws SafetensorsError on a duplicate or reserved name, invalid UTF-8, a negative
+  // dimension, a byte count that overflows, or when the header grows beyond the
+  // 100,000,000-byte limit readers accept (so that an absurd tensor count fails early,
+  // before its declarations fill memory). Only before open().
+  void declare(std::string name, DType dtype, std::vector<int64_t> shape);
+  void set_metadata(std::string key, std::string value);  // only before open()
+
+  size_t count() const { return tensors_.size(); }
+  const std::deque<TensorInfo>& tensors() const { return tensors_; }  // offsets filled in
+  // 8-byte LE length + JSON header padded with spaces to a multiple of 8; the same image
+  // SafetensorsWriter::serialize() starts with.
+  std::string header() const;
+  uint64_t header_bytes() const;
+  uint64_t file_bytes() const { return header_bytes() + data_bytes_; }
+
+  // Creates path + ".tmp" and writes the header. Throws SafetensorsError, having written
+  // nothing, when the header exceeds the 100,000,000-byte limit readers accept, or when
+  // file_bytes() exceeds the space free to this user on the filesystem of `path` (statvfs;
+  // a stale temp file of an earlier attempt counts as free since it is overwritten). The
+  // environment variable STREAMPLAN_FREE_BYTES_FOR_TESTS, when set, replaces the measured
+  // free space: it exists only so that tests can exercise the refusal.
+  void open(const std::string& path);
+  // The bytes of the next declared tensor (declaration order); the size must match.
+  void write(std::span<const std::byte> data);
+  size_t written() const { return next_; }
+  uint64_t bytes_written() const { return bytes_written_; }  // header included
+  // Requires every tensor written; flushes, fsyncs and renames onto the path.
+  void commit();
+
+ private:
+  void put(const void* p, size_t n);
+  void flush();
+  [[noreturn]] void fail(const std::string& what);  // removes the temp file, throws "<path>: what"
+
+  std::deque<TensorInfo> tensors_;  // a deque: names_ views their names, which must not move
+  std::unordered_set<std::string_view> names_;
+  std::string entries_json_;  // ',"name":{...}' per tensor, in declaration order
+  std::map<std::string, std::string> metadata_;
+  std::string metadata_json_;  // metadata_ as the header writes it; empty without metadata
+  uint64_t data_bytes_ = 0;
+
+  std::string path_, tmp_;
+  int fd_ = -1;
+  size_t next_ = 0;
+  uint64_t bytes_written_ = 0;
+  std::vector<char> buffer_;  // coalesces small tensors into fewer write(2) calls
 };
 
 }  // namespace sp::io

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <functional>
+#include <span>
+#include <unordered_map>
 
 #include "models/tensor_io.hpp"
 
@@ -71,16 +73,19 @@ void shape_values(const recognize::TensorSpec& spec, at::Tensor& t) {
 
 uint64_t tensor_seed(uint64_t seed, const std::string& name) { return seed ^ std::hash<std::string>{}(name); }
 
+// One canonical tensor in fp32 on the CPU; depends only on its name, shape and the seed.
+at::Tensor random_tensor(const recognize::TensorSpec& spec, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(tensor_seed(seed, spec.name));
+  at::Tensor t = at::randn(spec.shape, gen, at::TensorOptions().dtype(at::kFloat));
+  shape_values(spec, t);
+  return t;
+}
+
 }  // namespace
 
 std::map<std::string, at::Tensor> random_canonical(const recognize::FamilyConfig& config, uint64_t seed) {
   std::map<std::string, at::Tensor> out;
-  for (const auto& spec : recognize::checkpoint_tensors(config, "original")) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(tensor_seed(seed, spec.name));
-    at::Tensor t = at::randn(spec.shape, gen, at::TensorOptions().dtype(at::kFloat));
-    shape_values(spec, t);
-    out[spec.name] = t;
-  }
+  for (const auto& spec : recognize::checkpoint_tensors(config, "original")) out[spec.name] = random_tensor(spec, seed);
   return out;
 }
 
@@ -98,18 +103,64 @@ std::shared_ptr<exec::TensorWeights> random_weights_on(const recognize::FamilyCo
 }
 
 void write_random_checkpoint(const recognize::FamilyConfig& config, const std::string& layout,
-                             const std::string& path, uint64_t seed, at::ScalarType dtype) {
-  const auto canonical = random_canonical(config, seed);
-  io::SafetensorsWriter w;
+                             const std::string& path, uint64_t seed, at::ScalarType dtype,
+                             const std::function<void(const WriteProgress&)>& progress) {
+  const auto specs = recognize::checkpoint_tensors(config, layout);
+
+  // The header follows from names, shapes and the dtype alone, so the file size is known
+  // (and checked against the free disk space by open()) before any weight exists.
+  io::SafetensorsStreamWriter w;
   w.set_metadata(kSidecarKey, recognize::to_json(recognize::sidecar_for(config)));
   w.set_metadata("streamplan.variant", config.variant);
-  for (const auto& spec : recognize::checkpoint_tensors(config, layout)) {
-    at::Tensor t = canonical.at(spec.canonical);
-    if (spec.op == Source::Op::Concat0) t = t.narrow(0, spec.row_offset, spec.shape.at(0));
-    if (spec.op == Source::Op::SwapHalves0) t = swap_halves(t, spec.canonical);
-    add_tensor(w, spec.name, t.reshape(spec.shape).to(dtype));
+  const io::DType stored = to_io(dtype, specs.empty() ? path : specs.front().name);
+  std::unordered_map<std::string, int> parts_left;  // Concat0 parts not yet written, per canonical
+  try {
+    for (const auto& spec : specs) {
+      w.declare(spec.name, stored, spec.shape);
+      if (spec.op == Source::Op::Concat0) ++parts_left[spec.canonical];
+    }
+  } catch (const io::SafetensorsError& e) {
+    if (w.header_bytes() - 8 <= io::kMaxHeaderBytes) throw;
+    throw io::SafetensorsError(path + ": " + config.variant + " with " + std::to_string(config.layers) +
+                               " layers has " + std::to_string(specs.size()) +
+                               " tensors, too many for one safetensors file (" + e.what() +
+                               "); nothing was written");
   }
-  w.write(path);
+  w.open(path);
+
+  // Canonical tensors are those of the original layout (there, every tensor is its own).
+  std::vector<recognize::TensorSpec> originals;
+  std::unordered_map<std::string, const recognize::TensorSpec*> canonical_spec;
+  if (layout != "original") {
+    originals = recognize::checkpoint_tensors(config, "original");
+    canonical_spec.reserve(originals.size());
+    for (const auto& o : originals) canonical_spec.emplace(o.name, &o);
+  }
+  auto canonical_of = [&](const recognize::TensorSpec& spec) -> const recognize::TensorSpec& {
+    return layout == "original" ? spec : *canonical_spec.at(spec.canonical);
+  };
+
+  // One tensor at a time. A canonical tensor split into several stored parts is kept only
+  // until its last part is written, so memory stays near the largest canonical tensor.
+  std::unordered_map<std::string, at::Tensor> pending;
+  for (const auto& spec : specs) {
+    at::Tensor t;
+    if (auto it = pending.find(spec.canonical); it != pending.end()) {
+      t = it->second;
+    } else {
+      t = random_tensor(canonical_of(spec), seed);
+      if (spec.op == Source::Op::Concat0) pending.emplace(spec.canonical, t);
+    }
+    if (spec.op == Source::Op::Concat0) {
+      t = t.narrow(0, spec.row_offset, spec.shape.at(0));
+      if (--parts_left.at(spec.canonical) == 0) pending.erase(spec.canonical);
+    }
+    if (spec.op == Source::Op::SwapHalves0) t = swap_halves(t, spec.canonical);
+    const at::Tensor c = t.reshape(spec.shape).to(dtype).contiguous();
+    w.write(std::span<const std::byte>(static_cast<const std::byte*>(c.data_ptr()), c.nbytes()));
+    if (progress) progress({w.written(), w.count(), w.bytes_written(), w.file_bytes()});
+  }
+  w.commit();
 }
 
 }  // namespace sp::models

@@ -19,6 +19,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -45,7 +46,20 @@ std::shared_ptr<exec::TensorWeights> random_weights_on(const recognize::FamilyCo
                                                        at::ScalarType dtype, uint64_t seed,
                                                        const contracts::Registry& reg);
 
+// Progress of a checkpoint write; bytes include the header.
+struct WriteProgress {
+  size_t tensors = 0, total_tensors = 0;
+  uint64_t bytes = 0, total_bytes = 0;
+};
+
+// Streams the checkpoint: the header is computed from `config` first, then each tensor is
+// generated, converted and written in turn, so memory is bounded by the largest canonical
+// tensor, not by the file. The bytes depend only on the arguments. Throws
+// io::SafetensorsError, having written nothing, when the file would not fit in the free
+// space of its filesystem or its header would pass io::kMaxHeaderBytes; a failed write
+// leaves no file behind. `progress`, if set, is called after each tensor.
 void write_random_checkpoint(const recognize::FamilyConfig& config, const std::string& layout,
-                             const std::string& path, uint64_t seed, at::ScalarType dtype);
+                             const std::string& path, uint64_t seed, at::ScalarType dtype,
+                             const std::function<void(const WriteProgress&)>& progress = {});
 
 }  // namespace sp::models

@@ -25,6 +25,8 @@ at::ScalarType to_aten(io::DType d, const std::string& name) {
   throw std::invalid_argument("tensor '" + name + "': unsupported dtype");
 }
 
+}  // namespace
+
 io::DType to_io(at::ScalarType t, const std::string& name) {
   switch (t) {
     case at::kDouble: return io::DType::F64;
@@ -44,8 +46,6 @@ io::DType to_io(at::ScalarType t, const std::string& name) {
   throw std::invalid_argument("tensor '" + name + "': dtype " + std::string(c10::toString(t)) +
                               " cannot be stored in safetensors");
 }
-
-}  // namespace
 
 at::Tensor read_tensor(const io::SafetensorsFile& f, const std::string& name) {
   const io::TensorInfo& info = f.info(name);

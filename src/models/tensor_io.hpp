@@ -23,5 +23,7 @@ TensorMap read_tensors(const std::string& path);
 void write_tensors(const std::string& path, const TensorMap& tensors,
                    const std::map<std::string, std::string>& metadata = {});
 void add_tensor(io::SafetensorsWriter& w, const std::string& name, const at::Tensor& t);
+// The safetensors dtype storing `t`; throws std::invalid_argument naming `name` if none does.
+io::DType to_io(at::ScalarType t, const std::string& name);
 
 }  // namespace sp::models

@@ -41,8 +41,6 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-bool is_oom(const std::exception& e) { return dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr; }
-
 // A case's model with random weights generated on the device and random inputs.
 struct CaseModel {
   recognize::FamilyConfig cfg;
@@ -79,15 +77,34 @@ Repeated repeat(const at::Device& device, int reps, const std::function<at::Tens
   return r;
 }
 
+plan::Options case_plan_options(const models::Instance& inst, const BenchOptions& opt) {
+  plan::Options po = opt.plan;
+  if (opt.budget_floor > 0) po.budget_bytes = static_cast<int64_t>(opt.budget_floor * double(plan::floor_bytes(inst.model)));
+  return po;
+}
+
 }  // namespace
+
+double estimate_case_ms(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
+                        const BenchOptions& opt) {
+  const CaseModel cm = build_case(c, reg, at::Device(at::kMeta), opt);
+  const plan::Plan p = plan::make_plan(cm.inst.model, reg, caps, case_plan_options(cm.inst, opt));
+  return 2.0 * (1 + opt.reps) * p.estimated_ms;
+}
 
 BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
                            const at::Device& device, const BenchOptions& opt) {
-  const CaseModel cm = build_case(c, reg, device, opt);
+  Progress progress("bench", opt.progress);
+  const CaseModel cm = [&] {
+    const auto phase = progress.phase(c.name + ": generating weights and inputs");
+    return build_case(c, reg, device, opt);
+  }();
   const models::Instance& inst = cm.inst;
-  plan::Options po = opt.plan;
-  if (opt.budget_floor > 0) po.budget_bytes = static_cast<int64_t>(opt.budget_floor * double(plan::floor_bytes(inst.model)));
-  const plan::Plan p = plan::make_plan(inst.model, reg, caps, po);
+  const plan::Options po = case_plan_options(inst, opt);
+  const plan::Plan p = [&] {
+    const auto phase = progress.phase(c.name + ": planning");
+    return plan::make_plan(inst.model, reg, caps, po);
+  }();
 
   BenchResult r;
   r.name = c.name;
@@ -101,30 +118,41 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
   r.budget = po.budget_bytes;
   r.estimated_ms = p.estimated_ms;
 
-  auto naive = [&] { return exec::run_naive(inst.model, *inst.weights, inst.inputs, reg); };
-  auto planned = [&] { return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, caps); };
+  auto naive = [&](const std::string& what) {
+    return exec::run_naive(inst.model, *inst.weights, inst.inputs, reg, progress.sublayers(inst.model, c.name + ": " + what));
+  };
+  auto planned = [&](const std::string& what) {
+    try {
+      return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, caps,
+                               progress.sublayers(inst.model, c.name + ": " + what));
+    } catch (c10::Error& e) {
+      if (is_out_of_memory(e)) e.add_context("while running the planned schedule of bench case " + c.name);
+      throw;
+    }
+  };
   bool naive_fits = true;
   try {
-    naive();
+    naive("naive warm-up");
   } catch (const std::exception& e) {
-    if (!is_oom(e)) throw;
+    if (!is_out_of_memory(e)) throw;
     naive_fits = false;
     r.note = "naive schedule does not fit in device memory";
     exec::release_cached(device);
   }
-  planned();
+  planned("planned warm-up");
   // Alternating: naive, planned, naive, planned, ...
   std::vector<double> nms, pms;
   int64_t npeak = 0;
   at::Tensor nout, pout;
   for (int i = 0; i < opt.reps; ++i) {
+    const std::string rep = " " + std::to_string(i + 1) + "/" + std::to_string(opt.reps);
     if (naive_fits) {
-      const Repeated n = repeat(device, 1, naive);
+      const Repeated n = repeat(device, 1, [&] { return naive("naive run" + rep); });
       nms.push_back(n.ms);
       npeak = std::max(npeak, n.peak);
       nout = n.out;
     }
-    const Repeated pl = repeat(device, 1, planned);
+    const Repeated pl = repeat(device, 1, [&] { return planned("planned run" + rep); });
     pms.push_back(pl.ms);
     r.planned_peak = std::max(r.planned_peak, pl.peak);
     pout = pl.out;
@@ -176,8 +204,9 @@ nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& r
     sweep.push_back({{"budget_bytes", budget}, {"measured_peak_bytes", peak}, {"estimated_peak_bytes", p.estimated_peak_bytes},
                      {"estimated_ms", p.estimated_ms}, {"ms", ms}, {"within_budget", peak <= budget},
                      {"estimate_error", double(p.estimated_peak_bytes - peak) / double(peak)}});
-    std::cerr << "[sweep] " << c.name << " budget " << budget << " peak " << peak << " est " << p.estimated_peak_bytes
-              << " ms " << ms << std::endl;
+    if (opt.progress)
+      std::cerr << "[sweep] " << c.name << " budget " << budget << " peak " << peak << " est " << p.estimated_peak_bytes
+                << " ms " << ms << std::endl;
   }
   j["sweep"] = sweep;
   nlohmann::json fixed = nlohmann::json::array();
@@ -189,7 +218,7 @@ nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& r
     const auto [ms, peak] = run(p);
     if (best == 0 || ms < best) best = ms;
     fixed.push_back({{"token_chunk", chunk}, {"ms", ms}, {"measured_peak_bytes", peak}});
-    std::cerr << "[sweep] " << c.name << " fixed chunk " << chunk << " ms " << ms << std::endl;
+    if (opt.progress) std::cerr << "[sweep] " << c.name << " fixed chunk " << chunk << " ms " << ms << std::endl;
   }
   j["fixed_chunks"] = fixed;
   j["chosen_ms_at_largest_budget"] = chosen_ms;

@@ -38,6 +38,7 @@ struct BenchOptions {
   double budget_floor = 0;  // > 0: each case's budget is this multiple of its floor
   double sweep_min_floor = 0;  // > 0: a sweep's lowest budget is this multiple of the floor
   uint64_t seed = 0;
+  bool progress = false;  // progress lines on stderr ("[bench] ...") once a case passes 2 s
 };
 
 struct BenchResult {
@@ -56,6 +57,13 @@ struct BenchResult {
 std::vector<BenchCase> bench_cases(bool tiny);
 BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
                            const at::Device& device, const BenchOptions& opt);
+
+// The cost model's time for a case's runs, before running it: the plan's estimate for the
+// planned schedule, the naive one taken as about as long, each run once as a warm-up and
+// `reps` times timed. Generating the weights is not included. The case is built on the meta
+// device, so no weights are allocated.
+double estimate_case_ms(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
+                        const BenchOptions& opt);
 
 // Budget sweep of one case (planned schedule only): `points` budgets from the smallest
 // achievable peak (or opt.sweep_min_floor x floor, when larger) to the unbudgeted full-size peak, each planned, run and measured

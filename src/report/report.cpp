@@ -13,22 +13,79 @@
 
 namespace sp::report {
 
+Progress::Progress(std::string label, bool enabled)
+    : label_(std::move(label)), enabled_(enabled), start_(Clock::now()), next_(start_ + std::chrono::seconds(2)) {}
+
+double Progress::seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+
+bool Progress::due() {
+  if (!enabled_) return false;
+  const std::lock_guard lock(mutex_);
+  const auto now = Clock::now();
+  if (now < next_) return false;
+  next_ = now + std::chrono::seconds(2);
+  return true;
+}
+
+void Progress::print(const std::string& what) const {
+  std::fprintf(stderr, "[%s] %s, %.1f s\n", label_.c_str(), what.c_str(), seconds());
+}
+
+void Progress::operator()(const std::string& what) {
+  if (due()) print(what);
+}
+
+exec::Progress Progress::sublayers(const ir::Model& m, const std::string& what) {
+  if (!enabled_) return {};
+  // Block of every sublayer, 1-based, in execution order.
+  std::vector<int64_t> block_of;
+  for (size_t b = 0; b < m.blocks.size(); ++b) block_of.insert(block_of.end(), m.blocks[b].sublayers.size(), int64_t(b) + 1);
+  const int64_t blocks = int64_t(m.blocks.size());
+  return [this, what, block_of = std::move(block_of), blocks](int64_t done, int64_t total) {
+    if (!due()) return;
+    const int64_t block = done >= 1 && done <= int64_t(block_of.size()) ? block_of[size_t(done - 1)] : blocks;
+    print(what + ": sublayer " + std::to_string(done) + "/" + std::to_string(total) + " (block " +
+          std::to_string(block) + "/" + std::to_string(blocks) + ")");
+  };
+}
+
+Progress::Phase Progress::phase(std::string what) { return Phase(*this, std::move(what)); }
+
+Progress::Phase::Phase(Progress& p, std::string what) {
+  if (!p.enabled()) return;
+  thread_ = std::thread([this, &p, what = std::move(what)] {
+    std::unique_lock lock(mutex_);
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return done_; })) p(what);
+  });
+}
+
+Progress::Phase::~Phase() {
+  if (!thread_.joinable()) return;
+  {
+    const std::lock_guard lock(mutex_);
+    done_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
+}
+
+bool is_out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
+  const auto* c = dynamic_cast<const c10::Error*>(&e);
+  return c && c->msg().find("DefaultCPUAllocator: can't allocate memory") != std::string::npos;
+}
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// Prints "<label> sublayer i/n, t s" on stderr, at most once a second, after 3 seconds.
-exec::Progress progress_printer(const std::string& label, bool enabled) {
-  if (!enabled) return {};
-  auto start = std::make_shared<Clock::time_point>(Clock::now());
-  auto last = std::make_shared<double>(0.0);
-  return [=](int64_t done, int64_t total) {
-    const double s = std::chrono::duration<double>(Clock::now() - *start).count();
-    if (s < 3.0 || (s - *last < 1.0 && done < total)) return;
-    *last = s;
-    std::fprintf(stderr, "[%s] sublayer %lld/%lld, %.1f s\n", label.c_str(), static_cast<long long>(done),
-                 static_cast<long long>(total), s);
-  };
+// Runs one schedule; an out-of-memory error leaves saying which schedule it was.
+template <class F>
+auto schedule(const char* name, F&& f) {
+  try {
+    return f();
+  } catch (c10::Error& e) {
+    if (is_out_of_memory(e)) e.add_context(std::string("while running the ") + name + " schedule");
+    throw;
+  }
 }
 
 }  // namespace
@@ -53,30 +110,38 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
   RunReport r;
   r.model = inst.model.name;
   r.tokens = inst.model.tokens();
+  r.segments = inst.model.segments;
   r.device = dev.name;
   r.dtype = ir::to_string(inst.model.dtype);
   r.estimated_peak_bytes = p.estimated_peak_bytes;
   r.floor_bytes = p.floor_bytes;
   r.plan = to_json(p);
   const at::Device d = inst.inputs.device();
+  Progress own("run", opt.progress && !opt.reporter);
+  Progress& progress = opt.progress && opt.reporter ? *opt.reporter : own;
+  auto naive = [&](const std::string& what) {
+    return schedule("naive", [&] {
+      return exec::run_naive(inst.model, *inst.weights, inst.inputs, reg, progress.sublayers(inst.model, what));
+    });
+  };
+  auto planned = [&](const std::string& what) {
+    return schedule("planned", [&] {
+      return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev, progress.sublayers(inst.model, what));
+    });
+  };
   // On a GPU the first call of each schedule pays for library handles and kernel loading;
   // one untimed call of each keeps that out of the comparison.
   if (d.is_cuda()) {
-    if (opt.run_naive) exec::run_naive(inst.model, *inst.weights, inst.inputs, reg);
-    exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev);
+    if (opt.run_naive) naive("naive warm-up");
+    planned("planned warm-up");
   }
   at::Tensor ref;
   if (opt.run_naive) {
-    auto [out, m] = measure(d, [&] {
-      return exec::run_naive(inst.model, *inst.weights, inst.inputs, reg, progress_printer("naive", opt.progress));
-    });
+    auto [out, m] = measure(d, [&] { return naive("naive schedule"); });
     ref = out;
     r.naive = m;
   }
-  auto [out, m] = measure(d, [&] {
-    return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev,
-                             progress_printer("planned", opt.progress));
-  });
+  auto [out, m] = measure(d, [&] { return planned("planned schedule"); });
   r.planned = m;
   if (opt.keep_outputs) {
     r.planned_out = out;
@@ -151,6 +216,9 @@ nlohmann::json to_json(const plan::Plan& p) {
 
 nlohmann::json to_json(const RunReport& r) {
   nlohmann::json j{{"model", r.model}, {"tokens", r.tokens}, {"device", r.device}, {"dtype", r.dtype}};
+  nlohmann::json segments = nlohmann::json::object();
+  for (const auto& s : r.segments) segments[s.name] = s.length;
+  j["segments"] = segments;
   j["naive"] = r.naive ? nlohmann::json{{"peak_bytes", r.naive->peak_bytes}, {"ms", r.naive->ms}}
                        : nlohmann::json{{"peak_bytes", nullptr}, {"ms", nullptr}};
   j["planned"] = {{"peak_bytes", r.planned.peak_bytes},
@@ -163,10 +231,18 @@ nlohmann::json to_json(const RunReport& r) {
   return j;
 }
 
+std::string token_breakdown(const RunReport& r) {
+  std::string s = std::to_string(r.tokens);
+  for (size_t i = 0; i < r.segments.size(); ++i)
+    s += (i == 0 ? " = " : " + ") + r.segments[i].name + " " + std::to_string(r.segments[i].length);
+  return s;
+}
+
 std::string to_table(const RunReport& r) {
   std::ostringstream os;
   char line[256];
   os << r.model << ", " << r.tokens << " tokens, " << r.dtype << ", " << r.device << "\n";
+  if (r.segments.size() > 1) os << "  tokens: " << token_breakdown(r) << "\n";
   std::snprintf(line, sizeof line, "  %-8s %14s %12s %10s\n", "schedule", "peak", "time", "x floor");
   os << line;
   auto row = [&](const char* name, const Measurement& m) {

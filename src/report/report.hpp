@@ -12,9 +12,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "models/builder.hpp"
 #include "plan/plan.hpp"
@@ -30,6 +35,7 @@ struct Measurement {
 struct RunReport {
   std::string model, device, dtype;
   int64_t tokens = 0;
+  std::vector<ir::Segment> segments;  // the rows of `tokens`, in order (e.g. text, then video)
   std::optional<Measurement> naive;
   Measurement planned;
   int64_t estimated_peak_bytes = 0, floor_bytes = 0;
@@ -38,11 +44,60 @@ struct RunReport {
   at::Tensor naive_out, planned_out;  // kept when CompareOptions::keep_outputs
 };
 
+// Progress lines on stderr for long work, "[run] planned schedule: sublayer 37/80 (block 19/40),
+// 6.1 s" (the time since the object was made): nothing during the first 2 s, then at most one
+// line every 2 s, so that short work stays silent and long work shows it is alive. A disabled
+// one prints nothing.
+class Progress {
+ public:
+  class Phase;
+
+  Progress(std::string label, bool enabled);
+  bool enabled() const { return enabled_; }
+  double seconds() const;
+  // Reports `what`, when due.
+  void operator()(const std::string& what);
+  // A callback for exec::run_naive / run_planned that reports finished sublayers of m as
+  // "<what>: sublayer i/n (block j/k)". Refers to this object, which must outlive it.
+  exec::Progress sublayers(const ir::Model& m, const std::string& what);
+  // While the returned object lives, a helper thread reports `what` when due: for work that
+  // calls no progress callback (reading weights, planning).
+  [[nodiscard]] Phase phase(std::string what);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  bool due();  // true at most once every 2 s, and not before 2 s
+  void print(const std::string& what) const;
+  std::string label_;
+  bool enabled_;
+  Clock::time_point start_, next_;
+  std::mutex mutex_;  // next_, for phases' threads
+};
+
+class Progress::Phase {
+ public:
+  Phase(Progress& p, std::string what);
+  ~Phase();
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 struct CompareOptions {
   bool run_naive = true;
-  bool progress = true;  // progress lines on stderr once a run passes a few seconds
+  bool progress = true;  // progress lines on stderr once a run passes 2 s
   bool keep_outputs = false;
+  Progress* reporter = nullptr;  // where progress lines go (its label and clock); null: "[run]" from the start of compare
 };
+
+// Out of device or host memory: c10::OutOfMemoryError, and the failure of c10's CPU
+// allocator, which comes as a plain c10::Error.
+bool is_out_of_memory(const std::exception& e);
 
 // One metered call on the device: its output, time (device events on a GPU) and the
 // activation peak above what was live when it started.
@@ -60,6 +115,8 @@ nlohmann::json to_json(const plan::Program& prog, const contracts::DeviceCaps& d
 // The programs a planned run executes, in order: embedding, every sublayer, final layer.
 std::vector<plan::Program> programs(const ir::Model& m, const plan::Plan& p, const contracts::Registry& reg,
                                     const contracts::DeviceCaps& dev);
+// "1268 = text 512 + audio 256 + video 500": the tokens of a report per segment.
+std::string token_breakdown(const RunReport& r);
 // Short human-readable table of a report.
 std::string to_table(const RunReport& r);
 

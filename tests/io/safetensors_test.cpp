@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -208,13 +210,50 @@ TEST(SafetensorsErrors, AbsurdHeaderLength) {
 
 TEST(SafetensorsErrors, BadJson) {
   expect_bad(R"({"a":{"dtype":"U8",)", 0, {"header is not valid JSON"});
-  expect_bad(R"([1,2,3])", 0, {"must be a JSON object, got array"});
   expect_bad("{\"a\xff\":1}", 0, {"not valid UTF-8", "offset 3"});
   expect_bad(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{}})", 1,
              {"duplicate key 'a'"});
   expect_bad(R"({"a":{"dtype":"U8","dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1,
              {"duplicate key 'dtype'"});
-  expect_bad(std::string(40, '[') + std::string(40, ']'), 0, {"nested deeper"});
+  expect_bad("{\"a\":" + std::string(40, '[') + std::string(40, ']') + "}", 0, {"nested deeper"});
+}
+
+// Files that are not safetensors at all say so, name the file, and say why, instead of
+// quoting the nonsense header length their first 8 bytes give.
+TEST(SafetensorsErrors, NotASafetensorsFile) {
+  TempDir dir;
+  auto expect_not = [&](const std::string& name, const std::vector<std::byte>& bytes,
+                        std::vector<std::string> needles) {
+    const std::string p = dir.file(name);
+    write_bytes(p, bytes);
+    needles.push_back("'" + p + "' is not a safetensors file: ");
+    expect_error([&] { SafetensorsFile::open(p); }, needles);
+    needles.back() = "'<memory>' is not a safetensors file: ";
+    expect_error([&] { SafetensorsFile::from_memory(bytes); }, needles);
+  };
+
+  std::mt19937 rng(12345);
+  std::vector<std::byte> noise(1234);
+  for (auto& b : noise) b = static_cast<std::byte>(rng() & 0xff);
+  ASSERT_NE(noise[8], std::byte{'{'});
+  expect_not("random.bin", noise, {"its first 8 bytes, read as the little-endian header length, give ",
+                                   "bytes, but the file has 1234 bytes"});
+
+  const std::string text = "{\n  \"model_type\": \"wan\",\n  \"num_layers\": 30\n}\n";
+  std::vector<std::byte> json_doc;
+  for (char c : text) json_doc.push_back(static_cast<std::byte>(c));
+  expect_not("config.json", json_doc, {"it looks like a JSON document"});
+
+  expect_not("empty.safetensors", {}, {"it is empty"});
+  expect_not("short.safetensors", iota_bytes(5), {"it has 5 bytes, fewer than the 8-byte header length"});
+  expect_not("one.safetensors", iota_bytes(1), {"it has 1 byte,"});
+  expect_not("zip.pt", {std::byte{'P'}, std::byte{'K'}, std::byte{3}, std::byte{4}, std::byte{20}, std::byte{0},
+                        std::byte{0}, std::byte{0}, std::byte{8}, std::byte{0}},
+             {"zip archive"});
+
+  // A plausible length whose header is not a JSON object, and an empty header.
+  expect_not("array.safetensors", raw_file("[1,2,3]"), {"the header does not begin with '{' (it begins with '[')"});
+  expect_not("zero.safetensors", raw_file(""), {"header length is 0"});
 }
 
 TEST(SafetensorsErrors, EntryNotObjectMissingOrExtraKeys) {
@@ -323,4 +362,115 @@ TEST(SafetensorsWriterTest, RefusesMismatchedSizesAndLeavesNoFile) {
   w.write(path);
   EXPECT_EQ(SafetensorsFile::open(path).size(), 1u);
   EXPECT_FALSE(fs::exists(path + ".tmp"));
+}
+
+TEST(SafetensorsStreamWriterTest, SameBytesAsTheInMemoryWriter) {
+  TempDir dir;
+  auto a = iota_bytes(2 * 3 * 2, 1);
+  auto b = iota_bytes(5, 7);
+  SafetensorsWriter w;
+  sp::io::SafetensorsStreamWriter s;
+  w.add("layer.0.weight", DType::BF16, {2, 3}, a);
+  s.declare("layer.0.weight", DType::BF16, {2, 3});
+  w.add("empty", DType::F32, {0, 7}, {});
+  s.declare("empty", DType::F32, {0, 7});
+  w.add("q\"uote\u00e9", DType::U8, {5}, b);
+  s.declare("q\"uote\u00e9", DType::U8, {5});
+  w.set_metadata("format", "pt");
+  s.set_metadata("format", "pt");
+  w.set_metadata("a", "x\ny");
+  s.set_metadata("a", "x\ny");
+
+  const auto img = w.serialize();
+  ASSERT_EQ(s.file_bytes(), img.size());  // known before any tensor exists
+  EXPECT_EQ(s.header_bytes() % 8, 0u);
+  EXPECT_EQ(s.tensors().at(2).begin, 12u);
+
+  const std::string path = dir.file("s.safetensors");
+  s.open(path);
+  EXPECT_TRUE(fs::exists(path + ".tmp"));
+  EXPECT_FALSE(fs::exists(path));
+  s.write(a);
+  s.write({});
+  s.write(b);
+  EXPECT_EQ(s.written(), 3u);
+  EXPECT_EQ(s.bytes_written(), img.size());
+  s.commit();
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(got.size(), img.size());
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), reinterpret_cast<const char*>(img.data())));
+  EXPECT_EQ(SafetensorsFile::open(path).metadata().at("a"), "x\ny");
+
+  // No metadata, no tensors: the header is "{}" padded.
+  sp::io::SafetensorsStreamWriter e;
+  EXPECT_EQ(e.header(), std::string("\x08\0\0\0\0\0\0\0{}      ", 16));
+}
+
+TEST(SafetensorsStreamWriterTest, RefusesWhatDoesNotFitAndLeavesNoFile) {
+  TempDir dir;
+  const std::string path = dir.file("big.safetensors");
+  auto declare = [](sp::io::SafetensorsStreamWriter& s) {
+    s.declare("w", DType::F32, {1000, 1000});
+    s.set_metadata("format", "pt");
+  };
+
+  // Not enough free space: refused before anything is created, naming both sizes.
+  {
+    sp::io::SafetensorsStreamWriter s;
+    declare(s);
+    const std::string need = std::to_string(s.file_bytes());
+    ::setenv("STREAMPLAN_FREE_BYTES_FOR_TESTS", "1000", 1);
+    expect_error([&] { s.open(path); }, {path, "the file needs " + need + " bytes", "has 1000 bytes", "free"});
+    ::unsetenv("STREAMPLAN_FREE_BYTES_FOR_TESTS");
+  }
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+
+  // Abandoned half way (an exception in the producer): the destructor removes the temp file.
+  {
+    sp::io::SafetensorsStreamWriter s;
+    declare(s);
+    s.declare("v", DType::U8, {4});
+    s.open(path);
+    s.write(std::vector<std::byte>(4'000'000));
+    EXPECT_TRUE(fs::exists(path + ".tmp"));
+  }
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+
+  // A wrong size or an early commit aborts the file.
+  {
+    sp::io::SafetensorsStreamWriter s;
+    declare(s);
+    s.open(path);
+    expect_error([&] { s.write(iota_bytes(3)); }, {path, "tensor 'w'", "= 4000000 bytes but 3 bytes were given"});
+    EXPECT_FALSE(fs::exists(path + ".tmp"));
+  }
+  {
+    sp::io::SafetensorsStreamWriter s;
+    declare(s);
+    s.open(path);
+    expect_error([&] { s.commit(); }, {path, "after 0 of 1 tensors", "'w'"});
+    expect_error([&] { s.declare("late", DType::U8, {1}); }, {"after open()"});
+  }
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+
+  // A header beyond what readers accept is refused up front.
+  {
+    sp::io::SafetensorsStreamWriter s;
+    s.set_metadata("blob", std::string(100'000'000, 'x'));
+    expect_error([&] { s.open(path); }, {path, "beyond the limit of 100000000 bytes"});
+  }
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+
+  // Duplicate and reserved names are refused at declaration.
+  sp::io::SafetensorsStreamWriter s;
+  s.declare("a", DType::U8, {1});
+  expect_error([&] { s.declare("a", DType::U8, {1}); }, {"tensor 'a'", "duplicate"});
+  expect_error([&] { s.declare("__metadata__", DType::U8, {1}); }, {"reserved"});
+  expect_error([&] { s.declare("n", DType::U8, {-2}); }, {"tensor 'n'", "[-2]"});
 }

@@ -76,13 +76,16 @@ contracts::DeviceCaps describe_device(const at::Device& d) {
   // What this process can still allocate: the device's free memory plus the caching
   // allocator's unused cached blocks, within the allocator's memory fraction (a cap set with
   // setMemoryFraction counts against reserved, not physical, memory).
-  {
+  // Before its first allocation the allocator holds nothing and has no statistics yet.
+  c.memory_free = static_cast<int64_t>(free_b);
+  try {
     namespace cca = c10::cuda::CUDACachingAllocator;
     const auto st = cca::getDeviceStats(d.index());
     const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     const int64_t allocated = st.allocated_bytes[agg].current, reserved = st.reserved_bytes[agg].current;
     const int64_t allowed = static_cast<int64_t>(cca::getMemoryFraction(d.index()) * double(total_b));
     c.memory_free = std::min(static_cast<int64_t>(free_b) + (reserved - allocated), allowed - allocated);
+  } catch (const c10::Error&) {
   }
   c.cc_major = p->major;
   c.cc_minor = p->minor;

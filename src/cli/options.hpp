@@ -1,0 +1,49 @@
+// Checks of numeric options whose messages a user can act on: CLI11 reports them as
+// "--tokens: must be >= 1, got 0", where its PositiveNumber and Range validators print the
+// limits as doubles ("Value 0 not in range 0.000000 to 1797…").
+//
+// Example:
+//     cmd->add_option("--tokens", tokens, "total tokens")->check(sp::cli::at_least(1));
+//     cmd->add_option("--reps", reps, "repetitions")->check(sp::cli::between(1, 100));
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <sstream>
+#include <string>
+
+namespace sp::cli {
+
+namespace detail {
+
+inline std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// Accepts numbers for which in_limits holds; `limits` completes "must be ...".
+template <class InLimits>
+CLI::Validator numeric_check(std::string limits, InLimits in_limits) {
+  return CLI::Validator(
+      [limits, in_limits](std::string& in) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(in, v)) return "must be a number " + limits + ", got '" + in + "'";
+        if (!in_limits(v)) return "must be " + limits + ", got " + in;
+        return {};
+      },
+      "");
+}
+
+}  // namespace detail
+
+inline CLI::Validator at_least(double lo) {
+  return detail::numeric_check(">= " + detail::number_text(lo), [lo](double v) { return v >= lo; });
+}
+
+inline CLI::Validator between(double lo, double hi) {
+  return detail::numeric_check("between " + detail::number_text(lo) + " and " + detail::number_text(hi),
+                               [lo, hi](double v) { return v >= lo && v <= hi; });
+}
+
+}  // namespace sp::cli
