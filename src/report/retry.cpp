@@ -25,13 +25,14 @@ Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, 
   exec::release_cached(device);
   contracts::DeviceCaps now = dev;  // the same rates, the memory free now
   now.memory_free = exec::describe_device(device).memory_free;
-  const int64_t budget = now.memory_free - plan::auto_margin(now);
+  // What is free now, less a twentieth for what a run allocates besides its schedule (library
+  // workspaces); the chooser keeps the allocator's reserve on top.
+  const int64_t budget = now.memory_free - now.memory_free / 20;
   const std::string failed = "the plan's estimated peak " + plan::human_bytes(p.estimated_peak_bytes) +
                              " did not fit: out of memory with " + plan::human_bytes(now.memory_free) +
                              " free after releasing the cache";
   if (budget <= 0 || budget >= p.estimated_peak_bytes)
-    throw OutOfMemory("out of memory: " + failed + ", and no smaller budget leaves the auto margin (" +
-                          plan::human_bytes(plan::auto_margin(now)) + ")",
+    throw OutOfMemory("out of memory: " + failed + ", and the plan already asked for no more than that",
                       p.estimated_peak_bytes, now.memory_free);
   plan::Options o;
   o.budget_bytes = budget;

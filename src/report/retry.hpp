@@ -4,7 +4,7 @@
 // have less free memory than the plan assumed (another process, fragmentation, a budget of
 // "none" on a small card). When the planned run raises CUDA's out-of-memory error, the
 // cached blocks go back to the device, the planner is asked for the fastest schedule that
-// fits what is free now (minus the auto budget's margin), and the run is repeated once.
+// fits what is free now (less a twentieth), and the run is repeated once.
 // Where no schedule fits — or the retry runs out of memory too — an OutOfMemory error says
 // what was needed and what was free; the caller's buffers are untouched either way (a run
 // writes only into memory it allocates, and the CLI writes its outputs after success).
