@@ -1,4 +1,5 @@
 #include "report/report.hpp"
+#include "report/retry.hpp"
 
 #include "plan/arena.hpp"
 #include "plan/budget.hpp"
@@ -124,9 +125,18 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
       return exec::run_naive(inst.model, *inst.weights, inst.inputs, reg, progress.sublayers(inst.model, what));
     });
   };
+  // Out of memory: one retry under what is free; later runs keep the plan that ran.
+  plan::Plan current = p;
   auto planned = [&](const std::string& what) {
     return schedule("planned", [&] {
-      return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev, progress.sublayers(inst.model, what));
+      Retried run = run_planned_retrying(inst, current, reg, dev, d, progress.sublayers(inst.model, what));
+      if (run.retried) {
+        current = run.plan;
+        r.retry = run.note;
+        r.plan = to_json(current);
+        r.estimated_peak_bytes = current.estimated_peak_bytes;
+      }
+      return run.out;
     });
   };
   // On a GPU the first call of each schedule pays for library handles and kernel loading;
@@ -225,6 +235,7 @@ nlohmann::json to_json(const RunReport& r) {
                   {"estimated_peak_bytes", r.estimated_peak_bytes},
                   {"ms", r.planned.ms}};
   j["floor_bytes"] = r.floor_bytes;
+  if (!r.retry.empty()) j["retry"] = r.retry;
   j["error"] = {{"max_abs", r.max_abs ? nlohmann::json(*r.max_abs) : nlohmann::json(nullptr)},
                 {"rel_l2", r.rel_l2 ? nlohmann::json(*r.rel_l2) : nlohmann::json(nullptr)}};
   j["plan"] = r.plan;
@@ -243,6 +254,7 @@ std::string to_table(const RunReport& r) {
   char line[256];
   os << r.model << ", " << r.tokens << " tokens, " << r.dtype << ", " << r.device << "\n";
   if (r.segments.size() > 1) os << "  tokens: " << token_breakdown(r) << "\n";
+  if (!r.retry.empty()) os << "  " << r.retry << "\n";
   std::snprintf(line, sizeof line, "  %-8s %14s %12s %10s\n", "schedule", "peak", "time", "x floor");
   os << line;
   auto row = [&](const char* name, const Measurement& m) {

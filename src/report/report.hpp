@@ -41,6 +41,7 @@ struct RunReport {
   int64_t estimated_peak_bytes = 0, floor_bytes = 0;
   std::optional<double> max_abs, rel_l2;
   nlohmann::json plan;
+  std::string retry;  // set when the planned run ran out of memory and ran again (report/retry.hpp)
   at::Tensor naive_out, planned_out;  // kept when CompareOptions::keep_outputs
 };
 
