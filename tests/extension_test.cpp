@@ -50,10 +50,7 @@ struct HalfStored : exec::FormatImpl {
   }
   at::Tensor acquire(const exec::WeightSource& src, const ir::Linear& l, exec::Slice rows, exec::Slice cols,
                      at::ScalarType dtype, const at::Tensor& out) const override {
-    const at::Tensor view = exec::stored_slice(src, l, rows, cols);
-    if (!out.defined()) return view.to(dtype);
-    out.copy_(view);
-    return out;
+    return exec::converted(exec::stored_slice(src, l, rows, cols), dtype, out);
   }
 };
 

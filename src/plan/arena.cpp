@@ -83,15 +83,6 @@ Placement place(const Program& p, const contracts::DeviceCaps& dev) {
       pl.transient_bytes = p.steps[size_t(i)].transient;
       pl.peak_step = i;
     }
-  if (pl.peak_step < 0) {  // no transient: the step with the most live arena bytes
-    int64_t best = -1;
-    for (int i = 0; i < int(p.steps.size()); ++i) {
-      int64_t live = 0;
-      for (int b : order)
-        if (pl.live[size_t(b)].first <= i && i <= pl.live[size_t(b)].second) live += p.buffers[size_t(b)].bytes();
-      if (live > best) best = live, pl.peak_step = i;
-    }
-  }
   pl.peak_bytes = dev.round_alloc(pl.arena_bytes) + pl.separate_bytes + pl.transient_bytes;
   return pl;
 }

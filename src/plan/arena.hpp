@@ -36,7 +36,7 @@ struct Placement {
   int64_t arena_bytes = 0;
   int64_t separate_bytes = 0;  // buffers allocated on their own, rounded
   int64_t transient_bytes = 0;  // the largest step transient
-  int peak_step = -1;           // the step of the largest transient (or of the most live bytes)
+  int peak_step = -1;           // the step of the largest transient (-1: no step has one)
   int64_t peak_bytes = 0;       // rounded arena + separate + transient
 };
 

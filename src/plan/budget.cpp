@@ -273,8 +273,22 @@ std::string dominant_terms(const Program& p, const Placement& pl) {
     int64_t bytes;
   };
   std::vector<Term> terms;
-  const int at = std::max(pl.peak_step, 0);
-  auto live = [&](size_t i) { return pl.offset[i] >= 0 && pl.live[i].first <= at && at <= pl.live[i].second; };
+  auto live_at = [&](size_t i, int step) {
+    return pl.offset[i] >= 0 && pl.live[i].first <= step && step <= pl.live[i].second;
+  };
+  // The step of the largest transient, else the one with the most bytes live in the arena.
+  int at = pl.peak_step;
+  if (at < 0) {
+    int64_t best = -1;
+    for (int s = 0; s < int(p.steps.size()); ++s) {
+      int64_t bytes = 0;
+      for (size_t i = 0; i < p.buffers.size(); ++i)
+        if (live_at(i, s)) bytes += p.buffers[i].bytes();
+      if (bytes > best) best = bytes, at = s;
+    }
+  }
+  at = std::max(at, 0);
+  auto live = [&](size_t i) { return live_at(i, at); };
   int k = -1, v = -1;
   for (size_t i = 0; i < p.buffers.size(); ++i) {
     if (!live(i)) continue;

@@ -2,14 +2,9 @@
 
 #include "exec/device/device.hpp"
 #include "plan/budget.hpp"
+#include "report/report.hpp"
 
 namespace sp::report {
-
-namespace {
-
-bool is_oom(const std::exception& e) { return dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr; }
-
-}  // namespace
 
 Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,
                              const contracts::DeviceCaps& dev, const at::Device& device,
@@ -20,7 +15,7 @@ Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, 
     r.out = exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev, progress);
     return r;
   } catch (const std::exception& e) {
-    if (!is_oom(e)) throw;
+    if (!is_out_of_memory(e)) throw;
   }
   exec::release_cached(device);
   contracts::DeviceCaps now = dev;  // the same rates, the memory free now
@@ -48,7 +43,7 @@ Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, 
   try {
     r.out = exec::run_planned(inst.model, r.plan, *inst.weights, inst.inputs, reg, now, progress);
   } catch (const std::exception& e) {
-    if (!is_oom(e)) throw;
+    if (!is_out_of_memory(e)) throw;
     exec::release_cached(device);
     throw OutOfMemory("out of memory again after a retry under " + plan::human_bytes(budget) + " (" + failed + ")",
                       r.plan.estimated_peak_bytes, exec::describe_device(device).memory_free);

@@ -2,7 +2,7 @@
 //
 // Design note. The plan's estimate covers what the schedule allocates, but the device may
 // have less free memory than the plan assumed (another process, fragmentation, a budget of
-// "none" on a small card). When the planned run raises CUDA's out-of-memory error, the
+// "none" on a small card). When the planned run runs out of memory (is_out_of_memory), the
 // cached blocks go back to the device, the planner is asked for the fastest schedule that
 // fits what is free now (less a twentieth), and the run is repeated once.
 // Where no schedule fits — or the retry runs out of memory too — an OutOfMemory error says

@@ -19,10 +19,7 @@ struct Int8Rowwise : FormatImpl {
                      const at::Tensor& out) const override {
     const at::Tensor view = stored_slice(src, l, rows, cols);
     const at::Tensor scale = slice(src.tensor(scale_name(l)), 0, rows).unsqueeze(1);
-    if (!out.defined()) return view.to(dtype).mul_(scale);
-    out.copy_(view);
-    out.mul_(scale);
-    return out;
+    return converted(view, dtype, out).mul_(scale);
   }
 };
 

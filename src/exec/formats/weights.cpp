@@ -36,6 +36,12 @@ at::Tensor stored_slice(const WeightSource& src, const ir::Linear& l, Slice rows
   return slice(slice(w, 0, rows), 1, cols);
 }
 
+at::Tensor converted(const at::Tensor& stored, at::ScalarType dtype, const at::Tensor& out) {
+  if (!out.defined()) return stored.to(dtype);
+  out.copy_(stored);
+  return out;
+}
+
 void TensorWeights::add(const std::string& name, at::Tensor t) { t_[name] = std::move(t); }
 
 void TensorWeights::store(const ir::Linear& l, const at::Tensor& w, at::ScalarType model) {

@@ -79,5 +79,8 @@ at::ScalarType to_aten(ir::DType d);
 at::Tensor slice(const at::Tensor& t, int64_t dim, Slice s);
 // The stored weight of `l`, checked against the IR's shape, sliced.
 at::Tensor stored_slice(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols);
+// A stored slice in `dtype`: copied into `out` (the placed buffer) and returned, or, without
+// one, a new tensor (the naive reference). For formats whose acquire converts.
+at::Tensor converted(const at::Tensor& stored, at::ScalarType dtype, const at::Tensor& out);
 
 }  // namespace sp::exec
