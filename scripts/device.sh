@@ -12,9 +12,10 @@
 #   scripts/device.sh OUT sweep-models
 #                                    budget sweeps of the whole H3 (10 s) and Wan 14B models
 #                                    from 1.1 x floor, against two fixed chunks (same binary)
-#   scripts/device.sh OUT policy     the bench cases three ways: the default policy (no flags),
-#                                    --budget auto (the fastest plan) and --budget-floor 1.1;
-#                                    builds first where build-gpu/streamplan is missing
+#   scripts/device.sh OUT policy     the bench cases three ways, in turn in one process: the
+#                                    default policy (no flags), --budget auto (the fastest plan)
+#                                    and --budget-floor 1.1 (bench --policies); builds first
+#                                    where build-gpu/streamplan is missing
 # BENCH_ARGS adds options to `streamplan bench` (e.g. "--budget-floor 1.1"); CASES overrides
 # the mode's bench or sweep cases; AB_CASES (mode all) are benched once more with the ATen
 # row operations instead of the fused kernels.
@@ -44,31 +45,9 @@ build_bin() {
 if [ "$mode" = policy ]; then
   build_bin
   cases=${CASES:-h3-block-5s,h3-block-10s,wan14b-block-81f,flux-dev-1024,flux-dev-2048}
-  for v in default auto floor11; do
-    args=()
-    [ $v = auto ] && args=(--budget auto)
-    [ $v = floor11 ] && args=(--budget-floor 1.1)
-    $bin bench --device cuda --cases "$cases" "${args[@]}" --out "$out/policy_$v.json" >"/tmp/streamplan-policy-$v.txt" \
-      2>>"$out/logs.txt" || summary+=("bench $v failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
-  done
-  $py - "$out" <<'PY'
-import json, sys, os
-out = sys.argv[1]
-load = lambda v: {r["case"]: r for r in json.load(open(os.path.join(out, f"policy_{v}.json")))}
-d, a, f = load("default"), load("auto"), load("floor11")
-print(f"{'case':18} {'tokens':>7} | {'default p/floor':>15} {'ms':>8} {'vs auto':>8} {'t est/m':>8} | "
-      f"{'auto ms':>8} {'t est/m':>8} | {'1.1x p/floor':>12} {'ms':>8} {'pk est/m':>9} {'t est/m':>8} {'rel_l2':>9}")
-for c in d:
-    x, y, z = d[c], a.get(c), f.get(c)
-    row = f"{c:18} {x['tokens']:>7} | {x['planned_peak_bytes']/x['floor_bytes']:15.3f} {x['planned_ms']:8.1f} "
-    row += f"{x['planned_ms']/y['planned_ms']:8.3f} " if y else f"{'n/a':>8} "
-    row += f"{x['estimated_ms']/x['planned_ms']:8.3f} | "
-    row += f"{y['planned_ms']:8.1f} {y['estimated_ms']/y['planned_ms']:8.3f} | " if y else f"{'n/a':>8} {'':8} | "
-    if z:
-        row += (f"{z['planned_peak_bytes']/z['floor_bytes']:12.3f} {z['planned_ms']:8.1f} "
-                f"{z['estimated_peak_bytes']/z['planned_peak_bytes']:9.4f} {z['estimated_ms']/z['planned_ms']:8.3f} {z['rel_l2'] or 0:9.2e}")
-    print(row)
-PY
+  # One process per case set: the policies' plans run in turn on the same weights.
+  $bin bench --device cuda --cases "$cases" --policies --budget-floor 1.1 ${BENCH_ARGS:-} --out "$out/policy.json" \
+    2>>"$out/logs.txt" | tee "$out/policy.txt" || summary+=("bench --policies failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
   printf '%s\n' "${summary[@]}"
   exit 0
 fi

@@ -96,31 +96,33 @@ TEST(Gpu, FusedNormModulateMatchesFormula) {
   for (at::ScalarType dt : {at::kBFloat16, at::kHalf, at::kFloat})
     for (int64_t dim : {77, 1000, 5120})
       for (bool ln : {true, false})
-        for (int mode : {0, 1, 2}) {  // modulation: none, one row for all, per row
-          const int64_t rows = 37;
-          const std::string what = std::string(c10::toString(dt)) + " dim " + std::to_string(dim) +
-                                   (ln ? " layernorm" : " rmsnorm") + " mod " + std::to_string(mode);
-          // x as a strided row view of a wider tensor, modulation rows strided too.
-          const at::Tensor xw = at::randn({rows, dim + 3}).to(dt), x = xw.narrow(1, 1, dim);
-          const at::Tensor w = at::randn({dim}), b = ln ? at::randn({dim}) : at::Tensor();
-          at::Tensor scale, shift;
-          if (mode == 1) scale = at::randn({dim}) * 0.1, shift = at::randn({dim});
-          if (mode == 2) {
-            const at::Tensor table = at::randn({rows, 2, dim});
-            scale = table.select(1, 0) * 0.1, shift = table.select(1, 1);
+        for (int mode : {0, 1, 2})  // modulation: none, one row for all, per row
+          for (int64_t off : {0, 1}) {  // 0: rows aligned for 8-element accesses (where dim allows)
+            const int64_t rows = 37;
+            const std::string what = std::string(c10::toString(dt)) + " dim " + std::to_string(dim) +
+                                     (ln ? " layernorm" : " rmsnorm") + " mod " + std::to_string(mode) + " offset " +
+                                     std::to_string(off);
+            // x as a strided row view of a wider tensor, modulation rows strided too.
+            const at::Tensor xw = at::randn({rows, dim + 8}).to(dt), x = xw.narrow(1, off, dim);
+            const at::Tensor w = at::randn({dim}), b = ln ? at::randn({dim}) : at::Tensor();
+            at::Tensor scale, shift;
+            if (mode == 1) scale = at::randn({dim}) * 0.1, shift = at::randn({dim});
+            if (mode == 2) {
+              const at::Tensor table = at::randn({rows, 2, dim});
+              scale = table.select(1, 0) * 0.1, shift = table.select(1, 1);
+            }
+            const at::Tensor x64 = x.to(at::kDouble);
+            const at::Tensor mean = ln ? x64.mean(-1, true) : at::zeros({rows, 1}, at::kDouble);
+            const at::Tensor var = (x64 - mean).pow(2).mean(-1, true);
+            at::Tensor want = (x64 - mean) * at::rsqrt(var + 1e-6) * w.to(at::kDouble);
+            if (ln) want = want + b.to(at::kDouble);
+            if (mode) want = want * (1 + scale.to(at::kDouble)) + shift.to(at::kDouble);
+            const at::Tensor out = at::empty({rows, dim}, at::TensorOptions().dtype(dt).device(d));
+            auto cuda = [&](const at::Tensor& t) { return t.defined() ? t.to(d) : t; };
+            exec::fused::norm_modulate(xw.to(d).narrow(1, off, dim), out, {ln, 1e-6, cuda(w), cuda(b)},
+                                       mode == 2 ? scale.to(d) : cuda(scale), cuda(shift));
+            expect_close(out, want, dt, what);
           }
-          const at::Tensor x64 = x.to(at::kDouble);
-          const at::Tensor mean = ln ? x64.mean(-1, true) : at::zeros({rows, 1}, at::kDouble);
-          const at::Tensor var = (x64 - mean).pow(2).mean(-1, true);
-          at::Tensor want = (x64 - mean) * at::rsqrt(var + 1e-6) * w.to(at::kDouble);
-          if (ln) want = want + b.to(at::kDouble);
-          if (mode) want = want * (1 + scale.to(at::kDouble)) + shift.to(at::kDouble);
-          const at::Tensor out = at::empty({rows, dim}, at::TensorOptions().dtype(dt).device(d));
-          auto cuda = [&](const at::Tensor& t) { return t.defined() ? t.to(d) : t; };
-          exec::fused::norm_modulate(xw.to(d).narrow(1, 1, dim), out, {ln, 1e-6, cuda(w), cuda(b)},
-                                     mode == 2 ? scale.to(d) : cuda(scale), cuda(shift));
-          expect_close(out, want, dt, what);
-        }
 }
 
 TEST(Gpu, FusedQkNormRopeMatchesFormula) {
@@ -131,7 +133,8 @@ TEST(Gpu, FusedQkNormRopeMatchesFormula) {
     int64_t heads, hd, rot;
   };
   for (at::ScalarType dt : {at::kBFloat16, at::kHalf, at::kFloat})
-    for (C c : {C{3, 64, 32}, C{40, 128, 128}, C{5, 96, 0}})
+    // The first three fit 8-element accesses; 72 / 36 does not (a rotation half of 18).
+    for (C c : {C{3, 64, 32}, C{40, 128, 128}, C{5, 96, 0}, C{2, 72, 36}})
       for (auto norm : {ir::QkNormKind::None, ir::QkNormKind::PerHead, ir::QkNormKind::AcrossHeads})
         for (auto style : {ir::RopeStyle::None, ir::RopeStyle::SplitHalf, ir::RopeStyle::Interleaved}) {
           if ((style == ir::RopeStyle::None) != (c.rot == 0)) continue;
@@ -175,6 +178,35 @@ TEST(Gpu, FusedQkNormRopeMatchesFormula) {
                                      style == ir::RopeStyle::None ? at::Tensor() : sn.to(d)});
           expect_close(out.transpose(0, 1), want, dt, what);
         }
+}
+
+TEST(Gpu, FusedResidualAddMatchesFormula) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const at::Device d = exec::pick_device("cuda");
+  at::manual_seed(13);
+  const int64_t rows = 29;
+  for (at::ScalarType dt : {at::kBFloat16, at::kHalf, at::kFloat})
+    for (bool y32 : {false, true})
+      for (int64_t dim : {77, 1024})
+        for (int gate : {0, 1, 2})  // none, one row for all, per row
+          for (int64_t off : {0, 1}) {
+            const std::string what = std::string(c10::toString(dt)) + (y32 ? " y fp32" : "") + " dim " +
+                                     std::to_string(dim) + " gate " + std::to_string(gate) + " offset " +
+                                     std::to_string(off);
+            const at::Tensor xw = at::randn({rows, dim + 8}).to(dt);
+            const at::Tensor y = at::randn({rows, dim + 8}).to(y32 ? at::kFloat : dt).narrow(1, off, dim);
+            at::Tensor g;
+            if (gate == 1) g = at::randn({dim});
+            if (gate == 2) g = at::randn({rows, 3, dim}).select(1, 1);
+            at::Tensor want = y.to(at::kDouble);
+            if (g.defined()) want = want * g.to(at::kDouble);
+            want = want + xw.narrow(1, off, dim).to(at::kDouble);
+            const at::Tensor xd = xw.to(d);
+            exec::fused::residual_add(xd.narrow(1, off, dim), y.to(d), g.defined() ? g.to(d) : g);
+            expect_close(xd.narrow(1, off, dim), want, dt, what);
+            // Columns outside the view are untouched.
+            if (off == 1) EXPECT_TRUE(at::equal(xd.narrow(1, 0, 1).cpu(), xw.narrow(1, 0, 1))) << what;
+          }
 }
 
 }  // namespace fusedk

@@ -999,6 +999,41 @@ TEST(BudgetCost, RatesEfficiencyAndDefaults) {
   EXPECT_DOUBLE_EQ(gpu.flops(ir::DType::F64), gpu.flops(ir::DType::F32) / 2);
 }
 
+TEST(BudgetCost, WaveChunksFillWholeWaves) {
+  // 40 K/V heads on 132 units: 33 tiles per head fill a wave set; rep 2 halves the rows.
+  for (int64_t rep : {1, 2, 3}) {
+    const auto qs = pl::wave_chunk_candidates(75600, rep, 40, 132, 1);
+    ASSERT_FALSE(qs.empty()) << rep;
+    for (int64_t q : qs) {
+      EXPECT_LT(q, 75600);
+      EXPECT_DOUBLE_EQ(pl::attention_efficiency(rep * q, 40, 132), 1.0) << rep << " " << q;
+    }
+  }
+  EXPECT_TRUE(pl::wave_chunk_candidates(75600, 1, 40, 0, 1).empty());  // no GPU
+  for (int64_t q : pl::wave_chunk_candidates(20000, 1, 24, 132, 96)) EXPECT_EQ(q % 96, 0) << q;
+}
+
+TEST(BudgetCost, AttentionEfficiencyIsTheFillOfTheLastWave) {
+  // 40 heads x 33 tiles of 128 rows = 1320 tiles = 10 full waves of 132.
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(33 * 128, 40, 132), 1.0);
+  // One row more opens an 11th wave for 40 tiles: 1360 / (11 x 132).
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(33 * 128 + 1, 40, 132), 1360.0 / (11 * 132));
+  // A partial tile costs a whole one.
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(1, 132, 132), pl::attention_efficiency(128, 132, 132));
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(1000, 8, 0), 1.0);  // no GPU: no waves
+  // The cost model charges the Q slabs of one attention by their waves: splitting 33 x 128
+  // rows per head into 2 slabs fills fewer waves than one call, and costs more.
+  ct::DeviceCaps d = cpu();
+  d.kind = ct::DeviceKind::CUDA;
+  d.compute_units = 132;
+  const pl::Rates r = pl::rates_of(d);
+  pl::Terms whole{4.0 * 4224 * 8192 * 40 * 128, 0, 2, 4224, ir::DType::BF16, true, 40};
+  pl::Terms half = whole;
+  half.flops /= 2;
+  half.gemm_rows = 4224 / 2;
+  EXPECT_GT(2 * pl::step_seconds(half, r), 1.05 * pl::step_seconds(whole, r));
+}
+
 TEST(BudgetAuto, MarginOfTheDevice) {
   constexpr int64_t GiB = int64_t{1} << 30;
   ct::DeviceCaps gpu{.name = "cuda:0 (test)", .kind = ct::DeviceKind::CUDA, .memory_total = 140 * GiB,

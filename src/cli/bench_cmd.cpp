@@ -25,7 +25,7 @@ struct Args {
   double budget_floor = 0, sweep_min_floor = 0;
   int sweep = 0;
   std::vector<int64_t> fixed = {512, 1024, 2048, 4096, 8192, 16384};
-  bool tiny = false, list = false, estimate = false, quiet = false;
+  bool tiny = false, list = false, estimate = false, quiet = false, profile_steps = false, policies = false;
   std::string row_kernels = "fused";
 };
 
@@ -67,6 +67,7 @@ int bench(const Args& a) {
   opt.budget_floor = a.budget_floor;
   opt.sweep_min_floor = a.sweep_min_floor;
   opt.progress = !a.quiet;
+  opt.profile_steps = a.profile_steps;
   // The real-dimension cases take hours on a CPU; say so before starting, with the cost
   // model's estimate (the tiny cases are the ones meant for CPUs).
   const bool on_cpu = d.is_cpu() && !a.tiny;
@@ -88,6 +89,17 @@ int bench(const Args& a) {
     for (size_t i = 0; i < chosen.size(); ++i) std::cout << chosen[i].name << ": " << duration_text(estimates[i]) << "\n";
     std::cout << "total: about " << duration_text(total_ms) << " on " << (d.is_cpu() ? "the CPU" : caps.name) << runs
               << "\n";
+    return 0;
+  }
+  if (a.policies) {
+    nlohmann::json all = nlohmann::json::array();
+    for (const auto& c : chosen) {
+      all.push_back(report::run_policy_case(c, reg, caps, d, opt));
+      if (!a.out.empty()) std::ofstream(a.out) << all.dump(2) << "\n";
+    }
+    std::cout << "device: " << caps.name << ", dtype " << a.dtype << ", " << a.reps
+              << " rounds of the policies in turn (median)\n"
+              << report::policy_table(all);
     return 0;
   }
   if (a.sweep > 0) {
@@ -121,7 +133,7 @@ int bench(const Args& a) {
     if (!a.out.empty()) std::ofstream(a.out) << report::to_json(results).dump(2) << "\n";
   }
   std::cout << "device: " << caps.name << ", dtype " << a.dtype << ", " << a.reps << " timed repetitions (median)\n"
-            << report::bench_table(results);
+            << report::bench_table(results) << report::step_profile_table(results);
   return 0;
 }
 
@@ -160,6 +172,11 @@ Runner add_bench(CLI::App& app) {
                  "planned schedule's norm / Q-K rows: fused kernels where the device has them, or aten ops")
       ->check(CLI::IsMember({"fused", "aten"}))
       ->capture_default_str();
+  cmd->add_flag("--policies", a->policies,
+               "compare the planner's policies instead (planned only, in turn in one process): the default, "
+               "--budget auto and, with --budget-floor, that budget");
+  cmd->add_flag("--profile-steps", a->profile_steps,
+               "after the timed runs, one planned run with every step timed: device, host and estimated ms per step kind");
   cmd->add_option("--out", a->out, "write the results as JSON (updated after every case)");
   return [cmd, a]() { return cmd->parsed() ? bench(*a) : -1; };
 }

@@ -106,6 +106,8 @@ struct DeviceCaps {
   std::set<ir::DType> dtypes;
   int cc_major = 0, cc_minor = 0;
   int threads = 1;
+  // GPU: streaming multiprocessors, the number of attention tiles that run at once (0: not a GPU).
+  int compute_units = 0;
   // CUDA's caching allocator rounds each block up; CPU allocations are exact.
   int64_t alloc_round = 1;
   // Rates of the time estimate (plan/cost.hpp), measured by exec/device/probe.hpp; 0 means not
@@ -116,7 +118,9 @@ struct DeviceCaps {
   double launch_s = 0;         // fixed cost of one small operation: dispatch and kernel launch
   double gemm_half_rows = 0;   // rows at which a matmul reaches half its peak (efficiency rows/(rows+k))
   double attention_ratio = 0;  // attention (SDPA) throughput as a fraction of the matmul peak
-  double row_bytes_per_s = 0;  // bandwidth of the fused row kernels (bytes read + written)
+  double attention_ratio_ragged = 0;  // the same for a K/V length that is not a multiple of 128
+  double row_bytes_per_s = 0;  // bandwidth of the fused norm + modulation kernel (bytes read + written)
+  double qk_bytes_per_s = 0;   // bandwidth of the fused Q/K norm + RoPE kernel (bytes read + written)
   // One-pass row kernels: norm + modulation into the activation dtype, and Q/K norm + RoPE
   // into the attention layout (exec/kernels/fused.hpp). Yes drops the fp32 staging buffers.
   Cap fused_row_kernels = Cap::Unknown;

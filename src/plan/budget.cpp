@@ -7,6 +7,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "plan/cost.hpp"
+
 namespace sp::plan {
 
 namespace {
@@ -119,6 +121,22 @@ std::vector<int64_t> chunk_candidates(int64_t rows, int64_t align) {
     const int64_t c = (rows + k - 1) / k;
     if (c < 128) break;
     offer(ir::round_up(c, even));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<int64_t> wave_chunk_candidates(int64_t rows, int64_t rep, int64_t kv_heads, int units, int64_t align) {
+  if (units <= 0 || kv_heads <= 0 || rep <= 0) return {};
+  // Rows per head of one full wave, then the query rows whose rep-fold is a multiple of it.
+  const int64_t wave = kAttentionTileRows * (units / std::gcd(int64_t{units}, kv_heads));
+  const int64_t step = std::lcm(wave / std::gcd(wave, rep), std::max<int64_t>(align, 1));
+  std::vector<int64_t> out;
+  for (int64_t k : {2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32}) {
+    const int64_t c = (rows + k - 1) / k;
+    for (int64_t w : {c / step * step, ir::round_up(c, step)})
+      if (w >= 64 && w < rows) out.push_back(w);
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());

@@ -137,7 +137,7 @@ class Compiler {
     const int64_t mod_pieces = mod.scope == ir::ModScope::PerSegment ? pieces : 1;
     if (fused_) {  // one kernel per modulation piece: rows in, out written once
       Terms t{0, nd * (esz_ + out_esz), mod_pieces};
-      t.row_kernel = true;
+      t.mover = Mover::NormKernel;
       emit(NormStep{&nm, &mod, ref, true, out, -1}, "norm + modulation (fused)", t);
       return;
     }
@@ -218,7 +218,7 @@ class Compiler {
   void qk_fused(const Operand& in, const Operand& dst, Layout layout, const ir::Attention& a,
                 std::vector<SegWeight> ws, int64_t heads, int64_t rep, int64_t n, int64_t pieces) {
     Terms t{0, 2 * double(n) * double(heads * a.head_dim) * esz_, ws.size() > 1 ? pieces : 1};
-    t.row_kernel = true;
+    t.mover = Mover::QkKernel;
     emit(QkNormRopeStep{in, dst, layout, a.qk_norm, &a.rope, std::move(ws), heads, rep, a.head_dim},
          "Q/K norm + RoPE (fused)", t);
   }
@@ -245,7 +245,7 @@ class Compiler {
     Terms t{4.0 * q_rows * double(L) * double(G) * double(hd),
             (2.0 * q_rows + 2.0 * double(L)) * double(G * hd) * esz_ + 2.0 * double(scratch) +
                 2.0 * double(n) * double(a.heads * hd) * esz_,
-            2, rep * n, dt_, true};
+            2, rep * n, dt_, true, G, L};
     emit(AttendStep{a.consumer, qf, whole(k), whole(v), out, G, rep, hd, 1.0 / std::sqrt(double(hd))},
          "attend (consumer '" + a.consumer + "')", t, dev_.round_alloc(scratch));
   }
@@ -274,8 +274,11 @@ class Compiler {
       tmp = 2 * n * m_.dim * int64_t(elem_size(y));
       if (gated) tmp += (mod.scope == ir::ModScope::PerToken ? n : 1) * m_.dim * int64_t(elem_size(y));
     }
-    emit(ResidualAddStep{y, &mod, ref}, gated ? "gated residual add" : "residual add",
-         {0, 3 * double(n) * double(m_.dim) * esz_, launches}, cpu(tmp));
+    // Reads the residual rows and y, writes the rows (a fused kernel: in one pass, at the
+    // copy bandwidth like the ATen operation).
+    const Terms t{0, double(n) * double(m_.dim) * (2 * esz_ + elem_size(y)), launches};
+    emit(ResidualAddStep{y, &mod, ref, fused_}, std::string(gated ? "gated residual add" : "residual add") +
+         (fused_ ? " (fused)" : ""), t, cpu(tmp));
   }
 
   Program take() { return std::move(p_); }

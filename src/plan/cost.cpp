@@ -33,7 +33,10 @@ Rates rates_of(const contracts::DeviceCaps& dev) {
   take(dev.launch_s, r.launch_s);
   take(dev.gemm_half_rows, r.gemm_half_rows);
   take(dev.attention_ratio, r.attention_ratio);
+  take(dev.attention_ratio_ragged, r.attention_ratio_ragged);
   take(dev.row_bytes_per_s, r.row_bytes_per_s);
+  take(dev.qk_bytes_per_s, r.qk_bytes_per_s);
+  r.compute_units = dev.compute_units;
   return r;
 }
 
@@ -42,13 +45,28 @@ double gemm_efficiency(int64_t rows, double half_rows) {
   return double(rows) / (double(rows) + half_rows);
 }
 
+double attention_efficiency(int64_t rows_per_head, int64_t heads, int units) {
+  if (units <= 0 || rows_per_head <= 0 || heads <= 0) return 1.0;
+  const int64_t tiles = (rows_per_head + kAttentionTileRows - 1) / kAttentionTileRows * heads;
+  const int64_t waves = (tiles + units - 1) / units;
+  return double(tiles) / double(waves * units);
+}
+
 double step_seconds(const Terms& t, const Rates& r) {
   double compute = 0;
   if (t.flops > 0) {
-    const double peak = r.flops(t.dtype) * (t.attention ? r.attention_ratio : 1.0);
-    compute = t.flops / (peak * (t.gemm_rows > 0 ? gemm_efficiency(t.gemm_rows, r.gemm_half_rows) : 1.0));
+    double ratio = 1.0;
+    if (t.attention)
+      ratio = t.attention_kv % kAttentionTileRows != 0 && r.attention_ratio_ragged > 0 ? r.attention_ratio_ragged
+                                                                                         : r.attention_ratio;
+    const double peak = r.flops(t.dtype) * ratio;
+    double eff = t.gemm_rows > 0 ? gemm_efficiency(t.gemm_rows, r.gemm_half_rows) : 1.0;
+    if (t.attention && r.compute_units > 0) eff = attention_efficiency(t.gemm_rows, t.attention_heads, r.compute_units);
+    compute = t.flops / (peak * eff);
   }
-  const double bw = t.row_kernel && r.row_bytes_per_s > 0 ? r.row_bytes_per_s : r.bytes_per_s;
+  double bw = r.bytes_per_s;
+  if (t.mover == Mover::NormKernel && r.row_bytes_per_s > 0) bw = r.row_bytes_per_s;
+  if (t.mover == Mover::QkKernel && r.qk_bytes_per_s > 0) bw = r.qk_bytes_per_s;
   return std::max(compute, t.bytes / bw) + double(t.launches) * r.launch_s;
 }
 

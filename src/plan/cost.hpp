@@ -7,9 +7,10 @@
 //
 //   max(FLOPs / (peak(dtype) · efficiency(rows)),  bytes moved / bandwidth)  +  launches · launch cost
 //
-// where efficiency is rows/(rows + k) for a matmul over `rows` rows (for attention: query
-// rows per K/V head, and the peak scaled by the consumer's measured attention ratio); the
-// fused row kernels move their bytes at their own measured bandwidth. (k: the row count at
+// where efficiency is rows/(rows + k) for a matmul over `rows` rows, and for attention on a
+// GPU the fill of its last wave of tiles (attention_efficiency; on a CPU rows/(rows + k) of
+// the query rows per K/V head), with the peak scaled by the measured attention ratio; the
+// fused row kernels (Terms::mover) move their bytes at their own measured bandwidths. (k: the row count at
 // which a matmul reaches half its peak — with few rows it re-reads its whole weight for
 // little work) and 1 for everything else. The rates (peak matmul throughput per dtype,
 // bandwidth, launch cost, k) come from exec/device/probe.hpp where measured on the device, and
@@ -37,7 +38,10 @@ struct Rates {
   double launch_s = 0;        // per operation
   double gemm_half_rows = 0;  // k of the efficiency rows/(rows + k)
   double attention_ratio = 1;  // attention FLOP/s as a fraction of the matmul's
-  double row_bytes_per_s = 0;  // bandwidth of the fused row kernels (0: bytes_per_s)
+  double attention_ratio_ragged = 0;  // ... with a K/V length not a multiple of 128 (0: attention_ratio)
+  double row_bytes_per_s = 0;  // bandwidth of the fused norm kernel (0: bytes_per_s)
+  double qk_bytes_per_s = 0;   // bandwidth of the fused Q/K norm + RoPE kernel (0: bytes_per_s)
+  int compute_units = 0;       // GPU multiprocessors (attention_efficiency); 0: none
   double flops(ir::DType dt) const;
 };
 
@@ -55,6 +59,15 @@ Rates rates_of(const contracts::DeviceCaps& dev);
 
 // Fraction of peak a matmul of `rows` rows reaches: rows / (rows + k); 1 when k <= 0.
 double gemm_efficiency(int64_t rows, double half_rows);
+
+// Fraction of peak an attention call reaches on a GPU of `units` multiprocessors: its tiles
+// (kAttentionTileRows query rows of one K/V head each) run in waves of `units`, and a last,
+// partly filled wave takes as long as a full one. With a long K/V a tile runs for about a
+// millisecond, so a slab of queries that leaves a wave mostly empty costs that much: measured
+// on an H200 (132 units), about 0.5 ms per attention call of a 75,600-token Wan block.
+// 1 when units <= 0.
+inline constexpr int64_t kAttentionTileRows = 128;
+double attention_efficiency(int64_t rows_per_head, int64_t heads, int units);
 
 struct Cost {
   int64_t peak_bytes = 0;  // above the residual stream

@@ -203,9 +203,14 @@ class Chooser {
       const auto kvs = chunk_candidates(std::max(T, L), 1);
       if (v.is_legal(Transform::BoundedQkv))
         for (int64_t kv : kvs) plans.push_back(attention_candidate(v, T, L, kv, T));
-      if (v.is_legal(Transform::GlobalKvStreamedQ) && v.is_legal(Transform::BoundedQkv))
-        for (int64_t q : chunk_candidates(T, reg_.consumer(a.consumer).q_align))
+      if (v.is_legal(Transform::GlobalKvStreamedQ) && v.is_legal(Transform::BoundedQkv)) {
+        const int64_t align = reg_.consumer(a.consumer).q_align;
+        auto qs = chunk_candidates(T, align);
+        for (int64_t q : wave_chunk_candidates(T, a.heads / a.kv_heads, a.kv_heads, dev_.compute_units, align))
+          if (std::find(qs.begin(), qs.end(), q) == qs.end()) qs.push_back(q);
+        for (int64_t q : qs)
           for (int64_t kv : kvs) plans.push_back(attention_candidate(v, T, L, kv, q));
+      }
     }
     return pick(b, s, std::move(plans));
   }

@@ -98,6 +98,10 @@ struct SliceExpr {
 };
 
 // Cost terms of one execution of a step.
+// What moves a step's bytes: ATen operations (at the copy bandwidth) or one of the fused row
+// kernels (at its own measured bandwidth).
+enum class Mover { Memory, NormKernel, QkKernel };
+
 struct Terms {
   double flops = 0;       // multiply-adds x 2
   double bytes = 0;       // bytes read + written
@@ -105,7 +109,9 @@ struct Terms {
   int64_t gemm_rows = 0;  // > 0: a matmul over this many rows (its efficiency)
   ir::DType dtype = ir::DType::F32;  // compute dtype of the FLOPs
   bool attention = false;            // FLOPs of an attention kernel (Rates::attention_ratio)
-  bool row_kernel = false;           // bytes moved by a fused row kernel (Rates::row_bytes_per_s)
+  int64_t attention_heads = 0;       // attention: the K/V heads of one call (its tiles per query tile)
+  int64_t attention_kv = 0;          // attention: the K/V length
+  Mover mover = Mover::Memory;
   Terms& operator+=(const Terms& o);
 };
 
@@ -226,6 +232,7 @@ struct ResidualAddStep {
   Operand y;
   const ir::Modulation* mod = nullptr;
   ir::ModRef ref;
+  bool fused = false;  // one fused row kernel per piece (fused_norm), else ATen
 };
 
 using StepBody = std::variant<LoopStep, EndLoopStep, AcquireStep, ReleaseStep, ZeroStep, NormStep, CopyStep,

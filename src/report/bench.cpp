@@ -48,7 +48,9 @@ struct CaseModel {
 };
 
 CaseModel build_case(const BenchCase& c, const contracts::Registry& reg, const at::Device& device,
-                     const BenchOptions& opt) {
+                     const BenchOptions& opt, Progress* progress = nullptr) {
+  std::optional<Progress::Phase> phase;
+  if (progress) phase.emplace(*progress, c.name + ": generating weights and inputs");
   CaseModel cm{recognize::preset(c.variant, c.layers, opt.tiny), {}};
   auto weights = models::random_weights_on(cm.cfg, device, exec::to_aten(opt.dtype), opt.seed, reg);
   const models::FamilyRun fr =
@@ -95,10 +97,7 @@ double estimate_case_ms(const BenchCase& c, const contracts::Registry& reg, cons
 BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
                            const at::Device& device, const BenchOptions& opt) {
   Progress progress("bench", opt.progress);
-  const CaseModel cm = [&] {
-    const auto phase = progress.phase(c.name + ": generating weights and inputs");
-    return build_case(c, reg, device, opt);
-  }();
+  const CaseModel cm = build_case(c, reg, device, opt, &progress);
   const models::Instance& inst = cm.inst;
   const plan::Options po = case_plan_options(inst, opt);
   const plan::Plan p = [&] {
@@ -158,6 +157,11 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
     pout = pl.out;
   }
   r.planned_ms = median(pms);
+  if (opt.profile_steps) {
+    exec::StepProfile prof;
+    exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, caps, {}, &prof);
+    r.steps = prof;
+  }
   if (naive_fits) {
     r.naive_ms = median(nms);
     r.naive_peak = npeak;
@@ -227,6 +231,77 @@ nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& r
   return j;
 }
 
+nlohmann::json run_policy_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
+                               const at::Device& device, const BenchOptions& opt) {
+  Progress progress("bench", opt.progress);
+  const CaseModel cm = build_case(c, reg, device, opt, &progress);
+  const models::Instance& inst = cm.inst;
+  const int64_t floor = plan::floor_bytes(inst.model);
+  std::vector<std::pair<std::string, plan::Plan>> plans;
+  {
+    const auto phase = progress.phase(c.name + ": planning");
+    plan::Options po = opt.plan;
+    po.budget_bytes = 0;
+    plans.emplace_back("default", plan::make_plan(inst.model, reg, caps, po));
+    // What is free now, with the weights and inputs resident.
+    po.budget_bytes = plan::budget_from_option("auto", exec::describe_device(device));
+    plans.emplace_back("auto", plan::make_plan(inst.model, reg, caps, po));
+    if (opt.budget_floor > 0) {
+      po.budget_bytes = static_cast<int64_t>(opt.budget_floor * double(floor));
+      char name[32];
+      std::snprintf(name, sizeof name, "floor x %.2f", opt.budget_floor);
+      plans.emplace_back(name, plan::make_plan(inst.model, reg, caps, po));
+    }
+  }
+  auto run = [&](const plan::Plan& p) {
+    return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, caps);
+  };
+  for (const auto& [name, p] : plans) {
+    const auto phase = progress.phase(c.name + ": warm-up of the " + name + " plan");
+    run(p);
+  }
+  std::vector<std::vector<double>> ms(plans.size());
+  std::vector<int64_t> peak(plans.size(), 0);
+  for (int i = 0; i < opt.reps; ++i)
+    for (size_t k = 0; k < plans.size(); ++k) {
+      const auto phase = progress.phase(c.name + ": " + plans[k].first + " plan, run " + std::to_string(i + 1) + "/" +
+                                        std::to_string(opt.reps));
+      const Repeated r = repeat(device, 1, [&] { return run(plans[k].second); });
+      ms[k].push_back(r.ms);
+      peak[k] = std::max(peak[k], r.peak);
+    }
+  nlohmann::json pol = nlohmann::json::object();
+  for (size_t k = 0; k < plans.size(); ++k) {
+    const plan::Plan& p = plans[k].second;
+    pol[plans[k].first] = {{"ms", median(ms[k])},
+                           {"peak_bytes", peak[k]},
+                           {"estimated_ms", p.estimated_ms},
+                           {"estimated_peak_bytes", p.estimated_peak_bytes},
+                           {"budget_bytes", p.budget_bytes ? nlohmann::json(p.budget_bytes) : nlohmann::json(nullptr)}};
+  }
+  return {{"case", c.name}, {"device", caps.name}, {"dtype", ir::to_string(opt.dtype)}, {"tokens", inst.model.tokens()},
+          {"floor_bytes", floor}, {"reps", opt.reps}, {"policies", pol}};
+}
+
+std::string policy_table(const nlohmann::json& cases) {
+  std::ostringstream os;
+  char line[300];
+  std::snprintf(line, sizeof line, "%-18s %-13s %8s %9s %9s %9s %9s\n", "case", "policy", "p/floor", "pk est/m", "ms",
+                "vs auto", "t est/m");
+  os << line;
+  for (const auto& c : cases) {
+    const double floor = c["floor_bytes"].get<double>(), auto_ms = c["policies"]["auto"]["ms"].get<double>();
+    for (const auto& [name, p] : c["policies"].items()) {
+      const double ms = p["ms"].get<double>(), peak = p["peak_bytes"].get<double>();
+      std::snprintf(line, sizeof line, "%-18s %-13s %8.3f %9.4f %9.1f %9.3f %9.3f\n", c["case"].get<std::string>().c_str(),
+                    name.c_str(), peak / floor, p["estimated_peak_bytes"].get<double>() / peak, ms, ms / auto_ms,
+                    p["estimated_ms"].get<double>() / ms);
+      os << line;
+    }
+  }
+  return os.str();
+}
+
 nlohmann::json to_json(const std::vector<BenchResult>& rs) {
   nlohmann::json a = nlohmann::json::array();
   auto opt = [](const auto& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
@@ -247,6 +322,13 @@ nlohmann::json to_json(const std::vector<BenchResult>& rs) {
                  {"rel_l2", opt(r.rel_l2)},
                  {"budget_bytes", r.budget ? nlohmann::json(r.budget) : nlohmann::json(nullptr)},
                  {"note", r.note}});
+  for (size_t i = 0; i < rs.size(); ++i) {
+    if (!rs[i].steps) continue;
+    nlohmann::json k = nlohmann::json::object();
+    for (const auto& [name, e] : rs[i].steps->kinds)
+      k[name] = {{"count", e.count}, {"device_ms", e.device_ms}, {"host_ms", e.host_ms}, {"estimated_ms", e.estimated_ms}};
+    a[i]["step_profile"] = {{"kinds", k}, {"between_ms", rs[i].steps->between_ms}};
+  }
   return a;
 }
 
@@ -273,6 +355,34 @@ std::string bench_table(const std::vector<BenchResult>& rs) {
                   fmt("%.3f", np ? std::optional(double(r.planned_peak) / *np) : np).c_str(), fmt("%.1f", r.naive_ms).c_str(),
                   r.planned_ms, fmt("%.3f", r.naive_ms ? std::optional(r.planned_ms / *r.naive_ms) : r.naive_ms).c_str(),
                   r.planned_ms > 0 ? r.estimated_ms / r.planned_ms : 0.0, fmt("%.2e", r.rel_l2).c_str());
+    os << line;
+  }
+  return os.str();
+}
+
+std::string step_profile_table(const std::vector<BenchResult>& rs) {
+  std::ostringstream os;
+  char line[200];
+  for (const auto& r : rs) {
+    if (!r.steps) continue;
+    os << r.name << ": where a profiled planned run's time goes (device ms: between events around each step)\n";
+    std::snprintf(line, sizeof line, "  %-13s %8s %11s %9s %12s %9s\n", "step", "count", "device ms", "host ms", "estimated ms",
+                  "est/dev");
+    os << line;
+    double dev = 0, host = 0, est = 0;
+    for (const auto& [name, e] : r.steps->kinds) {
+      std::snprintf(line, sizeof line, "  %-13s %8lld %11.2f %9.2f %12.2f %9.3f\n", name.c_str(),
+                    static_cast<long long>(e.count), e.device_ms, e.host_ms, e.estimated_ms,
+                    e.device_ms > 0 ? e.estimated_ms / e.device_ms : 0.0);
+      os << line;
+      dev += e.device_ms;
+      host += e.host_ms;
+      est += e.estimated_ms;
+    }
+    std::snprintf(line, sizeof line, "  %-13s %8s %11.2f %9.2f %12.2f %9.3f\n", "all steps", "", dev, host, est,
+                  dev > 0 ? est / dev : 0.0);
+    os << line;
+    std::snprintf(line, sizeof line, "  %-13s %8s %11.2f\n", "between steps", "", r.steps->between_ms);
     os << line;
   }
   return os.str();

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/run/executor.hpp"
 #include "models/families.hpp"
 #include "plan/plan.hpp"
 
@@ -39,6 +40,7 @@ struct BenchOptions {
   double sweep_min_floor = 0;  // > 0: a sweep's lowest budget is this multiple of the floor
   uint64_t seed = 0;
   bool progress = false;  // progress lines on stderr ("[bench] ...") once a case passes 2 s
+  bool profile_steps = false;  // one more planned run, every step timed (BenchResult::steps)
 };
 
 struct BenchResult {
@@ -50,6 +52,7 @@ struct BenchResult {
   double planned_ms = 0;
   double estimated_ms = 0;  // the plan's time estimate (cost model)
   std::string note;  // e.g. why the naive schedule has no figures
+  std::optional<exec::StepProfile> steps;  // BenchOptions::profile_steps
 };
 
 // The benchmark cases of the project (H3-class, Wan 2.1 14B, Flux.1-dev); tiny: the same
@@ -74,7 +77,20 @@ nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& r
                                 const at::Device& device, const BenchOptions& opt, int points,
                                 const std::vector<int64_t>& fixed_chunks);
 
+// The planner's policies on one case, in one process on the same weights and inputs: the
+// default (no budget), `--budget auto` (the fastest plan that fits what is free), and, with
+// opt.budget_floor, that multiple of the floor. Each is run once as a warm-up, then `reps`
+// rounds of one run of each in turn (so that the device's clocks and temperature treat them
+// alike); median time, largest peak, the plans' estimates. One JSON object per case:
+//   {"case", "tokens", "floor_bytes", "policies": {name: {"ms", "peak_bytes",
+//    "estimated_ms", "estimated_peak_bytes", "budget_bytes"}}}
+nlohmann::json run_policy_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
+                               const at::Device& device, const BenchOptions& opt);
+std::string policy_table(const nlohmann::json& cases);
+
 nlohmann::json to_json(const std::vector<BenchResult>& rs);
 std::string bench_table(const std::vector<BenchResult>& rs);
+// Per step kind of each profiled case: count, device ms, host ms, estimated ms and their ratio.
+std::string step_profile_table(const std::vector<BenchResult>& rs);
 
 }  // namespace sp::report

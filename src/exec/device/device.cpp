@@ -95,6 +95,7 @@ contracts::DeviceCaps describe_device(const at::Device& d) {
   c.alloc_round = 512;  // the caching allocator rounds every block to 512 bytes
   c.fused_row_kernels = fused::fused_rows_built() ? contracts::Cap::Yes : contracts::Cap::No;
   c.threads = 1;
+  c.compute_units = p->multiProcessorCount;
   return c;
 #else
   throw std::invalid_argument("device " + d.str() + " is not supported by this CPU-only build");
@@ -115,6 +116,26 @@ double time_ms(const at::Device& d, const std::function<void()>& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Mark::Mark(const at::Device& d) {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (d.is_cuda()) {
+    auto e = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+    e->record();
+    event_ = e;
+    return;
+  }
+#endif
+  host_ = std::chrono::steady_clock::now();
+}
+
+double Mark::ms_until(const Mark& later) const {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (event_ && later.event_)
+    return static_cast<at::cuda::CUDAEvent*>(event_.get())->elapsed_time(*static_cast<at::cuda::CUDAEvent*>(later.event_.get()));
+#endif
+  return std::chrono::duration<double, std::milli>(later.host_ - host_).count();
 }
 
 void release_cached(const at::Device& d) {

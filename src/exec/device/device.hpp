@@ -7,7 +7,9 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "contracts/contracts.hpp"
@@ -23,5 +25,18 @@ void release_cached(const at::Device& d);
 // Milliseconds `f` takes on the device: CUDA events around it on a GPU, a steady clock
 // (after it returns) on the CPU.
 double time_ms(const at::Device& d, const std::function<void()>& f);
+
+// A point in the device's queue of work, recorded at construction: a CUDA event on a GPU,
+// the host clock on the CPU. ms_until(later) once the device has reached `later`
+// (synchronize first).
+class Mark {
+ public:
+  explicit Mark(const at::Device& d);
+  double ms_until(const Mark& later) const;
+
+ private:
+  std::shared_ptr<void> event_;  // the CUDA event, or null
+  std::chrono::steady_clock::time_point host_;
+};
 
 }  // namespace sp::exec

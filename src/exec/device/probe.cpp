@@ -17,12 +17,13 @@
 
 #include "exec/device/device.hpp"
 #include "exec/kernels/fused.hpp"
+#include "plan/cost.hpp"
 
 namespace sp::exec {
 
 namespace {
 
-constexpr int kCacheVersion = 3;
+constexpr int kCacheVersion = 5;
 
 using Clock = std::chrono::steady_clock;
 
@@ -98,7 +99,8 @@ nlohmann::json to_json(const ProbeResult& r) {
           {"flops_per_s", r.flops_per_s},    {"flops_per_s_f32", r.flops_per_s_f32},
           {"bytes_per_s", r.bytes_per_s},    {"launch_s", r.launch_s},
           {"gemm_half_rows", r.gemm_half_rows}, {"attention_ratio", r.attention_ratio},
-          {"row_bytes_per_s", r.row_bytes_per_s},
+          {"attention_ratio_ragged", r.attention_ratio_ragged},
+          {"row_bytes_per_s", r.row_bytes_per_s}, {"qk_bytes_per_s", r.qk_bytes_per_s},
           {"probe_ms", r.probe_ms}};
 }
 
@@ -117,7 +119,9 @@ bool read_cache(const std::string& path, const std::string& key, ProbeResult& r)
     r.launch_s = j.at("launch_s").get<double>();
     r.gemm_half_rows = j.at("gemm_half_rows").get<double>();
     r.attention_ratio = j.at("attention_ratio").get<double>();
+    r.attention_ratio_ragged = j.at("attention_ratio_ragged").get<double>();
     r.row_bytes_per_s = j.at("row_bytes_per_s").get<double>();
+    r.qk_bytes_per_s = j.at("qk_bytes_per_s").get<double>();
     r.probe_ms = j.value("probe_ms", 0.0);
   } catch (const nlohmann::json::exception&) {
     return false;
@@ -191,6 +195,12 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
                                         : std::vector<int64_t>{16, 64, 256, 1024};
   const double per_timing = gpu ? 2e11 : 1e8;
   const at::ScalarType curve = gpu ? half : at::kFloat;
+  if (gpu) {  // half a second of large matmuls first: the clocks a long run keeps, not a burst's
+    const auto o = at::TensorOptions().dtype(half).device(d);
+    at::Tensor a = at::randn({8192, n}, o), w = at::randn({n, n}, o), out = at::empty({8192, n}, o);
+    for (int i = 0; i < 1500; ++i) at::mm_out(out, a, w);
+    synchronize(d);
+  }
   std::vector<std::pair<int64_t, double>> pts;
   for (int64_t r0 : rows) pts.push_back({r0, gemm_rate(d, curve, r0, n, per_timing)});
   const auto [peak, k] = fit_efficiency(pts);
@@ -205,27 +215,42 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
   }
 
   // Attention: the SDPA kernel large models run (16-bit on a GPU, fp32 on a CPU) on a slab of
-  // queries against a longer K/V, as a fraction of the matmul peak in the same dtype.
-  {
+  // queries against a long K/V, as a fraction of the matmul peak in the same dtype, at the
+  // full waves the cost model scales by its own (plan::attention_efficiency). Twice: with a
+  // K/V length that is a multiple of 128, and one that is not (on an H200 ~8% slower: the
+  // kernel masks its last K/V tile). On a GPU each is timed sustained, after a second of the
+  // same calls (~20 ms each, as a video model's attention runs): a GPU holds its highest
+  // clocks for short bursts only.
+  auto attention_ratio = [&](int64_t kv_extra) {
     const at::ScalarType adt = gpu ? half : at::kFloat;
-    const int64_t heads = gpu ? 16 : 2, q = gpu ? 4096 : 256, kv = gpu ? 8192 : 1024, hd = gpu ? 128 : 64;
+    const int64_t heads = gpu ? 40 : 2, q = gpu ? 8192 : 256, kv = (gpu ? 65536 : 1024) + kv_extra, hd = gpu ? 128 : 64;
     const auto o = at::TensorOptions().dtype(at::kFloat).device(d);
     at::Tensor qt = at::randn({1, heads, q, hd}, o).to(adt), kt = at::randn({1, heads, kv, hd}, o).to(adt);
     at::Tensor vt = at::randn({1, heads, kv, hd}, o).to(adt);
     const double flops = 4.0 * double(q) * double(kv) * double(heads) * double(hd);
-    const int inner = static_cast<int>(std::clamp(per_timing / flops, 1.0, 64.0));
-    const double rate = flops / best_seconds(d, 3, inner, [&] {
-      at::scaled_dot_product_attention(qt, kt, vt, {}, 0.0, false, 1.0 / std::sqrt(double(hd)));
-    });
+    const int inner = gpu ? 6 : static_cast<int>(std::clamp(per_timing / flops, 1.0, 64.0));
+    auto attend = [&] { at::scaled_dot_product_attention(qt, kt, vt, {}, 0.0, false, 1.0 / std::sqrt(double(hd))); };
+    if (gpu)
+      for (int i = 0; i < 50; ++i) attend();
+    const double rate = flops / best_seconds(d, 3, inner, attend);
     // The matmul peak of that dtype (CPU: fp32, the curve's peak).
-    r.attention_ratio = rate / (gpu ? r.flops_per_s : r.flops_per_s_f32);
-  }
+    return rate / ((gpu ? r.flops_per_s : r.flops_per_s_f32) * plan::attention_efficiency(q, heads, caps.compute_units));
+  };
+  r.attention_ratio = attention_ratio(0);
+  r.attention_ratio_ragged = attention_ratio(37);
   // The fused row kernels' bandwidth: norm + modulation of a slab of wide 16-bit rows.
   if (gpu && fused::fused_rows_built()) {
     const auto o = at::TensorOptions().dtype(half).device(d);
     at::Tensor x = at::randn({8192, 5120}, o), out = at::empty({8192, 5120}, o), w = at::ones({5120}, o);
     const double moved = 2.0 * double(x.nbytes());
     r.row_bytes_per_s = moved / best_seconds(d, 3, 8, [&] { fused::norm_modulate(x, out, {true, 1e-6, w, {}}, {}, {}); });
+    // Q/K norm per head + split-half RoPE on 96 of 128 dims, written head-major.
+    const int64_t heads = 40, hd = 128, rot = 96;
+    at::Tensor qk = at::randn({8192, heads * hd}, o), dst = at::empty({heads, 8192, hd}, o), qw = at::ones({hd}, o);
+    at::Tensor cs = at::ones({8192, rot / 2}, o.dtype(at::kFloat)), sn = at::zeros({8192, rot / 2}, o.dtype(at::kFloat));
+    r.qk_bytes_per_s = 2.0 * double(qk.nbytes()) / best_seconds(d, 3, 8, [&] {
+      fused::qk_norm_rope(qk, dst.transpose(0, 1), ir::QkNormKind::PerHead, 1e-6, qw, {ir::RopeStyle::SplitHalf, rot, cs, sn});
+    });
   }
   // Bandwidth: a copy reads and writes every byte.
   const int64_t bytes = gpu ? (int64_t{512} << 20) : (int64_t{64} << 20);
@@ -266,7 +291,9 @@ void apply_rates(const ProbeResult& r, contracts::DeviceCaps& caps) {
   caps.launch_s = r.launch_s;
   caps.gemm_half_rows = r.gemm_half_rows;
   caps.attention_ratio = r.attention_ratio;
+  caps.attention_ratio_ragged = r.attention_ratio_ragged;
   caps.row_bytes_per_s = r.row_bytes_per_s;
+  caps.qk_bytes_per_s = r.qk_bytes_per_s;
 }
 
 }  // namespace sp::exec

@@ -32,7 +32,9 @@ struct ProbeResult {
   double launch_s = 0;           // per small operation
   double gemm_half_rows = 0;     // k of rows / (rows + k)
   double attention_ratio = 0;    // SDPA FLOP/s over the matmul peak, in the probe's dtype
-  double row_bytes_per_s = 0;    // fused row kernel bandwidth (0: none built / not a GPU)
+  double attention_ratio_ragged = 0;  // the same with a K/V length not a multiple of 128
+  double row_bytes_per_s = 0;    // fused norm kernel bandwidth (0: none built / not a GPU)
+  double qk_bytes_per_s = 0;     // fused Q/K norm + RoPE kernel bandwidth (0: none built / not a GPU)
   double probe_ms = 0;           // time the measurement took (as measured, also when cached)
   bool from_cache = false;
   std::string cache_path;        // empty: no cache directory known

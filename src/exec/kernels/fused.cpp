@@ -129,9 +129,31 @@ void qk_norm_rope(const at::Tensor& in, const at::Tensor& out, ir::QkNormKind no
   check_launch(kernels::qk_norm_rope(p, c10::cuda::getCurrentCUDAStream(in.get_device()).stream()), "qk_norm_rope");
 }
 
+void residual_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate) {
+  check_cuda(x, x, "x");
+  check_cuda(y, x, "y");
+  TORCH_CHECK(x.dim() == 2 && y.sizes() == x.sizes(), "fused residual add: x ", x.sizes(), " and y ", y.sizes(),
+              " must be the same [rows, dim]");
+  kernels::ResidualAddParams p;
+  p.x = x.data_ptr();
+  p.x_stride = x.stride(0);
+  p.x_type = elem_of(x, "x");
+  p.y = y.data_ptr();
+  p.y_stride = y.stride(0);
+  p.y_type = elem_of(y, "y");
+  p.rows = x.size(0);
+  p.dim = x.size(1);
+  p.gate = row_vec(gate, p.rows, p.dim, x, "gate", Either | Optional);
+  check_launch(kernels::residual_add(p, c10::cuda::getCurrentCUDAStream(x.get_device()).stream()), "residual_add");
+}
+
 #else
 
 bool fused_rows_built() { return false; }
+
+void residual_add(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  TORCH_CHECK(false, "fused row kernels are not part of this build (no CUDA)");
+}
 
 void norm_modulate(const at::Tensor&, const at::Tensor&, const NormArgs&, const at::Tensor&, const at::Tensor&) {
   TORCH_CHECK(false, "fused row kernels are not part of this build (no CUDA)");

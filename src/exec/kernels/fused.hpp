@@ -40,4 +40,7 @@ struct RopeArgs {
 void qk_norm_rope(const at::Tensor& in, const at::Tensor& out, ir::QkNormKind norm, double eps,
                   const at::Tensor& weight, const RopeArgs& rope);
 
+// x [n, D] += y [n, D] * gate ([n, D], [D], or undefined: no gate), in place, in fp32.
+void residual_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate);
+
 }  // namespace sp::exec::fused

@@ -68,8 +68,22 @@ struct QkRopeParams {
   RowVec cos, sin;  // per row, [rotary_dim / 2]
 };
 
-// Both return the launch error (cudaSuccess when launched).
+// x[r] += y[r] * gate[r] (gate absent: x[r] += y[r]), computed in fp32 and rounded once to
+// x's dtype; x and y [rows, dim] in their own dtypes and row strides.
+struct ResidualAddParams {
+  void* x = nullptr;
+  int64_t x_stride = 0;
+  Elem x_type = Elem::F32;
+  const void* y = nullptr;
+  int64_t y_stride = 0;
+  Elem y_type = Elem::F32;
+  int64_t rows = 0, dim = 0;
+  RowVec gate;
+};
+
+// Each returns the launch error (cudaSuccess when launched).
 cudaError_t norm_modulate(const NormModParams& p, cudaStream_t stream);
 cudaError_t qk_norm_rope(const QkRopeParams& p, cudaStream_t stream);
+cudaError_t residual_add(const ResidualAddParams& p, cudaStream_t stream);
 
 }  // namespace sp::kernels

@@ -45,14 +45,31 @@ void validate_inputs(const ir::Model& m, const Inputs& in);
 // Called once per finished sublayer (progress reporting); may be empty.
 using Progress = std::function<void(int64_t done, int64_t total)>;
 
+// Where a planned run's time goes, per step kind (plan::step_name): how many steps ran,
+// the device time between events recorded around each (on the CPU: the wall time), the host
+// time spent issuing them, and the cost model's estimate of the same steps. `between_ms` is
+// the device time of the run outside any step. Events around every step cost host time:
+// a profiled run is slower than an unprofiled one; the split is what it is for.
+struct StepProfile {
+  struct Kind {
+    int64_t count = 0;
+    double device_ms = 0, host_ms = 0, estimated_ms = 0;
+  };
+  std::map<std::string, Kind> kinds;
+  double between_ms = 0;
+  int64_t runs = 0;  // profiled run_planned calls summed here
+};
+
 at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in, const contracts::Registry& reg,
                      const Progress& progress = {});
 // Runs one program on the residual stream x (modified in place); returns the program's
 // output buffer (the final layer's), else an undefined tensor.
+// profile: where not null, every step is timed into it (a slower run).
 at::Tensor run_program(const ir::Model& m, const plan::Program& p, const WeightSource& w, const Inputs& in,
-                       const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x);
+                       const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x,
+                       StepProfile* profile = nullptr);
 at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSource& w, const Inputs& in,
                        const contracts::Registry& reg, const contracts::DeviceCaps& dev,
-                       const Progress& progress = {});
+                       const Progress& progress = {}, StepProfile* profile = nullptr);
 
 }  // namespace sp::exec

@@ -4,13 +4,16 @@
 // every buffer at its offset, and runs the steps in order, one function per step kind. It
 // knows nothing of the transformations that produced the steps: the program's compiler
 // proved the order legal (e.g. K/V complete before any residual row changes).
+#include <chrono>
 #include <cmath>
 
 #include "exec/consumers/consumer.hpp"
+#include "exec/device/device.hpp"
 #include "exec/patches/patch.hpp"
 #include "exec/run/executor.hpp"
 #include "exec/run/ops.hpp"
 #include "plan/arena.hpp"
+#include "plan/cost.hpp"
 
 namespace sp::exec {
 
@@ -21,8 +24,9 @@ using namespace plan;
 class Interpreter {
  public:
   Interpreter(const ir::Model& m, const Program& p, const WeightSource& w, const Inputs& in,
-              const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x)
-      : m_(m), p_(p), w_(w), in_(in), reg_(reg), x_(x), ops_(m, w, in), device_(in.device()) {
+              const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x, StepProfile* profile)
+      : m_(m), p_(p), w_(w), in_(in), reg_(reg), x_(x), ops_(m, w, in), device_(in.device()), profile_(profile),
+        rates_(rates_of(dev)) {
     const Placement pl = place(p, dev);
     if (pl.arena_bytes > 0) arena_ = at::empty({pl.arena_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
     bufs_.resize(p.buffers.size());
@@ -36,7 +40,10 @@ class Interpreter {
     }
   }
 
-  void run() { range(0, int(p_.steps.size())); }
+  void run() {
+    range(0, int(p_.steps.size()));
+    if (profile_) settle();
+  }
 
   // The buffer a program returns (its model output), if any.
   at::Tensor output() const {
@@ -69,8 +76,40 @@ class Interpreter {
         i = l->end;
         continue;
       }
-      std::visit([&](const auto& b) { step(b); }, s.body);
+      if (profile_) timed(s);
+      else std::visit([&](const auto& b) { step(b); }, s.body);
     }
+  }
+
+  // --- profiling (StepProfile) -------------------------------------------------------------
+
+  struct Timed {
+    const Step* step;
+    Mark begin, end;
+    double host_ms;
+  };
+  void timed(const Step& s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Mark begin(device_);
+    std::visit([&](const auto& b) { step(b); }, s.body);
+    Mark end(device_);
+    timed_.push_back({&s, begin, end, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()});
+  }
+  void settle() {
+    synchronize(device_);
+    if (timed_.empty()) return;
+    double inside = 0;
+    for (const Timed& t : timed_) {
+      StepProfile::Kind& k = profile_->kinds[step_name(t.step->body)];
+      const double ms = t.begin.ms_until(t.end);
+      ++k.count;
+      k.device_ms += ms;
+      k.host_ms += t.host_ms;
+      k.estimated_ms += 1e3 * step_seconds(t.step->terms, rates_);
+      inside += ms;
+    }
+    profile_->between_ms += std::max(0.0, timed_.front().begin.ms_until(timed_.back().end) - inside);
+    timed_.clear();
   }
 
   int64_t row0() const { return f_.base + f_.token; }
@@ -218,7 +257,7 @@ class Interpreter {
   void step(const AddBiasStep& s) { operand(s.t).add_(w_.tensor(s.bias)); }
   void step(const ResidualAddStep& s) {
     const at::Tensor y = operand(s.y);
-    ops_.gated_add(x_.narrow(0, row0(), y.size(0)), y, *s.mod, s.ref, row0());
+    ops_.gated_add(x_.narrow(0, row0(), y.size(0)), y, *s.mod, s.ref, row0(), s.fused);
   }
 
   const ir::Model& m_;
@@ -232,37 +271,44 @@ class Interpreter {
   at::Tensor arena_;
   std::vector<at::Tensor> bufs_;
   Frame f_;
+  StepProfile* profile_;
+  Rates rates_;
+  std::vector<Timed> timed_;
 };
 
 }  // namespace
 
 at::Tensor run_program(const ir::Model& m, const Program& p, const WeightSource& w, const Inputs& in,
-                       const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x) {
-  Interpreter it(m, p, w, in, reg, dev, x);
+                       const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x,
+                       StepProfile* profile) {
+  Interpreter it(m, p, w, in, reg, dev, x, profile);
   it.run();
   return it.output();
 }
 
 at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSource& w, const Inputs& in,
-                       const contracts::Registry& reg, const contracts::DeviceCaps& dev, const Progress& progress) {
+                       const contracts::Registry& reg, const contracts::DeviceCaps& dev, const Progress& progress,
+                       StepProfile* profile) {
   validate_inputs(m, in);
   if (p.blocks.size() != m.blocks.size() || p.tokens != m.tokens())
     throw std::invalid_argument("plan does not belong to this model: " + std::to_string(p.blocks.size()) +
                                 " blocks / " + std::to_string(p.tokens) + " tokens vs " +
                                 std::to_string(m.blocks.size()) + " / " + std::to_string(m.tokens()));
   at::Tensor x = at::empty({m.tokens(), m.dim}, at::TensorOptions().dtype(to_aten(m.dtype)).device(in.device()));
-  run_program(m, compile_embed(m, reg, dev), w, in, reg, dev, x);
+  if (profile) ++profile->runs;
+  run_program(m, compile_embed(m, reg, dev), w, in, reg, dev, x, profile);
   int64_t done = 0, total = 0;
   for (const auto& b : m.blocks) total += int64_t(b.sublayers.size());
   for (size_t bi = 0; bi < m.blocks.size(); ++bi) {
     const ir::Block& b = m.blocks[bi];
     for (size_t si = 0; si < b.sublayers.size(); ++si) {
-      run_program(m, compile_sublayer(m, b, b.sublayers[si], p.blocks[bi].sublayers[si], reg, dev), w, in, reg, dev, x);
+      run_program(m, compile_sublayer(m, b, b.sublayers[si], p.blocks[bi].sublayers[si], reg, dev), w, in, reg, dev, x,
+                  profile);
       if (progress) progress(++done, total);
     }
   }
   if (!m.final_layer) return x.to(to_aten(accumulation_dtype(m.dtype)));
-  return run_program(m, compile_final(m, p.final_layer.chunk, reg, dev), w, in, reg, dev, x);
+  return run_program(m, compile_final(m, p.final_layer.chunk, reg, dev), w, in, reg, dev, x, profile);
 }
 
 }  // namespace sp::exec

@@ -120,13 +120,15 @@ void Ops::activate_(const at::Tensor& t_in, ir::ActKind a) const {
 }
 
 void Ops::gated_add(const at::Tensor& x_rows, const at::Tensor& y, const ir::Modulation& mod, const ir::ModRef& r,
-                    int64_t row0) const {
+                    int64_t row0, bool fused) const {
   if (r.gate < 0 || mod.scope == ir::ModScope::None) {
-    x_rows.add_(y);
+    if (fused) fused::residual_add(x_rows, y, {});
+    else x_rows.add_(y);
     return;
   }
   mod_pieces(mod, r.gate, row0, x_rows.size(0), [&](int64_t lb, int64_t len, const at::Tensor& g) {
-    x_rows.narrow(0, lb, len).addcmul_(y.narrow(0, lb, len), g);
+    if (fused) fused::residual_add(x_rows.narrow(0, lb, len), y.narrow(0, lb, len), g);
+    else x_rows.narrow(0, lb, len).addcmul_(y.narrow(0, lb, len), g);
   });
 }
 

@@ -36,9 +36,9 @@ class Ops {
   void rope_(const at::Tensor& t3, const ir::Rope& r, const at::Tensor& cos, const at::Tensor& sin,
              const at::Tensor& tmp) const;
   void activate_(const at::Tensor& t, ir::ActKind a) const;
-  // x_rows += gate * y (gate from the modulation table, or 1).
+  // x_rows += gate * y (gate from the modulation table, or 1); fused: one row kernel per piece.
   void gated_add(const at::Tensor& x_rows, const at::Tensor& y, const ir::Modulation& mod, const ir::ModRef& r,
-                 int64_t row0) const;
+                 int64_t row0, bool fused) const;
 
  private:
   // Calls f(local_begin, length, segment) for each piece of the slab that uses one row of a
