@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Builds the project (setting it up first where needed) and runs every test suite: CTest,
-# then a bounded fuzzing run of the checkpoint reader. Each suite prints a short report (the
-# fuzzer's log goes to build/fuzz.log) and adds one entry to the summary line printed last,
-#   streamplan tests: ctest 130/130 passed, fuzz 60 s without a crash
+# Builds the project (setting it up first where needed) and runs every test suite: CTest, the
+# pytest suites (tests/python: the Python package, installed in .venv; the plain-torch MiniMax
+# H3 reference, tests/reference/test_minimax_h3_reference.py), then a
+# bounded fuzzing run of the checkpoint reader. Each suite prints a short report (the fuzzer's
+# log goes to build/fuzz.log, pytest's to build/pytest.log) and adds one entry to the summary
+# line printed last,
+#   streamplan tests: ctest 130/130 passed, pytest 40/40 passed, fuzz 60 s without a crash
 # The exit status is nonzero when any suite failed.
 #
 #   scripts/test.sh
 #   FUZZ_SECONDS=10 scripts/test.sh          # a shorter fuzzing run
 #   BUILD_DIR=../build-x scripts/test.sh     # an already configured build instead of ./build
+#                                            # (and the package as installed in .venv)
 #
 # A suite is a function suite_<name> that returns nonzero on failure and appends its entry to
 # `summary`; adding one means adding the function and its name to `suites`.
@@ -45,6 +49,27 @@ suite_ctest() {
   return "$rc"
 }
 
+suite_pytest() {
+  local log="$build/pytest.log" rc line passed failed errors total
+  # Attaching probes the device; the rates a probe measures while tests run stay with the tests.
+  XDG_CACHE_HOME="$(cd "$build" && pwd)/test-cache" .venv/bin/python -m pytest -q -rfE -p no:cacheprovider tests/python \
+    tests/reference/test_minimax_h3_reference.py 2>&1 |
+    tee "$log"
+  rc=${PIPESTATUS[0]}
+  # "38 passed in 61.2s", "2 failed, 36 passed, 1 error in 70.0s"
+  line=$(grep -E '^=* *([0-9]+ (passed|failed|errors?|skipped)(, )?)+.* in [0-9.]+s' "$log" | tail -n 1)
+  if [ -z "$line" ]; then
+    summary+=("pytest did not finish (exit $rc)")
+    return 1
+  fi
+  passed=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+' || echo 0)
+  failed=$(grep -oE '[0-9]+ failed' <<<"$line" | grep -oE '[0-9]+' || echo 0)
+  errors=$(grep -oE '[0-9]+ errors?' <<<"$line" | grep -oE '[0-9]+' || echo 0)
+  total=$((passed + failed + errors))
+  summary+=("pytest $passed/$total passed")
+  return "$rc"
+}
+
 suite_fuzz() {
   local secs="${FUZZ_SECONDS:-60}"
   if FUZZ_LOG="$build/fuzz.log" fuzz/run.sh "$secs"; then
@@ -55,7 +80,7 @@ suite_fuzz() {
   fi
 }
 
-suites=(ctest fuzz)
+suites=(ctest pytest fuzz)
 status=0
 for s in "${suites[@]}"; do
   echo "== $s"

@@ -133,16 +133,7 @@ int cmd_plan(const ModelArgs& a) {
   }();
   const auto phase = progress.phase("writing the plan");
   if (a.json) {
-    nlohmann::json j{{"model", m.name}, {"tokens", m.tokens()}, {"device", dev.name}, {"dtype", ir::to_string(m.dtype)}};
-    j["planned"] = {{"estimated_peak_bytes", p.estimated_peak_bytes}};
-    j["floor_bytes"] = p.floor_bytes;
-    j["plan"] = report::to_json(p);
-    if (a.explain || a.program) {
-      nlohmann::json progs = nlohmann::json::array();
-      for (const auto& prog : report::programs(m, p, reg, dev)) progs.push_back(report::to_json(prog, dev));
-      j["programs"] = progs;
-    }
-    std::cout << j.dump(2) << "\n";
+    std::cout << report::plan_document(m, p, reg, dev, a.explain || a.program).dump(2) << "\n";
   } else if (a.program) {
     for (const auto& prog : report::programs(m, p, reg, dev)) {
       const plan::Placement pl = plan::place(prog, dev);

@@ -36,6 +36,15 @@ at::Tensor as_linear(const std::string& canonical, at::Tensor t) {
 
 }  // namespace
 
+at::Tensor assemble(const std::string& canonical, const recognize::Source& src, const std::vector<at::Tensor>& parts) {
+  if (parts.empty() || parts.size() != src.tensors.size())
+    throw std::invalid_argument("tensor '" + canonical + "': " + std::to_string(parts.size()) + " parts given, its source names " +
+                                std::to_string(src.tensors.size()));
+  at::Tensor t = src.op == Source::Op::Concat0 ? at::cat(parts, 0) : parts.front();
+  if (src.op == Source::Op::SwapHalves0) t = swap_halves(t, src.tensors.front());
+  return as_linear(canonical, t);
+}
+
 std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f, const recognize::Recognized& r,
                                                     at::ScalarType dtype, const at::Device& device,
                                                     const contracts::Registry& reg) {
@@ -43,9 +52,7 @@ std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f
   for (const auto& [canonical, src] : r.tensors) {
     std::vector<at::Tensor> parts;
     for (const auto& n : src.tensors) parts.push_back(read_tensor(f, n));
-    at::Tensor t = src.op == Source::Op::Concat0 ? at::cat(parts, 0) : parts.at(0);
-    if (src.op == Source::Op::SwapHalves0) t = swap_halves(t, src.tensors.at(0));
-    t = as_linear(canonical, t);
+    const at::Tensor t = assemble(canonical, src, parts);
     w->add(canonical, t.is_floating_point() ? t.to(device, dtype) : t.to(device));
   }
   return w;

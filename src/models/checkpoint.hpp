@@ -33,6 +33,12 @@ inline constexpr const char* kSidecarKey = "streamplan.sidecar";
 // The sidecar stored in the file's metadata, if any.
 std::optional<recognize::Sidecar> sidecar_of(const io::SafetensorsFile& f);
 
+// One canonical tensor from the tensors its Source names (`parts`, in that order): the one
+// tensor (Copy), their concatenation along dim 0, or the one with its halves along dim 0
+// exchanged; a convolution kernel that acts as a linear (a patch embedding with stride ==
+// kernel) comes flattened to [out, in]. A Copy of a contiguous tensor is a view of it.
+at::Tensor assemble(const std::string& canonical, const recognize::Source& src, const std::vector<at::Tensor>& parts);
+
 std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f, const recognize::Recognized& r,
                                                     at::ScalarType dtype, const at::Device& device,
                                                     const contracts::Registry& reg);

@@ -318,4 +318,18 @@ std::vector<plan::Program> programs(const ir::Model& m, const plan::Plan& p, con
   return out;
 }
 
+nlohmann::json plan_document(const ir::Model& m, const plan::Plan& p, const contracts::Registry& reg,
+                             const contracts::DeviceCaps& dev, bool with_programs) {
+  nlohmann::json j{{"model", m.name}, {"tokens", m.tokens()}, {"device", dev.name}, {"dtype", ir::to_string(m.dtype)}};
+  j["planned"] = {{"estimated_peak_bytes", p.estimated_peak_bytes}};
+  j["floor_bytes"] = p.floor_bytes;
+  j["plan"] = to_json(p);
+  if (with_programs) {
+    nlohmann::json progs = nlohmann::json::array();
+    for (const auto& prog : programs(m, p, reg, dev)) progs.push_back(to_json(prog, dev));
+    j["programs"] = progs;
+  }
+  return j;
+}
+
 }  // namespace sp::report

@@ -116,6 +116,11 @@ nlohmann::json to_json(const plan::Program& prog, const contracts::DeviceCaps& d
 // The programs a planned run executes, in order: embedding, every sublayer, final layer.
 std::vector<plan::Program> programs(const ir::Model& m, const plan::Plan& p, const contracts::Registry& reg,
                                     const contracts::DeviceCaps& dev);
+// The document `streamplan plan --json` prints: model, tokens, device, dtype, the estimated
+// peak, the floor and the plan; with `with_programs` (`--explain`, `--program`) also the
+// schedule programs.
+nlohmann::json plan_document(const ir::Model& m, const plan::Plan& p, const contracts::Registry& reg,
+                             const contracts::DeviceCaps& dev, bool with_programs);
 // "1268 = text 512 + audio 256 + video 500": the tokens of a report per segment.
 std::string token_breakdown(const RunReport& r);
 // Short human-readable table of a report.

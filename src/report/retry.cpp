@@ -9,10 +9,18 @@ namespace sp::report {
 Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,
                              const contracts::DeviceCaps& dev, const at::Device& device,
                              const exec::Progress& progress) {
+  return run_planned_retrying(inst.model, *inst.weights, inst.inputs, p, reg, dev, device, progress);
+}
+
+Retried run_planned_retrying(const ir::Model& m, const exec::WeightSource& w, const exec::Inputs& in,
+                             const plan::Plan& p, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
+                             const at::Device& device, const exec::Progress& progress,
+                             const std::function<void()>& before_each_run) {
   Retried r;
   r.plan = p;
   try {
-    r.out = exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev, progress);
+    if (before_each_run) before_each_run();
+    r.out = exec::run_planned(m, p, w, in, reg, dev, progress);
     return r;
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) throw;
@@ -32,7 +40,7 @@ Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, 
   plan::Options o;
   o.budget_bytes = budget;
   try {
-    r.plan = plan::make_plan(inst.model, reg, now, o);
+    r.plan = plan::make_plan(m, reg, now, o);
   } catch (const plan::BudgetError& e) {
     throw OutOfMemory("out of memory: " + failed + "; no schedule fits " + plan::human_bytes(budget) + ": " + e.what(),
                       e.smallest_peak_bytes, now.memory_free);
@@ -41,7 +49,8 @@ Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, 
   r.note = "retried once: " + failed + "; planned again under a budget of " + plan::human_bytes(budget) +
            " (estimated peak " + plan::human_bytes(r.plan.estimated_peak_bytes) + ")";
   try {
-    r.out = exec::run_planned(inst.model, r.plan, *inst.weights, inst.inputs, reg, now, progress);
+    if (before_each_run) before_each_run();
+    r.out = exec::run_planned(m, r.plan, w, in, reg, now, progress);
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) throw;
     exec::release_cached(device);

@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -46,5 +47,11 @@ struct Retried {
 Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,
                              const contracts::DeviceCaps& dev, const at::Device& device,
                              const exec::Progress& progress = {});
+// The same for weights held by any source (a host's module, src/host); `before_each_run`, if
+// set, is called before the run and before its retry.
+Retried run_planned_retrying(const ir::Model& m, const exec::WeightSource& w, const exec::Inputs& in,
+                             const plan::Plan& p, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
+                             const at::Device& device, const exec::Progress& progress = {},
+                             const std::function<void()>& before_each_run = {});
 
 }  // namespace sp::report

@@ -1,0 +1,58 @@
+"""streamplan: run diffusers' transformer modules with bounded activation memory.
+
+Attach the planner to a live module; the pipeline calls the module as before::
+
+    import streamplan
+
+    handle = streamplan.apply(pipe.transformer, budget="auto")
+    latents = pipe(prompt_embeds=..., output_type="latent").frames
+    print(handle.explain())          # the plan of the last call's geometry
+    print(handle.fallbacks)          # calls that ran the original forward, and why
+    streamplan.remove(pipe.transformer)
+
+The module's own parameters are the weights (no copies); one plan is made per geometry and
+cached. Calls that carry what the planner does not model (attention masks, LoRA scales,
+ControlNet residuals, image conditioning, hooks on submodules, autograd) run the original
+forward and are recorded in ``handle.fallbacks``. Attention consumers written in Python plug
+in with ``register_consumer``.
+"""
+
+from __future__ import annotations
+
+import torch  # loads libtorch before the extension that links it
+
+from . import _C
+
+if _C.torch_version != torch.__version__.split("+")[0]:
+    raise ImportError(
+        f"streamplan was built against torch {_C.torch_version}, but torch {torch.__version__} is installed; "
+        "reinstall streamplan (pip install --no-build-isolation .) against this torch"
+    )
+
+from ._api import (  # noqa: E402
+    Fallback,
+    Handle,
+    apply,
+    consumers,
+    handle_of,
+    register_consumer,
+    remove,
+    unregister_consumer,
+)
+from ._C import BudgetError, OutOfMemoryError, RecognizeError  # noqa: E402
+
+__version__: str = _C.__version__
+
+__all__ = [
+    "BudgetError",
+    "Fallback",
+    "Handle",
+    "OutOfMemoryError",
+    "RecognizeError",
+    "apply",
+    "consumers",
+    "handle_of",
+    "register_consumer",
+    "remove",
+    "unregister_consumer",
+]

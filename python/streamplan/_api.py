@@ -1,0 +1,399 @@
+"""apply / remove and the Handle they manage (see the package docstring)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from . import _C
+from ._adapter import Adapter, Call, Fallback
+from ._diffusers import ADAPTERS, adapter_for
+
+_ATTR = "_streamplan_handle"
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# Attention consumers registered from Python: name -> (function, checked caps).
+_CONSUMERS: dict[str, tuple[Callable[..., torch.Tensor], dict[str, Any]]] = {}
+_CAP_FLAGS = ("accepts_bounded_q", "requires_global_k", "requires_global_v", "slab_output")
+_CAP_KEYS = (*_CAP_FLAGS, "dtypes", "q_align", "kv_align", "call_bytes")
+
+
+def _budget_text(budget: str | int | None) -> str:
+    if budget is None:
+        return ""
+    if isinstance(budget, bool) or not isinstance(budget, (str, int)):
+        raise TypeError(f"budget: expected None, 'auto', a size such as '12GiB' or bytes, got {budget!r}")
+    if isinstance(budget, int):
+        if budget <= 0:
+            raise ValueError(f"budget: must be > 0 bytes, got {budget}")
+        return str(budget)
+    return budget
+
+
+def _positive_or_none(name: str, v: int | None) -> int:
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or v == 0:
+        raise ValueError(f"{name}: expected None or a nonzero int, got {v!r}")
+    if name == "token_chunk" and v < 0:
+        raise ValueError(f"token_chunk: must be >= 1, got {v}")
+    return v
+
+
+def _checked_caps(caps: Mapping[str, Any] | None) -> dict[str, Any]:
+    if caps is None:
+        return {}
+    if not isinstance(caps, Mapping):
+        raise TypeError(f"caps: expected a dict, got {type(caps).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in caps.items():
+        if key in _CAP_FLAGS:
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"caps['{key}']: expected True, False or None (undeclared), got {value!r}")
+        elif key == "dtypes":
+            value = [value] if isinstance(value, str) else list(value)
+            bad = [d for d in value if d not in _DTYPES]
+            if bad:
+                raise ValueError(f"caps['dtypes']: {bad} not among {sorted(_DTYPES)}")
+        elif key in ("q_align", "kv_align"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"caps['{key}']: expected an int >= 1, got {value!r}")
+        elif key == "call_bytes":
+            if value is not None and not callable(value):
+                raise TypeError(f"caps['call_bytes']: expected a function of the call's shape dict, got {value!r}")
+        else:
+            raise ValueError(f"caps: unknown key {key!r} (known: {', '.join(_CAP_KEYS)})")
+        out[key] = value
+    return out
+
+
+def register_consumer(
+    name: str,
+    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int], torch.Tensor],
+    caps: Mapping[str, Any] | None = None,
+) -> None:
+    """Registers an attention consumer written in Python, for ``apply(..., consumer=name)``.
+
+    ``fn(q, k, v, q_start, q_total, layer)`` receives a Q slab ``[1, G, rows, head_dim]`` (G head
+    groups; grouped-query heads folded into rows), the global K and V ``[1, G, kv_rows,
+    head_dim]``, the slab's first query row ``q_start`` among the sublayer's ``q_total`` query
+    rows, and the block index ``layer``; it returns the slab's output, of the Q slab's shape,
+    dtype and device (``softmax(q k^T / sqrt(head_dim)) v`` for exact attention). The tensors
+    are views of the planned run's buffers, valid during the call.
+
+    ``caps`` are the fields of the C++ consumer contract: ``accepts_bounded_q``,
+    ``requires_global_k``, ``requires_global_v``, ``slab_output`` (True, False, or absent:
+    undeclared), ``dtypes`` (``"fp32"``, ``"bf16"``, ``"fp16"``), ``q_align``, ``kv_align``
+    (ints) and ``call_bytes`` (a function of the call's shape dict returning the bytes a call
+    allocates; default: its output slab). What a consumer leaves undeclared fails closed for
+    the transformations that need it (streamed Q), with the reason in the plan.
+
+    Raises:
+        ValueError: `name` is taken, or a cap is unknown or out of range (the message names it).
+        TypeError: `fn` is not callable, or a cap has the wrong type.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name: expected a non-empty str, got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"fn: expected a function, got {fn!r}")
+    if name in _C.consumers() or name in _CONSUMERS:
+        raise ValueError(f"name: consumer {name!r} is registered already")
+    _CONSUMERS[name] = (fn, _checked_caps(caps))
+
+
+def unregister_consumer(name: str) -> None:
+    """Removes a consumer registered from Python; modules attached with it keep it."""
+    if name not in _CONSUMERS:
+        raise ValueError(f"name: no consumer {name!r} was registered from Python")
+    del _CONSUMERS[name]
+
+
+def consumers() -> list[str]:
+    """Names of the attention consumers ``apply(..., consumer=NAME)`` accepts."""
+    return sorted([*_C.consumers(), *_CONSUMERS])
+
+
+class Handle:
+    """The planner attached to one module by :func:`apply`.
+
+    Attributes:
+        fallbacks: every call that ran the original forward, with its code and reason, in order.
+        calls: calls of the module since it was attached.
+        planned_calls: calls that ran the planned schedule.
+    """
+
+    fallbacks: list[Fallback]
+    calls: int
+    planned_calls: int
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        adapter: type[Adapter],
+        budget: str,
+        consumer: str,
+        token_chunk: int,
+        feature_slice: int,
+    ) -> None:
+        self._module = module
+        self._adapter_type = adapter
+        self._options = (consumer, budget, token_chunk, feature_slice)
+        self._python_consumers = [(consumer, *_CONSUMERS[consumer])] if consumer in _CONSUMERS else []
+        self._original: Callable[..., Any] = module.forward
+        self._processors = self._processor_types()
+        self._unrecognized: tuple[Any, str] | None = None  # (fingerprint, why) of a module recognition refused
+        self.fallbacks = []
+        self.calls = 0
+        self.planned_calls = 0
+        self._attach()
+
+        @functools.wraps(self._original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return self._call(args, kwargs)
+
+        self._forward = forward
+
+    # --- what the handle shows -------------------------------------------------------------
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The module this handle is attached to."""
+        return self._module
+
+    @property
+    def family(self) -> str:
+        """The recognized family: ``"wan2.1"`` or ``"flux1"``."""
+        return str(self._attached.config["family"])
+
+    @property
+    def variant(self) -> str:
+        """The recognized variant (``"wan2.1-1.3b"``, ``"flux1-dev"``, ..., or ``"custom"``)."""
+        return str(self._attached.config["variant"])
+
+    @property
+    def layout(self) -> str:
+        """The layout its tensors were recognized in (``"diffusers"``)."""
+        return str(self._attached.layout)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The recognized structure: dims, heads, layers, RoPE axes, ..."""
+        return dict(self._attached.config)
+
+    @property
+    def consumer(self) -> str:
+        """The attention consumer the plans use."""
+        return self._options[0]
+
+    @property
+    def budget(self) -> str | None:
+        """The activation memory budget (``"auto"``, a size), or None."""
+        return self._options[1] or None
+
+    @property
+    def plans(self) -> list[dict[str, Any]]:
+        """One entry per geometry planned so far: key, calls, estimated_peak_bytes, floor_bytes, retry."""
+        return list(self._attached.plans())
+
+    @property
+    def copies(self) -> list[tuple[str, int]]:
+        """Canonical tensors held as copies (concatenated biases, swapped halves), with their bytes.
+
+        Every other weight is the module's own tensor, acquired as a view.
+        """
+        return list(self._attached.copies())
+
+    def explain(self, geometry: str | None = None) -> str:
+        """The plan of `geometry` (a key of :attr:`plans`; default: the last call's) as text,
+        with every transformation, its chunks and each rejection with its code."""
+        a = self._attached
+        key = geometry if geometry is not None else a.last_key
+        head = (
+            f"{type(self._module).__name__} as {self.variant} ({self.layout} layout), {a.dtype} on {a.device}, "
+            f"consumer {self.consumer}, budget {self.budget or 'none'}\n"
+            f"geometry: {key}\n"
+        )
+        return head + a.explain(geometry)
+
+    def to_dict(self, geometry: str | None = None) -> dict[str, Any]:
+        """The plan of `geometry` (default: the last call's) as the JSON of
+        ``streamplan plan --explain --json``: model, tokens, device, dtype, the estimated peak,
+        the floor, the plan (chosen chunks per sublayer) and the schedule programs."""
+        return dict(json.loads(self._attached.document(geometry)))
+
+    def remove(self) -> None:
+        """Restores the module's original forward (same as :func:`remove`)."""
+        remove(self._module)
+
+    def __repr__(self) -> str:
+        return (
+            f"<streamplan.Handle {type(self._module).__name__} as {self.variant} ({self.layout} layout), "
+            f"consumer {self.consumer}, budget {self.budget or 'none'}: {self.calls} calls, "
+            f"{self.planned_calls} planned, {len(self.plans)} plans, {len(self.fallbacks)} fallbacks>"
+        )
+
+    # --- attaching and calling -------------------------------------------------------------
+
+    def _attach(self) -> None:
+        m = self._module
+        consumer, budget, chunk, fslice = self._options
+        sidecar = json.dumps(self._adapter_type.sidecar(m))
+        tensors = list(m.state_dict().items())
+        self._attached = _C.Attached(tensors, sidecar, consumer, budget, chunk, fslice, self._python_consumers)
+        device = torch.device(self._attached.device)
+        self._adapter = self._adapter_type(m, self._original, _DTYPES[self._attached.dtype], device)
+        self._fingerprint = self._fingerprint_now()
+
+    def _fingerprint_now(self) -> tuple[Any, ...]:
+        return tuple(
+            (name, t.data_ptr(), tuple(t.shape), t.dtype, t.device)
+            for name, t in self._module.state_dict(keep_vars=True).items()
+        )
+
+    def _processor_types(self) -> dict[str, type]:
+        return {
+            name: type(sub.processor)
+            for name, sub in self._module.named_modules()
+            if hasattr(sub, "processor")
+        }
+
+    def _module_fallback(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Fallback | None:
+        """Why the module as it is now cannot run planned, if it cannot."""
+        m = self._module
+        if torch.is_grad_enabled():
+            needs = [n for n, p in m.named_parameters() if p.requires_grad][:1]
+            needs += [f"argument {i}" for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad][:1]
+            needs += [f"argument {k}" for k, a in kwargs.items() if isinstance(a, torch.Tensor) and a.requires_grad][:1]
+            if needs:
+                return Fallback(
+                    "autograd",
+                    f"gradients are enabled and {needs[0]} requires grad; the planned forward records no graph "
+                    "(call it under torch.no_grad() or torch.inference_mode(), as pipelines do)",
+                )
+        hooks = torch.nn.modules.module
+        if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+            return Fallback("hooks", "global module forward hooks are registered (torch.nn.modules.module)")
+        for name, sub in m.named_modules():
+            if sub is m:
+                continue
+            if sub._forward_hooks or sub._forward_pre_hooks:
+                return Fallback("hooks", f"submodule '{name}' has forward hooks")
+            if "forward" in sub.__dict__:
+                return Fallback("hooks", f"submodule '{name}' has its forward replaced (a hook or an offloading wrapper)")
+        processors = self._processor_types()
+        if processors != self._processors:
+            changed = sorted(k for k in set(processors) | set(self._processors) if processors.get(k) != self._processors.get(k))
+            now = processors.get(changed[0])
+            return Fallback(
+                "attention_processor",
+                f"the attention processor of '{changed[0]}' is {getattr(now, '__name__', now)}, "
+                f"not the one the module was attached with ({len(changed)} changed)",
+            )
+        fingerprint = self._fingerprint_now()
+        if fingerprint != self._fingerprint:
+            if self._unrecognized is not None and self._unrecognized[0] == fingerprint:
+                return Fallback("module_changed", self._unrecognized[1])
+            try:
+                self._attach()
+            except ValueError as e:  # RecognizeError, or tensors on several devices
+                why = f"the module's tensors changed since it was attached and are no longer recognized: {e}"
+                self._unrecognized = (fingerprint, why)
+                return Fallback("module_changed", why)
+        return None
+
+    def _call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        self.calls += 1
+        why: Call | Fallback | None = self._module_fallback(args, kwargs)
+        if why is None:
+            why = self._adapter.prepare(args, kwargs)
+        if isinstance(why, Fallback):
+            self.fallbacks.append(why)
+            return self._original(*args, **kwargs)
+        outputs = [self._attached.forward(raw) for raw in why.inputs]
+        self.planned_calls += 1
+        return self._adapter.output(why, outputs)
+
+
+def apply(
+    module: torch.nn.Module,
+    budget: str | int | None = None,
+    consumer: str = "sdpa",
+    *,
+    token_chunk: int | None = None,
+    feature_slice: int | None = None,
+) -> Handle:
+    """Attaches the planner to `module` and replaces its forward; returns the handle.
+
+    The module is recognized from its ``state_dict()`` names and shapes (the recognition tables
+    of checkpoints) and its config. Its parameters are the weights, used in place. The pipeline
+    keeps calling the module as before and gets what the original forward returns; each batch
+    element runs the planned schedule of its geometry (one plan per geometry, cached).
+
+    Args:
+        module: a diffusers ``WanTransformer3DModel`` or ``FluxTransformer2DModel``.
+        budget: activation memory budget: None (the leanest schedule within 2% of the fastest),
+            ``"auto"`` (free device memory less a margin), a size such as ``"12GiB"``, or bytes.
+            The fastest schedule that fits is chosen; a call whose geometry no schedule fits
+            raises :class:`BudgetError` naming the smallest achievable peak.
+        consumer: the attention consumer (see :func:`consumers`).
+        token_chunk: force the token chunk (rows per slab) instead of choosing it.
+        feature_slice: force the MLP feature slice (-1: never slice) instead of choosing it.
+
+    Raises:
+        TypeError: `module` is not a torch module, or `budget` has another type.
+        ValueError: the module's class is not supported, an option is invalid (the message names
+            it and its value), or a handle is attached already.
+        RecognizeError: the module's tensors match no known layout (the message names the
+            closest layout and what did not fit).
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
+    if handle_of(module) is not None:
+        raise ValueError("module: streamplan is attached already; streamplan.remove(module) first")
+    if "forward" in module.__dict__:
+        raise ValueError(
+            "module: its forward is replaced on the instance already (a hook or an offloading wrapper); "
+            "streamplan attaches to the module's own forward"
+        )
+    adapter = adapter_for(module)
+    if adapter is None:
+        known = ", ".join(f"diffusers {a.class_name}" for a in ADAPTERS)
+        raise ValueError(f"module: {type(module).__module__}.{type(module).__name__} is not supported (supported: {known})")
+    if not isinstance(consumer, str):
+        raise TypeError(f"consumer: expected a name (str), got {consumer!r}")
+    handle = Handle(
+        module,
+        adapter,
+        _budget_text(budget),
+        consumer,
+        _positive_or_none("token_chunk", token_chunk),
+        _positive_or_none("feature_slice", feature_slice),
+    )
+    module.forward = handle._forward
+    setattr(module, _ATTR, handle)
+    return handle
+
+
+def remove(module: torch.nn.Module) -> None:
+    """Detaches streamplan from `module`: its original forward runs again.
+
+    Raises:
+        ValueError: streamplan is not attached to `module`, or its forward was replaced again
+            after :func:`apply` (remove that wrapper first).
+    """
+    handle = handle_of(module)
+    if handle is None:
+        raise ValueError("module: streamplan is not attached to it")
+    if module.__dict__.get("forward") is not handle._forward:
+        raise ValueError("module: its forward was replaced after streamplan.apply; remove that wrapper first")
+    del module.__dict__["forward"]
+    delattr(module, _ATTR)
+
+
+def handle_of(module: torch.nn.Module) -> Handle | None:
+    """The handle attached to `module`, or None."""
+    h = module.__dict__.get(_ATTR)
+    return h if isinstance(h, Handle) else None

@@ -1,0 +1,120 @@
+#include "host/attached.hpp"
+
+#include <c10/core/GradMode.h>
+
+#include <stdexcept>
+
+#include "exec/device/device.hpp"
+#include "exec/device/probe.hpp"
+#include "models/families.hpp"
+#include "plan/budget.hpp"
+#include "report/report.hpp"
+#include "report/retry.hpp"
+
+namespace sp::host {
+
+namespace {
+
+// The activation dtype: the floating dtype holding most of the module's bytes.
+ir::DType module_dtype(const NamedTensors& tensors) {
+  std::map<at::ScalarType, int64_t> bytes;
+  for (const auto& [name, t] : tensors)
+    if (t.is_floating_point()) bytes[t.scalar_type()] += int64_t(t.nbytes());
+  if (bytes.empty()) throw std::invalid_argument("module: it holds no floating-point tensors");
+  auto most = bytes.begin();
+  for (auto it = bytes.begin(); it != bytes.end(); ++it)
+    if (it->second > most->second) most = it;
+  switch (most->first) {
+    case at::kFloat: return ir::DType::F32;
+    case at::kBFloat16: return ir::DType::BF16;
+    case at::kHalf: return ir::DType::F16;
+    default: break;
+  }
+  throw std::invalid_argument(std::string("module: most of its parameter bytes are ") + c10::toString(most->first) +
+                              "; streamplan runs modules held in float32, bfloat16 or float16");
+}
+
+at::Device module_device(const NamedTensors& tensors) {
+  if (tensors.empty()) throw std::invalid_argument("module: it holds no tensors");
+  const at::Device d = tensors.front().second.device();
+  for (const auto& [name, t] : tensors)
+    if (t.device() != d)
+      throw std::invalid_argument("module: tensor '" + name + "' is on " + t.device().str() + ", tensor '" +
+                                  tensors.front().first + "' on " + d.str() + "; move the module to one device first");
+  if (d.is_meta())
+    throw std::invalid_argument("module: its tensors are on the meta device (not loaded); load the weights first");
+  return d;
+}
+
+std::string geometry_key(const ir::Model& m) {
+  std::string key;
+  for (const auto& s : m.segments) key += (key.empty() ? "" : ", ") + s.name + " " + std::to_string(s.length);
+  for (const auto& c : m.contexts) key += (key.empty() ? "" : ", ") + c.name + " " + std::to_string(c.length);
+  return key + " (" + ir::to_string(m.dtype) + ")";
+}
+
+}  // namespace
+
+Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::Sidecar>& sidecar, AttachOptions options,
+                   contracts::Registry reg)
+    : reg_(std::move(reg)), options_(std::move(options)) {
+  device_ = module_device(tensors);
+  dtype_ = module_dtype(tensors);
+  reg_.consumer(options_.consumer);  // throws ContractError naming the registered consumers
+  if (!options_.budget.empty() && options_.budget != "auto") {
+    try {
+      plan::parse_budget(options_.budget);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(std::string("budget: ") + e.what());
+    }
+  }
+  rec_ = recognize_module(tensors, sidecar);
+  weights_ = std::make_unique<ModuleWeights>(tensors, rec_, &reg_);
+  dev_ = exec::describe_device(device_);
+  exec::apply_rates(exec::probe_device(device_, dev_), dev_);
+}
+
+at::Tensor Attached::forward(const models::TensorMap& raw) {
+  c10::NoGradGuard no_grad;  // the planned run records no autograd graph
+  weights_->refresh();
+  models::FamilyRun fr = models::prepare(rec_.config, *weights_, raw, dtype_, options_.consumer);
+  const std::string key = geometry_key(fr.model);
+  std::unique_ptr<GeometryPlan>& slot = cache_[key];
+  if (!slot) {
+    plan::Options po;
+    po.token_chunk = options_.token_chunk;
+    po.feature_slice = options_.feature_slice;
+    if (!options_.budget.empty()) {
+      contracts::DeviceCaps now = dev_;
+      now.memory_free = exec::describe_device(device_).memory_free;
+      po.budget_bytes = plan::budget_from_option(options_.budget, now);
+    }
+    auto g = std::make_unique<GeometryPlan>();
+    g->key = key;
+    g->model = fr.model;
+    g->plan = plan::make_plan(fr.model, reg_, dev_, po);
+    slot = std::move(g);
+    order_.push_back(slot.get());
+  }
+  const auto before = [&] {
+    if (options_.before_run) options_.before_run(fr.model);
+  };
+  const report::Retried r =
+      report::run_planned_retrying(fr.model, *weights_, fr.inputs, slot->plan, reg_, dev_, device_, {}, before);
+  if (options_.after_run) options_.after_run();
+  if (r.retried) {
+    slot->plan = r.plan;
+    slot->retry = r.note;
+  }
+  ++slot->calls;
+  last_ = slot.get();
+  return fr.finish(r.out);
+}
+
+std::vector<const GeometryPlan*> Attached::plans() const { return order_; }
+
+nlohmann::json Attached::document(const GeometryPlan& g) const {
+  return report::plan_document(g.model, g.plan, reg_, dev_, true);
+}
+
+}  // namespace sp::host

@@ -1,0 +1,102 @@
+// A planner attached to a host's live module: recognized once, planned once per geometry,
+// run per call on the module's own weights.
+//
+// Design note. A host (the Python package, src/python) hands over the module's tensors by
+// state_dict() name and, where names and shapes cannot tell, a sidecar built from the
+// module's config. Each call is one batch element in the raw-input format of the family
+// (models/families.hpp, the format of `streamplan run --inputs`): the family's prologue
+// builds the IR for that geometry and its tables, the plan of that geometry comes from the
+// cache (made on first sight, under the attach options' budget), and the planned schedule
+// runs on the module's weights (host/module_weights.hpp), retried once under what is free
+// when it runs out of memory (report/retry.hpp). The output is the family's reference
+// layout, in fp32. What a call may carry besides those inputs (masks, ControlNet residuals,
+// LoRA scales) is the host's to refuse before it calls: this side sees only the inputs
+// the family models.
+//
+// Example:
+//     sp::host::Attached a(tensors, sidecar, {.consumer = "sdpa", .budget = "auto"}, sp::exec::builtin_registry());
+//     at::Tensor out = a.forward({{"latents", lat}, {"timestep", t}, {"text", text}});  // Wan: [C, F, H, W]
+//     std::cout << sp::plan::explain(a.last()->plan);
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "host/module_weights.hpp"
+#include "models/tensor_io.hpp"
+#include "plan/plan.hpp"
+
+namespace sp::host {
+
+struct AttachOptions {
+  std::string consumer = "sdpa";
+  std::string budget;       // empty: none; "auto"; or a size ("12GiB", "512MiB", bytes)
+  int64_t token_chunk = 0;  // 0: automatic
+  int64_t feature_slice = 0;  // 0: automatic; < 0: never slice features
+  // Called with the call's IR before each planned run (a retry runs again), and after the
+  // run succeeded: a host's consumers that track their calls (host/slab_positions.hpp).
+  std::function<void(const ir::Model&)> before_run;
+  std::function<void()> after_run;
+};
+
+// The plan of one geometry, with what it needs to be shown.
+struct GeometryPlan {
+  std::string key;   // "video 3072, text 512 (fp32)": tokens per segment and context, dtype
+  ir::Model model;   // the IR of that geometry
+  plan::Plan plan;
+  int64_t calls = 0;
+  std::string retry;  // why and how the plan was made again after running out of memory
+};
+
+class Attached {
+ public:
+  // Recognizes the module (throws recognize::RecognizeError), checks that its tensors share
+  // one device and that the consumer and budget are valid (std::invalid_argument naming the
+  // option and its value), and measures the device's rates (cached per device).
+  Attached(const NamedTensors& tensors, const std::optional<recognize::Sidecar>& sidecar, AttachOptions options,
+           contracts::Registry reg);
+  Attached(const Attached&) = delete;
+  Attached& operator=(const Attached&) = delete;
+
+  const recognize::Recognized& recognized() const { return rec_; }
+  ir::DType dtype() const { return dtype_; }  // activations: the dtype of most parameter bytes
+  const at::Device& device() const { return device_; }
+  const AttachOptions& options() const { return options_; }
+  const contracts::Registry& registry() const { return reg_; }
+  const contracts::DeviceCaps& device_caps() const { return dev_; }
+  const ModuleWeights& weights() const { return *weights_; }
+
+  // One forward of one batch element; the output in the family's reference layout, fp32.
+  // Throws plan::BudgetError when no schedule meets the budget, report::OutOfMemory when the
+  // run does not fit even after its retry.
+  at::Tensor forward(const models::TensorMap& raw);
+
+  // The plan of the most recent call's geometry (null before the first call), and all plans
+  // made so far in the order they were made.
+  const GeometryPlan* last() const { return last_; }
+  std::vector<const GeometryPlan*> plans() const;
+  // The JSON of `streamplan plan --explain --json` for one of them.
+  nlohmann::json document(const GeometryPlan& g) const;
+
+ private:
+  contracts::Registry reg_;
+  AttachOptions options_;
+  recognize::Recognized rec_;
+  std::unique_ptr<ModuleWeights> weights_;
+  at::Device device_{at::kCPU};
+  contracts::DeviceCaps dev_;
+  ir::DType dtype_ = ir::DType::F32;
+  std::map<std::string, std::unique_ptr<GeometryPlan>> cache_;
+  std::vector<const GeometryPlan*> order_;
+  const GeometryPlan* last_ = nullptr;
+};
+
+}  // namespace sp::host

@@ -1,0 +1,155 @@
+#include "host/module_weights.hpp"
+
+#include <stdexcept>
+
+#include "exec/consumers/consumer.hpp"
+#include "models/checkpoint.hpp"
+#include "models/tensor_io.hpp"
+
+namespace sp::host {
+
+namespace {
+
+using recognize::Source;
+
+// Module tensors are looked up under their own names behind this prefix, apart from the
+// canonical names (a part acquired through its format is a Linear of its own).
+std::string part_key(const std::string& name) { return "module:" + name; }
+
+}  // namespace
+
+recognize::Recognized recognize_module(const NamedTensors& tensors, const std::optional<recognize::Sidecar>& sidecar) {
+  std::vector<io::TensorInfo> infos;
+  infos.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    io::TensorInfo info;
+    info.name = name;
+    info.dtype = models::to_io(t.scalar_type(), name);
+    info.shape = t.sizes().vec();
+    infos.push_back(std::move(info));
+  }
+  return recognize::recognize(infos, sidecar);
+}
+
+ModuleWeights::ModuleWeights(const NamedTensors& tensors, const recognize::Recognized& r, const contracts::Registry* reg)
+    : reg_(reg) {
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& [name, t] : tensors) by_name.emplace(name, t);
+  for (const auto& [name, src] : r.tensors) {
+    Canonical c;
+    c.src = src;
+    int64_t row = 0;
+    for (const auto& part : src.tensors) {
+      auto it = by_name.find(part);
+      if (it == by_name.end())
+        throw std::invalid_argument("module tensor '" + part + "' (part of canonical '" + name + "') is missing");
+      c.parts.push_back(it->second);
+      c.offsets.push_back(row);
+      row += it->second.dim() > 0 ? it->second.size(0) : 1;
+      parts_.emplace(part_key(part), it->second);
+    }
+    if (src.op == Source::Op::Copy) {
+      at::Tensor v = models::assemble(name, src, c.parts);
+      if (v.is_alias_of(c.parts.front())) c.view = v;  // else held (a kernel that cannot be viewed flat)
+    }
+    canon_.emplace(name, std::move(c));
+  }
+}
+
+const ModuleWeights::Canonical& ModuleWeights::canonical(const std::string& name) const {
+  auto it = canon_.find(name);
+  if (it == canon_.end()) throw std::out_of_range("weight '" + name + "' is not in the module's weights");
+  return it->second;
+}
+
+const at::Tensor& ModuleWeights::tensor(const std::string& name) const {
+  if (auto it = parts_.find(name); it != parts_.end()) return it->second;
+  const Canonical& c = canonical(name);
+  return c.view.defined() ? c.view : held(name, c);
+}
+
+bool ModuleWeights::contains(const std::string& name) const {
+  return canon_.count(name) != 0 || parts_.count(name) != 0;
+}
+
+const at::Tensor& ModuleWeights::held(const std::string& name, const Canonical& c) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto [it, fresh] = held_.try_emplace(name);
+  if (fresh) it->second = models::assemble(name, c.src, c.parts).contiguous();
+  return it->second;
+}
+
+void ModuleWeights::refresh() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [name, t] : held_) {
+    const Canonical& c = canonical(name);
+    t = models::assemble(name, c.src, c.parts).contiguous();
+  }
+}
+
+std::vector<ModuleWeights::Copy> ModuleWeights::copies() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Copy> out;
+  for (const auto& [name, t] : held_) out.push_back({name, int64_t(t.nbytes())});
+  return out;
+}
+
+std::map<std::string, std::vector<const void*>> ModuleWeights::storage() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::map<std::string, std::vector<const void*>> out;
+  for (const auto& [name, c] : canon_) {
+    if (held_.count(name)) continue;
+    if (c.view.defined()) {
+      out[name] = {c.view.data_ptr()};
+    } else if (c.src.op == Source::Op::Concat0) {
+      for (const auto& p : c.parts) out[name].push_back(p.data_ptr());
+    }
+  }
+  return out;
+}
+
+at::Tensor ModuleWeights::acquire(const ir::Linear& l, exec::Slice rows, exec::Slice cols, at::ScalarType dtype,
+                                  const at::Tensor& out) const {
+  const auto& format = exec::impl_of<exec::FormatImpl>(reg_->format(l.format));
+  auto it = canon_.find(l.weight);
+  if (it == canon_.end() || it->second.src.op != Source::Op::Concat0) return format.acquire(*this, l, rows, cols, dtype, out);
+  const Canonical& c = it->second;
+  if (rows.step < 1) throw std::invalid_argument("weight '" + l.weight + "': row step " + std::to_string(rows.step));
+  const int64_t n = rows.length < 0 ? (l.out_features - rows.begin + rows.step - 1) / rows.step : rows.length;
+  const int64_t first = rows.begin, last = rows.begin + (n - 1) * rows.step;
+  for (size_t p = 0; p < c.parts.size() && n > 0; ++p) {
+    const int64_t lo = c.offsets[p], hi = lo + c.parts[p].size(0);
+    if (first < lo || last >= hi) continue;
+    ir::Linear part = l;  // the part as a Linear of its own, acquired through the same format
+    part.weight = part_key(c.src.tensors[p]);
+    part.bias.clear();
+    part.out_regions.clear();
+    part.out_features = hi - lo;
+    return format.acquire(*this, part, {first - lo, n, rows.step}, cols, dtype, out);
+  }
+  return acquire_spanning(l, c, {first, n, rows.step}, cols, dtype, out);
+}
+
+at::Tensor ModuleWeights::acquire_spanning(const ir::Linear& l, const Canonical& c, exec::Slice rows, exec::Slice cols,
+                                           at::ScalarType dtype, const at::Tensor& out) const {
+  if (!reg_->format(l.format).dense)
+    throw std::invalid_argument("weight '" + l.weight + "': a module's weights are dense, the IR names format '" +
+                                l.format + "'");
+  // Rows k of the slice (begin + k*step) that fall into each part, in order.
+  std::vector<at::Tensor> pieces;
+  for (size_t p = 0; p < c.parts.size(); ++p) {
+    const int64_t lo = c.offsets[p], hi = lo + c.parts[p].size(0);
+    const int64_t k0 = rows.begin >= lo ? 0 : (lo - rows.begin + rows.step - 1) / rows.step;
+    if (hi - 1 < rows.begin) continue;
+    const int64_t k1 = std::min(rows.length - 1, (hi - 1 - rows.begin) / rows.step);
+    if (k0 > k1) continue;
+    const exec::Slice local{rows.begin + k0 * rows.step - lo, k1 - k0 + 1, rows.step};
+    pieces.push_back(exec::slice(exec::slice(c.parts[p], 0, local), 1, cols));
+  }
+  const at::Tensor w = at::cat(pieces, 0);
+  if (!out.defined()) return w.to(dtype);
+  out.copy_(w);
+  return out;
+}
+
+}  // namespace sp::host

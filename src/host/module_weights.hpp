@@ -1,0 +1,90 @@
+// Weights of a live host module: the tensors of a PyTorch module's state_dict(), recognized
+// through the checkpoint tables and acquired without copies.
+//
+// Design note. Recognition (src/recognize) maps every canonical tensor to its Source among
+// the module's tensors: renamed (Copy), concatenated parts (Concat0: diffusers' split q/k/v
+// of a fused projection) or swapped halves (SwapHalves0). A renamed tensor is a view of the
+// module's tensor (a convolution kernel that acts as a linear is viewed flat). A Linear
+// whose canonical weight is a concatenation is acquired from the part that holds the rows
+// the program asks for (each region of a fused projection is one part): a view again. Only
+// an acquire whose rows span parts assembles them, into the buffer the program placed where
+// it placed one. The tensors read whole that the module does not hold as such (the biases
+// of split projections, a modulation weight with swapped halves) are assembled on first use
+// and held as copies; refresh() assembles them again from the module's current tensors (a
+// few small vectors and one modulation matrix: cheap beside a forward), so a forward always
+// sees the module's current weights. copies() lists what is held.
+//
+// Example:
+//     sp::host::NamedTensors t = ...;   // state_dict() of a diffusers FluxTransformer2DModel
+//     sp::recognize::Recognized r = sp::host::recognize_module(t, sidecar);
+//     sp::host::ModuleWeights w(t, r, &reg);
+//     w.refresh();                      // before each forward
+//     at::Tensor q = w.acquire(qkv, {0, dim}, {}, at::kFloat);   // a view of attn.to_q.weight
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "exec/formats/weights.hpp"
+#include "recognize/recognize.hpp"
+
+namespace sp::host {
+
+// A module's tensors by state_dict() name, in its order.
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Recognizes a module from its tensors' names, shapes and dtypes, as recognize::recognize
+// does a checkpoint. Throws recognize::RecognizeError, or std::invalid_argument naming a
+// tensor whose dtype no checkpoint can hold.
+recognize::Recognized recognize_module(const NamedTensors& tensors, const std::optional<recognize::Sidecar>& sidecar);
+
+class ModuleWeights : public exec::WeightSource {
+ public:
+  // Throws std::invalid_argument naming a tensor the recognition refers to that `tensors`
+  // lacks. `reg` must outlive this object.
+  ModuleWeights(const NamedTensors& tensors, const recognize::Recognized& r, const contracts::Registry* reg);
+
+  const at::Tensor& tensor(const std::string& name) const override;
+  bool contains(const std::string& name) const override;
+  at::Tensor acquire(const ir::Linear& l, exec::Slice rows, exec::Slice cols, at::ScalarType dtype,
+                     const at::Tensor& out = {}) const override;
+
+  // Assembles the held copies again from the module's tensors.
+  void refresh();
+
+  struct Copy {
+    std::string name;  // canonical name
+    int64_t bytes = 0;
+  };
+  // The tensors held as copies so far, by canonical name.
+  std::vector<Copy> copies() const;
+  // Per canonical tensor that is not held: the data pointers of the module tensors it is
+  // served from (the view's, or each part's).
+  std::map<std::string, std::vector<const void*>> storage() const;
+
+ private:
+  struct Canonical {
+    recognize::Source src;
+    std::vector<at::Tensor> parts;  // the module's tensors, in the order of src.tensors
+    at::Tensor view;                // Copy that is a view of its part; else undefined
+    std::vector<int64_t> offsets;   // Concat0: first canonical row of each part
+  };
+  const Canonical& canonical(const std::string& name) const;
+  const at::Tensor& held(const std::string& name, const Canonical& c) const;
+  at::Tensor acquire_spanning(const ir::Linear& l, const Canonical& c, exec::Slice rows, exec::Slice cols,
+                              at::ScalarType dtype, const at::Tensor& out) const;
+
+  const contracts::Registry* reg_;
+  std::map<std::string, Canonical> canon_;
+  std::map<std::string, at::Tensor> parts_;  // module tensors by part key (see part_key)
+  mutable std::mutex mutex_;                 // held_
+  mutable std::map<std::string, at::Tensor> held_;
+};
+
+}  // namespace sp::host

@@ -1,0 +1,166 @@
+// streamplan._C: the C++ side of the Python package (python/streamplan). Tensors cross as
+// at::Tensor through torch's own pybind11 casters, without copies; everything else is
+// plain Python data. The package's typed API wraps these; see python/streamplan/_C.pyi.
+#include <torch/extension.h>
+#include <torch/headeronly/version.h>
+
+#include "exec/registry.hpp"
+#include "host/attached.hpp"
+#include "python/consumers.hpp"
+#include "plan/budget.hpp"
+#include "recognize/sidecar.hpp"
+#include "report/retry.hpp"
+
+namespace py = pybind11;
+
+namespace sp::python {
+
+namespace {
+
+py::dict config_dict(const recognize::FamilyConfig& c) {
+  py::dict d;
+  d["family"] = c.family;
+  d["variant"] = c.variant;
+  d["dim"] = c.dim;
+  d["heads"] = c.heads;
+  d["head_dim"] = c.head_dim;
+  d["ffn"] = c.ffn;
+  d["layers"] = c.layers;
+  d["single_layers"] = c.single_layers;
+  d["in_channels"] = c.in_channels;
+  d["out_channels"] = c.out_channels;
+  d["text_dim"] = c.text_dim;
+  d["patch"] = py::make_tuple(c.patch[0], c.patch[1], c.patch[2]);
+  d["guidance"] = c.guidance;
+  d["eps"] = c.eps;
+  d["rope_theta"] = c.rope_theta;
+  d["rope_axes_dim"] = c.rope_axes_dim;
+  return d;
+}
+
+const host::GeometryPlan& find_plan(const host::Attached& a, const std::optional<std::string>& key) {
+  if (!key) {
+    if (!a.last()) throw std::invalid_argument("no plan yet: plans are made per geometry, on the module's first call with it");
+    return *a.last();
+  }
+  std::string known;
+  for (const auto* g : a.plans()) {
+    if (g->key == *key) return *g;
+    known += (known.empty() ? "" : "; ") + g->key;
+  }
+  throw std::invalid_argument("geometry '" + *key + "': no plan for it (planned: " + (known.empty() ? "none" : known) + ")");
+}
+
+// `python_consumers`: (name, function, caps) of consumers registered from Python, added to
+// the built-in registry of this attachment.
+std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                                       const std::optional<std::string>& sidecar_json, const std::string& consumer,
+                                       const std::string& budget, int64_t token_chunk, int64_t feature_slice,
+                                       const std::vector<std::tuple<std::string, py::function, py::dict>>& python_consumers) {
+  std::optional<recognize::Sidecar> sidecar;
+  if (sidecar_json) sidecar = recognize::parse_sidecar(*sidecar_json, "<module config>");
+  host::AttachOptions o;
+  o.consumer = consumer;
+  o.budget = budget;
+  o.token_chunk = token_chunk;
+  o.feature_slice = feature_slice;
+  contracts::Registry reg = exec::builtin_registry();
+  std::vector<std::shared_ptr<host::SlabPositions>> positions;
+  for (const auto& [name, fn, caps] : python_consumers) {
+    if (reg.has_consumer(name)) throw std::invalid_argument("consumer '" + name + "' is registered already");
+    PythonConsumer c = python_consumer(name, fn, caps);
+    positions.push_back(c.positions);
+    reg.add(std::move(c.caps));
+  }
+  if (!positions.empty()) {
+    o.before_run = [positions](const ir::Model& m) {
+      for (const auto& p : positions) p->reset(m);
+    };
+    o.after_run = [positions] {
+      for (const auto& p : positions) p->finish();
+    };
+  }
+  return std::make_unique<host::Attached>(tensors, sidecar, o, std::move(reg));
+}
+
+}  // namespace
+
+}  // namespace sp::python
+
+PYBIND11_MODULE(_C, m) {
+  using namespace sp;
+  m.doc() = "streamplan's C++ core: recognition, planning and the planned executor for live modules";
+
+  py::register_exception<recognize::RecognizeError>(m, "RecognizeError", PyExc_ValueError);
+  py::register_exception<plan::BudgetError>(m, "BudgetError", PyExc_ValueError);
+  py::register_exception<report::OutOfMemory>(m, "OutOfMemoryError", PyExc_MemoryError);
+
+  m.attr("__version__") = STREAMPLAN_VERSION;
+  m.attr("torch_version") = TORCH_VERSION;  // the torch headers the extension was built against
+  m.attr("build_kind") = STREAMPLAN_BUILD_KIND;
+
+  m.def("consumers", [] { return exec::builtin_registry().consumer_names(); },
+        "Names of the registered attention consumers.");
+  m.def("parse_budget", &plan::parse_budget, py::arg("text"), "Bytes of a budget such as '12GiB'.");
+
+  py::class_<host::Attached>(m, "Attached")
+      .def(py::init(&python::attach), py::arg("tensors"), py::arg("sidecar_json"), py::arg("consumer"),
+           py::arg("budget"), py::arg("token_chunk") = 0, py::arg("feature_slice") = 0,
+           py::arg("python_consumers") = std::vector<std::tuple<std::string, py::function, py::dict>>{})
+      .def_property_readonly("config", [](const host::Attached& a) { return python::config_dict(a.recognized().config); })
+      .def_property_readonly("layout", [](const host::Attached& a) { return a.recognized().layout; })
+      .def_property_readonly("dtype", [](const host::Attached& a) { return std::string(ir::to_string(a.dtype())); })
+      .def_property_readonly("device", [](const host::Attached& a) { return a.device().str(); })
+      .def_property_readonly("consumer", [](const host::Attached& a) { return a.options().consumer; })
+      .def_property_readonly("budget", [](const host::Attached& a) { return a.options().budget; })
+      .def(
+          "forward",
+          [](host::Attached& a, const std::map<std::string, at::Tensor>& raw) {
+            py::gil_scoped_release release;
+            return a.forward(raw);
+          },
+          py::arg("raw"))
+      .def("plans",
+           [](const host::Attached& a) {
+             py::list out;
+             for (const auto* g : a.plans()) {
+               py::dict d;
+               d["key"] = g->key;
+               d["calls"] = g->calls;
+               d["estimated_peak_bytes"] = g->plan.estimated_peak_bytes;
+               d["floor_bytes"] = g->plan.floor_bytes;
+               d["retry"] = g->retry;
+               out.append(d);
+             }
+             return out;
+           })
+      .def_property_readonly("last_key",
+                             [](const host::Attached& a) -> std::optional<std::string> {
+                               if (!a.last()) return std::nullopt;
+                               return a.last()->key;
+                             })
+      .def(
+          "explain",
+          [](const host::Attached& a, const std::optional<std::string>& key) {
+            return plan::explain(python::find_plan(a, key).plan);
+          },
+          py::arg("key") = py::none())
+      .def(
+          "document",
+          [](const host::Attached& a, const std::optional<std::string>& key) {
+            return a.document(python::find_plan(a, key)).dump();
+          },
+          py::arg("key") = py::none())
+      .def("storage",
+           [](const host::Attached& a) {
+             std::map<std::string, std::vector<uintptr_t>> out;
+             for (const auto& [name, ptrs] : a.weights().storage())
+               for (const void* p : ptrs) out[name].push_back(reinterpret_cast<uintptr_t>(p));
+             return out;
+           })
+      .def("copies", [](const host::Attached& a) {
+        std::vector<std::pair<std::string, int64_t>> out;
+        for (const auto& c : a.weights().copies()) out.emplace_back(c.name, c.bytes);
+        return out;
+      });
+}
