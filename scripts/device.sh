@@ -12,6 +12,9 @@
 #   scripts/device.sh OUT sweep-models
 #                                    budget sweeps of the whole H3 (10 s) and Wan 14B models
 #                                    from 1.1 x floor, against two fixed chunks (same binary)
+#   scripts/device.sh OUT package    the Python package built here, then diffusers' WanPipeline
+#                                    (Wan 2.1 14B widths, 2 layers) with and without
+#                                    streamplan.apply (scripts/bench_package.py)
 #   scripts/device.sh OUT policy     the bench cases three ways, in turn in one process: the
 #                                    default policy (no flags), --budget auto (the fastest plan)
 #                                    and --budget-floor 1.1 (bench --policies); builds first
@@ -49,6 +52,30 @@ if [ "$mode" = policy ]; then
   $bin bench --device cuda --cases "$cases" --policies --budget-floor 1.1 ${BENCH_ARGS:-} --out "$out/policy.json" \
     2>>"$out/logs.txt" | tee "$out/policy.txt" || summary+=("bench --policies failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
   printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+
+if [ "$mode" = package ]; then
+  # The Python package built on this machine (its own build folder), then diffusers' WanPipeline
+  # with and without streamplan.apply (scripts/bench_package.py). Wheels of what the machine
+  # lacks (diffusers, ...) come from .whl/ where present.
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/streamplan-site .whl/*.whl \
+      >>"$out/logs.txt" 2>&1 || { tail -20 "$out/logs.txt"; exit 1; }
+    export PYTHONPATH=/tmp/streamplan-site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
+  # The system compiler: an extension module must share the process's libstdc++ (a toolchain
+  # that links its own statically gives the module a second copy, whose streams crash).
+  [ -x /usr/bin/g++ ] && export CC=${CC:-/usr/bin/gcc} CXX=${CXX:-/usr/bin/g++} CUDAHOSTCXX=${CUDAHOSTCXX:-/usr/bin/g++}
+  defines=(-C cmake.define.CMAKE_INCLUDE_PATH="$PWD/.deps/include")
+  # A carried pybind11 (the version torch's headers are) before the machine's own.
+  [ -d /tmp/streamplan-site/pybind11 ] && defines+=(-C cmake.define.pybind11_DIR=/tmp/streamplan-site/pybind11/share/cmake/pybind11)
+  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) $py -m pip install -q --no-build-isolation --no-deps --upgrade \
+    --target /tmp/streamplan-pkg -C build-dir=build-py-sys "${defines[@]}" . >>"$out/logs.txt" 2>&1 \
+    || { tail -30 "$out/logs.txt"; exit 1; }
+  PYTHONPATH=/tmp/streamplan-pkg:${PYTHONPATH:-} $py scripts/bench_package.py ${BENCH_ARGS:-} --out "$out/package.json" \
+    2>>"$out/logs.txt" || { tail -20 "$out/logs.txt"; exit 1; }
   exit 0
 fi
 

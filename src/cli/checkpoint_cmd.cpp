@@ -16,6 +16,9 @@ struct Args {
   std::string family, layout = "original", out, dtype;
   int layers = -1;
   bool tiny = false;
+  // MiniMax H3 variants (0 / false / 1: the preset's plain form).
+  int64_t curve_rows = 0, curve_basis = 0, head_bank = 1;
+  bool gate_compress = false;
   bool quiet = false;
   uint64_t seed = 0;
 };
@@ -46,18 +49,44 @@ class Progress {
   bool shown_ = false;
 };
 
+// Applies the MiniMax H3 variant options to its preset; the result no longer matches the
+// preset's structure, so it is named "custom" (as recognition names it).
+void apply_variant(const Args& a, recognize::FamilyConfig& cfg) {
+  const bool any = a.curve_rows > 0 || a.gate_compress || a.head_bank != 1;
+  if (!any) return;
+  if (cfg.family != "minimax-h3")
+    throw std::invalid_argument("--curve-rows, --curve-basis, --gate-compress and --head-bank apply to --family "
+                                "minimax-h3 only, got --family " + a.family);
+  if (a.curve_rows > 0) {
+    cfg.time_table_rows = a.curve_rows;
+    cfg.time_dim = a.curve_basis;
+    cfg.freq_dim = 0;  // no sinusoid in the curve form
+  }
+  cfg.gate_compress = a.gate_compress;
+  cfg.head_bank = a.head_bank;
+  cfg.variant = "custom";
+}
+
 }  // namespace
 
 Runner add_make_checkpoint(CLI::App& app) {
   auto args = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("make-checkpoint", "write a random-weight checkpoint of a model family");
-  cmd->add_option("--family", args->family, "wan2.1-1.3b, wan2.1-14b, flux1-dev, flux1-schnell or h3")
+  cmd->add_option("--family", args->family, "wan2.1-1.3b, wan2.1-14b, flux1-dev, flux1-schnell, h3 or minimax-h3")
       ->required()
-      ->check(CLI::IsMember({"wan2.1-1.3b", "wan2.1-14b", "flux1-dev", "flux1-schnell", "h3"}));
+      ->check(CLI::IsMember({"wan2.1-1.3b", "wan2.1-14b", "flux1-dev", "flux1-schnell", "h3", "minimax-h3"}));
   cmd->add_option("--layers", args->layers, "blocks (Flux: double blocks; single = 2x); default: the model's")
       ->check(cli::at_least(1));
   cmd->add_option("--layout", args->layout, "original or diffusers")->check(CLI::IsMember({"original", "diffusers"}))->capture_default_str();
   cmd->add_flag("--tiny", args->tiny, "small widths, same structure (tests)");
+  auto* rows = cmd->add_option("--curve-rows", args->curve_rows, "minimax-h3: curve form, adaln_t_table rows G (>= 2)")
+                   ->check(cli::at_least(2));
+  auto* basis = cmd->add_option("--curve-basis", args->curve_basis, "minimax-h3: curve form, adaln_t_table columns K")
+                    ->check(cli::at_least(1));
+  rows->needs(basis);
+  basis->needs(rows);
+  cmd->add_flag("--gate-compress", args->gate_compress, "minimax-h3: blocks carry attn.to_gate_compress.weight");
+  cmd->add_option("--head-bank", args->head_bank, "minimax-h3: PDD head bank of n output heads")->check(cli::at_least(1));
   cmd->add_option("--dtype", args->dtype, "stored dtype (default: bf16, fp32 with --tiny)")
       ->check(CLI::IsMember(ir::activation_dtype_names()));
   cmd->add_option("--seed", args->seed, "random seed");
@@ -65,7 +94,8 @@ Runner add_make_checkpoint(CLI::App& app) {
   cmd->add_flag("--quiet", args->quiet, "no progress lines on stderr for long writes");
   return [cmd, args]() {
     if (!cmd->parsed()) return -1;
-    const auto cfg = recognize::preset(args->family, args->layers, args->tiny);
+    auto cfg = recognize::preset(args->family, args->layers, args->tiny);
+    apply_variant(*args, cfg);
     const std::string d = args->dtype.empty() ? (args->tiny ? "fp32" : "bf16") : args->dtype;
     const at::ScalarType dt = exec::to_aten(ir::parse_dtype(d, "--dtype"));
     std::function<void(const models::WriteProgress&)> progress;

@@ -65,7 +65,13 @@ namespace {
 void shape_values(const recognize::TensorSpec& spec, at::Tensor& t) {
   const std::string& n = spec.name;
   const bool bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
-  if (spec.shape.size() == 1 && !bias) {
+  const bool inv_freq = n.size() >= 8 && n.compare(n.size() - 8, 8, "inv_freq") == 0;
+  if (inv_freq && spec.shape.size() == 1) {
+    // Stored RoPE inverse frequencies: 10000^(-i/n) over the n rotated pairs of an axis.
+    const int64_t len = spec.shape[0];
+    const at::Tensor i = at::arange(len, at::TensorOptions().dtype(at::kDouble));
+    t.copy_(at::pow(10000.0, -i / static_cast<double>(len)));
+  } else if (spec.shape.size() == 1 && !bias) {
     t.mul_(0.1).add_(1.0);
   } else if (bias) {
     t.mul_(0.02);

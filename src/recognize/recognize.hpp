@@ -55,9 +55,10 @@ struct Source {
 // conventions (eps, rope, text_tokens, segments) from the sidecar, the matched preset, or
 // the family defaults, in that order of precedence.
 struct FamilyConfig {
-  std::string family;   // "wan2.1" | "flux1" | "h3"
+  std::string family;   // "wan2.1" | "flux1" | "h3" | "minimax-h3"
   std::string variant;  // "wan2.1-1.3b", "wan2.1-14b", "flux1-dev", "flux1-schnell", "h3",
-                        // their "-tiny" forms ("wan2.1-tiny", ...), or "custom"
+                        // "minimax-h3" (its plain form only), their "-tiny" forms
+                        // ("wan2.1-tiny", ...), or "custom"
   int64_t dim = 0;
   int64_t heads = 0, head_dim = 0;  // attention width heads*head_dim (== dim except H3)
   int64_t ffn = 0;                  // MLP hidden width (Flux: mlp_ratio * dim; H3: per SwiGLU half)
@@ -72,6 +73,13 @@ struct FamilyConfig {
   std::array<int64_t, 3> patch{1, 1, 1};  // Wan t,h,w patch (conv3d kernel); 1,1,1 otherwise
   bool guidance = false;                  // Flux dev: guidance embedding present
   bool qkv_bias = false;                  // Q/K/V projections carry biases (Wan, Flux)
+  // MiniMax H3 ("minimax-h3"; in_channels = out_channels: video patch features, audio_dim:
+  // audio row features, text_dim: text states, freq_dim: sinusoid width of the plain form).
+  int64_t refiner_layers = 0;   // token-refiner blocks over the text
+  int64_t time_dim = 0;         // adaln input width: the time embedding (plain) or the curve basis
+  int64_t time_table_rows = 0;  // curve form: rows of adaln_t_table; 0: plain form (time_embedder)
+  int64_t head_bank = 1;        // PDD head bank: heads per output projection (1: plain heads)
+  bool gate_compress = false;   // blocks carry attn.to_gate_compress (unused by the dense forward)
 
   // Conventions.
   double eps = 1e-6;  // every norm of the family
@@ -104,7 +112,7 @@ Recognized recognize(const std::vector<io::TensorInfo>& tensors,
 Recognized recognize(const io::SafetensorsFile& file, const std::optional<Sidecar>& sidecar = {});
 
 // The families and layouts known to the recognizer.
-std::vector<std::string> families();                          // {"wan2.1", "flux1", "h3"}
+std::vector<std::string> families();  // {"wan2.1", "flux1", "h3", "minimax-h3"}
 std::vector<std::string> layouts(const std::string& family);  // "original" first
 
 // ---- make-checkpoint ----
@@ -122,9 +130,10 @@ struct TensorSpec {
 // block). Throws RecognizeError for an unknown family or layout.
 std::vector<TensorSpec> checkpoint_tensors(const FamilyConfig& config, const std::string& layout);
 
-// A preset: "wan2.1-1.3b", "wan2.1-14b", "flux1-dev", "flux1-schnell", "h3" (or a "-tiny" name,
-// same as tiny=true). layers: -1 keeps the preset's count; otherwise Wan/H3 blocks, Flux double
-// blocks (single blocks = 2 * layers, the 19:38 ratio). tiny: small widths, same structure.
+// A preset: "wan2.1-1.3b", "wan2.1-14b", "flux1-dev", "flux1-schnell", "h3", "minimax-h3" (or a
+// "-tiny" name, same as tiny=true). layers: -1 keeps the preset's count; otherwise Wan/H3 and
+// MiniMax H3 DiT blocks (not its refiner blocks), Flux double blocks (single blocks = 2 * layers,
+// the 19:38 ratio). tiny: small widths, same structure.
 FamilyConfig preset(const std::string& variant, int layers = -1, bool tiny = false);
 std::vector<std::string> preset_names();
 

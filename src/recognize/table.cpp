@@ -110,7 +110,9 @@ bool same_structure(const FamilyConfig& a, const FamilyConfig& b) {
          a.ffn == b.ffn && a.in_channels == b.in_channels && a.out_channels == b.out_channels &&
          a.text_dim == b.text_dim && a.freq_dim == b.freq_dim && a.vec_dim == b.vec_dim &&
          a.audio_dim == b.audio_dim && a.patch == b.patch && a.guidance == b.guidance &&
-         a.qkv_bias == b.qkv_bias && a.segments.size() == b.segments.size();
+         a.qkv_bias == b.qkv_bias && a.time_dim == b.time_dim && a.time_table_rows == b.time_table_rows &&
+         a.head_bank == b.head_bank && a.gate_compress == b.gate_compress &&
+         a.segments.size() == b.segments.size();
 }
 
 void copy_conventions(const FamilyConfig& from, FamilyConfig& to) {
@@ -125,7 +127,8 @@ void copy_conventions(const FamilyConfig& from, FamilyConfig& to) {
 }
 
 const std::vector<const Family*>& all_families() {
-  static const std::vector<const Family*> families = {&wan_family(), &flux_family(), &h3_family()};
+  static const std::vector<const Family*> families = {&wan_family(), &flux_family(), &h3_family(),
+                                                        &minimax_h3_family()};
   return families;
 }
 

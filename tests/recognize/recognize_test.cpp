@@ -418,6 +418,244 @@ TEST(Sidecar, ChecksAgainstCheckpoint) {
   EXPECT_TRUE(has(m, "no default rope.axes_dim") && has(m, "head_dim 64")) << m;
 }
 
+// ---- MiniMax H3 ----
+
+// The tiny preset in one of its forms: curve (adaln_t_table of 11 x 8 instead of
+// time_embedder), gate_compress, a PDD head bank of `bank` heads. Forms other than the
+// preset's plain one match no preset, so recognition names them "custom".
+FamilyConfig minimax_tiny(bool curve = false, bool gate = false, int64_t bank = 1, int layers = 2) {
+  FamilyConfig c = preset("minimax-h3", layers, true);
+  if (curve) {
+    c.time_table_rows = 11;
+    c.time_dim = 8;
+    c.freq_dim = 0;
+  }
+  c.gate_compress = gate;
+  c.head_bank = bank;
+  if (curve || gate || bank != 1) c.variant = "custom";
+  return c;
+}
+
+std::vector<TensorInfo> minimax_infos(const FamilyConfig& c, const std::string& prefix = "") {
+  return infos_of(checkpoint_tensors(c, "original"), prefix);
+}
+
+TEST(MiniMaxH3, TinyLayoutHasTheReferenceShapes) {
+  // Names and shapes as tests/reference/minimax_h3.py's tensor_shapes(TINY) gives them.
+  const auto specs = checkpoint_tensors(minimax_tiny(), "original");
+  std::map<std::string, std::vector<int64_t>> s;
+  for (const auto& t : specs) s[t.name] = t.shape;
+  EXPECT_EQ(s.size(), 6 + 4 + 1 + 2 * 8 + 1 + 2 * 10 + 7u);
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(s.at("video_patch_proj.weight"), (V{64, 16}));
+  EXPECT_EQ(s.at("audio_patch_proj.weight"), (V{64, 6}));
+  EXPECT_EQ(s.at("condition_proj.weight"), (V{64, 40}));
+  EXPECT_EQ(s.at("time_embedder.proj_in.weight"), (V{64, 32}));
+  EXPECT_EQ(s.at("time_embedder.proj_out.weight"), (V{32, 64}));
+  EXPECT_EQ(s.at("rope.inv_freq"), (V{4}));
+  EXPECT_EQ(s.at("token_refiner.blocks.1.attn.qkv_proj.weight"), (V{288, 64}));
+  EXPECT_EQ(s.at("token_refiner.final_norm.weight"), (V{64}));
+  EXPECT_EQ(s.at("blocks.1.attn.q_norm.weight"), (V{32}));
+  EXPECT_EQ(s.at("blocks.1.attn.out_proj.weight"), (V{64, 96}));
+  EXPECT_EQ(s.at("blocks.1.mlp.fc1.weight"), (V{320, 64}));
+  EXPECT_EQ(s.at("blocks.1.mlp.fc2.weight"), (V{64, 160}));
+  EXPECT_EQ(s.at("blocks.1.adaln_proj.linear.weight"), (V{1152, 32}));
+  EXPECT_EQ(s.at("final_layer.adaln_proj.linear.weight"), (V{128, 32}));
+  EXPECT_EQ(s.at("final_layer.video_out.weight"), (V{16, 64}));
+  EXPECT_EQ(s.at("final_layer.audio_out.bias"), (V{6}));
+  EXPECT_FALSE(s.count("adaln_t_table"));
+  EXPECT_FALSE(s.count("token_refiner.blocks.0.adaln_proj.linear.weight"));
+
+  const auto v = checkpoint_tensors(minimax_tiny(true, true, 3), "original");
+  std::map<std::string, std::vector<int64_t>> sv;
+  for (const auto& t : v) sv[t.name] = t.shape;
+  EXPECT_EQ(sv.at("adaln_t_table"), (V{11, 8}));
+  EXPECT_FALSE(sv.count("time_embedder.proj_in.weight"));
+  EXPECT_EQ(sv.at("blocks.0.adaln_proj.linear.weight"), (V{1152, 8}));
+  EXPECT_EQ(sv.at("blocks.1.attn.to_gate_compress.weight"), (V{96, 64}));
+  EXPECT_EQ(sv.at("final_layer.video_out.weight"), (V{48, 64}));
+  EXPECT_EQ(sv.at("final_layer.audio_out.weight"), (V{18, 64}));
+}
+
+TEST(MiniMaxH3, EveryVariantWithEachPrefix) {
+  for (bool curve : {false, true})
+    for (bool gate : {false, true})
+      for (int64_t bank : {1, 3})
+        for (const std::string prefix : {"", "model.diffusion_model.", "diffusion_model."}) {
+          const FamilyConfig cfg = minimax_tiny(curve, gate, bank);
+          SCOPED_TRACE(std::string(curve ? "curve" : "plain") + (gate ? " gate_compress" : "") +
+                       " bank " + std::to_string(bank) + " prefix '" + prefix + "'");
+          const Recognized r = recognize(minimax_infos(cfg, prefix));
+          EXPECT_EQ(r.config, cfg);
+          EXPECT_EQ(r.prefix, prefix);
+          EXPECT_EQ(r.layout, "original");
+          EXPECT_EQ(r.config.family, "minimax-h3");
+          EXPECT_EQ(r.config.variant, curve || gate || bank != 1 ? "custom" : "minimax-h3-tiny");
+          EXPECT_EQ(r.config.time_table_rows, curve ? 11 : 0);
+          EXPECT_EQ(r.config.time_dim, curve ? 8 : 32);
+          EXPECT_EQ(r.config.freq_dim, curve ? 0 : 32);
+          EXPECT_EQ(r.config.gate_compress, gate);
+          EXPECT_EQ(r.config.head_bank, bank);
+          EXPECT_EQ(r.config.refiner_layers, 2);
+          EXPECT_EQ(r.config.layers, 2);
+          EXPECT_EQ(r.config.rotary_dim, 24);
+          EXPECT_EQ(r.config.rope_axes_dim, (std::vector<int64_t>{8, 8, 8}));
+          EXPECT_FALSE(r.config.rope_interleaved);
+          EXPECT_EQ(r.config.eps, 1e-5);
+          EXPECT_EQ(r.tensors.count("adaln_t_table"), curve ? 1u : 0u);
+          EXPECT_EQ(r.tensors.count("time_embedder.proj_in.weight"), curve ? 0u : 1u);
+          EXPECT_EQ(r.tensors.count("blocks.1.attn.to_gate_compress.weight"), gate ? 1u : 0u);
+          EXPECT_EQ(r.tensors.at("blocks.1.mlp.fc2.weight"),
+                    (Source{Source::Op::Copy, {prefix + "blocks.1.mlp.fc2.weight"}}));
+          EXPECT_EQ(r.tensors.at("token_refiner.blocks.0.attn.qkv_proj.weight").tensors[0],
+                    prefix + "token_refiner.blocks.0.attn.qkv_proj.weight");
+          // With its sidecar too (what make-checkpoint stores).
+          EXPECT_EQ(recognize(minimax_infos(cfg, prefix), sidecar_for(cfg)).config, cfg);
+        }
+}
+
+TEST(MiniMaxH3, RealDimensions) {
+  const FamilyConfig p = preset("minimax-h3");
+  EXPECT_EQ(p.layers, 50);
+  const Recognized r = recognize(minimax_infos(preset("minimax-h3", 3), "model.diffusion_model."));
+  const FamilyConfig& c = r.config;
+  EXPECT_EQ(c.variant, "minimax-h3");
+  EXPECT_EQ(c.dim, 5376);
+  EXPECT_EQ(c.heads, 56);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.ffn, 14336);
+  EXPECT_EQ(c.layers, 3);
+  EXPECT_EQ(c.refiner_layers, 2);
+  EXPECT_EQ(c.text_dim, 5120);
+  EXPECT_EQ(c.in_channels, 96);
+  EXPECT_EQ(c.out_channels, 96);
+  EXPECT_EQ(c.audio_dim, 32);
+  EXPECT_EQ(c.freq_dim, 256);
+  EXPECT_EQ(c.time_dim, 2688);
+  EXPECT_EQ(c.time_table_rows, 0);
+  EXPECT_EQ(c.head_bank, 1);
+  EXPECT_FALSE(c.gate_compress);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.rotary_dim, 96);
+  EXPECT_EQ(c.rope_axes_dim, (std::vector<int64_t>{32, 32, 32}));
+  EXPECT_FALSE(c.rope_interleaved);
+  EXPECT_EQ(c.rope_theta, 10000);
+  EXPECT_EQ(c.eps, 1e-5);
+  EXPECT_EQ(c.text_tokens, 512);
+  EXPECT_EQ(c.timestep_scale, 1);
+  EXPECT_TRUE(c.segments.empty());
+
+  // A real-width PDD bank of 2 heads in the curve form: a custom config, same conventions.
+  FamilyConfig bank = preset("minimax-h3", 1);
+  bank.head_bank = 2;
+  bank.time_table_rows = 1001;
+  bank.time_dim = 64;
+  bank.freq_dim = 0;
+  bank.variant = "custom";
+  auto infos = minimax_infos(bank);
+  EXPECT_EQ(find_name(infos, "final_layer.video_out.weight").shape,
+            (std::vector<int64_t>{192, 5376}));
+  EXPECT_EQ(recognize(infos).config, bank);
+}
+
+TEST(MiniMaxH3, MalformedCheckpointsNameTensorsAndValues) {
+  // A missing block tensor.
+  auto missing = minimax_infos(minimax_tiny());
+  erase_name(missing, "blocks.1.mlp.fc2.weight");
+  std::string m = error_of([&] { recognize(missing); });
+  EXPECT_TRUE(has(m, "minimax-h3 (original layout): missing 1 tensor(s): blocks.1.mlp.fc2.weight")) << m;
+
+  // adaln_proj rows not 18*dim.
+  auto adaln = minimax_infos(minimax_tiny());
+  find_name(adaln, "blocks.1.adaln_proj.linear.weight").shape = {17 * 64, 32};
+  m = error_of([&] { recognize(adaln); });
+  EXPECT_TRUE(has(m, "tensor blocks.1.adaln_proj.linear.weight has shape [1088, 32], expected "
+                     "[18*dim, time_dim] = [1152, 32]"))
+      << m;
+  EXPECT_TRUE(has(m, "dim=64 from video_patch_proj.weight")) << m;
+  EXPECT_TRUE(has(m, "time_dim=32 from time_embedder.proj_out.weight")) << m;
+
+  // Both time paths.
+  auto both = minimax_infos(minimax_tiny());
+  both.push_back(TensorInfo{"adaln_t_table", sp::io::DType::F32, {11, 32}, 0, 0});
+  m = error_of([&] { recognize(both); });
+  EXPECT_TRUE(has(m, "minimax-h3 (original layout): both time paths are present")) << m;
+  EXPECT_TRUE(has(m, "freq_dim 32") && has(m, "adaln_t_table (curve form, 11 rows)")) << m;
+
+  // Neither time path.
+  auto neither = minimax_infos(minimax_tiny());
+  std::erase_if(neither, [](const TensorInfo& t) { return t.name.rfind("time_embedder.", 0) == 0; });
+  m = error_of([&] { recognize(neither); });
+  EXPECT_TRUE(has(m, "no time path: neither time_embedder.proj_in/proj_out (plain form) nor "
+                     "adaln_t_table (curve form) is present"))
+      << m;
+
+  // Half a time path: the missing tensors are listed.
+  auto half = minimax_infos(minimax_tiny());
+  erase_name(half, "time_embedder.proj_out.bias");
+  m = error_of([&] { recognize(half); });
+  EXPECT_TRUE(has(m, "missing 1 tensor(s): time_embedder.proj_out.bias")) << m;
+
+  // A one-row curve table.
+  auto one_row = minimax_infos(minimax_tiny(true));
+  find_name(one_row, "adaln_t_table").shape = {1, 8};
+  m = error_of([&] { recognize(one_row); });
+  EXPECT_TRUE(has(m, "adaln_t_table has 1 row(s)")) << m;
+
+  // PDD heads disagree between video_out and audio_out.
+  auto bank = minimax_infos(minimax_tiny(false, false, 3));
+  find_name(bank, "final_layer.audio_out.weight").shape = {12, 64};
+  m = error_of([&] { recognize(bank); });
+  EXPECT_TRUE(has(m, "tensor final_layer.audio_out.weight has shape [12, 64], expected "
+                     "[bank*audio_dim, dim] = [18, 64]"))
+      << m;
+  EXPECT_TRUE(has(m, "bank=3 from final_layer.video_out.weight")) << m;
+
+  // video_out rows not a multiple of the patch features.
+  auto rows = minimax_infos(minimax_tiny());
+  find_name(rows, "final_layer.video_out.weight").shape = {20, 64};
+  m = error_of([&] { recognize(rows); });
+  EXPECT_TRUE(has(m, "final_layer.video_out.weight has shape [20, 64]") &&
+              has(m, "does not fit bank*feat for any positive bank (feat=16 from video_patch_proj.weight)"))
+      << m;
+
+  // gate_compress on some blocks only.
+  auto gate = minimax_infos(minimax_tiny(false, true));
+  erase_name(gate, "blocks.1.attn.to_gate_compress.weight");
+  m = error_of([&] { recognize(gate); });
+  EXPECT_TRUE(has(m, "missing 1 tensor(s): blocks.1.attn.to_gate_compress.weight")) << m;
+
+  // Sidecar rope widths against rope.inv_freq; segments do not apply.
+  const auto tiny = minimax_infos(minimax_tiny());
+  m = error_of([&] { recognize(tiny, parse_sidecar(R"({"rope": {"axes_dim": [8, 8, 16]}})")); });
+  EXPECT_TRUE(has(m, "rope.inv_freq has 4 pairs per axis") && has(m, "rope.axes_dim is [8, 8, 16]")) << m;
+  m = error_of([&] { recognize(tiny, parse_sidecar(R"({"segments": ["video", "text"]})")); });
+  EXPECT_TRUE(has(m, "segments applies to h3 only")) << m;
+  m = error_of([&] { recognize(tiny, parse_sidecar(R"({"head_dim": 64})")); });
+  EXPECT_TRUE(has(m, "sidecar head_dim 64 contradicts the checkpoint's q_norm width 32")) << m;
+  EXPECT_EQ(recognize(tiny, parse_sidecar(R"({"family": "minimax-h3", "text_tokens": 77})")).config.text_tokens, 77);
+}
+
+// What make-checkpoint writes (--tiny, and --curve-rows 11 --curve-basis 8 --gate-compress
+// --head-bank 3) is recognized back to the same config.
+TEST(MiniMaxH3, MakeCheckpointFileRoundTrip) {
+  for (const FamilyConfig& cfg : {minimax_tiny(false, false, 1, 1), minimax_tiny(true, true, 3, 1)}) {
+    SCOPED_TRACE(cfg.variant);
+    sp::io::SafetensorsWriter w;
+    for (const auto& t : checkpoint_tensors(cfg, "original")) {
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;
+      w.add(t.name, sp::io::DType::F32, t.shape, std::vector<std::byte>(static_cast<size_t>(n) * 4));
+    }
+    const std::string path = testing::TempDir() + "/recognize_minimax_h3.safetensors";
+    w.write(path);
+    const auto file = sp::io::SafetensorsFile::open(path);
+    EXPECT_EQ(recognize(file).config, cfg);
+    EXPECT_EQ(recognize(file, sidecar_for(cfg)).config, cfg);
+    std::filesystem::remove(path);
+  }
+}
+
 // ---- a real file ----
 
 TEST(File, TinyWanDiffusersSafetensors) {

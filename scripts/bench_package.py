@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""diffusers' WanPipeline with and without `streamplan.apply`, in one process on a GPU.
+
+The Wan 2.1 14B transformer at its real widths with a few layers and seeded random weights
+(tests/reference/make_reference.py's randomization), a tiny VAE (the pipeline only needs its
+scale factors: output_type="latent"), Wan's own scheduler, random prompt embeddings of 512
+tokens; one denoising step with classifier-free guidance (two transformer calls).
+
+    python3 scripts/bench_package.py --out OUT/package.json
+    python3 scripts/bench_package.py --layers 2 --frames 81 --height 720 --width 1280 --reps 3
+
+Per transformer call it records the device time (CUDA events) and the peak of the caching
+allocator above what was allocated when the call began (weights, inputs, pipeline state):
+the transformer's activation peak. The unpatched pipeline is run before and after the
+patched one (its time is the mean of both medians); the latents of each bf16 run are compared
+with an fp32 run of the unpatched pipeline on the same weights. Prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def wan14b_config(layers: int) -> dict:
+    return dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
+                out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=layers,
+                cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None,
+                added_kv_proj_dim=None, rope_max_seq_len=1024)
+
+
+class Meter:
+    """Wraps a module's forward (whatever it is now): time and activation peak of every call."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module, self.inner, self.calls = module, module.forward, []
+        self.own = "forward" in module.__dict__  # replaced on the instance already (streamplan.apply)
+
+        def forward(*args, **kwargs):
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = self.inner(*args, **kwargs)
+            stop.record()
+            torch.cuda.synchronize()
+            self.calls.append((start.elapsed_time(stop), torch.cuda.max_memory_allocated() - base))
+            return out
+
+        module.forward = forward
+
+    def detach(self) -> None:
+        if self.own:
+            self.module.forward = self.inner
+        else:
+            del self.module.forward  # the class's forward again
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--frames", type=int, default=81)
+    ap.add_argument("--height", type=int, default=720)
+    ap.add_argument("--width", type=int, default=1280)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--budget", default=None, help="streamplan.apply budget (default: none, the lean default)")
+    ap.add_argument("--out", help="write the results as JSON")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_package: needs a CUDA device", file=sys.stderr)
+        return 1
+
+    import make_reference
+    import streamplan
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+
+    t0 = time.time()
+    model = WanTransformer3DModel(**wan14b_config(a.layers))
+    make_reference.randomize(model, torch.Generator().manual_seed(0))
+    model = model.eval().to("cuda")  # fp32: the reference run
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True]).to("cuda")
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                        num_train_timesteps=1000, flow_shift=5.0)
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=model)
+    pipe.set_progress_bar_config(disable=True)
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randn((1, 512, 4096), generator=gen)
+    negative = torch.randn((1, 512, 4096), generator=gen)
+    print(f"[bench_package] model of {a.layers} layers built in {time.time() - t0:.0f} s", file=sys.stderr)
+
+    def run() -> torch.Tensor:
+        dt = pipe.transformer.dtype
+        with torch.no_grad():
+            out = pipe(prompt_embeds=prompt.to("cuda", dt), negative_prompt_embeds=negative.to("cuda", dt),
+                       height=a.height, width=a.width, num_frames=a.frames, num_inference_steps=1,
+                       guidance_scale=5.0, generator=torch.Generator("cuda").manual_seed(2),
+                       output_type="latent")
+        return out.frames.float()
+
+    reference = run()  # fp32
+    pipe.transformer.to(torch.bfloat16)
+    torch.cuda.empty_cache()
+
+    def measured(label: str) -> tuple[torch.Tensor, list]:
+        meter = Meter(pipe.transformer)
+        run()  # warm-up (and, patched, the plan of this geometry)
+        meter.calls.clear()
+        lat = None
+        for _ in range(a.reps):
+            lat = run()
+        meter.detach()
+        print(f"[bench_package] {label}: {len(meter.calls)} calls", file=sys.stderr)
+        return lat, meter.calls
+
+    base_lat, base_before = measured("unpatched")
+    handle = streamplan.apply(pipe.transformer, budget=a.budget)
+    sp_lat, sp_calls = measured("streamplan")
+    plan = handle.to_dict()
+    fallbacks = [str(f) for f in handle.fallbacks]
+    streamplan.remove(pipe.transformer)
+    _, base_after = measured("unpatched again")
+
+    def rel_l2(x: torch.Tensor) -> float:
+        return float((x.double() - reference.double()).norm() / reference.double().norm())
+
+    base_ms = 0.5 * (statistics.median(c[0] for c in base_before) + statistics.median(c[0] for c in base_after))
+    sp_ms = statistics.median(c[0] for c in sp_calls)
+    base_peak = max(c[1] for c in base_before + base_after)
+    sp_peak = max(c[1] for c in sp_calls)
+    tokens = (1 + (a.frames - 1) // 4) * (a.height // 16) * (a.width // 16)
+    result = {
+        "case": f"wan14b-{a.layers}-layer pipeline, {a.frames}x{a.width}x{a.height}, 1 step, CFG",
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": tokens,
+        "peer": "diffusers WanTransformer3DModel (unpatched)",
+        "peer_ms_per_call": base_ms, "peer_peak_bytes": base_peak, "peer_rel_l2_vs_fp32": rel_l2(base_lat),
+        "streamplan_ms_per_call": sp_ms, "streamplan_peak_bytes": sp_peak, "streamplan_rel_l2_vs_fp32": rel_l2(sp_lat),
+        "streamplan_estimated_peak_bytes": plan["planned"]["estimated_peak_bytes"],
+        "floor_bytes": plan["floor_bytes"], "fallbacks": fallbacks, "budget": a.budget,
+    }
+    if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+    G = float(1 << 30)
+    print(f"{'':28} {'ms/call':>9} {'peak GiB':>9} {'rel L2 vs fp32':>15}")
+    print(f"{'diffusers (unpatched)':28} {base_ms:9.1f} {base_peak / G:9.3f} {result['peer_rel_l2_vs_fp32']:15.3e}")
+    print(f"{'streamplan.apply':28} {sp_ms:9.1f} {sp_peak / G:9.3f} {result['streamplan_rel_l2_vs_fp32']:15.3e}")
+    print(f"peak unpatched / streamplan: {base_peak / max(sp_peak, 1):.2f}; time streamplan / unpatched: "
+          f"{sp_ms / base_ms:.3f}; error ratio: {result['streamplan_rel_l2_vs_fp32'] / result['peer_rel_l2_vs_fp32']:.2f}; "
+          f"fallbacks: {len(fallbacks)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
