@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the project (setting it up first where needed) and runs every test suite: CTest, the
 # pytest suites (tests/python: the Python package, installed in .venv; the plain-torch MiniMax
-# H3 reference, tests/reference/test_minimax_h3_reference.py), then a
+# H3 reference and streamplan's H3 forward against it, tests/reference/test_minimax_h3_*.py), then a
 # bounded fuzzing run of the checkpoint reader. Each suite prints a short report (the fuzzer's
 # log goes to build/fuzz.log, pytest's to build/pytest.log) and adds one entry to the summary
 # line printed last,
@@ -53,7 +53,7 @@ suite_pytest() {
   local log="$build/pytest.log" rc line passed failed errors total
   # Attaching probes the device; the rates a probe measures while tests run stay with the tests.
   XDG_CACHE_HOME="$(cd "$build" && pwd)/test-cache" .venv/bin/python -m pytest -q -rfE -p no:cacheprovider tests/python \
-    tests/reference/test_minimax_h3_reference.py 2>&1 |
+    tests/reference/test_minimax_h3_reference.py tests/reference/test_minimax_h3_streamplan.py 2>&1 |
     tee "$log"
   rc=${PIPESTATUS[0]}
   # "38 passed in 61.2s", "2 failed, 36 passed, 1 error in 70.0s"

@@ -77,6 +77,11 @@ int run(const Args& a) {
   if (!a.output.empty()) {
     models::TensorMap out{{"output", fr.finish(r.planned_out).cpu()}};
     if (r.naive_out.defined()) out["naive_output"] = fr.finish(r.naive_out).cpu();
+    if (fr.named_outputs) {
+      for (const auto& [name, t] : fr.named_outputs(r.planned_out)) out["output_" + name] = t.cpu();
+      if (r.naive_out.defined())
+        for (const auto& [name, t] : fr.named_outputs(r.naive_out)) out["naive_output_" + name] = t.cpu();
+    }
     models::write_tensors(a.output, out);
   }
   if (a.json) std::cout << report::to_json(r).dump(2) << "\n";
@@ -98,7 +103,7 @@ Runner add_run(CLI::App& app) {
   cmd->add_option("--tokens", a->geom.tokens, "video/image tokens in one row instead of a geometry")
       ->check(at_least(1));
   cmd->add_option("--text-tokens", a->geom.text_tokens, "text tokens (default: the family's)")->check(at_least(1));
-  cmd->add_option("--audio-tokens", a->geom.audio_tokens, "audio tokens (H3)")->check(at_least(1));
+  cmd->add_option("--audio-tokens", a->geom.audio_tokens, "audio tokens (H3-class); audio latent frames (MiniMax H3)")->check(at_least(1));
   cmd->add_option("--inputs", a->inputs, "inputs (safetensors; see docs/checkpoints.md) instead of random ones")
       ->check(CLI::ExistingFile);
   cmd->add_option("--output", a->output, "write the outputs (output, naive_output) to this safetensors file");

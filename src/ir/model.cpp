@@ -140,6 +140,12 @@ const SegmentEmbed* Model::embed_for(const std::string& seg) const {
   return nullptr;
 }
 
+const Linear& FinalLayer::proj_for(const std::string& segment) const {
+  for (const auto& [name, l] : heads)
+    if (name == segment) return l;
+  return proj;
+}
+
 int64_t Model::input_features(const std::string& seg) const {
   const SegmentEmbed* e = embed_for(seg);
   return e ? e->linear.in_features : dim;
@@ -365,6 +371,17 @@ void validate(const Model& m) {
     check_mod("final.mod", fl.mod, fl.modulation);
     if (fl.proj.out_features <= 0) fail("final.proj.out_features", "must be positive, got ", fl.proj.out_features);
     check_linear("final.proj", fl.proj, m.dim, fl.proj.out_features);
+    const RowRange rr = m.rows(fl.segments);
+    for (const auto& [seg, l] : fl.heads) {
+      const std::string f = "final.heads." + seg;
+      bool in_range = false;
+      for (const auto& s : m.segments)
+        if (s.name == seg) in_range = m.segment_begin(seg) >= rr.begin && m.segment_begin(seg) + s.length <= rr.end;
+      if (!in_range) fail(f, "names no segment among the final layer's rows, got '", seg, "'");
+      if (l.out_features <= 0 || l.out_features > fl.proj.out_features)
+        fail(f + ".out_features", "must be in 1..", fl.proj.out_features, " (the output width), got ", l.out_features);
+      check_linear(f, l, m.dim, l.out_features);
+    }
   }
 }
 

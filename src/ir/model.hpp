@@ -175,12 +175,18 @@ struct Block {
   std::vector<Sublayer> sublayers;
 };
 
+struct SegmentEmbed;
+
 struct FinalLayer {
   std::vector<std::string> segments;  // rows projected to the output; empty: all tokens
   Norm norm;
   Modulation modulation;  // count 2: shift, scale
   ModRef mod;
-  Linear proj;            // fp32_compute typically true
+  Linear proj;            // fp32_compute typically true; its out_features is the output width
+  // Per segment, its own projection instead of proj (e.g. a video and an audio head). A head
+  // narrower than proj writes the leading columns of its rows; the others are 0.
+  std::vector<std::pair<std::string, Linear>> heads;
+  const Linear& proj_for(const std::string& segment) const;
 };
 
 struct Segment {
@@ -196,6 +202,9 @@ struct Context {
 };
 
 // The input projection of one segment's tokens into the residual stream.
+// A segment's input projection into the residual. With linear.fp32_compute the segment's
+// tokens come in the accumulation dtype and are projected in it (e.g. patch embeddings a
+// model keeps in fp32), then rounded to the activation dtype.
 struct SegmentEmbed {
   std::string segment;
   Linear linear;

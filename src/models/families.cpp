@@ -9,9 +9,13 @@ namespace sp::models {
 namespace {
 
 const detail::FamilyOps& ops(const std::string& family) {
-  for (const detail::FamilyOps* f : {&detail::kWan, &detail::kFlux, &detail::kH3})
+  static const detail::FamilyOps* const all[] = {&detail::kWan, &detail::kFlux, &detail::kH3, &detail::kMinimaxH3};
+  std::string known;
+  for (const detail::FamilyOps* f : all) {
     if (family == f->family) return *f;
-  throw std::invalid_argument("no forward pass for model family '" + family + "' (known: wan2.1, flux1, h3)");
+    known += (known.empty() ? "" : ", ") + std::string(f->family);
+  }
+  throw std::invalid_argument("no forward pass for model family '" + family + "' (known: " + known + ")");
 }
 
 }  // namespace

@@ -14,8 +14,11 @@
 //         pooled [vec_dim], timestep [1] (sigma in [0, 1]), guidance [1] (dev)
 //   h3:   video [N, patch features], grid [3] (frames, rows, cols of video tokens),
 //         text [L, text_dim], audio [A, audio_dim], timestep [1]
+//   minimax-h3: video [C, T, H, W] latents, audio [C_a, 2, T_a] latents, text [L, text_dim]
+//         (or [L, dim] already refined), sigma [1], text_tags [L] (optional)
 // The output has the layout of the family's reference implementation (Wan: [C, F, H, W];
-// Flux: [N, out_channels]; H3: [N, patch features]).
+// Flux: [N, out_channels]; H3: [N, patch features]; MiniMax H3: the video [C, T, H, W], and
+// FamilyRun::named_outputs gives video and audio [C_a, 2, T_a]).
 //
 // Example:
 //     auto raw = sp::models::random_raw_inputs(rec.config, {.frames = 81, .height = 720, .width = 1280}, 0);
@@ -46,6 +49,8 @@ struct FamilyRun {
   ir::Model model;
   exec::Inputs inputs;
   std::function<at::Tensor(const at::Tensor&)> finish;  // output rows -> reference layout
+  // Families with several outputs (MiniMax H3: video and audio): each, by name; may be empty.
+  std::function<TensorMap(const at::Tensor&)> named_outputs;
 };
 
 TensorMap random_raw_inputs(const recognize::FamilyConfig& c, const Geometry& g, uint64_t seed);

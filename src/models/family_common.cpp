@@ -48,6 +48,33 @@ ir::FinalLayer final_layer(std::vector<std::string> segments, ir::Norm norm, ir:
   return fl;
 }
 
+ir::Attention fused_qkv_attention(const std::string& prefix, const QkvNames& names, const recognize::FamilyConfig& c,
+                                  const std::string& consumer) {
+  const int64_t w = c.heads * c.head_dim;
+  ir::Attention a;
+  a.heads = a.kv_heads = c.heads;
+  a.head_dim = c.head_dim;
+  a.proj.qkv = linear(prefix + names.qkv, c.dim, 3 * w, false);
+  a.proj.qkv->out_regions = {{"q", 0, w}, {"k", w, w}, {"v", 2 * w, w}};
+  a.proj.q_norm = prefix + names.q_norm;
+  a.proj.k_norm = prefix + names.k_norm;
+  a.proj.out = linear(prefix + names.out, w, c.dim, false);
+  a.qk_norm = {ir::QkNormKind::PerHead, c.eps};
+  a.rope = {ir::RopeStyle::SplitHalf, c.rotary_dim, "rope"};
+  a.consumer = consumer;
+  return a;
+}
+
+ir::Mlp swiglu_halves(const std::string& fc1, const std::string& fc2, const recognize::FamilyConfig& c) {
+  ir::Mlp f;
+  f.layout = ir::GateUpLayout::FusedHalves;
+  f.act = ir::ActKind::Silu;
+  f.hidden = c.ffn;
+  f.up = linear(fc1, c.dim, 2 * c.ffn, false);
+  f.down = linear(fc2, c.ffn, c.dim, false);
+  return f;
+}
+
 at::Tensor grid_positions(int64_t f, int64_t h, int64_t w, const at::Device& d) {
   const auto opt = at::TensorOptions().dtype(at::kFloat).device(d);
   auto g = at::meshgrid({at::arange(f, opt), at::arange(h, opt), at::arange(w, opt)}, "ij");

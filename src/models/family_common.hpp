@@ -6,6 +6,7 @@
 #include "exec/formats/weights.hpp"
 #include "ir/model.hpp"
 #include "models/tensor_io.hpp"
+#include "recognize/recognize.hpp"
 
 namespace sp::models::detail {
 
@@ -28,5 +29,16 @@ const at::Tensor& need(const TensorMap& raw, const std::string& name, std::vecto
 ir::Linear linear(const std::string& name, int64_t in, int64_t out, bool bias);
 ir::Norm layer_norm(double eps);                 // no affine
 ir::Norm rms_norm(double eps);                   // no affine
+
+// Self-attention of an H3-style block under `prefix`: fused [q | k | v] projection `qkv` (no
+// bias), per-head RMSNorm of Q and K (weights q_norm, k_norm), split-half RoPE over the leading
+// rotary dims (tables "rope"), output projection `out`.
+struct QkvNames {
+  std::string qkv, q_norm, k_norm, out;
+};
+ir::Attention fused_qkv_attention(const std::string& prefix, const QkvNames& names, const recognize::FamilyConfig& c,
+                                  const std::string& consumer);
+// SwiGLU MLP whose `fc1` rows are [gate | up] (no biases).
+ir::Mlp swiglu_halves(const std::string& fc1, const std::string& fc2, const recognize::FamilyConfig& c);
 
 }  // namespace sp::models::detail

@@ -12,6 +12,6 @@ struct FamilyOps {
                        const std::string&);
 };
 
-extern const FamilyOps kWan, kFlux, kH3;
+extern const FamilyOps kWan, kFlux, kH3, kMinimaxH3;
 
 }  // namespace sp::models::detail

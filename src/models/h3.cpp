@@ -29,30 +29,14 @@ ir::Model build(const recognize::FamilyConfig& c, const Lengths& n, ir::DType dt
     const int64_t in = s == "video" ? c.in_channels : s == "text" ? c.text_dim : c.audio_dim;
     m.embeds.push_back({s, linear(s == "video" ? "patch_embed" : s + "_embed", in, c.dim, true)});
   }
-  const int64_t w = c.heads * c.head_dim;
   for (int64_t i = 0; i < c.layers; ++i) {
     ir::Block b;
     b.name = std::to_string(i);
     b.modulation = {ir::ModScope::PerSegment, 6, blk(i) + "mod"};
-    ir::Attention a;
-    a.heads = a.kv_heads = c.heads;
-    a.head_dim = c.head_dim;
-    a.proj.qkv = linear(blk(i) + "attn.qkv", c.dim, 3 * w, false);
-    a.proj.qkv->out_regions = {{"q", 0, w}, {"k", w, w}, {"v", 2 * w, w}};
-    a.proj.q_norm = blk(i) + "attn.norm_q.weight";
-    a.proj.k_norm = blk(i) + "attn.norm_k.weight";
-    a.proj.out = linear(blk(i) + "attn.out", w, c.dim, false);
-    a.qk_norm = {ir::QkNormKind::PerHead, c.eps};
-    a.rope = {ir::RopeStyle::SplitHalf, c.rotary_dim, "rope"};
-    a.consumer = consumer;
+    const ir::Attention a =
+        fused_qkv_attention(blk(i), {"attn.qkv", "attn.norm_q.weight", "attn.norm_k.weight", "attn.out"}, c, consumer);
     b.sublayers.push_back({"attn", {}, rms_norm(c.eps), {0, 1, 2}, a});
-    ir::Mlp f;
-    f.layout = ir::GateUpLayout::FusedHalves;
-    f.act = ir::ActKind::Silu;
-    f.hidden = c.ffn;
-    f.up = linear(blk(i) + "mlp.fc1", c.dim, 2 * c.ffn, false);
-    f.down = linear(blk(i) + "mlp.fc2", c.ffn, c.dim, false);
-    b.sublayers.push_back({"mlp", {}, rms_norm(c.eps), {3, 4, 5}, f});
+    b.sublayers.push_back({"mlp", {}, rms_norm(c.eps), {3, 4, 5}, swiglu_halves(blk(i) + "mlp.fc1", blk(i) + "mlp.fc2", c)});
     m.blocks.push_back(std::move(b));
   }
   m.final_layer = final_layer({"video"}, rms_norm(c.eps), ir::ModScope::PerSegment, "final.mod",

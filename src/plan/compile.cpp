@@ -72,8 +72,13 @@ class Compiler {
   // segment pieces form one run. `segments` false: one piece per slab (context rows).
   template <typename F>
   void token_loop(int64_t base, int64_t total, int64_t chunk, bool segments, F&& body) {
-    chunk = std::clamp<int64_t>(chunk, 1, std::max<int64_t>(total, 1));
-    int64_t i0 = 0;
+    token_loop(base, 0, total, chunk, segments, std::forward<F>(body));
+  }
+  // Rows [base + from, base + total) in slabs whose index counts from base.
+  template <typename F>
+  void token_loop(int64_t base, int64_t from, int64_t total, int64_t chunk, bool segments, F&& body) {
+    chunk = std::clamp<int64_t>(chunk, 1, std::max<int64_t>(total - from, 1));
+    int64_t i0 = from;
     while (i0 < total) {
       const int64_t n = std::min(chunk, total - i0);
       const int64_t pieces = segments ? 1 + m_.inner_boundaries({base + i0, base + i0 + n}) : 1;
@@ -648,23 +653,54 @@ Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Regist
   const int o = c.buffer(BufRole::Output, "Out", {rr.size(), out}, acc);
   // The projection runs in fp32 (fp64 for an fp64 model): the weight is converted on acquire
   // unless it is stored so.
-  const int w = c.acquire(fl.proj, {}, {}, acc);
-  SegWeight sw{"", w, {}, {}, {}};
-  int bias = -1;
-  if (!fl.proj.bias.empty()) {
-    bias = c.acquire_tensor(fl.proj.bias, out, acc);
-    sw.bias = fl.proj.bias;
-    sw.bias_buf = bias;
+  // Row ranges (from the first output row) with one projection each: all rows, or one per
+  // segment where segments have heads of their own.
+  struct Part {
+    int64_t from, to;
+    const ir::Linear* proj;
+  };
+  std::vector<Part> parts;
+  if (fl.heads.empty()) parts.push_back({0, rr.size(), &fl.proj});
+  else
+    for (const auto& s : m.segments) {
+      const int64_t b = m.segment_begin(s.name) - rr.begin;
+      if (b >= 0 && b + s.length <= rr.size() && s.length > 0) parts.push_back({b, b + s.length, &fl.proj_for(s.name)});
+    }
+  bool narrow = false;
+  for (const Part& p : parts) narrow = narrow || p.proj->out_features < out;
+  if (narrow) c.zero(c.whole(o));
+  for (const Part& part : parts) {
+    const ir::Linear& l = *part.proj;
+    const int w = c.acquire(l, {}, {}, acc);
+    SegWeight sw{"", w, {}, {}, {}};
+    int bias = -1;
+    if (!l.bias.empty()) {
+      bias = c.acquire_tensor(l.bias, l.out_features, acc);
+      sw.bias = l.bias;
+      sw.bias_buf = bias;
+    }
+    c.token_loop(rr.begin, part.from, part.to, chunk, true, [&](int64_t n, int64_t pieces) {
+      const Operand n32 = c.whole(c.buffer(BufRole::Normed32, "N32", {n, m.dim}, acc));
+      c.norm(fl.norm, fl.modulation, fl.mod, n32, n, pieces);
+      if (l.out_features == out) {
+        c.project(n32, c.slab_of(o, 0, n), {sw}, m.dim, out, n, 1);
+        return;
+      }
+      // A narrower head: into its own rows, then into the leading columns of the output.
+      const Operand head = c.whole(c.buffer(BufRole::Normed32, "Head", {n, l.out_features}, acc));
+      c.project(n32, head, {sw}, m.dim, l.out_features, n, 1);
+      Operand dst = c.slab_of(o, 0, n);
+      dst.shape[1] = l.out_features;
+      c.copy(head, dst);
+    });
+    c.release(w);
+    if (bias >= 0) c.release(bias);
   }
-  c.token_loop(rr.begin, rr.size(), chunk, true, [&](int64_t n, int64_t pieces) {
-    const Operand n32 = c.whole(c.buffer(BufRole::Normed32, "N32", {n, m.dim}, acc));
-    c.norm(fl.norm, fl.modulation, fl.mod, n32, n, pieces);
-    c.project(n32, c.slab_of(o, 0, n), {sw}, m.dim, out, n, 1);
-  });
-  c.release(w);
-  if (bias >= 0) c.release(bias);
   return c.take();
 }
+
+// Rows per slab of an embedding computed in the accumulation dtype (its staging buffer).
+constexpr int64_t kEmbedSlabRows = 4096;
 
 Program compile_embed(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
   Compiler c(m, reg, dev, "embed", {0, m.tokens()});
@@ -676,6 +712,18 @@ Program compile_embed(const ir::Model& m, const contracts::Registry& reg, const 
     if (!e) {
       c.token_loop(begin, seg.length, seg.length, false,
                    [&](int64_t n, int64_t) { c.copy(tokens, Compiler::residual(n, m.dim)); });
+      continue;
+    }
+    if (e->linear.fp32_compute && c.dt() != c.acc()) {
+      // Tokens in the accumulation dtype, projected in it slab by slab, then rounded.
+      const int w = c.acquire(e->linear, {}, {}, c.acc());
+      SegWeight sw{"", w, e->linear.bias, {}, {}};
+      c.token_loop(begin, seg.length, std::min(seg.length, kEmbedSlabRows), false, [&](int64_t n, int64_t) {
+        const Operand e32 = c.whole(c.buffer(BufRole::Normed32, "E32", {n, m.dim}, c.acc()));
+        c.project({Src::Tokens, -1, seg.name, 0, {n, in}}, e32, {sw}, in, m.dim, n, 1);
+        c.copy(e32, Compiler::residual(n, m.dim));
+      });
+      c.release(w);
       continue;
     }
     const int w = c.acquire(e->linear, {}, {}, c.dt());

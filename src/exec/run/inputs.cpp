@@ -46,10 +46,15 @@ void validate_inputs(const ir::Model& m, const Inputs& in) {
   for (const auto& seg : m.segments) {
     const at::Tensor& t = in.segment_tokens(seg.name);
     expect_shape("input tokens of segment '" + seg.name + "'", t, {seg.length, m.input_features(seg.name)});
-    if (t.scalar_type() != dt)
+    // An embedding computed in fp32 (ir::SegmentEmbed) takes its tokens in the accumulation dtype.
+    const ir::SegmentEmbed* e = m.embed_for(seg.name);
+    const bool wide = e && e->linear.fp32_compute;
+    const at::ScalarType want = wide ? to_aten(plan::accumulation_dtype(m.dtype)) : dt;
+    if (t.scalar_type() != want)
       throw std::invalid_argument("input tokens of segment '" + seg.name + "': dtype " +
-                                  std::string(c10::toString(t.scalar_type())) + " does not match the model dtype " +
-                                  ir::to_string(m.dtype));
+                                  std::string(c10::toString(t.scalar_type())) + " does not match " +
+                                  (wide ? "the accumulation dtype of its fp32 embedding, " : "the model dtype ") +
+                                  ir::to_string(wide ? plan::accumulation_dtype(m.dtype) : m.dtype));
   }
   for (const auto& ctx : m.contexts) expect_shape("context '" + ctx.name + "'", in.table(ctx.name), {ctx.length, ctx.dim});
   const int64_t T = m.tokens();

@@ -119,11 +119,20 @@ class Interpreter {
     switch (o.src) {
       case Src::Residual: return x_.narrow(0, row0(), n);
       case Src::Context: return in_.table(o.name).narrow(0, f_.token, n);
-      case Src::Tokens: return in_.segment_tokens(o.name);
+      case Src::Tokens: {
+        const at::Tensor& t = in_.segment_tokens(o.name);
+        return o.slab_dim == 0 ? t.narrow(0, f_.token, n) : t;
+      }
       case Src::Buffer: break;
     }
     const at::Tensor& full = bufs_[size_t(o.buf)];
-    if (o.slab_dim >= 0) return full.narrow(o.slab_dim, f_.token, o.shape[size_t(o.slab_dim)]);
+    if (o.slab_dim >= 0) {
+      at::Tensor t = full.narrow(o.slab_dim, f_.token, o.shape[size_t(o.slab_dim)]);
+      // A narrower view of the other dims: their leading entries (a head's columns).
+      for (size_t d = 0; d < o.shape.size(); ++d)
+        if (int(d) != o.slab_dim && o.shape[d] < t.size(int64_t(d))) t = t.narrow(int64_t(d), 0, o.shape[d]);
+      return t;
+    }
     return full.view(-1).narrow(0, 0, c10::multiply_integers(o.shape)).view(o.shape);
   }
 

@@ -20,6 +20,8 @@ struct Ctx {
   at::ScalarType dt;
 };
 
+at::ScalarType acc_of(at::ScalarType dt) { return dt == at::kDouble ? at::kDouble : at::kFloat; }
+
 at::Tensor linear(const Ctx& c, const ir::Linear& l, const at::Tensor& x, at::ScalarType dt) {
   at::Tensor w = c.w.acquire(l, {}, {}, c.reg.format(l.format).dense ? c.dt : dt).to(dt);
   at::Tensor b = l.bias.empty() ? at::Tensor() : c.w.tensor(l.bias).to(dt);
@@ -209,7 +211,9 @@ at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in
   std::vector<at::Tensor> parts;
   for (const auto& seg : m.segments) {
     const ir::SegmentEmbed* e = m.embed_for(seg.name);
-    parts.push_back(e ? linear(c, e->linear, in.segment_tokens(seg.name), c.dt) : in.segment_tokens(seg.name));
+    if (!e) parts.push_back(in.segment_tokens(seg.name));
+    else if (e->linear.fp32_compute) parts.push_back(linear(c, e->linear, in.segment_tokens(seg.name), acc_of(c.dt)).to(c.dt));
+    else parts.push_back(linear(c, e->linear, in.segment_tokens(seg.name), c.dt));
   }
   at::Tensor x = at::cat(parts, 0);
   int64_t done = 0, total = 0;
@@ -227,12 +231,21 @@ at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in
       if (progress) progress(++done, total);
     }
   }
-  const auto ft = c.dt == at::kDouble ? at::kDouble : at::kFloat;
+  const auto ft = acc_of(c.dt);
   if (!m.final_layer) return x.to(ft);
   const ir::FinalLayer& f = *m.final_layer;
   const ir::RowRange r = m.rows(f.segments);
   at::Tensor h = norm_mod(c, f.norm, f.modulation, f.mod, x).narrow(0, r.begin, r.size());
-  return linear(c, f.proj, h, ft);
+  if (f.heads.empty()) return linear(c, f.proj, h, ft);
+  // Each segment's rows through its own head; a narrower head fills the leading columns.
+  at::Tensor out = at::zeros({r.size(), f.proj.out_features}, h.options().dtype(ft));
+  for (const auto& s : m.segments) {
+    const int64_t b = m.segment_begin(s.name) - r.begin;
+    if (b < 0 || b + s.length > r.size() || s.length == 0) continue;
+    const ir::Linear& l = f.proj_for(s.name);
+    out.narrow(0, b, s.length).narrow(1, 0, l.out_features).copy_(linear(c, l, h.narrow(0, b, s.length), ft));
+  }
+  return out;
 }
 
 }  // namespace sp::exec
