@@ -79,6 +79,9 @@ struct Linear {
   int64_t out_features = 0;
   std::string format = "dense";  // weight format name (contracts registry)
   bool fp32_compute = false;     // computed in fp32 (final projections)
+  // The dtype the weight source holds the weight in when it is not the model's (a family that
+  // keeps some weights in fp32 in a 16-bit model); acquiring it in that dtype converts nothing.
+  std::optional<DType> stored;
   std::vector<Region> out_regions;
   std::vector<Region> in_regions;
   const Region* out_region(const std::string& name) const;

@@ -7,6 +7,7 @@
 #include <span>
 #include <unordered_map>
 
+#include "models/families.hpp"
 #include "models/tensor_io.hpp"
 
 namespace sp::models {
@@ -53,7 +54,7 @@ std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f
     std::vector<at::Tensor> parts;
     for (const auto& n : src.tensors) parts.push_back(read_tensor(f, n));
     const at::Tensor t = assemble(canonical, src, parts);
-    w->add(canonical, t.is_floating_point() ? t.to(device, dtype) : t.to(device));
+    w->add(canonical, t.is_floating_point() ? t.to(device, weight_dtype(r.config, canonical, dtype)) : t.to(device));
   }
   return w;
 }
@@ -108,7 +109,7 @@ std::shared_ptr<exec::TensorWeights> random_weights_on(const recognize::FamilyCo
   auto w = std::make_shared<exec::TensorWeights>(&reg);
   for (const auto& spec : recognize::checkpoint_tensors(config, "original")) {
     at::manual_seed(tensor_seed(seed, spec.name));
-    at::Tensor t = at::randn(spec.shape, at::TensorOptions().dtype(dtype).device(device));
+    at::Tensor t = at::randn(spec.shape, at::TensorOptions().dtype(weight_dtype(config, spec.name, dtype)).device(device));
     shape_values(spec, t);
     w->add(spec.name, as_linear(spec.name, t));
   }

@@ -8,17 +8,28 @@ namespace sp::models {
 
 namespace {
 
-const detail::FamilyOps& ops(const std::string& family) {
+const detail::FamilyOps* find(const std::string& family) {
   static const detail::FamilyOps* const all[] = {&detail::kWan, &detail::kFlux, &detail::kH3, &detail::kMinimaxH3};
+  for (const detail::FamilyOps* f : all)
+    if (family == f->family) return f;
+  return nullptr;
+}
+
+const detail::FamilyOps& ops(const std::string& family) {
+  if (const detail::FamilyOps* f = find(family)) return *f;
   std::string known;
-  for (const detail::FamilyOps* f : all) {
-    if (family == f->family) return *f;
-    known += (known.empty() ? "" : ", ") + std::string(f->family);
-  }
+  for (const char* name : {detail::kWan.family, detail::kFlux.family, detail::kH3.family, detail::kMinimaxH3.family})
+    known += (known.empty() ? "" : ", ") + std::string(name);
   throw std::invalid_argument("no forward pass for model family '" + family + "' (known: " + known + ")");
 }
 
 }  // namespace
+
+at::ScalarType weight_dtype(const recognize::FamilyConfig& c, const std::string& canonical, at::ScalarType dtype) {
+  const detail::FamilyOps* f = find(c.family);
+  const bool narrow = dtype == at::kBFloat16 || dtype == at::kHalf;
+  return narrow && f && f->keeps_fp32 && f->keeps_fp32(c, canonical) ? at::kFloat : dtype;
+}
 
 TensorMap random_raw_inputs(const recognize::FamilyConfig& c, const Geometry& g, uint64_t seed) {
   return ops(c.family).random_inputs(c, g, seed);

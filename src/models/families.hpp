@@ -54,6 +54,10 @@ struct FamilyRun {
 };
 
 TensorMap random_raw_inputs(const recognize::FamilyConfig& c, const Geometry& g, uint64_t seed);
+// The dtype a canonical tensor is held in for a model in `dtype`: `dtype`, or fp32 for what the
+// family's reference implementation keeps in fp32 whatever the model dtype (MiniMax H3: the
+// patch projections, the time embedding, the output heads, the curve form's adaln linears).
+at::ScalarType weight_dtype(const recognize::FamilyConfig& c, const std::string& canonical, at::ScalarType dtype);
 // Builds the IR and runs the prologue. `w` holds canonical weights in `dtype` on the device.
 FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w, const TensorMap& raw,
                   ir::DType dtype, const std::string& consumer);

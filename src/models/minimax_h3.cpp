@@ -75,7 +75,14 @@ Layout layout_of(const at::Tensor& tags, int64_t audio_rows, int64_t video_rows)
   return l;
 }
 
+bool keeps_fp32(const recognize::FamilyConfig& c, const std::string& canonical);
+
 ir::Model build(const recognize::FamilyConfig& c, const Layout& lay, ir::DType dtype, const std::string& consumer) {
+  // Linears the weights hold in fp32 in a 16-bit model (weight_dtype).
+  auto held = [&](ir::Linear l) {
+    if (dtype != ir::DType::F32 && dtype != ir::DType::F64 && keeps_fp32(c, l.weight)) l.stored = ir::DType::F32;
+    return l;
+  };
   ir::Model m;
   m.name = c.variant;
   m.dim = c.dim;
@@ -83,8 +90,8 @@ ir::Model build(const recognize::FamilyConfig& c, const Layout& lay, ir::DType d
   for (size_t r = 0; r < lay.text_runs.size(); ++r) m.segments.push_back({lay.text_runs[r].first, lay.run_lengths[r]});
   m.segments.push_back({"audio", lay.audio});
   m.segments.push_back({"video", lay.video});
-  ir::Linear audio_in = linear("audio_patch_proj", c.audio_dim, c.dim, true);
-  ir::Linear video_in = linear("video_patch_proj", c.in_channels, c.dim, true);
+  ir::Linear audio_in = held(linear("audio_patch_proj", c.audio_dim, c.dim, true));
+  ir::Linear video_in = held(linear("video_patch_proj", c.in_channels, c.dim, true));
   audio_in.fp32_compute = video_in.fp32_compute = true;
   m.embeds.push_back({"audio", audio_in});
   m.embeds.push_back({"video", video_in});
@@ -102,8 +109,8 @@ ir::Model build(const recognize::FamilyConfig& c, const Layout& lay, ir::DType d
   // Final layer: shift first, then scale; the video head is the output width, the audio head
   // fills the leading columns of the audio rows.
   m.final_layer = final_layer({"audio", "video"}, affine_rms("final_layer.norm.weight", c.eps), ir::ModScope::PerSegment,
-                              "final.mod", linear("final_layer.video_out", c.dim, c.in_channels, true));
-  ir::Linear audio_out = linear("final_layer.audio_out", c.dim, c.audio_dim, true);
+                              "final.mod", held(linear("final_layer.video_out", c.dim, c.in_channels, true)));
+  ir::Linear audio_out = held(linear("final_layer.audio_out", c.dim, c.audio_dim, true));
   audio_out.fp32_compute = true;
   m.final_layer->heads.push_back({"audio", audio_out});
   ir::validate(m);
@@ -320,8 +327,18 @@ TensorMap random_inputs(const recognize::FamilyConfig& c, const Geometry& g, uin
   return raw;
 }
 
+// What ComfyUI keeps in fp32 in a bf16 model.
+bool keeps_fp32(const recognize::FamilyConfig& c, const std::string& n) {
+  auto starts = [&](const char* p) { return n.rfind(p, 0) == 0; };
+  if (starts("video_patch_proj.") || starts("audio_patch_proj.") || starts("time_embedder.") ||
+      starts("adaln_t_table") || starts("final_layer.video_out.") || starts("final_layer.audio_out."))
+    return true;
+  // The curve form's adaln linears take the fp32 table rows.
+  return c.time_table_rows > 0 && n.find("adaln_proj.linear.") != std::string::npos;
+}
+
 }  // namespace
 
-const FamilyOps kMinimaxH3{"minimax-h3", random_inputs, prepare};
+const FamilyOps kMinimaxH3{"minimax-h3", random_inputs, prepare, keeps_fp32};
 
 }  // namespace sp::models::detail

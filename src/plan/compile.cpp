@@ -105,7 +105,7 @@ class Compiler {
   int acquire(const ir::Linear& l, SliceExpr rows, SliceExpr cols, DType compute) {
     const auto& f = reg_.format(l.format);
     const int64_t r = rows.length < 0 ? l.out_features : rows.length, c = cols.length < 0 ? l.in_features : cols.length;
-    const int64_t bytes = f.acquire_bytes(r, c, dt_, compute);
+    const int64_t bytes = f.acquire_bytes(r, c, l.stored.value_or(dt_), compute);
     const std::string label = "weight " + l.weight + range_text(rows) + (cols.length >= 0 ? " cols" + range_text(cols) : "");
     const int w = buffer(BufRole::Weight, label, {r, c}, compute, bytes == 0);
     Terms t;

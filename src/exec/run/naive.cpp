@@ -23,7 +23,10 @@ struct Ctx {
 at::ScalarType acc_of(at::ScalarType dt) { return dt == at::kDouble ? at::kDouble : at::kFloat; }
 
 at::Tensor linear(const Ctx& c, const ir::Linear& l, const at::Tensor& x, at::ScalarType dt) {
-  at::Tensor w = c.w.acquire(l, {}, {}, c.reg.format(l.format).dense ? c.dt : dt).to(dt);
+  // Dense weights as stored (the model dtype, or fp32 where a family keeps them so), then
+  // converted to `dt`; other formats convert into `dt` themselves.
+  const at::ScalarType as = c.reg.format(l.format).dense ? c.w.tensor(l.weight).scalar_type() : dt;
+  at::Tensor w = c.w.acquire(l, {}, {}, as).to(dt);
   at::Tensor b = l.bias.empty() ? at::Tensor() : c.w.tensor(l.bias).to(dt);
   return at::linear(x.to(dt), w, b);
 }
