@@ -129,11 +129,16 @@ at::Tensor time_embedding(const recognize::FamilyConfig& c, const exec::WeightSo
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
   at::Tensor t = at::tensor(std::vector<float>(ts.begin(), ts.end()), f32.device(at::kCPU)).to(dev);
   if (c.time_table_rows > 0) {
+    // Rows interpolated at t * (G - 1), in fp32 arithmetic as the reference does it.
     const at::Tensor table = w.tensor("adaln_t_table").to(at::kFloat);
     const int64_t G = table.size(0);
-    at::Tensor pos = t.clamp(0.0, 1.0) * double(G - 1);
-    at::Tensor i0 = pos.floor().to(at::kLong).clamp_max(G - 2);
-    return at::lerp(table.index_select(0, i0), table.index_select(0, i0 + 1), (pos - i0.to(at::kFloat)).unsqueeze(1));
+    std::vector<at::Tensor> rows;
+    for (double tv : ts) {
+      const float p = std::clamp(float(tv), 0.0f, 1.0f) * float(G - 1);
+      const int64_t i0 = std::min<int64_t>(int64_t(std::floor(p)), G - 2);
+      rows.push_back(at::lerp(table.select(0, i0), table.select(0, i0 + 1), p - float(i0)));
+    }
+    return at::stack(rows);
   }
   const int64_t half = c.freq_dim / 2;
   at::Tensor f = at::exp(at::arange(half, f32) * (-std::log(10000.0) / double(half)));
@@ -188,6 +193,7 @@ at::Tensor refine_text(const recognize::FamilyConfig& c, const exec::WeightSourc
     return x * at::rsqrt(x.pow(2).mean(-1, true) + c.eps) * w.tensor(weight).to(dt);
   };
   at::Tensor x = lin("condition_proj", text.to(dt));
+  if (x.is_meta()) return x;  // shapes only (bench --estimate): attention has no meta kernel
   const int64_t L = x.size(0), inner = c.heads * c.head_dim;
   for (int64_t r = 0; r < c.refiner_layers; ++r) {
     const std::string b = "token_refiner.blocks." + std::to_string(r) + ".";
@@ -265,13 +271,15 @@ FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w,
   for (const auto& [name, tag] : lay.text_runs) seg_rows.push_back(cls(t_v) * 3 + tag);
   seg_rows.push_back(cls(t_a) * 3 + kTagAudio);
   seg_rows.push_back(cls(t_v) * 3 + kTagVideo);
-  const at::Tensor pick = at::tensor(seg_rows, at::kLong).to(dev);
   auto adaln = [&](const std::string& name) {
     return at::linear(adaln_in, w.tensor(name + ".weight").to(mdt), w.tensor(name + ".bias").to(mdt));
   };
-  for (int64_t i = 0; i < c.layers; ++i)
-    run.inputs.tables[blk(i) + "mod"] =
-        adaln(blk(i) + "adaln_proj.linear").reshape({M * 3, 6, c.dim}).index_select(0, pick).to(dt).contiguous();
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const at::Tensor all = adaln(blk(i) + "adaln_proj.linear").reshape({M * 3, 6, c.dim});
+    std::vector<at::Tensor> rows;
+    for (int64_t r : seg_rows) rows.push_back(all.select(0, r));
+    run.inputs.tables[blk(i) + "mod"] = at::stack(rows).to(dt);
+  }
   // Final layer: (shift, scale) per timestep class, no modality tag; text rows are not projected.
   const at::Tensor fm = adaln("final_layer.adaln_proj.linear").reshape({M, 2, c.dim});
   at::Tensor fmod = at::zeros({int64_t(seg_rows.size()), 2, c.dim}, fm.options());

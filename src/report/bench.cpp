@@ -19,11 +19,16 @@ std::vector<BenchCase> bench_cases(bool tiny) {
     return {{"h3-block-tiny", "h3", 1, {.frames = 3, .height = 96, .width = 128, .text_tokens = 16, .audio_tokens = 8}},
             {"h3-model-tiny", "h3", 3, {.frames = 3, .height = 96, .width = 128, .text_tokens = 16, .audio_tokens = 8}},
             {"wan-block-tiny", "wan2.1-14b", 1, {.frames = 5, .height = 64, .width = 96, .text_tokens = 12}},
-            {"flux-model-tiny", "flux1-dev", 1, {.height = 128, .width = 128, .text_tokens = 12}}};
+            {"flux-model-tiny", "flux1-dev", 1, {.height = 128, .width = 128, .text_tokens = 12}},
+            {"minimax-h3-block-tiny", "minimax-h3", 1, {.frames = 3, .height = 96, .width = 128, .text_tokens = 9}}};
   // 1376x768 at 1032 tokens a latent frame: 37 frames (5 s) and 72 frames (10 s).
   const models::Geometry h3_5s{.frames = 37, .height = 768, .width = 1376, .text_tokens = 512, .audio_tokens = 256};
   const models::Geometry h3_10s{.frames = 72, .height = 768, .width = 1376, .text_tokens = 512, .audio_tokens = 256};
   const models::Geometry wan{.frames = 81, .height = 720, .width = 1280, .text_tokens = 512};
+  // MiniMax H3 at 1376x768: 72 latent frames (10 s, 74,304 video tokens, 810 audio rows) and 37
+  // (5 s), 512 text tokens.
+  const models::Geometry mm_5s{.frames = 37, .height = 768, .width = 1376, .text_tokens = 512};
+  const models::Geometry mm_10s{.frames = 72, .height = 768, .width = 1376, .text_tokens = 512};
   return {{"h3-block-5s", "h3", 1, h3_5s},
           {"h3-block-10s", "h3", 1, h3_10s},
           {"wan14b-block-81f", "wan2.1-14b", 1, wan},
@@ -31,7 +36,9 @@ std::vector<BenchCase> bench_cases(bool tiny) {
           {"flux-dev-2048", "flux1-dev", -1, {.height = 2048, .width = 2048, .text_tokens = 512}},
           {"h3-model-5s", "h3", -1, h3_5s},
           {"h3-model-10s", "h3", -1, h3_10s},
-          {"wan14b-model-81f", "wan2.1-14b", -1, wan}};
+          {"wan14b-model-81f", "wan2.1-14b", -1, wan},
+          {"minimax-h3-block-5s", "minimax-h3", 1, mm_5s},
+          {"minimax-h3-block-10s", "minimax-h3", 1, mm_10s}};
 }
 
 namespace {
