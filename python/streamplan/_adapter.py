@@ -7,7 +7,7 @@ the reason the planner cannot run that call; and the answer in the form the orig
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -27,16 +27,23 @@ class Fallback:
 
 @dataclass
 class Call:
-    """A call the planner runs: one input map per batch element."""
+    """A call the planner runs: one input map per batch element; `extra`: what the adapter keeps
+    from the call to build the answer."""
 
     inputs: list[dict[str, torch.Tensor]]
     return_dict: bool
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Adapter:
     """How one module class is recognized, called and answered."""
 
     class_name: str = ""
+    module_prefix: str = "diffusers."  # the package the class comes from
+    host: str = "diffusers"            # its name in messages
+    # False: the planner answers each element with the family's output tensor; True: with its
+    # named outputs (a dict: MiniMax H3's "video" and "audio").
+    named_outputs: bool = False
 
     def __init__(self, module: torch.nn.Module, original: Callable[..., Any], dtype: torch.dtype,
                  device: torch.device) -> None:
@@ -55,8 +62,9 @@ class Adapter:
         """The call as per-element inputs, or why the planner cannot run it."""
         raise NotImplementedError
 
-    def output(self, call: Call, outputs: list[torch.Tensor]) -> Any:
-        """What the original forward returns, from the per-element outputs (fp32)."""
+    def output(self, call: Call, outputs: list[Any]) -> Any:
+        """What the original forward returns, from the per-element outputs (fp32): tensors, or
+        dicts of named tensors when `named_outputs` is set."""
         raise NotImplementedError
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any] | Fallback:

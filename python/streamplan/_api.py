@@ -10,7 +10,14 @@ import torch
 
 from . import _C
 from ._adapter import Adapter, Call, Fallback
-from ._diffusers import ADAPTERS, adapter_for
+from . import _comfy_minimax, _diffusers
+
+ADAPTERS: tuple[type[Adapter], ...] = (*_diffusers.ADAPTERS, *_comfy_minimax.ADAPTERS)
+
+
+def adapter_for(module: torch.nn.Module) -> type[Adapter] | None:
+    """The adapter of the module's class: diffusers' transformers, ComfyUI's MiniMaxH3Model."""
+    return _diffusers.adapter_for(module) or _comfy_minimax.adapter_for(module)
 
 _ATTR = "_streamplan_handle"
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -165,7 +172,7 @@ class Handle:
 
     @property
     def family(self) -> str:
-        """The recognized family: ``"wan2.1"`` or ``"flux1"``."""
+        """The recognized family: ``"wan2.1"``, ``"flux1"`` or ``"minimax-h3"``."""
         return str(self._attached.config["family"])
 
     @property
@@ -175,7 +182,8 @@ class Handle:
 
     @property
     def layout(self) -> str:
-        """The layout its tensors were recognized in (``"diffusers"``)."""
+        """The layout its tensors were recognized in (``"diffusers"``, or the checkpoint layout of
+        ComfyUI's MiniMaxH3Model)."""
         return str(self._attached.layout)
 
     @property
@@ -312,7 +320,8 @@ class Handle:
         if isinstance(why, Fallback):
             self.fallbacks.append(why)
             return self._original(*args, **kwargs)
-        outputs = [self._attached.forward(raw) for raw in why.inputs]
+        run = self._attached.forward_named if self._adapter.named_outputs else self._attached.forward
+        outputs = [run(raw) for raw in why.inputs]
         self.planned_calls += 1
         return self._adapter.output(why, outputs)
 
@@ -333,7 +342,8 @@ def apply(
     element runs the planned schedule of its geometry (one plan per geometry, cached).
 
     Args:
-        module: a diffusers ``WanTransformer3DModel`` or ``FluxTransformer2DModel``.
+        module: a diffusers ``WanTransformer3DModel`` or ``FluxTransformer2DModel``, or ComfyUI's
+            ``MiniMaxH3Model`` (text to video + audio; python/streamplan/_comfy_minimax.py).
         budget: activation memory budget: None (the leanest schedule within 2% of the fastest),
             ``"auto"`` (free device memory less a margin), a size such as ``"12GiB"``, or bytes.
             The fastest schedule that fits is chosen; a call whose geometry no schedule fits
@@ -360,7 +370,7 @@ def apply(
         )
     adapter = adapter_for(module)
     if adapter is None:
-        known = ", ".join(f"diffusers {a.class_name}" for a in ADAPTERS)
+        known = ", ".join(f"{a.host} {a.class_name}" for a in ADAPTERS)
         raise ValueError(f"module: {type(module).__module__}.{type(module).__name__} is not supported (supported: {known})")
     if not isinstance(consumer, str):
         raise TypeError(f"consumer: expected a name (str), got {consumer!r}")

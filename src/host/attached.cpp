@@ -76,6 +76,19 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
 
 at::Tensor Attached::forward(const models::TensorMap& raw) {
   c10::NoGradGuard no_grad;  // the planned run records no autograd graph
+  auto [fr, out] = run(raw);
+  return fr.finish(out);
+}
+
+models::TensorMap Attached::forward_named(const models::TensorMap& raw) {
+  c10::NoGradGuard no_grad;
+  auto [fr, out] = run(raw);
+  if (fr.named_outputs) return fr.named_outputs(out);
+  return {{"out", fr.finish(out)}};
+}
+
+std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& raw) {
+  c10::NoGradGuard no_grad;  // the planned run records no autograd graph
   weights_->refresh();
   models::FamilyRun fr = models::prepare(rec_.config, *weights_, raw, dtype_, options_.consumer);
   const std::string key = geometry_key(fr.model);
@@ -108,7 +121,7 @@ at::Tensor Attached::forward(const models::TensorMap& raw) {
   }
   ++slot->calls;
   last_ = slot.get();
-  return fr.finish(r.out);
+  return {std::move(fr), r.out};
 }
 
 std::vector<const GeometryPlan*> Attached::plans() const { return order_; }

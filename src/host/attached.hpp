@@ -28,9 +28,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "host/module_weights.hpp"
+#include "models/families.hpp"
 #include "models/tensor_io.hpp"
 #include "plan/plan.hpp"
 
@@ -78,6 +80,10 @@ class Attached {
   // Throws plan::BudgetError when no schedule meets the budget, report::OutOfMemory when the
   // run does not fit even after its retry.
   at::Tensor forward(const models::TensorMap& raw);
+  // The same forward, with every output by name: the family's named outputs (MiniMax H3:
+  // "video" [C, T, H, W] and "audio" [C_a, 2, T_a]), or {"out": forward's output} for a family
+  // with one output.
+  models::TensorMap forward_named(const models::TensorMap& raw);
 
   // The plan of the most recent call's geometry (null before the first call), and all plans
   // made so far in the order they were made.
@@ -97,6 +103,9 @@ class Attached {
   std::map<std::string, std::unique_ptr<GeometryPlan>> cache_;
   std::vector<const GeometryPlan*> order_;
   const GeometryPlan* last_ = nullptr;
+
+  // The prepared call and its planned output rows (what finish and named_outputs take).
+  std::pair<models::FamilyRun, at::Tensor> run(const models::TensorMap& raw);
 };
 
 }  // namespace sp::host

@@ -120,6 +120,13 @@ PYBIND11_MODULE(_C, m) {
             return a.forward(raw);
           },
           py::arg("raw"))
+      .def(
+          "forward_named",
+          [](host::Attached& a, const std::map<std::string, at::Tensor>& raw) {
+            py::gil_scoped_release release;
+            return a.forward_named(raw);
+          },
+          py::arg("raw"))
       .def("plans",
            [](const host::Attached& a) {
              py::list out;

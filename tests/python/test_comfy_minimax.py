@@ -1,0 +1,234 @@
+"""streamplan attached to ComfyUI's MiniMaxH3Model (text to video + audio) on tiny random weights
+in the real layout, fp32 on the CPU: the planned call answers what the original forward answers
+(video and audio within rel L2 1e-4, in the original's form), the sampler's audio carry is kept,
+what the planned forward does not model runs the original with a fallback, and remove() restores
+the original forward bit for bit.
+
+Needs a ComfyUI source tree at .deps/comfyui (comfy/ldm/minimax/model.py) and comfy_kitchen
+(installed, or under .deps/python); without them every test is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import rel_l2
+
+import streamplan
+
+import minimax_h3 as h3  # noqa: E402  (tests/reference, on the path through conftest)
+
+ROOT = Path(__file__).resolve().parents[2]
+COMFY_TREE = ROOT / ".deps" / "comfyui"
+EXTRA_SITE = ROOT / ".deps" / "python"
+TOL = 1e-4
+MIXED_TAGS = torch.tensor([1, 1, 0, 0, 0, 1, 2, 2, 1])  # video-tagged pads and an audio span in the text
+
+
+@pytest.fixture(scope="module")
+def comfy() -> Any:
+    if not (COMFY_TREE / "comfy" / "ldm" / "minimax" / "model.py").is_file():
+        pytest.skip(f"no ComfyUI tree at {COMFY_TREE} (comfy/ldm/minimax/model.py)")
+    for p in (EXTRA_SITE, COMFY_TREE):
+        if p.is_dir() and str(p) not in sys.path:
+            sys.path.insert(0, str(p))
+    try:
+        importlib.import_module("comfy_kitchen")
+    except ImportError as e:
+        pytest.skip(f"comfy_kitchen is not importable ({e}); ComfyUI's H3 attention needs it")
+    try:
+        return importlib.import_module("comfy.ldm.minimax.model"), importlib.import_module("comfy.ops")
+    except Exception as e:  # an incomplete tree: say so rather than pass
+        pytest.skip(f"cannot import comfy.ldm.minimax.model from {COMFY_TREE}: {e!r}")
+
+
+def build(comfy: Any, cfg: h3.H3Config, seed: int = 3) -> torch.nn.Module:
+    """ComfyUI's MiniMaxH3Model with the weights of h3.make_state_dict(cfg), as ComfyUI holds them."""
+    model, ops = comfy
+    sd = h3.make_state_dict(cfg, seed=seed)
+    kw: dict[str, Any] = dict(
+        hidden_size=cfg.hidden, num_layers=cfg.layers, token_refiner_num_layers=cfg.refiner_layers,
+        num_attention_heads=cfg.heads, attention_head_dim=cfg.head_dim, ffn_hidden_size=cfg.ffn,
+        latents_dim=cfg.latent_channels, audio_latents_dim=cfg.audio_channels, text_dim=cfg.text_dim,
+        rope_inv_freq_len=cfg.rope_pairs, time_embed_dim=cfg.time_dim, gate_compress=cfg.gate_compress)
+    if cfg.curve_grid:
+        kw["adaln_curve_grid"] = cfg.curve_grid
+    else:
+        kw.update(timestep_input_dim=cfg.freq_dim, time_embed_hidden_size=cfg.time_hidden)
+    m = model.MiniMaxH3Model(**kw, dtype=torch.float32, device="cpu", operations=ops.disable_weight_init)
+    heads = {k for k in sd if k.startswith(("final_layer.video_out.", "final_layer.audio_out."))}
+    missing, unexpected = m.load_state_dict({k: v for k, v in sd.items() if k not in heads}, strict=False)
+    assert not unexpected and sorted(missing) == sorted(heads)
+    for k in heads:  # a PDD bank is n heads tall: assigned as ComfyUI's loader assigns it
+        head = m.final_layer.video_out if ".video_out." in k else m.final_layer.audio_out
+        setattr(head, k.rsplit(".", 1)[1], torch.nn.Parameter(sd[k].clone(), requires_grad=False))
+    return m.eval().requires_grad_(False)
+
+
+def call_args(m: torch.nn.Module, cfg: h3.H3Config, sigma: float = 0.7, tags: torch.Tensor | None = None,
+              refined: bool = False, seed: int = 4, **extra: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """One call as ComfyUI's sampler makes it: (x, timestep, context), transformer_options, payload."""
+    inp = h3.random_inputs(cfg, seed=seed)
+    context = inp["text"][None]
+    if refined:  # what ComfyUI's extra_conds hands the model: the refined text
+        with torch.no_grad():
+            context = m.preprocess_text_embeds(context)
+    payload = dict(extra.pop("payload", {}))
+    if tags is not None:
+        payload["text_token_tags"] = tags
+    x = [inp["video"][None], inp["audio"][None]]
+    kwargs = {"transformer_options": extra.pop("transformer_options", {}), "minimax_payload": payload, **extra}
+    return (x, torch.tensor([sigma * 1000.0]), context), kwargs
+
+
+def run(m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    # transformer_options and the payload are fresh per call (the original writes into them)
+    kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()}
+    with torch.no_grad():
+        out = m(*args, **kwargs)
+    assert isinstance(out, list) and len(out) == 2
+    return out
+
+
+CASES = {
+    "plain": (h3.TINY, dict(sigma=0.7), {}),
+    "plain-tags-refined": (h3.TINY, dict(sigma=0.05, tags=MIXED_TAGS, refined=True), {}),
+    "sigma1-tags": (h3.TINY, dict(sigma=1.0, tags=MIXED_TAGS), {}),
+    "curve": (replace(h3.TINY, curve_grid=17, time_dim=8, freq_dim=0, time_hidden=0), dict(sigma=0.4), {}),
+    "gate_compress-chunk23": (replace(h3.TINY, gate_compress=True), dict(sigma=0.63, tags=MIXED_TAGS),
+                              {"token_chunk": 23}),
+    "sampler_carry": (h3.TINY, dict(sigma=0.6, tags=MIXED_TAGS,
+                                    payload={"audio_scale": h3.SHIFT_VIDEO / h3.SHIFT_AUDIO}), {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_planned_matches_original(comfy: Any, case: str) -> None:
+    cfg, call, options = CASES[case]
+    m = build(comfy, cfg)
+    args, kwargs = call_args(m, cfg, **call)
+    want = run(m, args, kwargs)
+    handle = streamplan.apply(m, **options)
+    try:
+        got = run(m, args, kwargs)
+    finally:
+        streamplan.remove(m)
+    assert handle.fallbacks == [] and handle.planned_calls == handle.calls == 1
+    assert handle.family == "minimax-h3"
+    for name, g, w in zip(("video", "audio"), got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        err = rel_l2(g, w)
+        print(f"minimax-h3 {case} {name} {list(w.shape)}: rel L2 {err:.3e}")
+        assert err <= TOL
+
+
+def test_remove_restores_the_original_forward(comfy: Any) -> None:
+    m = build(comfy, h3.TINY)
+    args, kwargs = call_args(m, h3.TINY, tags=MIXED_TAGS)
+    before = run(m, args, kwargs)
+    handle = streamplan.apply(m)
+    run(m, args, kwargs)
+    assert handle.planned_calls == 1
+    streamplan.remove(m)
+    assert "forward" not in m.__dict__ and streamplan.handle_of(m) is None
+    after = run(m, args, kwargs)
+    assert all(torch.equal(a, b) for a, b in zip(after, before))
+
+
+def test_one_plan_per_geometry(comfy: Any) -> None:
+    m = build(comfy, h3.TINY)
+    handle = streamplan.apply(m)
+    try:
+        for sigma in (0.9, 0.5):  # two steps of one geometry: one plan, two calls
+            run(m, *call_args(m, h3.TINY, sigma=sigma))
+    finally:
+        streamplan.remove(m)
+    assert handle.planned_calls == 2 and len(handle.plans) == 1 and handle.plans[0]["calls"] == 2
+
+
+def _block_replace(args: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    return extra["original_block"](args)
+
+
+def _mask(m: torch.nn.Module, cfg: h3.H3Config, value: float) -> torch.Tensor:
+    v = h3.random_inputs(cfg)["video"]
+    mask = torch.full((1, 1, *v.shape[1:]), value)
+    mask[..., : v.shape[1] // 2, :, :] = 1.0
+    return mask
+
+
+FALLBACKS = {
+    "denoise_mask": (h3.TINY, lambda m: dict(denoise_mask=_mask(m, h3.TINY, 0.5))),
+    "audio_denoise_mask": (h3.TINY, lambda m: dict(audio_denoise_mask=torch.zeros(1, 1, 2 * 5))),
+    "block_patch": (h3.TINY, lambda m: dict(
+        transformer_options={"patches_replace": {"dit": {("double_block", 1): _block_replace}}})),
+    "pdd_heads": (replace(h3.TINY, pdd_heads=5),
+                  lambda m: dict(transformer_options={"sample_sigmas": torch.tensor([1.0, 0.9, 0.7, 0.4, 0.0])})),
+    "sigma_shift": (h3.TINY, lambda m: dict(transformer_options={"minimax_h3_sigma_shift_audio": 5.0})),
+    "attention_override": (h3.TINY, lambda m: dict(
+        transformer_options={"optimized_attention_override": lambda *a, **k: None})),
+}
+
+
+def _outcome(m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The call's answer, or the type and message of what it raised."""
+    try:
+        return run(m, args, kwargs)
+    except Exception as e:  # noqa: BLE001  the original may refuse the call: the fallback must too
+        return type(e), str(e)
+
+
+@pytest.mark.parametrize("code", sorted(FALLBACKS))
+def test_fallback_runs_the_original(comfy: Any, code: str) -> None:
+    cfg, extra = FALLBACKS[code]
+    m = build(comfy, cfg)
+    args, kwargs = call_args(m, cfg, tags=MIXED_TAGS, **extra(m))
+    want = _outcome(m, args, kwargs)
+    handle = streamplan.apply(m)
+    try:
+        got = _outcome(m, args, kwargs)
+    finally:
+        streamplan.remove(m)
+    if isinstance(want, list):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    else:
+        assert got == want
+    assert handle.planned_calls == 0 and handle.calls == 1
+    assert [f.code for f in handle.fallbacks] == [code.replace("audio_", "")]
+    print(f"{code}: {handle.fallbacks[0].reason}")
+
+
+def test_mask_that_masks_nothing_runs_planned(comfy: Any) -> None:
+    m = build(comfy, h3.TINY)
+    args, kwargs = call_args(m, h3.TINY, denoise_mask=_mask(m, h3.TINY, 1.0),
+                             audio_denoise_mask=torch.ones(1, 1, 2 * 5))
+    want = run(m, args, kwargs)
+    handle = streamplan.apply(m)
+    try:
+        got = run(m, args, kwargs)
+    finally:
+        streamplan.remove(m)
+    assert handle.fallbacks == [] and handle.planned_calls == 1
+    assert max(rel_l2(g, w) for g, w in zip(got, want)) <= TOL
+
+
+def test_keyframe_condition_rows_fall_back(comfy: Any) -> None:
+    cfg = h3.TINY
+    m = build(comfy, cfg)
+    v = h3.random_inputs(cfg, seed=7)["video"][None, :, :1]  # the first latent frame as a keyframe
+    payload = {"keyframes": [{"resolved_frame_index": 0, "latent": v}], "cond_video_latents": [v]}
+    args, kwargs = call_args(m, cfg, payload=payload)
+    want = _outcome(m, args, kwargs)
+    handle = streamplan.apply(m)
+    try:
+        got = _outcome(m, args, kwargs)
+    finally:
+        streamplan.remove(m)
+    assert isinstance(want, list) and all(torch.equal(g, w) for g, w in zip(got, want))
+    assert [f.code for f in handle.fallbacks] == ["condition_rows"] and handle.planned_calls == 0
