@@ -10,10 +10,8 @@ Needs a ComfyUI source tree at .deps/comfyui (comfy/ldm/minimax/model.py) and co
 
 from __future__ import annotations
 
-import importlib
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,30 +20,25 @@ from conftest import rel_l2
 
 import streamplan
 
-import minimax_h3 as h3  # noqa: E402  (tests/reference, on the path through conftest)
+import comfy_tree  # noqa: E402  (tests/reference, on the path through conftest)
+import minimax_h3 as h3  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-COMFY_TREE = ROOT / ".deps" / "comfyui"
-EXTRA_SITE = ROOT / ".deps" / "python"
 TOL = 1e-4
 MIXED_TAGS = torch.tensor([1, 1, 0, 0, 0, 1, 2, 2, 1])  # video-tagged pads and an audio span in the text
 
 
 @pytest.fixture(scope="module")
 def comfy() -> Any:
-    if not (COMFY_TREE / "comfy" / "ldm" / "minimax" / "model.py").is_file():
-        pytest.skip(f"no ComfyUI tree at {COMFY_TREE} (comfy/ldm/minimax/model.py)")
-    for p in (EXTRA_SITE, COMFY_TREE):
-        if p.is_dir() and str(p) not in sys.path:
-            sys.path.insert(0, str(p))
+    return comfy_tree.minimax_h3_modules()
+
+
+def attached(m: Any, call: Any, **options: Any) -> tuple[Any, Any]:
+    """(handle, what call(m) gives) with streamplan attached to m, removed again after."""
+    handle = streamplan.apply(m, **options)
     try:
-        importlib.import_module("comfy_kitchen")
-    except ImportError as e:
-        pytest.skip(f"comfy_kitchen is not importable ({e}); ComfyUI's H3 attention needs it")
-    try:
-        return importlib.import_module("comfy.ldm.minimax.model"), importlib.import_module("comfy.ops")
-    except Exception as e:  # an incomplete tree: say so rather than pass
-        pytest.skip(f"cannot import comfy.ldm.minimax.model from {COMFY_TREE}: {e!r}")
+        return handle, call(m)
+    finally:
+        streamplan.remove(m)
 
 
 def build(comfy: Any, cfg: h3.H3Config, seed: int = 3) -> torch.nn.Module:
@@ -114,11 +107,7 @@ def test_planned_matches_original(comfy: Any, case: str) -> None:
     m = build(comfy, cfg)
     args, kwargs = call_args(m, cfg, **call)
     want = run(m, args, kwargs)
-    handle = streamplan.apply(m, **options)
-    try:
-        got = run(m, args, kwargs)
-    finally:
-        streamplan.remove(m)
+    handle, got = attached(m, lambda m: run(m, args, kwargs), **options)
     assert handle.fallbacks == [] and handle.planned_calls == handle.calls == 1
     assert handle.family == "minimax-h3"
     for name, g, w in zip(("video", "audio"), got, want):
@@ -190,11 +179,7 @@ def test_fallback_runs_the_original(comfy: Any, code: str) -> None:
     m = build(comfy, cfg)
     args, kwargs = call_args(m, cfg, tags=MIXED_TAGS, **extra(m))
     want = _outcome(m, args, kwargs)
-    handle = streamplan.apply(m)
-    try:
-        got = _outcome(m, args, kwargs)
-    finally:
-        streamplan.remove(m)
+    handle, got = attached(m, lambda m: _outcome(m, args, kwargs))
     if isinstance(want, list):
         assert all(torch.equal(g, w) for g, w in zip(got, want))
     else:
@@ -209,11 +194,7 @@ def test_mask_that_masks_nothing_runs_planned(comfy: Any) -> None:
     args, kwargs = call_args(m, h3.TINY, denoise_mask=_mask(m, h3.TINY, 1.0),
                              audio_denoise_mask=torch.ones(1, 1, 2 * 5))
     want = run(m, args, kwargs)
-    handle = streamplan.apply(m)
-    try:
-        got = run(m, args, kwargs)
-    finally:
-        streamplan.remove(m)
+    handle, got = attached(m, lambda m: run(m, args, kwargs))
     assert handle.fallbacks == [] and handle.planned_calls == 1
     assert max(rel_l2(g, w) for g, w in zip(got, want)) <= TOL
 
@@ -225,10 +206,6 @@ def test_keyframe_condition_rows_fall_back(comfy: Any) -> None:
     payload = {"keyframes": [{"resolved_frame_index": 0, "latent": v}], "cond_video_latents": [v]}
     args, kwargs = call_args(m, cfg, payload=payload)
     want = _outcome(m, args, kwargs)
-    handle = streamplan.apply(m)
-    try:
-        got = _outcome(m, args, kwargs)
-    finally:
-        streamplan.remove(m)
+    handle, got = attached(m, lambda m: _outcome(m, args, kwargs))
     assert isinstance(want, list) and all(torch.equal(g, w) for g, w in zip(got, want))
     assert [f.code for f in handle.fallbacks] == ["condition_rows"] and handle.planned_calls == 0

@@ -7,21 +7,17 @@ skipped with the reason. Run:
 
     .venv/bin/python -m pytest -v -s tests/reference/test_minimax_h3_reference.py
 """
-import importlib
 import os
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import comfy_tree  # noqa: E402
 import minimax_h3 as h3  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-COMFY_TREE = ROOT / ".deps" / "comfyui"
-EXTRA_SITE = ROOT / ".deps" / "python"
 TOL = 1e-5
 
 VARIANTS = {
@@ -101,21 +97,7 @@ def test_fp32_matches_fp64(variant):
 
 @pytest.fixture(scope="module")
 def comfy_h3():
-    if not (COMFY_TREE / "comfy" / "ldm" / "minimax" / "model.py").is_file():
-        pytest.skip(f"no ComfyUI tree at {COMFY_TREE} (comfy/ldm/minimax/model.py): comparison not run")
-    for p in (EXTRA_SITE, COMFY_TREE):
-        if p.is_dir() and str(p) not in sys.path:
-            sys.path.insert(0, str(p))
-    try:
-        importlib.import_module("comfy_kitchen")
-    except ImportError as e:
-        pytest.skip(f"comfy_kitchen is not importable ({e}); ComfyUI's H3 attention needs it")
-    try:
-        model = importlib.import_module("comfy.ldm.minimax.model")
-        ops = importlib.import_module("comfy.ops")
-    except Exception as e:  # an incomplete tree: say so rather than pass
-        pytest.skip(f"cannot import ComfyUI's comfy.ldm.minimax.model from {COMFY_TREE}: {e!r}")
-    return model, ops
+    return comfy_tree.minimax_h3_modules()
 
 
 def comfy_config(sd, cfg):
