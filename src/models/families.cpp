@@ -1,6 +1,7 @@
 #include "models/families.hpp"
 
 #include <stdexcept>
+#include <vector>
 
 #include "models/family_table.hpp"
 
@@ -8,9 +9,15 @@ namespace sp::models {
 
 namespace {
 
+// Every family with a forward, in one list.
+const std::vector<const detail::FamilyOps*>& all_families() {
+  static const std::vector<const detail::FamilyOps*> all = {&detail::kWan, &detail::kFlux, &detail::kH3,
+                                                            &detail::kMinimaxH3};
+  return all;
+}
+
 const detail::FamilyOps* find(const std::string& family) {
-  static const detail::FamilyOps* const all[] = {&detail::kWan, &detail::kFlux, &detail::kH3, &detail::kMinimaxH3};
-  for (const detail::FamilyOps* f : all)
+  for (const detail::FamilyOps* f : all_families())
     if (family == f->family) return f;
   return nullptr;
 }
@@ -18,8 +25,7 @@ const detail::FamilyOps* find(const std::string& family) {
 const detail::FamilyOps& ops(const std::string& family) {
   if (const detail::FamilyOps* f = find(family)) return *f;
   std::string known;
-  for (const char* name : {detail::kWan.family, detail::kFlux.family, detail::kH3.family, detail::kMinimaxH3.family})
-    known += (known.empty() ? "" : ", ") + std::string(name);
+  for (const detail::FamilyOps* f : all_families()) known += (known.empty() ? "" : ", ") + std::string(f->family);
   throw std::invalid_argument("no forward pass for model family '" + family + "' (known: " + known + ")");
 }
 

@@ -126,8 +126,6 @@ double time_shift_sigma(double sigma, double from, double to) {
 // [M, time_dim] time embedding of the distinct timesteps, fp32.
 at::Tensor time_embedding(const recognize::FamilyConfig& c, const exec::WeightSource& w, const std::vector<double>& ts,
                           const at::Device& dev) {
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
-  at::Tensor t = at::tensor(std::vector<float>(ts.begin(), ts.end()), f32.device(at::kCPU)).to(dev);
   if (c.time_table_rows > 0) {
     // Rows interpolated at t * (G - 1), in fp32 arithmetic as the reference does it.
     const at::Tensor table = w.tensor("adaln_t_table").to(at::kFloat);
@@ -140,6 +138,8 @@ at::Tensor time_embedding(const recognize::FamilyConfig& c, const exec::WeightSo
     }
     return at::stack(rows);
   }
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
+  const at::Tensor t = at::tensor(std::vector<float>(ts.begin(), ts.end()), f32.device(at::kCPU)).to(dev);
   const int64_t half = c.freq_dim / 2;
   at::Tensor f = at::exp(at::arange(half, f32) * (-std::log(10000.0) / double(half)));
   at::Tensor a = t.unsqueeze(1) * f.unsqueeze(0);

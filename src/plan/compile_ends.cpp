@@ -1,0 +1,103 @@
+// The schedule compiler's two ends: the embedding (every segment's tokens into the residual
+// stream) and the final layer (norm, modulation and the output projections of its rows).
+#include "plan/compiler.hpp"
+
+namespace sp::plan {
+
+using detail::Compiler;
+using ir::DType;
+
+Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Registry& reg,
+                      const contracts::DeviceCaps& dev) {
+  const ir::FinalLayer& fl = *m.final_layer;
+  const ir::RowRange rr = m.rows(fl.segments);
+  Compiler c(m, reg, dev, "final", rr);
+  const DType acc = c.acc();
+  const int64_t out = fl.proj.out_features;
+  const int o = c.buffer(BufRole::Output, "Out", {rr.size(), out}, acc);
+  // The projection runs in fp32 (fp64 for an fp64 model): the weight is converted on acquire
+  // unless it is stored so.
+  // Row ranges (from the first output row) with one projection each: all rows, or one per
+  // segment where segments have heads of their own.
+  struct Part {
+    int64_t from, to;
+    const ir::Linear* proj;
+  };
+  std::vector<Part> parts;
+  if (fl.heads.empty()) parts.push_back({0, rr.size(), &fl.proj});
+  else
+    for (const auto& s : m.segments) {
+      const int64_t b = m.segment_begin(s.name) - rr.begin;
+      if (b >= 0 && b + s.length <= rr.size() && s.length > 0) parts.push_back({b, b + s.length, &fl.proj_for(s.name)});
+    }
+  bool narrow = false;
+  for (const Part& p : parts) narrow = narrow || p.proj->out_features < out;
+  if (narrow) c.zero(c.whole(o));
+  for (const Part& part : parts) {
+    const ir::Linear& l = *part.proj;
+    const int w = c.acquire(l, {}, {}, acc);
+    SegWeight sw{"", w, {}, {}, {}};
+    int bias = -1;
+    if (!l.bias.empty()) {
+      bias = c.acquire_tensor(l.bias, l.out_features, acc);
+      sw.bias = l.bias;
+      sw.bias_buf = bias;
+    }
+    c.token_loop(rr.begin, part.from, part.to, chunk, true, [&](int64_t n, int64_t pieces) {
+      const Operand n32 = c.whole(c.buffer(BufRole::Normed32, "N32", {n, m.dim}, acc));
+      c.norm(fl.norm, fl.modulation, fl.mod, n32, n, pieces);
+      if (l.out_features == out) {
+        c.project(n32, c.slab_of(o, 0, n), {sw}, m.dim, out, n, 1);
+        return;
+      }
+      // A narrower head: into its own rows, then into the leading columns of the output.
+      const Operand head = c.whole(c.buffer(BufRole::Normed32, "Head", {n, l.out_features}, acc));
+      c.project(n32, head, {sw}, m.dim, l.out_features, n, 1);
+      Operand dst = c.slab_of(o, 0, n);
+      dst.shape[1] = l.out_features;
+      c.copy(head, dst);
+    });
+    c.release(w);
+    if (bias >= 0) c.release(bias);
+  }
+  return c.take();
+}
+
+// Rows per slab of an embedding computed in the accumulation dtype (its staging buffer).
+constexpr int64_t kEmbedSlabRows = 4096;
+
+Program compile_embed(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
+  Compiler c(m, reg, dev, "embed", {0, m.tokens()});
+  for (const auto& seg : m.segments) {
+    const int64_t begin = m.segment_begin(seg.name);
+    const ir::SegmentEmbed* e = m.embed_for(seg.name);
+    const int64_t in = e ? e->linear.in_features : m.dim;
+    const Operand tokens{Src::Tokens, -1, seg.name, -1, {seg.length, in}};
+    if (!e) {
+      c.token_loop(begin, seg.length, seg.length, false,
+                   [&](int64_t n, int64_t) { c.copy(tokens, Compiler::residual(n, m.dim)); });
+      continue;
+    }
+    if (e->linear.fp32_compute && c.dt() != c.acc()) {
+      // Tokens in the accumulation dtype, projected in it slab by slab, then rounded.
+      const int w = c.acquire(e->linear, {}, {}, c.acc());
+      SegWeight sw{"", w, e->linear.bias, {}, {}};
+      c.token_loop(begin, seg.length, std::min(seg.length, kEmbedSlabRows), false, [&](int64_t n, int64_t) {
+        const Operand e32 = c.whole(c.buffer(BufRole::Normed32, "E32", {n, m.dim}, c.acc()));
+        c.project({Src::Tokens, -1, seg.name, 0, {n, in}}, e32, {sw}, in, m.dim, n, 1);
+        c.copy(e32, Compiler::residual(n, m.dim));
+      });
+      c.release(w);
+      continue;
+    }
+    const int w = c.acquire(e->linear, {}, {}, c.dt());
+    SegWeight sw{"", w, e->linear.bias, {}, {}};
+    c.token_loop(begin, seg.length, seg.length, false, [&](int64_t n, int64_t) {
+      c.project(tokens, Compiler::residual(n, m.dim), {sw}, in, m.dim, n, 1);
+    });
+    c.release(w);
+  }
+  return c.take();
+}
+
+}  // namespace sp::plan

@@ -1,0 +1,371 @@
+// Internal to src/plan: the Compiler that builds one schedule program (buffers and typed
+// steps with their cost terms), shared by the sublayer compiler (compile.cpp) and the
+// embedding and final-layer compiler (compile_ends.cpp). Each emit function adds one step
+// together with the buffers it reads and writes and its cost terms; the executor, the cost
+// model and the arena read nothing else.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+
+#include "plan/plan.hpp"
+#include "plan/program.hpp"
+
+namespace sp::plan::detail {
+
+using contracts::TensorRole;
+using ir::DType;
+
+inline std::string range_text(const SliceExpr& s) {
+  if (s.length < 0 && s.per_feature == 0 && s.base == 0) return "";
+  std::ostringstream t;
+  t << " [" << s.base;
+  if (s.per_feature == 1) t << "+f";
+  else if (s.per_feature) t << "+" << s.per_feature << "f";
+  t << ", +" << s.length;
+  if (s.step != 1) t << " step " << s.step;
+  t << ")";
+  return t.str();
+}
+
+// Builds one program: buffers and steps at the current loop depth.
+class Compiler {
+ public:
+  Compiler(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev, std::string name,
+           ir::RowRange rows)
+      : m_(m), reg_(reg), dev_(dev), dt_(m.dtype), acc_(accumulation_dtype(m.dtype)),
+        esz_(double(ir::dtype_size(m.dtype))), asz_(double(ir::dtype_size(acc_))), fused_(fused_norm(m, dev)) {
+    p_.name = std::move(name);
+    p_.rows = rows;
+  }
+
+  const ir::Model& m() const { return m_; }
+  const contracts::Registry& reg() const { return reg_; }
+  const contracts::DeviceCaps& dev() const { return dev_; }
+  DType dt() const { return dt_; }
+  DType acc() const { return acc_; }
+  bool fused() const { return fused_; }
+
+  int buffer(BufRole role, std::string label, std::vector<int64_t> shape, DType dtype, bool view = false) {
+    p_.buffers.push_back({role, std::move(label), std::move(shape), dtype, view, depth_});
+    return int(p_.buffers.size()) - 1;
+  }
+  Operand whole(int buf) const { return {Src::Buffer, buf, {}, -1, p_.buffers[size_t(buf)].shape}; }
+  Operand view(int buf, std::vector<int64_t> shape) const { return {Src::Buffer, buf, {}, -1, std::move(shape)}; }
+  // The current token slab's rows along `dim` of a buffer that holds every row.
+  Operand slab_of(int buf, int dim, int64_t n) const {
+    auto shape = p_.buffers[size_t(buf)].shape;
+    shape[size_t(dim)] = n;
+    return {Src::Buffer, buf, {}, dim, shape};
+  }
+  static Operand residual(int64_t n, int64_t dim) { return {Src::Residual, -1, {}, -1, {n, dim}}; }
+
+  void emit(StepBody body, std::string what, Terms t, int64_t transient = 0) {
+    Step s{std::move(body), std::move(what), {}, {}, t, transient, depth_};
+    collect(s);
+    p_.steps.push_back(std::move(s));
+  }
+
+  // Calls body(n, pieces) inside a Loop step for every run of slabs of `total` rows (from
+  // `base`, absolute) cut `chunk` at a time: slabs of one size spanning the same number of
+  // segment pieces form one run. `segments` false: one piece per slab (context rows).
+  template <typename F>
+  void token_loop(int64_t base, int64_t total, int64_t chunk, bool segments, F&& body) {
+    token_loop(base, 0, total, chunk, segments, std::forward<F>(body));
+  }
+  // Rows [base + from, base + total) in slabs whose index counts from base.
+  template <typename F>
+  void token_loop(int64_t base, int64_t from, int64_t total, int64_t chunk, bool segments, F&& body) {
+    chunk = std::clamp<int64_t>(chunk, 1, std::max<int64_t>(total - from, 1));
+    int64_t i0 = from;
+    while (i0 < total) {
+      const int64_t n = std::min(chunk, total - i0);
+      const int64_t pieces = segments ? 1 + m_.inner_boundaries({base + i0, base + i0 + n}) : 1;
+      int64_t count = 1;
+      while (true) {
+        const int64_t j = i0 + count * chunk;
+        if (j >= total || std::min(chunk, total - j) != n) break;
+        if (segments && 1 + m_.inner_boundaries({base + j, base + j + n}) != pieces) break;
+        ++count;
+      }
+      loop(Axis::Tokens, base, i0, n, count, [&] { body(n, pieces); });
+      i0 += count * n;
+    }
+  }
+  template <typename F>
+  void feature_loop(int64_t total, int64_t chunk, F&& body) {
+    const int64_t full = total / chunk, rest = total % chunk;
+    if (full > 0) loop(Axis::Features, 0, 0, chunk, full, [&] { body(chunk); });
+    if (rest > 0) loop(Axis::Features, 0, full * chunk, rest, 1, [&] { body(rest); });
+  }
+
+  // --- steps ---------------------------------------------------------------------------
+
+  int acquire(const ir::Linear& l, SliceExpr rows, SliceExpr cols, DType compute) {
+    const auto& f = reg_.format(l.format);
+    const int64_t r = rows.length < 0 ? l.out_features : rows.length, c = cols.length < 0 ? l.in_features : cols.length;
+    const int64_t bytes = f.acquire_bytes(r, c, l.stored.value_or(dt_), compute);
+    const std::string label = "weight " + l.weight + range_text(rows) + (cols.length >= 0 ? " cols" + range_text(cols) : "");
+    const int w = buffer(BufRole::Weight, label, {r, c}, compute, bytes == 0);
+    Terms t;
+    if (bytes > 0) {  // convert (read stored, write compute), then scale
+      const double n = double(r) * double(c);
+      t.bytes = n * (double(ir::dtype_size(f.stored(dt_))) + double(ir::dtype_size(compute))) +
+                2 * n * double(ir::dtype_size(compute));
+      t.launches = 2;
+    }
+    emit(AcquireStep{&l, {}, rows, cols, compute, w}, "acquire " + label, t);
+    p_.steps.back().writes = {w};
+    return w;
+  }
+  // A raw tensor (a bias) in `compute`: a view when it is stored so, else converted.
+  int acquire_tensor(const std::string& name, int64_t length, DType compute) {
+    const int w = buffer(BufRole::Weight, "tensor " + name, {length}, compute, compute == dt_);
+    Terms t;
+    if (compute != dt_) t = {0, double(length) * (esz_ + double(ir::dtype_size(compute))), 1};
+    emit(AcquireStep{nullptr, name, {0, 0, length, 1}, {}, compute, w}, "acquire tensor " + name, t);
+    p_.steps.back().writes = {w};
+    return w;
+  }
+  void release(int w) {
+    emit(ReleaseStep{w}, "release " + p_.buffers[size_t(w)].label, {});
+    p_.steps.back().reads = {w};
+  }
+
+  // out := modulate(norm(residual rows)); H in the activation dtype, or the fp32 rows the
+  // final layer projects.
+  void norm(const ir::Norm& nm, const ir::Modulation& mod, const ir::ModRef& ref, const Operand& out, int64_t n,
+            int64_t pieces) {
+    const double nd = double(n) * double(m_.dim);
+    const double out_esz = double(ir::dtype_size(p_.buffers[size_t(out.buf)].dtype));
+    const int64_t mod_pieces = mod.scope == ir::ModScope::PerSegment ? pieces : 1;
+    if (fused_) {  // one kernel per modulation piece: rows in, out written once
+      Terms t{0, nd * (esz_ + out_esz), mod_pieces};
+      t.mover = Mover::NormKernel;
+      emit(NormStep{&nm, &mod, ref, true, out, -1}, "norm + modulation (fused)", t);
+      return;
+    }
+    const int stats = buffer(BufRole::RowStats, "Stats", {n, 1}, acc_);
+    // copy in, vector norm, 1/rms, scale; LayerNorm: mean and subtract; affine; modulation.
+    double bytes = nd * (esz_ + asz_) + nd * asz_ + 2 * nd * asz_;
+    int64_t ops = 7;
+    if (nm.kind == ir::NormKind::LayerNorm) bytes += 3 * nd * asz_, ops += 2;
+    if (nm.affine) bytes += 2 * nd * asz_, ops += 1;
+    if (nm.affine && !nm.bias.empty()) bytes += 2 * nd * asz_, ops += 1;
+    if (mod.scope != ir::ModScope::None) {
+      if (ref.scale >= 0) bytes += 3 * nd * asz_, ops += mod_pieces;
+      if (ref.shift >= 0) bytes += 2 * nd * asz_, ops += mod_pieces;
+    }
+    // CPU temporaries: number operands, and 16-bit operands (norm weights, modulation rows)
+    // converted to the accumulation dtype, one at a time.
+    int64_t tmp = scalar(acc_);
+    if (dt_ != acc_) {
+      const int64_t rows = mod.scope == ir::ModScope::PerToken ? n : 1;
+      if (nm.affine) tmp = std::max<int64_t>(tmp, m_.dim * int64_t(asz_));
+      if (mod.scope != ir::ModScope::None && (ref.scale >= 0 || ref.shift >= 0))
+        tmp = std::max<int64_t>(tmp, rows * m_.dim * int64_t(asz_));
+    }
+    emit(NormStep{&nm, &mod, ref, false, out, stats}, "norm + modulation (staged)", {0, bytes, ops}, cpu(tmp));
+    p_.steps.back().writes.push_back(stats);
+  }
+  // H [n, dim] of the residual rows: fused straight into H, or staged through N32.
+  Operand normed(const ir::Norm& nm, const ir::Modulation& mod, const ir::ModRef& ref, int64_t n, int64_t pieces) {
+    const Operand h = whole(buffer(BufRole::Normed, "H", {n, m_.dim}, dt_));
+    if (fused_) {
+      norm(nm, mod, ref, h, n, pieces);
+      return h;
+    }
+    const Operand n32 = whole(buffer(BufRole::Normed32, "N32", {n, m_.dim}, acc_));
+    norm(nm, mod, ref, n32, n, pieces);
+    copy(n32, h);
+    return h;
+  }
+  void copy(const Operand& src, const Operand& dst, Layout layout = Layout::Same, int64_t heads = 0, int64_t rep = 1,
+            int64_t hd = 0) {
+    double elems = 1;
+    for (int64_t d : src.shape) elems *= double(d);
+    emit(CopyStep{src, dst, layout, heads, rep, hd}, "copy", {0, elems * (elem_size(src) + elem_size(dst)), 1});
+  }
+  // out (+)= in[:, cols] @ W^T (+ bias), one GEMM per segment piece where weights differ by segment.
+  void project(const Operand& in, const Operand& out, std::vector<SegWeight> ws, int64_t in_features,
+               int64_t out_features, int64_t n, int64_t pieces, int64_t col_begin = 0, int64_t col_len = -1,
+               bool accumulate = false) {
+    const int64_t launches = ws.size() > 1 ? pieces : 1;
+    const DType cd = p_.buffers[size_t(out.buf >= 0 ? out.buf : ws.front().weight)].dtype;
+    const double e = double(ir::dtype_size(cd));
+    Terms t{2.0 * double(n) * double(in_features) * double(out_features),
+            (double(n) * in_features + double(in_features) * out_features + double(n) * out_features) * e, launches,
+            n, cd};
+    emit(ProjectStep{in, out, std::move(ws), col_begin, col_len, accumulate},
+         std::string(accumulate ? "project (accumulate) " : "project ") + std::to_string(in_features) + " -> " +
+             std::to_string(out_features),
+         t);
+  }
+  void qk_norm(const Operand& t, const ir::QkNorm& qk, std::vector<SegWeight> ws, int64_t heads, int64_t hd,
+               int64_t n, int64_t pieces) {
+    if (qk.kind == ir::QkNormKind::None) return;
+    const int stats =
+        buffer(BufRole::RowStats, "Stats", {n, qk.kind == ir::QkNormKind::PerHead ? heads : int64_t{1}}, acc_);
+    const int64_t launches = 4 + 3 * (ws.size() > 1 ? pieces : 1);
+    const int64_t width = qk.kind == ir::QkNormKind::PerHead ? hd : heads * hd;
+    const int64_t tmp = std::max(scalar(acc_), dt_ != acc_ ? width * int64_t(asz_) : int64_t{0});
+    emit(QkNormStep{t, qk, std::move(ws), heads, hd, stats}, "Q/K norm",
+         {0, 5 * double(n) * double(heads * hd) * asz_, launches}, cpu(tmp));
+    p_.steps.back().writes.push_back(stats);
+  }
+  void rope(const Operand& t, const ir::Rope& r, int64_t heads, int64_t hd, int64_t n) {
+    if (r.style == ir::RopeStyle::None) return;
+    const int tmp = buffer(BufRole::RopeTmp, "RopeTmp", {n, heads, r.rotary_dim / 2}, acc_);
+    emit(RopeStep{t, &r, heads, hd, tmp}, "RoPE", {0, 12 * double(n) * double(heads) * double(r.rotary_dim / 2) * asz_, 5});
+    p_.steps.back().writes.push_back(tmp);
+  }
+  void qk_fused(const Operand& in, const Operand& dst, Layout layout, const ir::Attention& a,
+                std::vector<SegWeight> ws, int64_t heads, int64_t rep, int64_t n, int64_t pieces) {
+    Terms t{0, 2 * double(n) * double(heads * a.head_dim) * esz_, ws.size() > 1 ? pieces : 1};
+    t.mover = Mover::QkKernel;
+    emit(QkNormRopeStep{in, dst, layout, a.qk_norm, &a.rope, std::move(ws), heads, rep, a.head_dim},
+         "Q/K norm + RoPE (fused)", t);
+  }
+  void patches(const std::vector<std::string>& names, TensorRole role, const Operand& t) {
+    double elems = 1;
+    for (int64_t d : t.shape) elems *= double(d);
+    const DType dt = t.src == Src::Buffer ? p_.buffers[size_t(t.buf)].dtype : dt_;
+    const int64_t rows = t.shape.empty() ? 0 : t.shape.front();
+    for (const auto& name : names) {
+      const auto& patch = reg_.patch(name);
+      if (!patch.modifies.count(role)) continue;
+      const int64_t scratch = patch.scratch_bytes ? patch.scratch_bytes(rows, int64_t(elems) / std::max<int64_t>(rows, 1), dt, dev_.kind) : 0;
+      emit(PatchStep{name, role, t}, "patch " + name + " on " + contracts::to_string(role),
+           {0, 2 * elems * elem_size(t), 2}, dev_.round_alloc(scratch));
+    }
+  }
+  void attend(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L) {
+    const int64_t G = a.kv_heads, rep = a.heads / a.kv_heads, hd = a.head_dim;
+    const contracts::AttnShape sh{rep * n, L, G, G, hd, dt_, dev_.kind, dev_.threads};
+    const int64_t scratch = reg_.consumer(a.consumer).call_bytes(sh);
+    const double q_rows = double(rep * n);
+    // The consumer reads Q, K, V and writes its output (and scratch); its output is then
+    // copied token-major into `out`.
+    Terms t{4.0 * q_rows * double(L) * double(G) * double(hd),
+            (2.0 * q_rows + 2.0 * double(L)) * double(G * hd) * esz_ + 2.0 * double(scratch) +
+                2.0 * double(n) * double(a.heads * hd) * esz_,
+            2, rep * n, dt_, true, G, L};
+    emit(AttendStep{a.consumer, qf, whole(k), whole(v), out, G, rep, hd, 1.0 / std::sqrt(double(hd))},
+         "attend (consumer '" + a.consumer + "')", t, dev_.round_alloc(scratch));
+  }
+  void activate(const Operand& t, ir::ActKind act) {
+    emit(ActivateStep{t, act}, std::string("activation ") + ir::to_string(act), {0, 2 * elems(t) * esz_, 1});
+  }
+  void mul(const Operand& dst, const Operand& src) { emit(MulStep{dst, src}, "gate * up", {0, 3 * elems(dst) * esz_, 1}); }
+  void zero(const Operand& t) { emit(ZeroStep{t}, "zero", {0, elems(t) * elem_size(t), 1}); }
+  // dst += src; on the CPU a 16-bit src is cast to dst's dtype through a temporary.
+  void add(const Operand& dst, const Operand& src) {
+    emit(AddStep{dst, src}, "accumulate", {0, elems(dst) * (2 * elem_size(dst) + elem_size(src)), 1},
+         mixed_cast_bytes(dst, src));
+  }
+  void add_bias(const Operand& t, const std::string& bias) {
+    const int64_t width = t.shape.back();
+    emit(AddBiasStep{t, bias}, "add bias " + bias, {0, 2 * elems(t) * elem_size(t), 1},
+         elem_size(t) != esz_ ? cpu(width * int64_t(elem_size(t))) : 0);
+  }
+  void residual_add(const Operand& y, const ir::Modulation& mod, const ir::ModRef& ref, int64_t n, int64_t pieces) {
+    const int64_t launches = (ref.gate >= 0 && mod.scope == ir::ModScope::PerSegment) ? pieces : 1;
+    const bool gated = ref.gate >= 0 && mod.scope != ir::ModScope::None;
+    // A CPU kernel adding a wider y into the residual computes in y's dtype: the residual
+    // rows and the result are converted through temporaries (and a gate row beside them).
+    int64_t tmp = 0;
+    if (elem_size(y) != esz_) {
+      tmp = 2 * n * m_.dim * int64_t(elem_size(y));
+      if (gated) tmp += (mod.scope == ir::ModScope::PerToken ? n : 1) * m_.dim * int64_t(elem_size(y));
+    }
+    // Reads the residual rows and y, writes the rows (a fused kernel: in one pass, at the
+    // copy bandwidth like the ATen operation).
+    const Terms t{0, double(n) * double(m_.dim) * (2 * esz_ + elem_size(y)), launches};
+    emit(ResidualAddStep{y, &mod, ref, fused_}, std::string(gated ? "gated residual add" : "residual add") +
+         (fused_ ? " (fused)" : ""), t, cpu(tmp));
+  }
+
+  Program take() { return std::move(p_); }
+
+ private:
+  template <typename F>
+  void loop(Axis axis, int64_t base, int64_t begin, int64_t rows, int64_t count, F&& body) {
+    const int at = int(p_.steps.size());
+    emit(LoopStep{axis, base, begin, rows, count, -1},
+         std::string(axis == Axis::Tokens ? "token" : "feature") + " slabs: " + std::to_string(count) + " x " +
+             std::to_string(rows) + " from " + std::to_string(begin),
+         {});
+    ++depth_;
+    body();
+    --depth_;
+    std::get<LoopStep>(p_.steps[size_t(at)].body).end = int(p_.steps.size());
+    emit(EndLoopStep{at}, "end", {});
+  }
+  double elem_size(const Operand& o) const {
+    if (o.src == Src::Buffer) return double(ir::dtype_size(p_.buffers[size_t(o.buf)].dtype));
+    return esz_;
+  }
+  static double elems(const Operand& o) {
+    double e = 1;
+    for (int64_t d : o.shape) e *= double(d);
+    return e;
+  }
+  // ATen's CPU kernels cast a mixed-dtype operand through a temporary of the result's dtype
+  // (CUDA kernels cast in registers).
+  int64_t mixed_cast_bytes(const Operand& dst, const Operand& src) const {
+    if (elem_size(dst) == elem_size(src)) return 0;
+    return cpu(int64_t(elems(src)) * int64_t(std::max(elem_size(dst), elem_size(src))));
+  }
+  // Bytes that only CPU kernels allocate (see mixed_cast_bytes, scalar_operand_bytes).
+  int64_t cpu(int64_t bytes) const { return dev_.kind == contracts::DeviceKind::CPU ? bytes : 0; }
+  int64_t scalar(DType op) const { return contracts::scalar_operand_bytes(op, dev_.kind); }
+  // Reads and writes of a step, from its operands.
+  void collect(Step& s) {
+    auto r = [&](const Operand& o) {
+      if (o.src == Src::Buffer && o.buf >= 0) s.reads.push_back(o.buf);
+    };
+    auto w = [&](const Operand& o) {
+      if (o.src == Src::Buffer && o.buf >= 0) s.writes.push_back(o.buf);
+    };
+    auto ws = [&](const std::vector<SegWeight>& v) {
+      for (const auto& x : v) {
+        if (x.weight >= 0) s.reads.push_back(x.weight);
+        if (x.bias_buf >= 0) s.reads.push_back(x.bias_buf);
+      }
+    };
+    std::visit(
+        [&](const auto& b) {
+          using T = std::decay_t<decltype(b)>;
+          if constexpr (std::is_same_v<T, ZeroStep>) w(b.t);
+          else if constexpr (std::is_same_v<T, NormStep>) w(b.out);
+          else if constexpr (std::is_same_v<T, CopyStep>) r(b.src), w(b.dst);
+          else if constexpr (std::is_same_v<T, ProjectStep>) {
+            r(b.in), w(b.out), ws(b.weights);
+            if (b.accumulate) r(b.out);
+          } else if constexpr (std::is_same_v<T, QkNormStep>) r(b.t), w(b.t);
+          else if constexpr (std::is_same_v<T, RopeStep>) r(b.t), w(b.t);
+          else if constexpr (std::is_same_v<T, QkNormRopeStep>) r(b.in), w(b.dst);
+          else if constexpr (std::is_same_v<T, PatchStep>) r(b.t), w(b.t);
+          else if constexpr (std::is_same_v<T, AttendStep>) r(b.q), r(b.k), r(b.v), w(b.out);
+          else if constexpr (std::is_same_v<T, ActivateStep>) r(b.t), w(b.t);
+          else if constexpr (std::is_same_v<T, MulStep>) r(b.src), r(b.dst), w(b.dst);
+          else if constexpr (std::is_same_v<T, AddStep>) r(b.src), r(b.dst), w(b.dst);
+          else if constexpr (std::is_same_v<T, AddBiasStep>) r(b.t), w(b.t);
+          else if constexpr (std::is_same_v<T, ResidualAddStep>) r(b.y);
+        },
+        s.body);
+  }
+
+  const ir::Model& m_;
+  const contracts::Registry& reg_;
+  const contracts::DeviceCaps& dev_;
+  DType dt_, acc_;
+  double esz_, asz_;
+  bool fused_;
+  int depth_ = 0;
+  Program p_;
+};
+
+}  // namespace sp::plan::detail
