@@ -19,7 +19,6 @@ with an fp32 run of the unpatched pipeline on the same weights. Prints a short t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,6 +28,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
+sys.path.insert(0, HERE)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -37,34 +37,6 @@ def wan14b_config(layers: int) -> dict:
                 out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=layers,
                 cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None,
                 added_kv_proj_dim=None, rope_max_seq_len=1024)
-
-
-class Meter:
-    """Wraps a module's forward (whatever it is now): time and activation peak of every call."""
-
-    def __init__(self, module: torch.nn.Module):
-        self.module, self.inner, self.calls = module, module.forward, []
-        self.own = "forward" in module.__dict__  # replaced on the instance already (streamplan.apply)
-
-        def forward(*args, **kwargs):
-            torch.cuda.synchronize()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = self.inner(*args, **kwargs)
-            stop.record()
-            torch.cuda.synchronize()
-            self.calls.append((start.elapsed_time(stop), torch.cuda.max_memory_allocated() - base))
-            return out
-
-        module.forward = forward
-
-    def detach(self) -> None:
-        if self.own:
-            self.module.forward = self.inner
-        else:
-            del self.module.forward  # the class's forward again
 
 
 def main() -> int:
@@ -83,6 +55,7 @@ def main() -> int:
 
     import make_reference
     import streamplan
+    from bench_meter import Meter, write_json
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
 
     t0 = time.time()
@@ -149,10 +122,7 @@ def main() -> int:
         "streamplan_estimated_peak_bytes": plan["planned"]["estimated_peak_bytes"],
         "floor_bytes": plan["floor_bytes"], "fallbacks": fallbacks, "budget": a.budget,
     }
-    if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(a.out, result)
     G = float(1 << 30)
     print(f"{'':28} {'ms/call':>9} {'peak GiB':>9} {'rel L2 vs fp32':>15}")
     print(f"{'diffusers (unpatched)':28} {base_ms:9.1f} {base_peak / G:9.3f} {result['peer_rel_l2_vs_fp32']:15.3e}")

@@ -1,10 +1,30 @@
 #!/usr/bin/env bash
-# Fills .deps/ (ignored by git) with what a GPU machine without Debian's packages needs to
-# build the project: the nlohmann-json and CLI11 headers and GoogleTest's sources, copied
-# from this machine's packages (run scripts/setup.sh first).
+# Fills what a GPU machine without Debian's packages or PyPI needs (all of it ignored by git):
+#   .deps/include, .deps/googletest  the nlohmann-json and CLI11 headers and GoogleTest's
+#                                    sources, copied from this machine's packages
+#   .whl/                            wheels the Python package and its benchmarks need there
+#                                    (the pins of requirements.txt, for the machine's Python)
+#   .deps/ck312/                     comfy-kitchen for that Python, without its ROCm backend
+#                                    (scripts/bench_minimax.py; ComfyUI's H3 attention needs it)
+# Run scripts/setup.sh first. DEVICE_PYTHON is the GPU machine's Python version (default 3.12).
+# ComfyUI's own tree (.deps/comfyui, for scripts/bench_minimax.py) is not on PyPI; its
+# README.md says what it holds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf .deps && mkdir -p .deps/include
+py=${DEVICE_PYTHON:-3.12}
+pin() { grep -E "^$1==" requirements.txt; }
+
+rm -rf .deps/include .deps/googletest && mkdir -p .deps/include
 cp -r /usr/include/nlohmann /usr/include/CLI .deps/include/
 cp -r /usr/src/googletest .deps/
-du -sh .deps
+
+rm -rf .whl && mkdir -p .whl
+.venv/bin/pip download -q --no-deps --only-binary=:all: --python-version "$py" -d .whl \
+  "$(pin diffusers)" "$(pin pybind11)" "$(pin scikit-build-core)" "$(pin pathspec)" "$(pin importlib_metadata)"
+
+rm -rf .deps/ck312 /tmp/streamplan-ck && mkdir -p .deps/ck312 /tmp/streamplan-ck
+.venv/bin/pip download -q --no-deps --only-binary=:all: --python-version "$py" \
+  --platform manylinux_2_28_x86_64 -d /tmp/streamplan-ck comfy-kitchen==0.2.40
+.venv/bin/python -m zipfile -e /tmp/streamplan-ck/comfy_kitchen-*.whl .deps/ck312
+rm -rf .deps/ck312/comfy_kitchen/backends/hip  # 150 MB of ROCm code the H200 does not load
+du -sh .deps/include .deps/googletest .whl .deps/ck312

@@ -14,7 +14,12 @@
 #                                    from 1.1 x floor, against two fixed chunks (same binary)
 #   scripts/device.sh OUT package    the Python package built here, then diffusers' WanPipeline
 #                                    (Wan 2.1 14B widths, 2 layers) with and without
-#                                    streamplan.apply (scripts/bench_package.py)
+#                                    streamplan.apply (scripts/bench_package.py), and the Wan and
+#                                    Flux bench cases against diffusers' own modules
+#                                    (scripts/bench_peers.py)
+#   scripts/device.sh OUT minimax    the Python package built here, then ComfyUI's MiniMaxH3Model
+#                                    (2 blocks, 10 s at 1376x768) with and without
+#                                    streamplan.apply (scripts/bench_minimax.py)
 #   scripts/device.sh OUT policy     the bench cases three ways, in turn in one process: the
 #                                    default policy (no flags), --budget auto (the fastest plan)
 #                                    and --budget-floor 1.1 (bench --policies); builds first
@@ -55,27 +60,46 @@ if [ "$mode" = policy ]; then
   exit 0
 fi
 
-if [ "$mode" = package ]; then
-  # The Python package built on this machine (its own build folder), then diffusers' WanPipeline
-  # with and without streamplan.apply (scripts/bench_package.py). Wheels of what the machine
-  # lacks (diffusers, ...) come from .whl/ where present.
+# The Python package built on this machine (its own build folder, target /tmp/streamplan-pkg),
+# with wheels of what the machine lacks (diffusers, ...) from .whl/ where present.
+build_package() {
   if ls .whl/*.whl >/dev/null 2>&1; then
     $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/streamplan-site .whl/*.whl \
       >>"$out/logs.txt" 2>&1 || { tail -20 "$out/logs.txt"; exit 1; }
     export PYTHONPATH=/tmp/streamplan-site${PYTHONPATH:+:$PYTHONPATH}
   fi
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
-  # The system compiler: an extension module must share the process's libstdc++ (a toolchain
-  # that links its own statically gives the module a second copy, whose streams crash).
-  [ -x /usr/bin/g++ ] && export CC=${CC:-/usr/bin/gcc} CXX=${CXX:-/usr/bin/g++} CUDAHOSTCXX=${CUDAHOSTCXX:-/usr/bin/g++}
+  # An extension module must share the process's libstdc++: where the compiler in CXX has only
+  # a static one (it would give the module a second copy, whose streams crash), the system's.
+  if [ "$(${CXX:-g++} -print-file-name=libstdc++.so)" = libstdc++.so ] && [ -x /usr/bin/g++ ]; then
+    export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+  fi
   defines=(-C cmake.define.CMAKE_INCLUDE_PATH="$PWD/.deps/include")
   # A carried pybind11 (the version torch's headers are) before the machine's own.
   [ -d /tmp/streamplan-site/pybind11 ] && defines+=(-C cmake.define.pybind11_DIR=/tmp/streamplan-site/pybind11/share/cmake/pybind11)
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) $py -m pip install -q --no-build-isolation --no-deps --upgrade \
-    --target /tmp/streamplan-pkg -C build-dir=build-py-sys "${defines[@]}" . >>"$out/logs.txt" 2>&1 \
+    --target /tmp/streamplan-pkg -C build-dir=build-py-device "${defines[@]}" . >>"$out/logs.txt" 2>&1 \
     || { tail -30 "$out/logs.txt"; exit 1; }
-  PYTHONPATH=/tmp/streamplan-pkg:${PYTHONPATH:-} $py scripts/bench_package.py ${BENCH_ARGS:-} --out "$out/package.json" \
-    2>>"$out/logs.txt" || { tail -20 "$out/logs.txt"; exit 1; }
+  export PYTHONPATH=/tmp/streamplan-pkg:${PYTHONPATH:-}
+}
+
+if [ "$mode" = package ]; then
+  # diffusers' WanPipeline with and without streamplan.apply (scripts/bench_package.py), then
+  # the peers of the Wan and Flux bench cases (scripts/bench_peers.py; PEER_CASES picks them).
+  build_package
+  $py scripts/bench_package.py ${BENCH_ARGS:-} --out "$out/package.json" 2>>"$out/logs.txt" \
+    || { tail -20 "$out/logs.txt"; exit 1; }
+  $py scripts/bench_peers.py ${PEER_CASES:+--cases "$PEER_CASES"} --out "$out/peers.json" 2>>"$out/logs.txt" \
+    || { tail -20 "$out/logs.txt"; exit 1; }
+  exit 0
+fi
+
+if [ "$mode" = minimax ]; then
+  # ComfyUI's MiniMaxH3Model with and without streamplan.apply (scripts/bench_minimax.py): a
+  # ComfyUI tree in .deps/comfyui and comfy_kitchen for this machine's Python in .deps/ck312.
+  build_package
+  COMFY_KITCHEN_PATH=${COMFY_KITCHEN_PATH:-$PWD/.deps/ck312} $py scripts/bench_minimax.py ${BENCH_ARGS:-} \
+    --out "$out/minimax.json" 2>>"$out/logs.txt" || { tail -20 "$out/logs.txt"; exit 1; }
   exit 0
 fi
 

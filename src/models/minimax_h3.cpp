@@ -297,16 +297,23 @@ FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w,
   run.inputs.tables["rope.cos"] = ang.cos();
   run.inputs.tables["rope.sin"] = ang.sin();
 
-  // Output rows [audio | video] x video features: unpatchify, negate.
+  // Output rows [audio | video] x video features: unpatchify, negate. The negation is in place
+  // on the unpatchified copy, so that the output rows and one copy are all that coexist.
   const int64_t Na = 2 * Ta, Fa = c.audio_dim, Fv = c.in_channels;
+  auto negated = [](at::Tensor v, const at::Tensor& rows) {
+    return v.storage().is_alias_of(rows.storage()) ? v.neg() : v.neg_();
+  };
   auto video_of = [=](const at::Tensor& out) {
-    return -out.narrow(0, Na, T * Hp * Wp).narrow(1, 0, Fv).reshape({T, Hp, Wp, C, 2, 2}).permute({3, 0, 1, 4, 2, 5}).reshape(
-        {C, T, H, W});
+    return negated(
+        out.narrow(0, Na, T * Hp * Wp).narrow(1, 0, Fv).reshape({T, Hp, Wp, C, 2, 2}).permute({3, 0, 1, 4, 2, 5}).reshape(
+            {C, T, H, W}),
+        out);
   };
   run.finish = video_of;
   run.named_outputs = [=](const at::Tensor& out) {
-    return TensorMap{{"video", video_of(out)},
-                     {"audio", -out.narrow(0, 0, Na).narrow(1, 0, Fa).reshape({2, Ta, Fa}).permute({2, 0, 1}).contiguous()}};
+    return TensorMap{
+        {"video", video_of(out)},
+        {"audio", negated(out.narrow(0, 0, Na).narrow(1, 0, Fa).reshape({2, Ta, Fa}).permute({2, 0, 1}).contiguous(), out)}};
   };
   return run;
 }

@@ -94,18 +94,19 @@ FLUX_GUIDANCE = 3.5
 
 
 def randomize(model, gen):
-    """Overwrites every parameter with seeded random values of a reasonable scale."""
+    """Overwrites every parameter with seeded random values of a reasonable scale (drawn on the
+    generator's device)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("scale_shift_table"):
-                v = torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1])
+                v = torch.randn(p.shape, generator=gen, device=gen.device) / math.sqrt(p.shape[-1])
             elif p.ndim >= 2:
                 fan_in = p[0].numel()
-                v = torch.randn(p.shape, generator=gen) / math.sqrt(fan_in)
+                v = torch.randn(p.shape, generator=gen, device=gen.device) / math.sqrt(fan_in)
             elif name.endswith("bias"):
-                v = 0.05 * torch.randn(p.shape, generator=gen)
+                v = 0.05 * torch.randn(p.shape, generator=gen, device=gen.device)
             elif name.endswith("weight"):
-                v = 1.0 + 0.1 * torch.randn(p.shape, generator=gen)
+                v = 1.0 + 0.1 * torch.randn(p.shape, generator=gen, device=gen.device)
             else:
                 raise RuntimeError(f"no initialisation rule for parameter {name} {tuple(p.shape)}")
             p.copy_(v.to(p.dtype))
