@@ -75,3 +75,59 @@ class Adapter:
         bound.apply_defaults()
         return dict(bound.arguments)
 
+
+# --- helpers of the adapters' prepare() -------------------------------------------------------
+
+def shape_text(t: Any) -> str:
+    return str(list(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def per_element(name: str, t: torch.Tensor, batch: int, dims: int) -> Callable[[int], torch.Tensor] | Fallback:
+    """Element b of a batched argument of `dims` dimensions per element; a batch of one is shared
+    by every element, as the modules broadcast it (pipelines pass one prompt for many videos)."""
+    if not isinstance(t, torch.Tensor) or t.dim() != dims + 1 or t.shape[0] not in (1, batch):
+        return Fallback(
+            "arguments",
+            f"{name} has shape {shape_text(t)}; expected {dims + 1} dimensions with a batch of 1 or {batch}",
+        )
+    return lambda b: t[b if t.shape[0] == batch else 0]
+
+
+def per_element_scalar(name: str, t: Any, batch: int) -> Callable[[int], torch.Tensor] | Fallback:
+    """Element b of a per-batch scalar (a timestep, a guidance), as a [1] tensor."""
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        t = torch.tensor([float(t)])
+    if not isinstance(t, torch.Tensor):
+        return Fallback("arguments", f"{name} is {type(t).__name__}, not a tensor or a number")
+    if t.dim() == 0:
+        t = t.reshape(1)
+    if t.dim() != 1 or t.shape[0] not in (1, batch):
+        return Fallback("arguments", f"{name} has shape {shape_text(t)}; expected [], [1] or [{batch}]")
+    return lambda b: t[b if t.shape[0] == batch else 0].reshape(1)
+
+
+def check_tensor(name: str, t: Any, adapter: Adapter) -> Fallback | None:
+    """A fallback unless `t` is a tensor of the module's dtype on its device."""
+    dtype, device = adapter.dtype, adapter.device
+    if not isinstance(t, torch.Tensor):
+        return Fallback("arguments", f"{name} is {type(t).__name__}, not a tensor")
+    if t.device != device:
+        return Fallback("arguments", f"{name} is on {t.device}, the module on {device}")
+    if t.dtype != dtype:
+        return Fallback("arguments", f"{name} is {t.dtype}, the module's parameters {dtype}")
+    return None
+
+
+def flux1_sidecar(head_dim: int, axes_dim: Sequence[int], theta: int = 10000) -> dict[str, Any]:
+    """The sidecar of a Flux.1 module: its head width and RoPE axes (names and shapes tell neither)."""
+    return {"family": "flux1", "head_dim": int(head_dim), "eps": 1e-6,
+            "rope": {"theta": int(theta), "axes_dim": [int(d) for d in axes_dim]}}
+
+
+def find_adapter(module: torch.nn.Module, adapters: Sequence[type[Adapter]]) -> type[Adapter] | None:
+    """The adapter of the module's class, or of a class of its host it derives from."""
+    for cls in type(module).__mro__:
+        for a in adapters:
+            if cls.__name__ == a.class_name and cls.__module__.startswith(a.module_prefix):
+                return a
+    return None

@@ -9,15 +9,16 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from . import _C
-from ._adapter import Adapter, Call, Fallback
-from . import _comfy_minimax, _diffusers
+from ._adapter import Adapter, Call, Fallback, find_adapter
+from . import _comfy, _comfy_minimax, _diffusers
 
-ADAPTERS: tuple[type[Adapter], ...] = (*_diffusers.ADAPTERS, *_comfy_minimax.ADAPTERS)
+ADAPTERS: tuple[type[Adapter], ...] = (*_diffusers.ADAPTERS, *_comfy.ADAPTERS, *_comfy_minimax.ADAPTERS)
 
 
 def adapter_for(module: torch.nn.Module) -> type[Adapter] | None:
-    """The adapter of the module's class: diffusers' transformers, ComfyUI's MiniMaxH3Model."""
-    return _diffusers.adapter_for(module) or _comfy_minimax.adapter_for(module)
+    """The adapter of the module's class: diffusers' Wan and Flux transformers, ComfyUI's
+    WanModel, Flux and MiniMaxH3Model."""
+    return find_adapter(module, ADAPTERS)
 
 _ATTR = "_streamplan_handle"
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -343,7 +344,8 @@ def apply(
 
     Args:
         module: a diffusers ``WanTransformer3DModel`` or ``FluxTransformer2DModel``, or ComfyUI's
-            ``MiniMaxH3Model`` (text to video + audio; python/streamplan/_comfy_minimax.py).
+            ``WanModel``, ``Flux`` (python/streamplan/_comfy.py) or ``MiniMaxH3Model`` (text to
+            video + audio; python/streamplan/_comfy_minimax.py).
         budget: activation memory budget: None (the leanest schedule within 2% of the fastest),
             ``"auto"`` (free device memory less a margin), a size such as ``"12GiB"``, or bytes.
             The fastest schedule that fits is chosen; a call whose geometry no schedule fits

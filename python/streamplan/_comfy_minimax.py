@@ -29,12 +29,12 @@ network ignores too.
 
 from __future__ import annotations
 
-import sys
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
 
-from ._adapter import Adapter, Call, Fallback
+from ._adapter import Call, Fallback
+from ._comfy import ComfyAdapter
 
 SHIFT_VIDEO = 12.0  # the family's sigma shifts (src/models/minimax_h3.cpp)
 SHIFT_AUDIO = 3.0
@@ -57,12 +57,10 @@ def _masks_nothing(mask: Any) -> bool:
     return mask is None or (isinstance(mask, torch.Tensor) and bool((mask.float() >= _MASK_FULL).all()))
 
 
-class MiniMaxH3(Adapter):
+class MiniMaxH3(ComfyAdapter):
     """ComfyUI's MiniMaxH3Model (MiniMax H3, joint video + stereo audio DiT)."""
 
     class_name = "MiniMaxH3Model"
-    module_prefix = "comfy."
-    host = "ComfyUI"
     named_outputs = True
 
     @classmethod
@@ -94,45 +92,17 @@ class MiniMaxH3(Adapter):
         if len(eps) > 1:
             (e0, n0), (e1, n1) = sorted(eps.items())[:2]
             return Fallback("config", f"RMSNorm epsilons differ ('{n0}' {e0}, '{n1}' {e1}); the family has one eps")
-        for name, sub in m.named_modules():
-            if getattr(sub, "weight_function", None) or getattr(sub, "bias_function", None):
-                return Fallback("weight_patches",
-                                f"'{name}' patches its weights when it casts them (weight_function)")
-        return None
+        return self.weights_fallback()
 
-    def _options_fallback(self, opts: Mapping[str, Any]) -> Fallback | None:
-        for key, code in (("patches_replace", "block_patch"), ("patches", "patches")):
-            v = opts.get(key)
-            if v and any(bool(x) for x in (v.values() if isinstance(v, Mapping) else [v])):
-                what = sorted(map(str, v)) if isinstance(v, Mapping) else v
-                return Fallback(code, f"transformer_options['{key}'] is not empty: {what}")
-        if opts.get("optimized_attention_override") is not None:
-            return Fallback("attention_override",
-                            "transformer_options['optimized_attention_override'] replaces attention")
-        wrappers = self._wrappers(opts)
-        if wrappers:
-            return Fallback("wrappers", f"{len(wrappers)} diffusion-model wrapper(s) are registered")
+    def _options_fallback(self, opts: Any) -> Fallback | None:
+        if (f := self.options_fallback(opts)) is not None:
+            return f
         for key, want in (("minimax_h3_sigma_shift_video", SHIFT_VIDEO),
                           ("minimax_h3_sigma_shift_audio", SHIFT_AUDIO)):
             if key in opts and float(opts[key]) != want:
                 return Fallback("sigma_shift",
                                 f"transformer_options['{key}'] is {opts[key]}; the planned forward has {want}")
         return None
-
-    def _wrappers(self, opts: Mapping[str, Any]) -> list[Any]:
-        """The diffusion-model wrappers the original forward would run, as ComfyUI collects them."""
-        comfy = getattr(sys.modules.get(type(self.module).__module__), "comfy", None)
-        ext = getattr(comfy, "patcher_extension", None)
-        if ext is not None:
-            try:
-                return list(ext.get_all_wrappers(ext.WrappersMP.DIFFUSION_MODEL, opts))
-            except Exception:  # noqa: BLE001 - an unexpected form: decide from the dict below
-                pass
-        w = opts.get("wrappers")
-        if isinstance(w, Mapping):
-            d = w.get("diffusion_model")
-            return list(d.values()) if isinstance(d, Mapping) else list(d or [])
-        return []
 
     @staticmethod
     def _payload_fallback(payload: Mapping[str, Any], signature: tuple[int, ...]) -> Fallback | None:
@@ -152,18 +122,13 @@ class MiniMaxH3(Adapter):
 
     # --- a call -----------------------------------------------------------------------------
 
-    def prepare(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call | Fallback:
-        a = self.bind(args, kwargs)
-        if isinstance(a, Fallback):
-            return a
-        if (f := self._model_fallback()) is not None:
-            return f
-        opts = a["transformer_options"] or {}
+    def common_fallback(self, a: Mapping[str, Any]) -> Fallback | None:
+        return self._model_fallback() or self._options_fallback(a["transformer_options"] or {})
+
+    def prepare_bound(self, a: dict[str, Any]) -> Call | Fallback:
         payload = a["minimax_payload"] or {}
-        if not isinstance(opts, Mapping) or not isinstance(payload, Mapping):
-            return Fallback("arguments", "transformer_options and minimax_payload must be dicts")
-        if (f := self._options_fallback(opts)) is not None:
-            return f
+        if not isinstance(payload, Mapping):
+            return Fallback("arguments", f"minimax_payload is {type(payload).__name__}, not a dict")
         x, timestep, context = a["x"], a["timestep"], a["context"]
         if not isinstance(x, (list, tuple)) or len(x) != 2:
             return Fallback("arguments", f"x is {type(x).__name__}; expected [video latent, audio latent]")
@@ -233,15 +198,5 @@ class MiniMaxH3(Adapter):
         return result
 
 
-ADAPTERS: tuple[type[Adapter], ...] = (MiniMaxH3,)
+ADAPTERS = (MiniMaxH3,)
 
-
-def adapter_for(module: torch.nn.Module) -> type[Adapter] | None:
-    """The adapter of the module's class (or of a ComfyUI class it derives from)."""
-    for cls in type(module).__mro__:
-        if not cls.__module__.startswith(MiniMaxH3.module_prefix):
-            continue
-        for a in ADAPTERS:
-            if cls.__name__ == a.class_name:
-                return a
-    return None

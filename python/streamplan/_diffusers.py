@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
-from ._adapter import Adapter, Call, Fallback
+from ._adapter import (Adapter, Call, Fallback, check_tensor, flux1_sidecar, per_element, per_element_scalar,
+                       shape_text)
 
 
 def _attention_kwargs(name: str, kw: Mapping[str, Any] | None) -> Fallback | None:
@@ -20,46 +21,6 @@ def _attention_kwargs(name: str, kw: Mapping[str, Any] | None) -> Fallback | Non
     if "ip_adapter_image_embeds" in kw:
         return Fallback("ip_adapter", f"{name} carries IP-Adapter image embeddings")
     return Fallback("attention_kwargs", f"{name} carries key(s) the planner does not model: {sorted(kw)}")
-
-
-def _shape(t: Any) -> str:
-    return str(list(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
-
-
-def _per_element(name: str, t: torch.Tensor, batch: int, dims: int) -> Callable[[int], torch.Tensor] | Fallback:
-    """Element b of a batched argument of `dims` dimensions per element; a batch of one is shared
-    by every element, as the modules broadcast it (pipelines pass one prompt for many videos)."""
-    if not isinstance(t, torch.Tensor) or t.dim() != dims + 1 or t.shape[0] not in (1, batch):
-        return Fallback(
-            "arguments",
-            f"{name} has shape {_shape(t)}; expected {dims + 1} dimensions with a batch of 1 or {batch}",
-        )
-    return lambda b: t[b if t.shape[0] == batch else 0]
-
-
-def _per_element_scalar(name: str, t: Any, batch: int) -> Callable[[int], torch.Tensor] | Fallback:
-    """Element b of a per-batch scalar (a timestep, a guidance), as a [1] tensor."""
-    if isinstance(t, (int, float)) and not isinstance(t, bool):
-        t = torch.tensor([float(t)])
-    if not isinstance(t, torch.Tensor):
-        return Fallback("arguments", f"{name} is {type(t).__name__}, not a tensor or a number")
-    if t.dim() == 0:
-        t = t.reshape(1)
-    if t.dim() != 1 or t.shape[0] not in (1, batch):
-        return Fallback("arguments", f"{name} has shape {_shape(t)}; expected [], [1] or [{batch}]")
-    return lambda b: t[b if t.shape[0] == batch else 0].reshape(1)
-
-
-def _check_tensor(name: str, t: Any, adapter: Adapter) -> Fallback | None:
-    """A fallback unless `t` is a tensor of the module's dtype on its device."""
-    dtype, device = adapter.dtype, adapter.device
-    if not isinstance(t, torch.Tensor):
-        return Fallback("arguments", f"{name} is {type(t).__name__}, not a tensor")
-    if t.device != device:
-        return Fallback("arguments", f"{name} is on {t.device}, the module on {device}")
-    if t.dtype != dtype:
-        return Fallback("arguments", f"{name} is {t.dtype}, the module's parameters {dtype}")
-    return None
 
 
 class _Diffusers(Adapter):
@@ -91,19 +52,19 @@ class WanTransformer3D(_Diffusers):
         if (f := _attention_kwargs("attention_kwargs", a["attention_kwargs"])) is not None:
             return f
         x, t = a["hidden_states"], a["timestep"]
-        if (f := _check_tensor("hidden_states", x, self)) is not None:
+        if (f := check_tensor("hidden_states", x, self)) is not None:
             return f
         if x.dim() != 5:
-            return Fallback("arguments", f"hidden_states has shape {_shape(x)}; expected [B, C, F, H, W]")
+            return Fallback("arguments", f"hidden_states has shape {shape_text(x)}; expected [B, C, F, H, W]")
         patch = tuple(self.module.config.patch_size)
         if any(s % p for s, p in zip(x.shape[2:], patch)):
-            return Fallback("arguments", f"hidden_states {_shape(x)} is not divisible by the patch {list(patch)}")
+            return Fallback("arguments", f"hidden_states {shape_text(x)} is not divisible by the patch {list(patch)}")
         if isinstance(t, torch.Tensor) and t.dim() == 2:
-            return Fallback("per_token_timestep", f"timestep has shape {_shape(t)}: one timestep per token")
+            return Fallback("per_token_timestep", f"timestep has shape {shape_text(t)}: one timestep per token")
         batch = x.shape[0]
-        text = _check_tensor("encoder_hidden_states", a["encoder_hidden_states"], self) or _per_element(
+        text = check_tensor("encoder_hidden_states", a["encoder_hidden_states"], self) or per_element(
             "encoder_hidden_states", a["encoder_hidden_states"], batch, 2)
-        step = _per_element_scalar("timestep", t, batch)
+        step = per_element_scalar("timestep", t, batch)
         for f in (text, step):
             if isinstance(f, Fallback):
                 return f
@@ -118,13 +79,7 @@ class FluxTransformer2D(_Diffusers):
 
     @classmethod
     def sidecar(cls, module: torch.nn.Module) -> dict[str, Any]:
-        c = module.config
-        return {
-            "family": "flux1",
-            "head_dim": int(c.attention_head_dim),
-            "eps": 1e-6,
-            "rope": {"theta": 10000, "axes_dim": [int(d) for d in c.axes_dims_rope]},
-        }
+        return flux1_sidecar(module.config.attention_head_dim, module.config.axes_dims_rope)
 
     def _time(self, t: torch.Tensor) -> torch.Tensor:
         # The module scales timestep and guidance by 1000 in its own dtype before embedding
@@ -143,10 +98,10 @@ class FluxTransformer2D(_Diffusers):
         if (f := _attention_kwargs("joint_attention_kwargs", a["joint_attention_kwargs"])) is not None:
             return f
         x = a["hidden_states"]
-        if (f := _check_tensor("hidden_states", x, self)) is not None:
+        if (f := check_tensor("hidden_states", x, self)) is not None:
             return f
         if x.dim() != 3:
-            return Fallback("arguments", f"hidden_states has shape {_shape(x)}; expected [B, tokens, channels]")
+            return Fallback("arguments", f"hidden_states has shape {shape_text(x)}; expected [B, tokens, channels]")
         batch, tokens = x.shape[0], x.shape[1]
         ids = {}
         for name, rows in (("img_ids", tokens), ("txt_ids", None)):
@@ -154,7 +109,7 @@ class FluxTransformer2D(_Diffusers):
             if isinstance(v, torch.Tensor) and v.dim() == 3:
                 v = v[0]  # the module takes the first batch element's ids, as here
             if not isinstance(v, torch.Tensor) or v.dim() != 2 or v.shape[1] != 3:
-                return Fallback("arguments", f"{name} has shape {_shape(v)}; expected [tokens, 3]")
+                return Fallback("arguments", f"{name} has shape {shape_text(v)}; expected [tokens, 3]")
             ids[name] = v
         if ids["img_ids"].shape[0] != tokens:
             return Fallback("arguments", f"img_ids has {ids['img_ids'].shape[0]} rows, hidden_states {tokens} tokens")
@@ -162,12 +117,12 @@ class FluxTransformer2D(_Diffusers):
         if guided != (a["guidance"] is not None):
             need = "needs a guidance" if guided else "has no guidance embedding, yet a guidance is given"
             return Fallback("arguments", f"the module {need}")
-        text = _check_tensor("encoder_hidden_states", a["encoder_hidden_states"], self) or _per_element(
+        text = check_tensor("encoder_hidden_states", a["encoder_hidden_states"], self) or per_element(
             "encoder_hidden_states", a["encoder_hidden_states"], batch, 2)
-        pooled = _check_tensor("pooled_projections", a["pooled_projections"], self) or _per_element(
+        pooled = check_tensor("pooled_projections", a["pooled_projections"], self) or per_element(
             "pooled_projections", a["pooled_projections"], batch, 1)
-        step = _per_element_scalar("timestep", a["timestep"], batch)
-        guide = _per_element_scalar("guidance", a["guidance"], batch) if guided else None
+        step = per_element_scalar("timestep", a["timestep"], batch)
+        guide = per_element_scalar("guidance", a["guidance"], batch) if guided else None
         for f in (text, pooled, step, guide):
             if isinstance(f, Fallback):
                 return f
@@ -194,13 +149,3 @@ class FluxTransformer2D(_Diffusers):
 
 ADAPTERS: tuple[type[Adapter], ...] = (WanTransformer3D, FluxTransformer2D)
 
-
-def adapter_for(module: torch.nn.Module) -> type[Adapter] | None:
-    """The adapter of the module's class (or of a diffusers class it derives from)."""
-    for cls in type(module).__mro__:
-        if not cls.__module__.startswith("diffusers."):
-            continue
-        for a in ADAPTERS:
-            if cls.__name__ == a.class_name:
-                return a
-    return None

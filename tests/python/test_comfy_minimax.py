@@ -29,7 +29,8 @@ MIXED_TAGS = torch.tensor([1, 1, 0, 0, 0, 1, 2, 2, 1])  # video-tagged pads and 
 
 @pytest.fixture(scope="module")
 def comfy() -> Any:
-    return comfy_tree.minimax_h3_modules()
+    with comfy_tree.isolated(comfy_tree.EXTRA_SITE, comfy_tree.COMFY_TREE):
+        yield comfy_tree.minimax_h3_modules()
 
 
 def attached(m: Any, call: Any, **options: Any) -> tuple[Any, Any]:

@@ -105,7 +105,7 @@ def randomize(model, gen):
                 v = torch.randn(p.shape, generator=gen, device=gen.device) / math.sqrt(fan_in)
             elif name.endswith("bias"):
                 v = 0.05 * torch.randn(p.shape, generator=gen, device=gen.device)
-            elif name.endswith("weight"):
+            elif name.endswith("weight") or name.endswith(".scale"):  # norm gains (BFL names them scale)
                 v = 1.0 + 0.1 * torch.randn(p.shape, generator=gen, device=gen.device)
             else:
                 raise RuntimeError(f"no initialisation rule for parameter {name} {tuple(p.shape)}")

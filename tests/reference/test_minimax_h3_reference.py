@@ -97,7 +97,8 @@ def test_fp32_matches_fp64(variant):
 
 @pytest.fixture(scope="module")
 def comfy_h3():
-    return comfy_tree.minimax_h3_modules()
+    with comfy_tree.isolated(comfy_tree.EXTRA_SITE, comfy_tree.COMFY_TREE):
+        yield comfy_tree.minimax_h3_modules()
 
 
 def comfy_config(sd, cfg):

@@ -1,0 +1,209 @@
+"""Adapters of ComfyUI's diffusion modules: what every ComfyUI module shares (ComfyAdapter), and
+ComfyUI's WanModel (comfy.ldm.wan.model; Wan 2.1 text to video) and Flux (comfy.ldm.flux.model;
+Flux.1 dev and schnell). MiniMax H3 has its own file (_comfy_minimax.py).
+
+ComfyUI's sampler calls these modules with ``transformer_options``. What in it changes the
+computation runs the original forward, with the fallback's code: block replacements and patches
+(``block_patch``, ``patches``), an attention override (``attention_override``) and
+diffusion-model wrappers (``wrappers``). So do weights patched when ComfyUI casts them
+(``weight_patches``: LoRA under low-VRAM loading) or stored in another dtype than the compute
+dtype (``weight_cast``). Other keys of ``transformer_options`` (sigmas, cond_or_uncond, uuids,
+...) do not change what the model computes and are ignored.
+
+**WanModel.forward(x, timestep, context, clip_fea, time_dim_concat, transformer_options, **kw)**:
+``x [B, C, F, H, W]`` -> raw ``latents`` per element, ``timestep [B]`` (sigma * 1000) -> raw
+``timestep``, ``context [B, L, text_dim]`` -> raw ``text``. The answer is ``[B, C_out, F, H, W]``
+in x's dtype. Falls back for image conditioning (``clip_fea``: ``image_conditioning``),
+concatenated condition frames (``time_dim_concat``: ``condition_frames``), a reference latent
+(``reference_latent``), one timestep per token (``per_token_timestep``) and sides that are not
+multiples of the patch (``arguments``: ComfyUI pads them).
+
+**Flux.forward(x, timestep, context, y, guidance, ref_latents, control, transformer_options, **kw)**:
+``x [B, C, H, W]`` is packed into 2 x 2 patches (raw ``latents``, ``img_ids`` (0, row, col)),
+``context`` -> raw ``text`` with zero ``txt_ids``, ``y`` -> raw ``pooled`` (zeros where None),
+``timestep`` and ``guidance`` (sigma-scaled, as ComfyUI passes them) -> raw ``timestep``,
+``guidance``. The answer is unpacked to ``[B, C, H, W]``. Falls back for reference latents
+(``reference_latents``), ControlNet residuals (``controlnet``), an attention mask
+(``attention_mask``), odd sides (``arguments``: ComfyUI pads them) and a guidance-distilled
+model called without a guidance (``arguments``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from ._adapter import (Adapter, Call, Fallback, check_tensor, flux1_sidecar, per_element, per_element_scalar,
+                       shape_text)
+
+
+class ComfyAdapter(Adapter):
+    """What ComfyUI's diffusion modules share: transformer_options and weights cast by ComfyUI."""
+
+    module_prefix = "comfy."
+    host = "ComfyUI"
+
+    def wrappers(self, opts: Mapping[str, Any]) -> list[Any]:
+        """The diffusion-model wrappers the original forward would run, as ComfyUI collects them."""
+        comfy = getattr(sys.modules.get(type(self.module).__module__), "comfy", None)
+        ext = getattr(comfy, "patcher_extension", None)
+        if ext is not None:
+            try:
+                return list(ext.get_all_wrappers(ext.WrappersMP.DIFFUSION_MODEL, opts))
+            except Exception:  # noqa: BLE001 - an unexpected form: decide from the dict below
+                pass
+        w = opts.get("wrappers")
+        if isinstance(w, Mapping):
+            d = w.get("diffusion_model")
+            return list(d.values()) if isinstance(d, Mapping) else list(d or [])
+        return []
+
+    def options_fallback(self, opts: Any) -> Fallback | None:
+        """The fallback for what transformer_options carries that changes the computation."""
+        if not isinstance(opts, Mapping):
+            return Fallback("arguments", f"transformer_options is {type(opts).__name__}, not a dict")
+        for key, code in (("patches_replace", "block_patch"), ("patches", "patches")):
+            v = opts.get(key)
+            if v and any(bool(x) for x in (v.values() if isinstance(v, Mapping) else [v])):
+                what = sorted(map(str, v)) if isinstance(v, Mapping) else v
+                return Fallback(code, f"transformer_options['{key}'] is not empty: {what}")
+        if opts.get("optimized_attention_override") is not None:
+            return Fallback("attention_override",
+                            "transformer_options['optimized_attention_override'] replaces attention")
+        wrappers = self.wrappers(opts)
+        if wrappers:
+            return Fallback("wrappers", f"{len(wrappers)} diffusion-model wrapper(s) are registered")
+        return None
+
+    def weights_fallback(self) -> Fallback | None:
+        """The fallback for weights ComfyUI changes when it casts them for a forward."""
+        for name, sub in self.module.named_modules():
+            if getattr(sub, "weight_function", None) or getattr(sub, "bias_function", None):
+                return Fallback("weight_patches", f"'{name}' patches its weights when it casts them (weight_function)")
+        for name, p in self.module.named_parameters():
+            if p.dtype != self.dtype and p.dim() >= 2 and p.dtype not in (torch.float32,):
+                return Fallback("weight_cast", f"'{name}' is stored as {p.dtype} and cast to {self.dtype} per forward")
+        return None
+
+    def common_fallback(self, a: Mapping[str, Any]) -> Fallback | None:
+        """What makes any call of this module run the original (checked before the call's own)."""
+        return self.options_fallback(a["transformer_options"] or {}) or self.weights_fallback()
+
+    def prepare(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call | Fallback:
+        a = self.bind(args, kwargs)
+        if isinstance(a, Fallback):
+            return a
+        return self.common_fallback(a) or self.prepare_bound(a)
+
+    def prepare_bound(self, a: dict[str, Any]) -> Call | Fallback:
+        """The call's bound arguments as per-element inputs, or why the planner cannot run it."""
+        raise NotImplementedError
+
+
+class WanModel(ComfyAdapter):
+    """ComfyUI's WanModel (Wan 2.1 text to video)."""
+
+    class_name = "WanModel"
+
+    @classmethod
+    def sidecar(cls, module: torch.nn.Module) -> dict[str, Any]:
+        return {"family": "wan2.1", "head_dim": int(module.dim // module.num_heads), "eps": float(module.eps)}
+
+    def prepare_bound(self, a: dict[str, Any]) -> Call | Fallback:
+        if a["clip_fea"] is not None:
+            return Fallback("image_conditioning", "clip_fea (CLIP image features) is given")
+        if a["time_dim_concat"] is not None:
+            return Fallback("condition_frames", "time_dim_concat (frames concatenated along time) is given")
+        if getattr(self.module, "ref_conv", None) is not None and "reference_latent" in (a["kwargs"] or {}):
+            return Fallback("reference_latent", "a reference_latent is given to a model with a reference embedding")
+        x, t = a["x"], a["timestep"]
+        if (f := check_tensor("x", x, self)) is not None:
+            return f
+        if x.dim() != 5:
+            return Fallback("arguments", f"x has shape {shape_text(x)}; expected [B, C, F, H, W]")
+        patch = tuple(self.module.patch_size)
+        if any(s % p for s, p in zip(x.shape[2:], patch)):
+            return Fallback("arguments", f"x {shape_text(x)} is not divisible by the patch {list(patch)} "
+                                         "(the original pads it)")
+        if isinstance(t, torch.Tensor) and t.dim() == 2:
+            return Fallback("per_token_timestep", f"timestep has shape {shape_text(t)}: one timestep per token")
+        batch = x.shape[0]
+        text = check_tensor("context", a["context"], self) or per_element("context", a["context"], batch, 2)
+        step = per_element_scalar("timestep", t, batch)
+        for f in (text, step):
+            if isinstance(f, Fallback):
+                return f
+        inputs = [{"latents": x[b], "timestep": step(b).float(), "text": text(b)} for b in range(batch)]
+        return Call(inputs, False)
+
+    def output(self, call: Call, outputs: list[torch.Tensor]) -> Any:
+        return torch.stack(outputs).to(self.dtype)
+
+
+class Flux(ComfyAdapter):
+    """ComfyUI's Flux (Flux.1 dev and schnell)."""
+
+    class_name = "Flux"
+
+    @classmethod
+    def sidecar(cls, module: torch.nn.Module) -> dict[str, Any]:
+        p = module.params
+        return flux1_sidecar(p.hidden_size // p.num_heads, p.axes_dim, p.theta)
+
+    def prepare_bound(self, a: dict[str, Any]) -> Call | Fallback:
+        if a["ref_latents"]:
+            return Fallback("reference_latents", f"{len(a['ref_latents'])} reference latent(s) are given")
+        if a["control"] is not None:
+            return Fallback("controlnet", "ControlNet residuals (control) are given")
+        if (a["kwargs"] or {}).get("attention_mask") is not None:
+            return Fallback("attention_mask", "an attention_mask is given")
+        p = self.module.params
+        x = a["x"]
+        if (f := check_tensor("x", x, self)) is not None:
+            return f
+        if x.dim() != 4 or x.shape[1] != p.in_channels:
+            return Fallback("arguments", f"x has shape {shape_text(x)}; expected [B, {p.in_channels}, H, W]")
+        ps = int(p.patch_size)
+        B, C, H, W = x.shape
+        if H % ps or W % ps:
+            return Fallback("arguments", f"x {shape_text(x)} has sides that are not multiples of {ps} (the original pads them)")
+        if p.guidance_embed and a["guidance"] is None:
+            return Fallback("arguments", "the model embeds a guidance, and none is given")
+        text = check_tensor("context", a["context"], self) or per_element("context", a["context"], B, 2)
+        step = per_element_scalar("timestep", a["timestep"], B)
+        guide = per_element_scalar("guidance", a["guidance"], B) if p.guidance_embed else None
+        pooled = None
+        if a["y"] is not None:
+            pooled = check_tensor("y", a["y"], self) or per_element("y", a["y"], B, 1)
+        for f in (text, step, guide, pooled):
+            if isinstance(f, Fallback):
+                return f
+        rows, cols = H // ps, W // ps
+        packed = x.reshape(B, C, rows, ps, cols, ps).permute(0, 2, 4, 1, 3, 5).reshape(B, rows * cols, C * ps * ps)
+        img_ids = torch.zeros(rows, cols, 3, device=x.device)
+        img_ids[..., 1] = torch.arange(rows, device=x.device, dtype=torch.float32)[:, None]
+        img_ids[..., 2] = torch.arange(cols, device=x.device, dtype=torch.float32)[None, :]
+        img_ids = img_ids.reshape(rows * cols, 3)
+        inputs = []
+        for b in range(B):
+            ctx = text(b)
+            vec = pooled(b)[: p.vec_in_dim] if pooled is not None else torch.zeros(p.vec_in_dim, dtype=x.dtype,
+                                                                                  device=x.device)
+            raw = {"latents": packed[b], "img_ids": img_ids, "text": ctx,
+                   "txt_ids": torch.zeros(ctx.shape[0], 3, device=x.device), "pooled": vec,
+                   "timestep": step(b).float()}
+            if guide is not None:
+                raw["guidance"] = guide(b).float()
+            inputs.append(raw)
+        return Call(inputs, False, extra={"shape": (C, rows, cols, ps)})
+
+    def output(self, call: Call, outputs: list[torch.Tensor]) -> Any:
+        C, rows, cols, ps = call.extra["shape"]
+        c_out = outputs[0].shape[-1] // (ps * ps)
+        out = torch.stack(outputs).reshape(len(outputs), rows, cols, c_out, ps, ps)
+        return out.permute(0, 3, 1, 4, 2, 5).reshape(len(outputs), c_out, rows * ps, cols * ps).to(self.dtype)
+
+
+ADAPTERS: tuple[type[Adapter], ...] = (WanModel, Flux)
