@@ -6,11 +6,11 @@
 #   scripts/device.sh OUT            build, tests, demo, real-dimension family runs, bench
 #                                    (blocks and Flux); copies the binary to OUT/streamplan
 #   scripts/device.sh OUT test       build and the test suite only, then the GPU tests' figures
-#   scripts/device.sh OUT models     bench of the whole H3 and Wan models only, with the binary
+#   scripts/device.sh OUT models     bench of the whole MiniMax H3 and Wan models only, with the binary
 #                                    at $STREAMPLAN_BIN (default build-gpu/streamplan; built
 #                                    first where missing)
 #   scripts/device.sh OUT sweep-models
-#                                    budget sweeps of the whole H3 (10 s) and Wan 14B models
+#                                    budget sweeps of the whole MiniMax H3 (10 s) and Wan 14B models
 #                                    from 1.1 x floor, against two fixed chunks (same binary)
 #   scripts/device.sh OUT package    the Python package built here, then diffusers' WanPipeline
 #                                    (Wan 2.1 14B widths, 2 layers) with and without
@@ -52,7 +52,7 @@ build_bin() {
 
 if [ "$mode" = policy ]; then
   build_bin
-  cases=${CASES:-h3-block-5s,h3-block-10s,wan14b-block-81f,flux-dev-1024,flux-dev-2048}
+  cases=${CASES:-minimax-h3-block-5s,minimax-h3-block-10s,wan14b-block-81f,flux-dev-1024,flux-dev-2048}
   # One process per case set: the policies' plans run in turn on the same weights.
   $bin bench --device cuda --cases "$cases" --policies --budget-floor 1.1 ${BENCH_ARGS:-} --out "$out/policy.json" \
     2>>"$out/logs.txt" | tee "$out/policy.txt" || summary+=("bench --policies failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
@@ -136,7 +136,7 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
   # Two-layer real-dimension checkpoints of each family, written and run on the GPU.
   runs=("wan2.1-14b|diffusers|--frames 81 --height 720 --width 1280"
         "flux1-dev|diffusers|--height 2048 --width 2048"
-        "h3|original|--frames 72 --height 768 --width 1376")
+        "minimax-h3|original|--frames 72 --height 768 --width 1376")
   for r in "${runs[@]}"; do
     IFS='|' read -r fam layout geom <<<"$r"
     { $bin make-checkpoint --family "$fam" --layers 2 --layout "$layout" --out "$ck/$fam.safetensors" &&
@@ -154,15 +154,15 @@ json.dump(runs, open(dst, "w"), indent=1)
 PY
 
   # Budget sweeps (planned only) against fixed chunk sizes found by brute force.
-  $bin bench --device cuda --cases h3-block-10s,wan14b-block-81f,flux-dev-1024 --sweep ${SWEEP_POINTS:-8} --reps 2 \
+  $bin bench --device cuda --cases minimax-h3-block-10s,wan14b-block-81f,flux-dev-1024 --sweep ${SWEEP_POINTS:-8} --reps 2 \
     --out "$out/sweep.json" >/tmp/streamplan-sweep.txt 2>>"$out/logs.txt" || summary+=("sweep failed")
-  cases=${CASES:-h3-block-5s,h3-block-10s,wan14b-block-81f,flux-dev-1024,flux-dev-2048}
+  cases=${CASES:-minimax-h3-block-5s,minimax-h3-block-10s,wan14b-block-81f,flux-dev-1024,flux-dev-2048}
   # The same schedules with the ATen row operations: what the fused kernels are worth.
   $bin bench --device cuda --cases "${AB_CASES:-wan14b-block-81f,flux-dev-2048}" ${BENCH_ARGS:-} --row-kernels aten \
     --out "$out/bench_aten.json" >/tmp/streamplan-bench-aten.txt 2>>"$out/logs.txt" || summary+=("bench aten failed")
 elif [ "$mode" = sweep-models ]; then
   build_bin
-  $bin bench --device cuda --cases "${CASES:-h3-model-10s,wan14b-model-81f}" --sweep ${SWEEP_POINTS:-3} \
+  $bin bench --device cuda --cases "${CASES:-minimax-h3-model-10s,wan14b-model-81f}" --sweep ${SWEEP_POINTS:-3} \
     --sweep-min-floor 1.1 --reps 1 --fixed-chunks 4096,16384 --out "$out/sweep_models.json" \
     >/tmp/streamplan-sweep.txt 2>>"$out/logs.txt" || summary+=("sweep failed")
   printf '%s\n' "${summary[@]}"
@@ -170,7 +170,7 @@ elif [ "$mode" = sweep-models ]; then
   exit 0
 else
   build_bin
-  cases=${CASES:-h3-model-5s,h3-model-10s,wan14b-model-81f}
+  cases=${CASES:-minimax-h3-model-5s,minimax-h3-model-10s,wan14b-model-81f}
 fi
 
 bench_txt=/tmp/streamplan-bench-$mode.txt

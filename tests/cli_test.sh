@@ -83,21 +83,21 @@ assert r["plan"]["budget_bytes"] == 6 << 20, r["plan"]["budget_bytes"]
 assert r["planned"]["peak_bytes"] <= 6 << 20, r["planned"]
 assert r["planned"]["estimated_peak_bytes"] <= 6 << 20' || fail "budget 6MiB not met"
 if err=$("$bin" demo --budget 12 parsecs 2>&1); then fail "bad budget should fail"; fi
-# Checkpoints: a tiny H3 written and run with outputs; malformed and unrecognized files named.
+# Checkpoints: a tiny avdit written and run with outputs; malformed and unrecognized files named.
 corpus="$(dirname "$0")/../fuzz/corpus"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$bin" make-checkpoint --family h3 --tiny --layers 1 --out "$tmp/h3.safetensors" >/dev/null
-"$bin" run --device cpu --checkpoint "$tmp/h3.safetensors" --frames 2 --height 64 --width 96 --text-tokens 5 --audio-tokens 3 \
+"$bin" make-checkpoint --family avdit --tiny --layers 1 --out "$tmp/avdit.safetensors" >/dev/null
+"$bin" run --device cpu --checkpoint "$tmp/avdit.safetensors" --frames 2 --height 64 --width 96 --text-tokens 5 --audio-tokens 3 \
   --output "$tmp/out.safetensors" --json | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
 assert r["error"]["rel_l2"] <= 1e-5, r["error"]
 s = r["segments"]
-assert s["text"] == 5 and s["audio"] == 3 and sum(s.values()) == r["tokens"], s' || fail "run on a tiny h3 checkpoint"
+assert s["text"] == 5 and s["audio"] == 3 and sum(s.values()) == r["tokens"], s' || fail "run on a tiny avdit checkpoint"
 [ -s "$tmp/out.safetensors" ] || fail "run --output wrote nothing"
 # The text and audio tokens a run adds to --tokens are shown, per segment.
-out=$("$bin" run --device cpu --checkpoint "$tmp/h3.safetensors" --tokens 20 --text-tokens 5 --audio-tokens 3 --planned-only)
+out=$("$bin" run --device cpu --checkpoint "$tmp/avdit.safetensors" --tokens 20 --text-tokens 5 --audio-tokens 3 --planned-only)
 grep -qF "tokens: 28 = video 20 + text 5 + audio 3" <<<"$out" || fail "run shows no token breakdown: $out"
 # bench on a CPU warns that it is meant for a GPU and estimates its time.
 err=$("$bin" bench --device cpu --cases flux-dev-1024 --reps 1 --estimate 2>&1 >"$tmp/estimate.txt") || fail "bench --estimate failed"
@@ -105,8 +105,8 @@ grep -qF "streamplan: warning: bench is meant for a GPU" <<<"$err" || fail "benc
 grep -qE "^total: about [0-9.]+ (s|min|h|days) on the CPU" "$tmp/estimate.txt" || fail "bench --estimate: $(cat "$tmp/estimate.txt")"
 # A checkpoint larger than the free space is refused before anything is written, naming both
 # sizes; the test-only STREAMPLAN_FREE_BYTES_FOR_TESTS stands in for a full disk.
-size=$(wc -c <"$tmp/h3.safetensors")
-if err=$(STREAMPLAN_FREE_BYTES_FOR_TESTS=100000 "$bin" make-checkpoint --family h3 --tiny --layers 1 \
+size=$(wc -c <"$tmp/avdit.safetensors")
+if err=$(STREAMPLAN_FREE_BYTES_FOR_TESTS=100000 "$bin" make-checkpoint --family avdit --tiny --layers 1 \
   --out "$tmp/full.safetensors" 2>&1); then fail "make-checkpoint beyond the free space accepted"; fi
 grep -qF "the file needs $size bytes" <<<"$err" && grep -qF "has 100000 bytes" <<<"$err" || fail "unexpected error: $err"
 [ ! -e "$tmp/full.safetensors" ] && [ ! -e "$tmp/full.safetensors.tmp" ] || fail "refused make-checkpoint left a file"
@@ -118,6 +118,6 @@ if err=$("$bin" run --checkpoint "$corpus/bad_overlap.safetensors" --tokens 10 2
 grep -q "overlaps tensor 'a'" <<<"$err" || fail "unexpected error: $err"
 if err=$("$bin" run --checkpoint "$corpus/valid_small.safetensors" --tokens 10 2>&1); then fail "unknown checkpoint accepted"; fi
 grep -q "unrecognized checkpoint" <<<"$err" || fail "unexpected error: $err"
-if err=$("$bin" run --device cpu --checkpoint "$tmp/h3.safetensors" --frames 2 --height 60 --width 96 2>&1); then fail "bad geometry accepted"; fi
+if err=$("$bin" run --device cpu --checkpoint "$tmp/avdit.safetensors" --frames 2 --height 60 --width 96 2>&1); then fail "bad geometry accepted"; fi
 grep -q "multiples of 32, got 2x60x96" <<<"$err" || fail "unexpected error: $err"
 echo "cli_test: ok"

@@ -44,7 +44,7 @@ struct Case {
 const std::vector<Case> kCases = {{"wan2.1-1.3b", {.frames = 5, .height = 48, .width = 80, .text_tokens = 9}},
                                   {"flux1-dev", {.height = 112, .width = 80, .text_tokens = 7}},
                                   {"flux1-schnell", {.height = 64, .width = 48, .text_tokens = 5}},
-                                  {"h3", {.frames = 3, .height = 96, .width = 160, .text_tokens = 11, .audio_tokens = 5}}};
+                                  {"avdit", {.frames = 3, .height = 96, .width = 160, .text_tokens = 11, .audio_tokens = 5}}};
 
 TEST(Families, EveryLayoutRecognizedPlannedMatchesNaiveAndLayoutsAgree) {
   const auto reg = exec::builtin_registry();

@@ -212,7 +212,7 @@ TEST(Gpu, FusedResidualAddMatchesFormula) {
 }  // namespace fusedk
 
 // Every family's structure on the GPU in bf16 (Wan: LayerNorm, Q/K RMSNorm across heads,
-// cross-attention; Flux: joint attention, parallel MLP; H3: GQA, partial RoPE): planned with
+// cross-attention; Flux: joint attention, parallel MLP; avdit: GQA, partial RoPE): planned with
 // the fused row kernels, with a chunk that divides nothing, within twice naive's error
 // against an fp64 run of the same weights.
 TEST(Gpu, FamiliesWithFusedRowKernelsWithinTwiceNaiveError) {
@@ -224,7 +224,7 @@ TEST(Gpu, FamiliesWithFusedRowKernelsWithinTwiceNaiveError) {
   const std::vector<std::pair<std::string, models::Geometry>> cases = {
       {"wan2.1-14b", {.frames = 9, .height = 192, .width = 320, .text_tokens = 9}},
       {"flux1-dev", {.height = 256, .width = 320, .text_tokens = 7}},
-      {"h3", {.frames = 3, .height = 192, .width = 320, .text_tokens = 11, .audio_tokens = 5}}};
+      {"avdit", {.frames = 3, .height = 192, .width = 320, .text_tokens = 11, .audio_tokens = 5}}};
   for (const auto& [variant, geom] : cases) {
     SCOPED_TRACE(variant);
     const auto cfg = recognize::preset(variant, 2, true);

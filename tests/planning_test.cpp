@@ -1,6 +1,6 @@
 // Planning tests: IR validation, legality rejections as data, and plan sizing.
 //
-// Pure C++ against streamplan_core (no ATen). Models come from a compact H3-like
+// Pure C++ against streamplan_core (no ATen). Models come from a compact avdit-like
 // builder below (fused QKV with q|k|v regions, per-head Q/K RMSNorm, split-half RoPE,
 // SwiGLU as fused [gate | up] halves, per-segment 6-vector modulation, fp32 final
 // projection) whose knobs each test turns. The default has 520 tokens, which no
@@ -67,7 +67,7 @@ ir::Linear linear(const std::string& name, int64_t in, int64_t out, const std::s
 
 ir::Model build(const Knobs& k) {
   ir::Model m;
-  m.name = "h3-test";
+  m.name = "avdit-test";
   m.dim = k.dim;
   m.dtype = k.dtype;
   m.segments = k.segments;
@@ -1050,10 +1050,11 @@ TEST(BudgetAuto, MarginOfTheDevice) {
   EXPECT_THROW(pl::budget_auto(host), pl::BudgetError);
 }
 
-// A model of the size budgets are for plans quickly: 50 blocks of an H3-class DiT at 38,184
-// video tokens (dims of DESIGN.md) on a CUDA-like device; a budget between the smallest peak
-// and the fastest plan's streams Q and chunks the MLP.
-TEST(BudgetScale, H3ClassPlansQuickly) {
+// A model of the size budgets are for plans quickly: 50 blocks of a single-stream DiT at
+// MiniMax H3's widths (dim 5376, 56 heads of 128, SwiGLU 14336) and 38,184 video tokens on a
+// CUDA-like device; a budget between the smallest peak and the fastest plan's streams Q and
+// chunks the MLP.
+TEST(BudgetScale, FiftyBlockDitPlansQuickly) {
   const ir::Model m = build({.dtype = ir::DType::BF16, .heads = 56, .kv_heads = 56, .head_dim = 128,
                              .rotary_dim = 96, .hidden = 14336, .layers = 50, .dim = 5376, .out_features = 96,
                              .segments = {{"text", 512}, {"video", 38184}}});

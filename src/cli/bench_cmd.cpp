@@ -141,7 +141,7 @@ int bench(const Args& a) {
 
 Runner add_bench(CLI::App& app) {
   auto a = std::make_shared<Args>();
-  auto* cmd = app.add_subcommand("bench", "naive vs planned on real-dimension models (H3-class, Wan 2.1 14B, Flux.1-dev)");
+  auto* cmd = app.add_subcommand("bench", "naive vs planned on real-dimension models (MiniMax H3, Wan 2.1 14B, Flux.1-dev)");
   cmd->add_option("--cases", a->cases, "cases to run (default: all; see --list)")->delimiter(',');
   cmd->add_flag("--list", a->list, "list the cases");
   cmd->add_flag("--estimate", a->estimate, "print the cost model's time estimate of the cases and exit");

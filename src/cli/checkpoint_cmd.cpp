@@ -72,9 +72,9 @@ void apply_variant(const Args& a, recognize::FamilyConfig& cfg) {
 Runner add_make_checkpoint(CLI::App& app) {
   auto args = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("make-checkpoint", "write a random-weight checkpoint of a model family");
-  cmd->add_option("--family", args->family, "wan2.1-1.3b, wan2.1-14b, flux1-dev, flux1-schnell, h3 or minimax-h3")
+  cmd->add_option("--family", args->family, "wan2.1-1.3b, wan2.1-14b, flux1-dev, flux1-schnell, avdit or minimax-h3")
       ->required()
-      ->check(CLI::IsMember({"wan2.1-1.3b", "wan2.1-14b", "flux1-dev", "flux1-schnell", "h3", "minimax-h3"}));
+      ->check(CLI::IsMember({"wan2.1-1.3b", "wan2.1-14b", "flux1-dev", "flux1-schnell", "avdit", "minimax-h3"}));
   cmd->add_option("--layers", args->layers, "blocks (Flux: double blocks; single = 2x); default: the model's")
       ->check(cli::at_least(1));
   cmd->add_option("--layout", args->layout, "original or diffusers")->check(CLI::IsMember({"original", "diffusers"}))->capture_default_str();

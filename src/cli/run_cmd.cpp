@@ -97,13 +97,13 @@ Runner add_run(CLI::App& app) {
   cmd->add_option("--checkpoint", a->checkpoint, "safetensors checkpoint")->required()->check(CLI::ExistingFile);
   cmd->add_option("--sidecar", a->sidecar, "sidecar descriptor (JSON); default: the checkpoint's metadata")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--frames", a->geom.frames, "video frames (Wan: pixel frames 4k+1; H3: latent frames)");
+  cmd->add_option("--frames", a->geom.frames, "video frames (Wan: pixel frames 4k+1; avdit, MiniMax H3: latent frames)");
   cmd->add_option("--height", a->geom.height, "pixel height");
   cmd->add_option("--width", a->geom.width, "pixel width");
   cmd->add_option("--tokens", a->geom.tokens, "video/image tokens in one row instead of a geometry")
       ->check(at_least(1));
   cmd->add_option("--text-tokens", a->geom.text_tokens, "text tokens (default: the family's)")->check(at_least(1));
-  cmd->add_option("--audio-tokens", a->geom.audio_tokens, "audio tokens (H3-class); audio latent frames (MiniMax H3)")->check(at_least(1));
+  cmd->add_option("--audio-tokens", a->geom.audio_tokens, "audio tokens (avdit); audio latent frames (MiniMax H3)")->check(at_least(1));
   cmd->add_option("--inputs", a->inputs, "inputs (safetensors; see docs/checkpoints.md) instead of random ones")
       ->check(CLI::ExistingFile);
   cmd->add_option("--output", a->output, "write the outputs (output, naive_output) to this safetensors file");

@@ -1,8 +1,9 @@
 // Model builder: an IR plus deterministic random weights and inputs from a small config.
 //
 // Design note. The embedded default model (`streamplan demo`) is one configuration of
-// this builder: an H3-class single-stream video DiT at reduced width. Tests use the same
-// builder with awkward configurations (odd lengths, GQA, partial RoPE, every layout).
+// this builder: the avdit layout (a generic single-stream audio+video DiT, this project's
+// own) at reduced width. Tests use the same builder with awkward configurations (odd
+// lengths, GQA, partial RoPE, every layout).
 // All random values are drawn in fp32 on the CPU from one seeded generator, in a fixed
 // order, then rounded to the model dtype (and quantized for int8 formats) — so two
 // instances with the same config hold the same weights whatever the dtype or device.
@@ -27,7 +28,7 @@
 namespace sp::models {
 
 struct ModelConfig {
-  std::string name = "h3-class-demo";
+  std::string name = "avdit-demo";
   int64_t dim = 384, heads = 6, kv_heads = 6, head_dim = 64, hidden = 1024;
   int64_t in_features = 64, out_features = 64;
   int layers = 2;
@@ -58,7 +59,7 @@ struct ModelConfig {
   int64_t tokens() const;
 };
 
-// The embedded default: H3-class layout (fused QKV, per-head Q/K RMSNorm, split-half RoPE
+// The embedded default: avdit layout (fused QKV, per-head Q/K RMSNorm, split-half RoPE
 // over 3/4 of the head dim on a (t, h, w) grid, SwiGLU as [gate | up] halves, per-segment
 // AdaLN over text and video, fp32 final projection), reduced to run in seconds on 2 cores.
 ModelConfig demo_config();

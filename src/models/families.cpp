@@ -11,7 +11,7 @@ namespace {
 
 // Every family with a forward, in one list.
 const std::vector<const detail::FamilyOps*>& all_families() {
-  static const std::vector<const detail::FamilyOps*> all = {&detail::kWan, &detail::kFlux, &detail::kH3,
+  static const std::vector<const detail::FamilyOps*> all = {&detail::kWan, &detail::kFlux, &detail::kAvdit,
                                                             &detail::kMinimaxH3};
   return all;
 }

@@ -1,6 +1,6 @@
 // Model families: from a recognized checkpoint to an IR model plus its runtime inputs.
 //
-// Design note. Each family (Wan 2.1, Flux.1, H3-class) has a prologue and an epilogue
+// Design note. Each family (Wan 2.1, Flux.1, avdit, MiniMax H3) has a prologue and an epilogue
 // around the transformer: embeddings of timestep, guidance, pooled and context text,
 // modulation tables, RoPE tables, patchification — and unpatchification at the end. They
 // run once per forward on small tensors and are shared by the naive and planned runs;
@@ -12,12 +12,12 @@
 //   wan:  latents [C, F, H, W], timestep [1], text [L, text_dim]
 //   flux: latents [N, in_channels] (packed), img_ids [N, 3], text [L, context], txt_ids [L, 3],
 //         pooled [vec_dim], timestep [1] (sigma in [0, 1]), guidance [1] (dev)
-//   h3:   video [N, patch features], grid [3] (frames, rows, cols of video tokens),
+//   avdit: video [N, patch features], grid [3] (frames, rows, cols of video tokens),
 //         text [L, text_dim], audio [A, audio_dim], timestep [1]
 //   minimax-h3: video [C, T, H, W] latents, audio [C_a, 2, T_a] latents, text [L, text_dim]
 //         (or [L, dim] already refined), sigma [1], text_tags [L] (optional)
 // The output has the layout of the family's reference implementation (Wan: [C, F, H, W];
-// Flux: [N, out_channels]; H3: [N, patch features]; MiniMax H3: the video [C, T, H, W], and
+// Flux: [N, out_channels]; avdit: [N, patch features]; MiniMax H3: the video [C, T, H, W], and
 // FamilyRun::named_outputs gives video and audio [C_a, 2, T_a]).
 //
 // Example:
@@ -37,12 +37,12 @@
 namespace sp::models {
 
 // Pixel-space geometry (Wan: frames 4k+1, sides multiples of 16; Flux: sides multiples of 16;
-// H3: latent frames, sides multiples of 32), or a token count along one axis.
+// avdit and MiniMax H3: latent frames, sides multiples of 32), or a token count along one axis.
 struct Geometry {
   int64_t frames = 0, height = 0, width = 0;
   int64_t tokens = 0;        // > 0: this many video/image tokens in one row (overrides the above)
   int64_t text_tokens = 0;   // 0: the family's default
-  int64_t audio_tokens = 0;  // H3; 0: the family's default
+  int64_t audio_tokens = 0;  // avdit, MiniMax H3; 0: the family's default
 };
 
 struct FamilyRun {

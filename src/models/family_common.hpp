@@ -30,9 +30,9 @@ ir::Linear linear(const std::string& name, int64_t in, int64_t out, bool bias);
 ir::Norm layer_norm(double eps);                 // no affine
 ir::Norm rms_norm(double eps);                   // no affine
 
-// Self-attention of an H3-style block under `prefix`: fused [q | k | v] projection `qkv` (no
-// bias), per-head RMSNorm of Q and K (weights q_norm, k_norm), split-half RoPE over the leading
-// rotary dims (tables "rope"), output projection `out`.
+// Self-attention of an avdit or MiniMax H3 block under `prefix`: fused [q | k | v] projection
+// `qkv` (no bias), per-head RMSNorm of Q and K (weights q_norm, k_norm), split-half RoPE over
+// the leading rotary dims (tables "rope"), output projection `out`.
 struct QkvNames {
   std::string qkv, q_norm, k_norm, out;
 };

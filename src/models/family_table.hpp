@@ -14,6 +14,6 @@ struct FamilyOps {
   bool (*keeps_fp32)(const recognize::FamilyConfig&, const std::string& canonical) = nullptr;
 };
 
-extern const FamilyOps kWan, kFlux, kH3, kMinimaxH3;
+extern const FamilyOps kWan, kFlux, kAvdit, kMinimaxH3;
 
 }  // namespace sp::models::detail

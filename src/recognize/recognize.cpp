@@ -340,8 +340,8 @@ class Matcher {
       if (sc.rope_theta) c.rope_theta = *sc.rope_theta;
       if (sc.rope_axes_dim) c.rope_axes_dim = *sc.rope_axes_dim;
       if (sc.rotary_dim) c.rotary_dim = *sc.rotary_dim;
-      // Partial rotation (H3) with new axes but no rotary_dim: rotate sum(axes) dims
-      // (check_rope fills it in). Full rotation (Wan, Flux) stays at head_dim.
+      // Partial rotation (avdit, MiniMax H3) with new axes but no rotary_dim: rotate sum(axes)
+      // dims (check_rope fills it in). Full rotation (Wan, Flux) stays at head_dim.
       if (sc.rope_axes_dim && !sc.rotary_dim && c.rotary_dim != c.head_dim) c.rotary_dim = 0;
       if (sc.text_tokens) c.text_tokens = *sc.text_tokens;
       if (sc.segments) c.segments = *sc.segments;

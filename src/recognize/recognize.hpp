@@ -17,8 +17,9 @@
 //   // the sidecar that records what names and shapes cannot tell:
 //   std::string json = sp::recognize::to_json(sp::recognize::sidecar_for(cfg));
 //
-// Canonical names are the original layout of each family (Wan repo, BFL Flux, H3 as defined
-// in docs/checkpoints.md). Recognition rules are data (tables_*.cpp); see README.md.
+// Canonical names are the original layout of each family (Wan repo, BFL Flux, the MiniMax H3
+// release, avdit as defined in docs/checkpoints.md). Recognition rules are data
+// (tables_*.cpp); see README.md.
 #pragma once
 
 #include <array>
@@ -55,21 +56,21 @@ struct Source {
 // conventions (eps, rope, text_tokens, segments) from the sidecar, the matched preset, or
 // the family defaults, in that order of precedence.
 struct FamilyConfig {
-  std::string family;   // "wan2.1" | "flux1" | "h3" | "minimax-h3"
-  std::string variant;  // "wan2.1-1.3b", "wan2.1-14b", "flux1-dev", "flux1-schnell", "h3",
+  std::string family;   // "wan2.1" | "flux1" | "avdit" | "minimax-h3"
+  std::string variant;  // "wan2.1-1.3b", "wan2.1-14b", "flux1-dev", "flux1-schnell", "avdit",
                         // "minimax-h3" (its plain form only), their "-tiny" forms
                         // ("wan2.1-tiny", ...), or "custom"
   int64_t dim = 0;
-  int64_t heads = 0, head_dim = 0;  // attention width heads*head_dim (== dim except H3)
-  int64_t ffn = 0;                  // MLP hidden width (Flux: mlp_ratio * dim; H3: per SwiGLU half)
-  int64_t layers = 0;               // Wan/H3 blocks; Flux double-stream blocks
+  int64_t heads = 0, head_dim = 0;  // attention width heads*head_dim (== dim except avdit, MiniMax H3)
+  int64_t ffn = 0;                  // MLP hidden width (Flux: mlp_ratio * dim; SwiGLU: per half)
+  int64_t layers = 0;               // Wan/avdit/MiniMax H3 blocks; Flux double-stream blocks
   int64_t single_layers = 0;        // Flux single-stream blocks
   int64_t in_channels = 0, out_channels = 0;  // per token: Wan latent channels (before the
-                                              // patch), Flux packed channels, H3 patch features
-  int64_t text_dim = 0;    // text encoder width (Wan/H3 text embed input, Flux context_in)
+                                              // patch), Flux packed channels, avdit patch features
+  int64_t text_dim = 0;    // text encoder width (Wan/avdit text embed input, Flux context_in)
   int64_t freq_dim = 256;  // sinusoidal timestep embedding width
   int64_t vec_dim = 0;     // Flux pooled vector width
-  int64_t audio_dim = 0;   // H3 audio embedding input width
+  int64_t audio_dim = 0;   // avdit audio embedding input width
   std::array<int64_t, 3> patch{1, 1, 1};  // Wan t,h,w patch (conv3d kernel); 1,1,1 otherwise
   bool guidance = false;                  // Flux dev: guidance embedding present
   bool qkv_bias = false;                  // Q/K/V projections carry biases (Wan, Flux)
@@ -86,10 +87,10 @@ struct FamilyConfig {
   double rope_theta = 10000;
   std::vector<int64_t> rope_axes_dim;  // per axis (t, h, w), sums to rotary_dim
   int64_t rotary_dim = 0;              // leading head dims rotated (== head_dim for Wan/Flux)
-  bool rope_interleaved = true;        // pairs (2i, 2i+1) (Wan, Flux); false: split-half (H3)
+  bool rope_interleaved = true;        // pairs (2i, 2i+1) (Wan, Flux); false: split-half (avdit, MiniMax H3)
   int64_t text_tokens = 0;             // default text length (Wan 512, Flux dev 512/schnell 256)
   double timestep_scale = 1;           // model embeds sinusoid(timestep_scale * t) (Flux 1000)
-  std::vector<std::string> segments;   // H3: token segment order of modulation rows
+  std::vector<std::string> segments;   // avdit: token segment order of modulation rows
 
   bool operator==(const FamilyConfig&) const = default;
 };
@@ -112,7 +113,7 @@ Recognized recognize(const std::vector<io::TensorInfo>& tensors,
 Recognized recognize(const io::SafetensorsFile& file, const std::optional<Sidecar>& sidecar = {});
 
 // The families and layouts known to the recognizer.
-std::vector<std::string> families();  // {"wan2.1", "flux1", "h3", "minimax-h3"}
+std::vector<std::string> families();  // {"wan2.1", "flux1", "avdit", "minimax-h3"}
 std::vector<std::string> layouts(const std::string& family);  // "original" first
 
 // ---- make-checkpoint ----
@@ -130,15 +131,15 @@ struct TensorSpec {
 // block). Throws RecognizeError for an unknown family or layout.
 std::vector<TensorSpec> checkpoint_tensors(const FamilyConfig& config, const std::string& layout);
 
-// A preset: "wan2.1-1.3b", "wan2.1-14b", "flux1-dev", "flux1-schnell", "h3", "minimax-h3" (or a
-// "-tiny" name, same as tiny=true). layers: -1 keeps the preset's count; otherwise Wan/H3 and
+// A preset: "wan2.1-1.3b", "wan2.1-14b", "flux1-dev", "flux1-schnell", "avdit", "minimax-h3" (or a
+// "-tiny" name, same as tiny=true). layers: -1 keeps the preset's count; otherwise Wan/avdit and
 // MiniMax H3 DiT blocks (not its refiner blocks), Flux double blocks (single blocks = 2 * layers,
 // the 19:38 ratio). tiny: small widths, same structure.
 FamilyConfig preset(const std::string& variant, int layers = -1, bool tiny = false);
 std::vector<std::string> preset_names();
 
 // The sidecar recording everything of `config` that names and shapes cannot tell
-// (family, head_dim, eps, rope, text_tokens, H3 segments).
+// (family, head_dim, eps, rope, text_tokens, avdit segments).
 Sidecar sidecar_for(const FamilyConfig& config);
 
 }  // namespace sp::recognize

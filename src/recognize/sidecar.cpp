@@ -11,7 +11,7 @@ namespace {
 
 using json = nlohmann::json;
 
-const std::vector<std::string> kFamilies = {"wan2.1", "flux1", "h3", "minimax-h3"};
+const std::vector<std::string> kFamilies = {"wan2.1", "flux1", "avdit", "minimax-h3"};
 
 std::string join(const std::vector<std::string>& v) {
   std::string out;

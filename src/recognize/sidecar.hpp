@@ -10,12 +10,12 @@
 // Format (every field optional, unknown fields rejected):
 //   {
 //     "version": 1,
-//     "family": "wan2.1" | "flux1" | "h3" | "minimax-h3",   // restrict recognition to this family
+//     "family": "wan2.1" | "flux1" | "avdit" | "minimax-h3", // restrict recognition to this family
 //     "head_dim": 128,                       // Wan: heads = dim / head_dim; others: must agree
 //     "eps": 1e-6,                           // every norm's epsilon
 //     "rope": {"theta": 10000, "axes_dim": [44, 42, 42], "rotary_dim": 128},
 //     "text_tokens": 512,                    // default text length
-//     "segments": ["video", "text", "audio"] // H3: order of the per-segment modulation rows
+//     "segments": ["video", "text", "audio"] // avdit: order of the per-segment modulation rows
 //   }
 // Field-level problems throw SidecarError naming the field and the value; checks against the
 // checkpoint (axes vs the inferred head_dim, ...) happen in recognize().

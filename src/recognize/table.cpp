@@ -127,7 +127,7 @@ void copy_conventions(const FamilyConfig& from, FamilyConfig& to) {
 }
 
 const std::vector<const Family*>& all_families() {
-  static const std::vector<const Family*> families = {&wan_family(), &flux_family(), &h3_family(),
+  static const std::vector<const Family*> families = {&wan_family(), &flux_family(), &avdit_family(),
                                                         &minimax_h3_family()};
   return families;
 }
@@ -143,7 +143,7 @@ void check_whole_head_rope(const FamilyConfig& c, const std::string& family, con
     throw RecognizeError("rope.rotary_dim " + std::to_string(c.rotary_dim) + " must equal head_dim " +
                          std::to_string(c.head_dim) + " (" + family + " rotates the whole head)");
   if (!c.segments.empty())
-    throw RecognizeError("sidecar field segments applies to h3 only (" + family + " " + streams + ")");
+    throw RecognizeError("sidecar field segments applies to avdit only (" + family + " " + streams + ")");
 }
 
 }  // namespace sp::recognize::detail

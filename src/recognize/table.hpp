@@ -77,7 +77,7 @@ struct Family {
 
 const Family& wan_family();
 const Family& flux_family();
-const Family& h3_family();
+const Family& avdit_family();
 const Family& minimax_h3_family();
 const std::vector<const Family*>& all_families();
 const Family* find_family(const std::string& name);  // nullptr if unknown

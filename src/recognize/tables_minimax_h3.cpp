@@ -167,7 +167,7 @@ void check(const FamilyConfig& c, const Symbols& s) {
                          axes_string(c.rope_axes_dim) + " and rope.rotary_dim " + std::to_string(c.rotary_dim));
   if (!c.segments.empty())
     throw RecognizeError(
-        "sidecar field segments applies to h3 only (minimax-h3 picks modulation rows by timestep class and "
+        "sidecar field segments applies to avdit only (minimax-h3 picks modulation rows by timestep class and "
         "modality tag)");
 }
 

@@ -16,29 +16,23 @@ namespace sp::report {
 
 std::vector<BenchCase> bench_cases(bool tiny) {
   if (tiny)
-    return {{"h3-block-tiny", "h3", 1, {.frames = 3, .height = 96, .width = 128, .text_tokens = 16, .audio_tokens = 8}},
-            {"h3-model-tiny", "h3", 3, {.frames = 3, .height = 96, .width = 128, .text_tokens = 16, .audio_tokens = 8}},
+    return {{"minimax-h3-block-tiny", "minimax-h3", 1, {.frames = 3, .height = 96, .width = 128, .text_tokens = 9}},
+            {"minimax-h3-model-tiny", "minimax-h3", 3, {.frames = 3, .height = 96, .width = 128, .text_tokens = 9}},
             {"wan-block-tiny", "wan2.1-14b", 1, {.frames = 5, .height = 64, .width = 96, .text_tokens = 12}},
-            {"flux-model-tiny", "flux1-dev", 1, {.height = 128, .width = 128, .text_tokens = 12}},
-            {"minimax-h3-block-tiny", "minimax-h3", 1, {.frames = 3, .height = 96, .width = 128, .text_tokens = 9}}};
-  // 1376x768 at 1032 tokens a latent frame: 37 frames (5 s) and 72 frames (10 s).
-  const models::Geometry h3_5s{.frames = 37, .height = 768, .width = 1376, .text_tokens = 512, .audio_tokens = 256};
-  const models::Geometry h3_10s{.frames = 72, .height = 768, .width = 1376, .text_tokens = 512, .audio_tokens = 256};
-  const models::Geometry wan{.frames = 81, .height = 720, .width = 1280, .text_tokens = 512};
+            {"flux-model-tiny", "flux1-dev", 1, {.height = 128, .width = 128, .text_tokens = 12}}};
   // MiniMax H3 at 1376x768: 72 latent frames (10 s, 74,304 video tokens, 810 audio rows) and 37
   // (5 s), 512 text tokens.
   const models::Geometry mm_5s{.frames = 37, .height = 768, .width = 1376, .text_tokens = 512};
   const models::Geometry mm_10s{.frames = 72, .height = 768, .width = 1376, .text_tokens = 512};
-  return {{"h3-block-5s", "h3", 1, h3_5s},
-          {"h3-block-10s", "h3", 1, h3_10s},
+  const models::Geometry wan{.frames = 81, .height = 720, .width = 1280, .text_tokens = 512};
+  return {{"minimax-h3-block-5s", "minimax-h3", 1, mm_5s},
+          {"minimax-h3-block-10s", "minimax-h3", 1, mm_10s},
           {"wan14b-block-81f", "wan2.1-14b", 1, wan},
           {"flux-dev-1024", "flux1-dev", -1, {.height = 1024, .width = 1024, .text_tokens = 512}},
           {"flux-dev-2048", "flux1-dev", -1, {.height = 2048, .width = 2048, .text_tokens = 512}},
-          {"h3-model-5s", "h3", -1, h3_5s},
-          {"h3-model-10s", "h3", -1, h3_10s},
-          {"wan14b-model-81f", "wan2.1-14b", -1, wan},
-          {"minimax-h3-block-5s", "minimax-h3", 1, mm_5s},
-          {"minimax-h3-block-10s", "minimax-h3", 1, mm_10s}};
+          {"minimax-h3-model-5s", "minimax-h3", -1, mm_5s},
+          {"minimax-h3-model-10s", "minimax-h3", -1, mm_10s},
+          {"wan14b-model-81f", "wan2.1-14b", -1, wan}};
 }
 
 namespace {
@@ -293,14 +287,14 @@ nlohmann::json run_policy_case(const BenchCase& c, const contracts::Registry& re
 std::string policy_table(const nlohmann::json& cases) {
   std::ostringstream os;
   char line[300];
-  std::snprintf(line, sizeof line, "%-18s %-13s %8s %9s %9s %9s %9s\n", "case", "policy", "p/floor", "pk est/m", "ms",
+  std::snprintf(line, sizeof line, "%-21s %-13s %8s %9s %9s %9s %9s\n", "case", "policy", "p/floor", "pk est/m", "ms",
                 "vs auto", "t est/m");
   os << line;
   for (const auto& c : cases) {
     const double floor = c["floor_bytes"].get<double>(), auto_ms = c["policies"]["auto"]["ms"].get<double>();
     for (const auto& [name, p] : c["policies"].items()) {
       const double ms = p["ms"].get<double>(), peak = p["peak_bytes"].get<double>();
-      std::snprintf(line, sizeof line, "%-18s %-13s %8.3f %9.4f %9.1f %9.3f %9.3f\n", c["case"].get<std::string>().c_str(),
+      std::snprintf(line, sizeof line, "%-21s %-13s %8.3f %9.4f %9.1f %9.3f %9.3f\n", c["case"].get<std::string>().c_str(),
                     name.c_str(), peak / floor, p["estimated_peak_bytes"].get<double>() / peak, ms, ms / auto_ms,
                     p["estimated_ms"].get<double>() / ms);
       os << line;
@@ -342,7 +336,7 @@ nlohmann::json to_json(const std::vector<BenchResult>& rs) {
 std::string bench_table(const std::vector<BenchResult>& rs) {
   std::ostringstream os;
   char line[400];
-  std::snprintf(line, sizeof line, "%-18s %7s %10s %11s %9s %8s %8s %9s %10s %10s %8s %8s %9s\n", "case", "tokens",
+  std::snprintf(line, sizeof line, "%-21s %7s %10s %11s %9s %8s %8s %9s %10s %10s %8s %8s %9s\n", "case", "tokens",
                 "naive GiB", "planned GiB", "floor GiB", "p/floor", "est/meas", "p/n peak", "naive ms", "planned ms",
                 "p/n time", "t est/m", "rel_l2");
   os << line;
@@ -355,7 +349,7 @@ std::string bench_table(const std::vector<BenchResult>& rs) {
   };
   for (const auto& r : rs) {
     const std::optional<double> np = r.naive_peak ? std::optional<double>(double(*r.naive_peak)) : std::nullopt;
-    std::snprintf(line, sizeof line, "%-18s %7lld %10s %11.3f %9.3f %8.3f %8.4f %9s %10s %10.1f %8s %8.3f %9s\n",
+    std::snprintf(line, sizeof line, "%-21s %7lld %10s %11.3f %9.3f %8.3f %8.4f %9s %10s %10.1f %8s %8.3f %9s\n",
                   r.name.c_str(), static_cast<long long>(r.tokens), fmt("%.3f", np ? std::optional(*np / G) : np).c_str(),
                   double(r.planned_peak) / G, double(r.floor) / G, double(r.planned_peak) / double(r.floor),
                   double(r.estimated) / double(r.planned_peak),

@@ -55,7 +55,7 @@ struct BenchResult {
   std::optional<exec::StepProfile> steps;  // BenchOptions::profile_steps
 };
 
-// The benchmark cases of the project (H3-class, Wan 2.1 14B, Flux.1-dev); tiny: the same
+// The benchmark cases of the project (MiniMax H3, Wan 2.1 14B, Flux.1-dev); tiny: the same
 // structures at test sizes.
 std::vector<BenchCase> bench_cases(bool tiny);
 BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,

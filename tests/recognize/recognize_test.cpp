@@ -116,11 +116,11 @@ TEST(RoundTrip, PresetDimensions) {
   EXPECT_TRUE(flux.guidance);
   EXPECT_EQ(preset("flux1-schnell").single_layers, 38);
   EXPECT_FALSE(preset("flux1-schnell").guidance);
-  const auto h3 = preset("h3");
-  EXPECT_EQ(h3.heads * h3.head_dim, 7168);
-  EXPECT_EQ(h3.rotary_dim, 96);
-  EXPECT_FALSE(h3.rope_interleaved);
-  EXPECT_EQ(preset("h3-tiny"), preset("h3", -1, true));
+  const auto avdit = preset("avdit");
+  EXPECT_EQ(avdit.heads * avdit.head_dim, 7168);
+  EXPECT_EQ(avdit.rotary_dim, 96);
+  EXPECT_FALSE(avdit.rope_interleaved);
+  EXPECT_EQ(preset("avdit-tiny"), preset("avdit", -1, true));
   EXPECT_TRUE(has(error_of([] { preset("sd3"); }), "sd3"));
 }
 
@@ -243,9 +243,9 @@ TEST(Canonical, ComfyPrefixIsStripped) {
             "model.diffusion_model.blocks.1.self_attn.q.weight");
 }
 
-TEST(Canonical, H3RealDimensions) {
-  const Recognized r = recognize(infos_of(checkpoint_tensors(preset("h3", 3), "original")));
-  EXPECT_EQ(r.config.variant, "h3");
+TEST(Canonical, AvditRealDimensions) {
+  const Recognized r = recognize(infos_of(checkpoint_tensors(preset("avdit", 3), "original")));
+  EXPECT_EQ(r.config.variant, "avdit");
   EXPECT_EQ(r.config.dim, 5376);
   EXPECT_EQ(r.config.heads, 56);
   EXPECT_EQ(r.config.head_dim, 128);
@@ -292,12 +292,12 @@ TEST(Errors, MissingTensor) {
 }
 
 TEST(Errors, BlockIndexGap) {
-  auto infos = tiny_infos("h3", "original", 4);
+  auto infos = tiny_infos("avdit", "original", 4);
   std::erase_if(infos, [](const TensorInfo& t) { return t.name.rfind("blocks.2.", 0) == 0; });
   const std::string msg = error_of([&] { recognize(infos); });
   EXPECT_TRUE(has(msg, "gaps")) << msg;
   EXPECT_TRUE(has(msg, "missing 2")) << msg;
-  EXPECT_TRUE(has(msg, "h3 (original layout)")) << msg;
+  EXPECT_TRUE(has(msg, "avdit (original layout)")) << msg;
 }
 
 TEST(Errors, InconsistentShapeNamesTensorAndShapes) {
@@ -308,9 +308,9 @@ TEST(Errors, InconsistentShapeNamesTensorAndShapes) {
   EXPECT_TRUE(has(msg, "has shape [64, 48], expected [dim, dim] = [64, 64]")) << msg;
   EXPECT_TRUE(has(msg, "dim=64 from x_embedder.weight")) << msg;
 
-  auto h3 = tiny_infos("h3", "original");
-  find_name(h3, "blocks.0.attn.qkv.weight").shape = {100, 64};  // not 3*heads*16
-  const std::string m2 = error_of([&] { recognize(h3); });
+  auto avdit = tiny_infos("avdit", "original");
+  find_name(avdit, "blocks.0.attn.qkv.weight").shape = {100, 64};  // not 3*heads*16
+  const std::string m2 = error_of([&] { recognize(avdit); });
   EXPECT_TRUE(has(m2, "blocks.0.attn.qkv.weight")) << m2;
   EXPECT_TRUE(has(m2, "3*heads*head_dim")) << m2;
 
@@ -322,7 +322,7 @@ TEST(Errors, InconsistentShapeNamesTensorAndShapes) {
 
 TEST(Errors, EmptyAndDuplicate) {
   EXPECT_TRUE(has(error_of([] { recognize(std::vector<TensorInfo>{}); }), "no tensors"));
-  auto infos = tiny_infos("h3", "original");
+  auto infos = tiny_infos("avdit", "original");
   infos.push_back(infos[0]);
   EXPECT_TRUE(has(error_of([&] { recognize(infos); }), "twice"));
 }
@@ -360,7 +360,7 @@ TEST(Sidecar, ParseErrorsNameFieldAndValue) {
 }
 
 TEST(Sidecar, JsonRoundTripAndFile) {
-  const Sidecar s = sidecar_for(preset("h3", -1, true));
+  const Sidecar s = sidecar_for(preset("avdit", -1, true));
   EXPECT_EQ(parse_sidecar(to_json(s)), s);
   const std::string path = testing::TempDir() + "/recognize_sidecar.json";
   {
@@ -397,13 +397,13 @@ TEST(Sidecar, ChecksAgainstCheckpoint) {
   m = error_of([&] { recognize(flux, parse_sidecar(R"({"head_dim": 32})")); });
   EXPECT_TRUE(has(m, "sidecar head_dim 32 contradicts")) << m;
   m = error_of([&] { recognize(flux, parse_sidecar(R"({"segments": ["a", "b"]})")); });
-  EXPECT_TRUE(has(m, "segments applies to h3 only")) << m;
-  // H3: segment count must match the modulation rows; rotary follows the axes.
-  const auto h3 = tiny_infos("h3", "original");
-  m = error_of([&] { recognize(h3, parse_sidecar(R"({"segments": ["video", "text"]})")); });
+  EXPECT_TRUE(has(m, "segments applies to avdit only")) << m;
+  // avdit: segment count must match the modulation rows; rotary follows the axes.
+  const auto avdit = tiny_infos("avdit", "original");
+  m = error_of([&] { recognize(avdit, parse_sidecar(R"({"segments": ["video", "text"]})")); });
   EXPECT_TRUE(has(m, "segments [video, text] name 2 segments") && has(m, "3 rows")) << m;
   const Recognized r =
-      recognize(h3, parse_sidecar(R"({"rope": {"axes_dim": [2, 2, 4]}, "text_tokens": 77})"));
+      recognize(avdit, parse_sidecar(R"({"rope": {"axes_dim": [2, 2, 4]}, "text_tokens": 77})"));
   EXPECT_EQ(r.config.rotary_dim, 8);
   EXPECT_EQ(r.config.text_tokens, 77);
   // Family restriction.
@@ -630,7 +630,7 @@ TEST(MiniMaxH3, MalformedCheckpointsNameTensorsAndValues) {
   m = error_of([&] { recognize(tiny, parse_sidecar(R"({"rope": {"axes_dim": [8, 8, 16]}})")); });
   EXPECT_TRUE(has(m, "rope.inv_freq has 4 pairs per axis") && has(m, "rope.axes_dim is [8, 8, 16]")) << m;
   m = error_of([&] { recognize(tiny, parse_sidecar(R"({"segments": ["video", "text"]})")); });
-  EXPECT_TRUE(has(m, "segments applies to h3 only")) << m;
+  EXPECT_TRUE(has(m, "segments applies to avdit only")) << m;
   m = error_of([&] { recognize(tiny, parse_sidecar(R"({"head_dim": 64})")); });
   EXPECT_TRUE(has(m, "sidecar head_dim 64 contradicts the checkpoint's q_norm width 32")) << m;
   EXPECT_EQ(recognize(tiny, parse_sidecar(R"({"family": "minimax-h3", "text_tokens": 77})")).config.text_tokens, 77);

@@ -1,9 +1,11 @@
-// H3-class single-stream video DiT: this project's own layout ("original" only), presets.
+// avdit: a generic single-stream audio+video DiT (this project's own layout, used for tests and the
+// embedded demo), "original" layout only; presets.
 // docs/checkpoints.md defines the layout and the forward conventions it implies.
 //
 // Symbols: dim, heads, head_dim, ffn, feat (patch features in and out), text_dim, audio_dim,
 // freq_dim, segs (token segments with their own modulation rows), layers.
-// heads*head_dim need not equal dim (real H3: 56 x 128 = 7168 vs dim 5376).
+// heads*head_dim need not equal dim (the full-size preset, like MiniMax H3: 56 x 128 = 7168 vs
+// dim 5376).
 #include "recognize/table.hpp"
 
 namespace sp::recognize::detail {
@@ -36,7 +38,7 @@ const std::vector<Entry> kOriginal = {
 
 FamilyConfig structure(const Symbols& s, const Features&, const Sidecar& sidecar) {
   FamilyConfig c;
-  c.family = "h3";
+  c.family = "avdit";
   c.dim = s.at("dim");
   c.heads = s.at("heads");
   c.head_dim = s.at("head_dim");
@@ -104,8 +106,8 @@ void check(const FamilyConfig& c, const Symbols& s) {
 
 FamilyConfig make(bool tiny) {
   FamilyConfig c;
-  c.family = "h3";
-  c.variant = tiny ? "h3-tiny" : "h3";
+  c.family = "avdit";
+  c.variant = tiny ? "avdit-tiny" : "avdit";
   c.dim = tiny ? 64 : 5376;
   c.heads = tiny ? 4 : 56;
   c.head_dim = tiny ? 16 : 128;
@@ -127,11 +129,11 @@ FamilyConfig make(bool tiny) {
 
 }  // namespace
 
-const Family& h3_family() {
+const Family& avdit_family() {
   static const Family f = {
-      "h3",
+      "avdit",
       {{"original", kOriginal}},
-      {{"h3", make(false), make(true)}},
+      {{"avdit", make(false), make(true)}},
       structure,
       symbols,
       features,

@@ -1,5 +1,5 @@
-// H3-class single-stream video DiT (layout in docs/checkpoints.md): video, text and audio
-// tokens embedded into one residual stream; per block RMSNorm + per-segment 6-way AdaLN,
+// avdit, a generic single-stream audio+video DiT (layout in docs/checkpoints.md): video, text
+// and audio tokens embedded into one residual stream; per block RMSNorm + per-segment 6-way AdaLN,
 // fused QKV, per-head Q/K RMSNorm, split-half RoPE over the leading rotary dims on a
 // (t, h, w) grid, SwiGLU MLP with [gate | up] halves; final RMSNorm + per-segment
 // shift/scale and an fp32 projection of the video tokens to patch features.
@@ -82,7 +82,7 @@ TensorMap random_inputs(const recognize::FamilyConfig& c, const Geometry& g, uin
   int64_t f = 1, h = 1, w = g.tokens;
   if (g.tokens <= 0) {
     if (g.frames <= 0 || g.height <= 0 || g.width <= 0 || g.height % 32 || g.width % 32)
-      throw std::invalid_argument("h3 geometry: latent frames positive, height and width positive multiples of 32, got " +
+      throw std::invalid_argument("avdit geometry: latent frames positive, height and width positive multiples of 32, got " +
                                   std::to_string(g.frames) + "x" + std::to_string(g.height) + "x" + std::to_string(g.width));
     f = g.frames;
     h = g.height / 32;
@@ -99,6 +99,6 @@ TensorMap random_inputs(const recognize::FamilyConfig& c, const Geometry& g, uin
 
 }  // namespace
 
-const FamilyOps kH3{"h3", random_inputs, prepare};
+const FamilyOps kAvdit{"avdit", random_inputs, prepare};
 
 }  // namespace sp::models::detail
