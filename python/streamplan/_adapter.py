@@ -25,6 +25,16 @@ class Fallback:
     reason: str
 
 
+@dataclass(frozen=True)
+class WeightHook:
+    """A function ``fn(name, tensor) -> tensor`` that the planner calls on each acquire of the
+    module tensors named in ``names`` (state_dict names; every tensor where empty), computing
+    with what it returns: same shape, same device."""
+
+    fn: Callable[[str, torch.Tensor], torch.Tensor]
+    names: tuple[str, ...] = ()
+
+
 @dataclass
 class Call:
     """A call the planner runs: one input map per batch element; `extra`: what the adapter keeps
@@ -61,6 +71,12 @@ class Adapter:
     def prepare(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call | Fallback:
         """The call as per-element inputs, or why the planner cannot run it."""
         raise NotImplementedError
+
+    @classmethod
+    def host_hook(cls, module: torch.nn.Module) -> WeightHook | None:
+        """The host's weight hook for the module as it is now (e.g. ComfyUI's patches applied at
+        cast time), or None: weights are the module's tensors as they are."""
+        return None
 
     def output(self, call: Call, outputs: list[Any]) -> Any:
         """What the original forward returns, from the per-element outputs (fp32): tensors, or

@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from . import _C
-from ._adapter import Adapter, Call, Fallback, find_adapter
+from ._adapter import Adapter, Call, Fallback, WeightHook, find_adapter
 from . import _comfy, _comfy_minimax, _diffusers
 
 ADAPTERS: tuple[type[Adapter], ...] = (*_diffusers.ADAPTERS, *_comfy.ADAPTERS, *_comfy_minimax.ADAPTERS)
@@ -145,8 +145,10 @@ class Handle:
         consumer: str,
         token_chunk: int,
         feature_slice: int,
+        weight_hook: WeightHook | None = None,
     ) -> None:
         self._module = module
+        self._weight_hook = weight_hook
         self._adapter_type = adapter
         self._options = (consumer, budget, token_chunk, feature_slice)
         self._python_consumers = [(consumer, *_CONSUMERS[consumer])] if consumer in _CONSUMERS else []
@@ -251,16 +253,23 @@ class Handle:
         consumer, budget, chunk, fslice = self._options
         sidecar = json.dumps(self._adapter_type.sidecar(m))
         tensors = list(m.state_dict().items())
-        self._attached = _C.Attached(tensors, sidecar, consumer, budget, chunk, fslice, self._python_consumers)
+        hook = self._hook_now()
+        self._attached = _C.Attached(tensors, sidecar, consumer, budget, chunk, fslice, self._python_consumers,
+                                     hook.fn if hook else None, list(hook.names) if hook else [])
         device = torch.device(self._attached.device)
         self._adapter = self._adapter_type(m, self._original, _DTYPES[self._attached.dtype], device)
         self._fingerprint = self._fingerprint_now()
 
+    def _hook_now(self) -> WeightHook | None:
+        """The caller's weight hook, else the host's for the module as it is now."""
+        return self._weight_hook or self._adapter_type.host_hook(self._module)
+
     def _fingerprint_now(self) -> tuple[Any, ...]:
+        hook = self._hook_now()  # weights the host starts or stops patching: attached again
         return tuple(
             (name, t.data_ptr(), tuple(t.shape), t.dtype, t.device)
             for name, t in self._module.state_dict(keep_vars=True).items()
-        )
+        ) + ((hook.names if hook else None),)
 
     def _processor_types(self) -> dict[str, type]:
         return {
@@ -334,6 +343,8 @@ def apply(
     *,
     token_chunk: int | None = None,
     feature_slice: int | None = None,
+    weight_hook: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+    hooked: Sequence[str] | None = None,
 ) -> Handle:
     """Attaches the planner to `module` and replaces its forward; returns the handle.
 
@@ -353,9 +364,17 @@ def apply(
         consumer: the attention consumer (see :func:`consumers`).
         token_chunk: force the token chunk (rows per slab) instead of choosing it.
         feature_slice: force the MLP feature slice (-1: never slice) instead of choosing it.
+        weight_hook: ``fn(name, tensor) -> tensor``, called with a module tensor's
+            ``state_dict()`` name and the tensor each time the planned forward acquires it; the
+            forward computes with what it returns (same shape and device; e.g. a LoRA patched in).
+            The acquired slice goes into a buffer the plan places, and the plan keeps room for
+            the whole weight during the acquire. Without it, a host's own patch path is used
+            where the module has one (ComfyUI ops with ``weight_function``).
+        hooked: the ``state_dict()`` names `weight_hook` applies to (default: every tensor).
 
     Raises:
-        TypeError: `module` is not a torch module, or `budget` has another type.
+        TypeError: `module` is not a torch module, `budget` has another type, or `weight_hook`
+            is not callable.
         ValueError: the module's class is not supported, an option is invalid (the message names
             it and its value), or a handle is attached already.
         RecognizeError: the module's tensors match no known layout (the message names the
@@ -376,6 +395,17 @@ def apply(
         raise ValueError(f"module: {type(module).__module__}.{type(module).__name__} is not supported (supported: {known})")
     if not isinstance(consumer, str):
         raise TypeError(f"consumer: expected a name (str), got {consumer!r}")
+    hook = None
+    if weight_hook is not None:
+        if not callable(weight_hook):
+            raise TypeError(f"weight_hook: expected a function (name, tensor) -> tensor, got {weight_hook!r}")
+        names = tuple(hooked or ())
+        bad = [n for n in names if not isinstance(n, str)]
+        if bad:
+            raise TypeError(f"hooked: expected state_dict names (str), got {bad[0]!r}")
+        hook = WeightHook(weight_hook, names)
+    elif hooked is not None:
+        raise ValueError("hooked: names are given but no weight_hook")
     handle = Handle(
         module,
         adapter,
@@ -383,6 +413,7 @@ def apply(
         consumer,
         _positive_or_none("token_chunk", token_chunk),
         _positive_or_none("feature_slice", feature_slice),
+        hook,
     )
     module.forward = handle._forward
     setattr(module, _ATTR, handle)

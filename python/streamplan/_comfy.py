@@ -5,9 +5,10 @@ Flux.1 dev and schnell). MiniMax H3 has its own file (_comfy_minimax.py).
 ComfyUI's sampler calls these modules with ``transformer_options``. What in it changes the
 computation runs the original forward, with the fallback's code: block replacements and patches
 (``block_patch``, ``patches``), an attention override (``attention_override``) and
-diffusion-model wrappers (``wrappers``). So do weights patched when ComfyUI casts them
-(``weight_patches``: LoRA under low-VRAM loading) or stored in another dtype than the compute
-dtype (``weight_cast``). Other keys of ``transformer_options`` (sigmas, cond_or_uncond, uuids,
+diffusion-model wrappers (``wrappers``). So do weights stored in another dtype than the compute
+dtype (``weight_cast``). Weights that ComfyUI's ops patch when they cast them
+(``weight_function``: LoRA under low-VRAM loading) are acquired through the same path, by a
+weight hook (``ComfyAdapter.host_hook``). Other keys of ``transformer_options`` (sigmas, cond_or_uncond, uuids,
 ...) do not change what the model computes and are ignored.
 
 **WanModel.forward(x, timestep, context, clip_fea, time_dim_concat, transformer_options, **kw)**:
@@ -35,8 +36,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from ._adapter import (Adapter, Call, Fallback, check_tensor, flux1_sidecar, per_element, per_element_scalar,
-                       shape_text)
+from ._adapter import (Adapter, Call, Fallback, WeightHook, check_tensor, flux1_sidecar, per_element,
+                       per_element_scalar, shape_text)
 
 
 class ComfyAdapter(Adapter):
@@ -77,11 +78,30 @@ class ComfyAdapter(Adapter):
             return Fallback("wrappers", f"{len(wrappers)} diffusion-model wrapper(s) are registered")
         return None
 
+    @classmethod
+    def host_hook(cls, module: torch.nn.Module) -> WeightHook | None:
+        """ComfyUI's cast-and-patch path for the weights its ops patch when they cast them
+        (``weight_function`` / ``bias_function``: LoRA under low-VRAM loading): the weight is
+        copied, as ComfyUI's cast does for a patched weight, and each function applied in order."""
+        funcs: dict[str, list[Any]] = {}
+        for name, sub in module.named_modules():
+            for attr in ("weight", "bias"):
+                fs = getattr(sub, f"{attr}_function", None)
+                if fs and isinstance(getattr(sub, attr, None), torch.Tensor):
+                    funcs[f"{name}.{attr}" if name else attr] = list(fs)
+        if not funcs:
+            return None
+
+        def patched(name: str, t: torch.Tensor) -> torch.Tensor:
+            w = t.clone()
+            for f in funcs[name]:
+                w = f(w)
+            return w
+
+        return WeightHook(patched, tuple(sorted(funcs)))
+
     def weights_fallback(self) -> Fallback | None:
-        """The fallback for weights ComfyUI changes when it casts them for a forward."""
-        for name, sub in self.module.named_modules():
-            if getattr(sub, "weight_function", None) or getattr(sub, "bias_function", None):
-                return Fallback("weight_patches", f"'{name}' patches its weights when it casts them (weight_function)")
+        """The fallback for weights ComfyUI casts per forward from another storage dtype."""
         for name, p in self.module.named_parameters():
             if p.dtype != self.dtype and p.dim() >= 2 and p.dtype not in (torch.float32,):
                 return Fallback("weight_cast", f"'{name}' is stored as {p.dtype} and cast to {self.dtype} per forward")

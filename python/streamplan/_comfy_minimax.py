@@ -19,9 +19,10 @@ Runs the original forward, with the fallback's code, for what the planned forwar
 keyframe or reference condition rows (``condition_rows``), denoise masks that mask anything
 (``denoise_mask``), a PDD head bank (``pdd_heads``), block replacements and patches
 (``block_patch``, ``patches``), an attention override (``attention_override``), diffusion-model
-wrappers (``wrappers``), other sigma shifts than the family's 12 / 3 (``sigma_shift``), weight
-patches applied at cast time (``weight_patches``), RMSNorm epsilons the family does not share
-(``config``), and calls whose tensors do not fit (``arguments``). Other keys of
+wrappers (``wrappers``), other sigma shifts than the family's 12 / 3 (``sigma_shift``), weights
+stored in another dtype than the compute dtype (``weight_cast``), RMSNorm epsilons the family does
+not share (``config``), and calls whose tensors do not fit (``arguments``). Weights patched at
+cast time are acquired through ComfyUI's patch functions (_comfy.py). Other keys of
 ``transformer_options`` (ComfyUI's bookkeeping: sigmas, cond_or_uncond, uuids, ...) do not change
 what the model computes and are ignored, as are extra keyword arguments, which the original's
 network ignores too.

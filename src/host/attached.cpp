@@ -70,6 +70,10 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
   }
   rec_ = recognize_module(tensors, sidecar);
   weights_ = std::make_unique<ModuleWeights>(tensors, rec_, &reg_);
+  if (options_.weight_hook) {
+    weights_->set_hook(options_.weight_hook, options_.hooked);
+    register_hook_format(reg_, dtype_);
+  }
   dev_ = exec::describe_device(device_);
   exec::apply_rates(exec::probe_device(device_, dev_), dev_);
 }
@@ -91,12 +95,14 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   c10::NoGradGuard no_grad;  // the planned run records no autograd graph
   weights_->refresh();
   models::FamilyRun fr = models::prepare(rec_.config, *weights_, raw, dtype_, options_.consumer);
+  weights_->mark_hooked(fr.model);
   const std::string key = geometry_key(fr.model);
   std::unique_ptr<GeometryPlan>& slot = cache_[key];
   if (!slot) {
     plan::Options po;
     po.token_chunk = options_.token_chunk;
     po.feature_slice = options_.feature_slice;
+    po.host_reserve_bytes = weights_->hook_reserve_bytes(fr.model.dtype);
     if (!options_.budget.empty()) {
       contracts::DeviceCaps now = dev_;
       now.memory_free = exec::describe_device(device_).memory_free;

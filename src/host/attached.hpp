@@ -47,6 +47,10 @@ struct AttachOptions {
   // run succeeded: a host's consumers that track their calls (host/slab_positions.hpp).
   std::function<void(const ir::Model&)> before_run;
   std::function<void()> after_run;
+  // A weight hook (module_weights.hpp) over the module tensors named in `hooked` (state_dict
+  // names; all of them where empty); none where unset.
+  WeightHook weight_hook;
+  std::vector<std::string> hooked;
 };
 
 // The plan of one geometry, with what it needs to be shown.

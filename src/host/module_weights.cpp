@@ -1,5 +1,6 @@
 #include "host/module_weights.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "exec/consumers/consumer.hpp"
@@ -56,15 +57,90 @@ ModuleWeights::ModuleWeights(const NamedTensors& tensors, const recognize::Recog
   }
 }
 
+void register_hook_format(contracts::Registry& reg, ir::DType model) {
+  struct Hooked : exec::FormatImpl {
+    void store(exec::TensorWeights&, const ir::Linear& l, const at::Tensor&, at::ScalarType) const override {
+      throw std::invalid_argument("weight '" + l.weight + "': format '" + kHookFormat + "' holds no stored weights");
+    }
+    at::Tensor acquire(const exec::WeightSource&, const ir::Linear& l, exec::Slice, exec::Slice, at::ScalarType,
+                       const at::Tensor&) const override {
+      throw std::invalid_argument("weight '" + l.weight + "': format '" + kHookFormat +
+                                  "' is acquired through the module's weight hook only");
+    }
+  };
+  contracts::FormatCaps f;
+  f.name = kHookFormat;
+  f.description = "a module's weight passed through the host's weight hook at acquire";
+  f.storage = model;
+  f.dense = false;  // the acquired slice goes into a placed buffer
+  f.out_slicing = f.in_slicing = f.held_execution = contracts::Cap::Yes;
+  f.impl = std::make_shared<Hooked>();
+  reg.add(f);
+}
+
+void ModuleWeights::set_hook(WeightHook hook, const std::vector<std::string>& names) {
+  std::set<std::string> parts;
+  for (const auto& n : names) {
+    if (!parts_.count(part_key(n))) throw std::invalid_argument("weight hook: the module has no tensor '" + n + "'");
+    parts.insert(n);
+  }
+  if (names.empty())
+    for (const auto& [key, t] : parts_) parts.insert(key.substr(std::string("module:").size()));
+  hooked_parts_ = std::move(parts);
+  hook_ = std::move(hook);
+  hooked_canon_.clear();
+  for (const auto& [name, c] : canon_)
+    for (const auto& p : c.src.tensors)
+      if (hooked_parts_.count(p)) hooked_canon_.insert(name);
+}
+
+at::Tensor ModuleWeights::hooked_part(const std::string& module_name, const at::Tensor& t) const {
+  if (!hook_ || !hooked_parts_.count(module_name)) return t;
+  at::Tensor r = hook_(module_name, t);
+  if (!r.defined() || r.sizes() != t.sizes() || r.device() != t.device() || !r.is_floating_point())
+    throw std::invalid_argument(
+        "weight hook: for '" + module_name + "' it returned " +
+        (r.defined() ? std::string(c10::toString(r.scalar_type())) + " " + c10::str(r.sizes()) + " on " + r.device().str()
+                     : std::string("no tensor")) +
+        "; expected a floating-point tensor of " + c10::str(t.sizes()) + " on " + t.device().str());
+  return r;
+}
+
+std::vector<at::Tensor> ModuleWeights::parts_of(const Canonical& c) const {
+  std::vector<at::Tensor> out;
+  out.reserve(c.parts.size());
+  for (size_t i = 0; i < c.parts.size(); ++i) out.push_back(hooked_part(c.src.tensors[i], c.parts[i]));
+  return out;
+}
+
+void ModuleWeights::mark_hooked(ir::Model& m) const {
+  if (hooked_canon_.empty()) return;
+  ir::for_each_linear(m, [&](ir::Linear& l) {
+    if (hooked(l.weight)) l.format = kHookFormat;
+  });
+}
+
+int64_t ModuleWeights::hook_reserve_bytes(ir::DType compute) const {
+  int64_t largest = 0;
+  for (const auto& name : hooked_canon_) {
+    int64_t numel = 0;
+    for (const auto& p : canonical(name).parts) numel += p.numel();
+    largest = std::max(largest, numel * std::max<int64_t>(int64_t(ir::dtype_size(compute)), 4));
+  }
+  return 2 * largest;
+}
+
 const ModuleWeights::Canonical& ModuleWeights::canonical(const std::string& name) const {
   auto it = canon_.find(name);
   if (it == canon_.end()) throw std::out_of_range("weight '" + name + "' is not in the module's weights");
   return it->second;
 }
 
-const at::Tensor& ModuleWeights::tensor(const std::string& name) const {
-  if (auto it = parts_.find(name); it != parts_.end()) return it->second;
+at::Tensor ModuleWeights::tensor(const std::string& name) const {
+  if (auto it = parts_.find(name); it != parts_.end())
+    return hooked_part(name.substr(std::string("module:").size()), it->second);
   const Canonical& c = canonical(name);
+  if (hooked(name)) return models::assemble(name, c.src, parts_of(c)).contiguous();
   return c.view.defined() ? c.view : held(name, c);
 }
 
@@ -110,6 +186,15 @@ std::map<std::string, std::vector<const void*>> ModuleWeights::storage() const {
 
 at::Tensor ModuleWeights::acquire(const ir::Linear& l, exec::Slice rows, exec::Slice cols, at::ScalarType dtype,
                                   const at::Tensor& out) const {
+  if (l.format == kHookFormat) {
+    // The whole weight through the hook, then the slice into the placed buffer: nothing
+    // hooked outlives the acquire but what the program placed.
+    const at::Tensor w = tensor(l.weight);
+    const at::Tensor s = exec::slice(exec::slice(w, 0, rows), 1, cols);
+    if (!out.defined()) return s.to(dtype).clone();
+    out.copy_(s);
+    return out;
+  }
   const auto& format = exec::impl_of<exec::FormatImpl>(reg_->format(l.format));
   auto it = canon_.find(l.weight);
   if (it == canon_.end() || it->second.src.op != Source::Op::Concat0) return format.acquire(*this, l, rows, cols, dtype, out);

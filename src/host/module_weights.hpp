@@ -14,6 +14,13 @@
 // few small vectors and one modulation matrix: cheap beside a forward), so a forward always
 // sees the module's current weights. copies() lists what is held.
 //
+// A host may hook module tensors (set_hook): each read of a hooked tensor calls the hook with
+// its state_dict name and the tensor, and uses what it returns (a LoRA patched in, a cast
+// done: ComfyUI's cast-and-patch path). A Linear served from hooked tensors is acquired in the
+// format "host-hook" (mark_hooked): the program places a buffer for the acquired slice, the
+// whole hooked weight lives only during the acquire, and the planner keeps room for it
+// (hook_reserve_bytes). Nothing hooked is kept between reads.
+//
 // Example:
 //     sp::host::NamedTensors t = ...;   // state_dict() of a diffusers FluxTransformer2DModel
 //     sp::recognize::Recognized r = sp::host::recognize_module(t, sidecar);
@@ -24,8 +31,10 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <optional>
 #include <string>
 #include <utility>
@@ -44,19 +53,38 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // tensor whose dtype no checkpoint can hold.
 recognize::Recognized recognize_module(const NamedTensors& tensors, const std::optional<recognize::Sidecar>& sidecar);
 
+// A host's weight hook: (state_dict name, the module's tensor) -> the tensor to compute with,
+// of the same shape, on the same device.
+using WeightHook = std::function<at::Tensor(const std::string& name, const at::Tensor& tensor)>;
+
+// The format of Linears served through a weight hook ("host-hook"): not dense, so that the
+// program places a buffer for each acquired slice. Added to `reg` with the model dtype.
+void register_hook_format(contracts::Registry& reg, ir::DType model);
+inline constexpr const char* kHookFormat = "host-hook";
+
 class ModuleWeights : public exec::WeightSource {
  public:
   // Throws std::invalid_argument naming a tensor the recognition refers to that `tensors`
   // lacks. `reg` must outlive this object.
   ModuleWeights(const NamedTensors& tensors, const recognize::Recognized& r, const contracts::Registry* reg);
 
-  const at::Tensor& tensor(const std::string& name) const override;
+  at::Tensor tensor(const std::string& name) const override;
   bool contains(const std::string& name) const override;
   at::Tensor acquire(const ir::Linear& l, exec::Slice rows, exec::Slice cols, at::ScalarType dtype,
                      const at::Tensor& out = {}) const override;
 
   // Assembles the held copies again from the module's tensors.
   void refresh();
+
+  // Hooks the module tensors named (state_dict names; all of them where `names` is empty).
+  // Throws std::invalid_argument naming a name the module does not hold.
+  void set_hook(WeightHook hook, const std::vector<std::string>& names);
+  bool hooked(const std::string& canonical) const { return hooked_canon_.count(canonical) != 0; }
+  // Sets the format of every Linear served from hooked tensors to "host-hook".
+  void mark_hooked(ir::Model& m) const;
+  // Room the planner keeps for an acquire of a hooked weight in `compute`: the largest hooked
+  // weight twice (the tensor handed to the hook and the one it returns).
+  int64_t hook_reserve_bytes(ir::DType compute) const;
 
   struct Copy {
     std::string name;  // canonical name
@@ -76,6 +104,8 @@ class ModuleWeights : public exec::WeightSource {
     std::vector<int64_t> offsets;   // Concat0: first canonical row of each part
   };
   const Canonical& canonical(const std::string& name) const;
+  at::Tensor hooked_part(const std::string& module_name, const at::Tensor& t) const;
+  std::vector<at::Tensor> parts_of(const Canonical& c) const;  // hooked where hooked
   const at::Tensor& held(const std::string& name, const Canonical& c) const;
   at::Tensor acquire_spanning(const ir::Linear& l, const Canonical& c, exec::Slice rows, exec::Slice cols,
                               at::ScalarType dtype, const at::Tensor& out) const;
@@ -83,6 +113,9 @@ class ModuleWeights : public exec::WeightSource {
   const contracts::Registry* reg_;
   std::map<std::string, Canonical> canon_;
   std::map<std::string, at::Tensor> parts_;  // module tensors by part key (see part_key)
+  WeightHook hook_;
+  std::set<std::string> hooked_parts_;  // state_dict names
+  std::set<std::string> hooked_canon_;  // canonical names served from any of them
   mutable std::mutex mutex_;                 // held_
   mutable std::map<std::string, at::Tensor> held_;
 };

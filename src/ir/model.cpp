@@ -385,4 +385,29 @@ void validate(const Model& m) {
   }
 }
 
+void for_each_linear(Model& m, const std::function<void(Linear&)>& fn) {
+  auto proj = [&](AttnProj& p) {
+    for (auto* l : {&p.qkv, &p.q, &p.k, &p.v})
+      if (l->has_value()) fn(**l);
+    fn(p.out);
+  };
+  for (auto& e : m.embeds) fn(e.linear);
+  for (auto& b : m.blocks)
+    for (auto& s : b.sublayers) {
+      if (auto* a = std::get_if<Attention>(&s.body)) {
+        proj(a->proj);
+        for (auto& [segment, p] : a->segment_proj) proj(p);
+      } else {
+        auto& mlp = std::get<Mlp>(s.body);
+        for (auto* l : {&mlp.up, &mlp.gate})
+          if (l->has_value()) fn(**l);
+        fn(mlp.down);
+      }
+    }
+  if (m.final_layer) {
+    fn(m.final_layer->proj);
+    for (auto& [segment, l] : m.final_layer->heads) fn(l);
+  }
+}
+
 }  // namespace sp::ir

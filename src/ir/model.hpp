@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -247,5 +248,9 @@ struct Model {
 
 // Throws IrError naming the field path and the values on any inconsistency.
 void validate(const Model& m);
+
+// Calls fn on every Linear of the model: the segments' embeddings, every projection of every
+// sublayer, the final layer's projection and heads.
+void for_each_linear(Model& m, const std::function<void(Linear&)>& fn);
 
 }  // namespace sp::ir

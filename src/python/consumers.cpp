@@ -3,20 +3,13 @@
 #include <cmath>
 
 #include "exec/consumers/consumer.hpp"
+#include "python/callbacks.hpp"
 
 namespace py = pybind11;
 
 namespace sp::python {
 
 namespace {
-
-// A Python object kept by C++ objects that may be copied or dropped without the GIL.
-std::shared_ptr<py::object> keep(py::object o) {
-  return std::shared_ptr<py::object>(new py::object(std::move(o)), [](py::object* p) {
-    py::gil_scoped_acquire gil;
-    delete p;
-  });
-}
 
 std::string shape_text(const at::Tensor& t) {
   std::string s = "[";

@@ -6,6 +6,7 @@
 
 #include "exec/registry.hpp"
 #include "host/attached.hpp"
+#include "python/callbacks.hpp"
 #include "python/consumers.hpp"
 #include "plan/budget.hpp"
 #include "recognize/sidecar.hpp"
@@ -56,7 +57,8 @@ const host::GeometryPlan& find_plan(const host::Attached& a, const std::optional
 std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                                        const std::optional<std::string>& sidecar_json, const std::string& consumer,
                                        const std::string& budget, int64_t token_chunk, int64_t feature_slice,
-                                       const std::vector<std::tuple<std::string, py::function, py::dict>>& python_consumers) {
+                                       const std::vector<std::tuple<std::string, py::function, py::dict>>& python_consumers,
+                                       const std::optional<py::function>& weight_hook, const std::vector<std::string>& hooked) {
   std::optional<recognize::Sidecar> sidecar;
   if (sidecar_json) sidecar = recognize::parse_sidecar(*sidecar_json, "<module config>");
   host::AttachOptions o;
@@ -64,6 +66,10 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
   o.budget = budget;
   o.token_chunk = token_chunk;
   o.feature_slice = feature_slice;
+  if (weight_hook) {
+    o.weight_hook = python_weight_hook(*weight_hook);
+    o.hooked = hooked;
+  }
   contracts::Registry reg = exec::builtin_registry();
   std::vector<std::shared_ptr<host::SlabPositions>> positions;
   for (const auto& [name, fn, caps] : python_consumers) {
@@ -106,7 +112,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<host::Attached>(m, "Attached")
       .def(py::init(&python::attach), py::arg("tensors"), py::arg("sidecar_json"), py::arg("consumer"),
            py::arg("budget"), py::arg("token_chunk") = 0, py::arg("feature_slice") = 0,
-           py::arg("python_consumers") = std::vector<std::tuple<std::string, py::function, py::dict>>{})
+           py::arg("python_consumers") = std::vector<std::tuple<std::string, py::function, py::dict>>{},
+           py::arg("weight_hook") = std::nullopt, py::arg("hooked") = std::vector<std::string>{})
       .def_property_readonly("config", [](const host::Attached& a) { return python::config_dict(a.recognized().config); })
       .def_property_readonly("layout", [](const host::Attached& a) { return a.recognized().layout; })
       .def_property_readonly("dtype", [](const host::Attached& a) { return std::string(ir::to_string(a.dtype())); })

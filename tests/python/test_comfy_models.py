@@ -126,14 +126,44 @@ def assert_falls_back(m: torch.nn.Module, call: tuple[tuple[Any, ...], dict[str,
     print(f"{type(m).__name__} {code}: {handle.fallbacks[0].reason}")
 
 
-def _patch(m: torch.nn.Module) -> None:
-    """A weight patched at cast time, as ComfyUI applies a LoRA under low-VRAM loading."""
+def _patch(m: torch.nn.Module) -> list[int]:
+    """Weights patched at cast time, as ComfyUI applies a LoRA under low-VRAM loading: a scaled
+    weight and a shifted bias (in place on the copy ComfyUI's cast hands over). Returns the
+    patch functions' call counter."""
+    calls = [0]
+
+    def scale(w: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        return w.mul_(1.01)
+
     layer = m.blocks[0].self_attn.q if hasattr(m, "blocks") else m.double_blocks[0].img_attn.qkv
-    layer.weight_function = [lambda w: w * 1.01]
+    layer.weight_function = [scale]
+    layer.bias_function = [lambda b: b + 0.01]
+    return calls
+
+
+@pytest.mark.parametrize("make,call", [(make_wan, wan_call), (make_flux, flux_call)], ids=["wan", "flux"])
+def test_weights_patched_at_cast_go_through_comfy_patch_path(comfy: Any, make: Any, call: Any) -> None:
+    m = make(comfy)
+    weights = {n: t.clone() for n, t in m.state_dict().items()}
+    handle = streamplan.apply(m)
+    try:
+        plain = run(m, call())  # attached before ComfyUI patches anything: no hook yet
+        calls = _patch(m)
+        want = m.__class__.forward(m, *call()[0], **call()[1])  # the original, through ComfyUI's cast
+        got = run(m, call())  # the patches are seen: attached again, with ComfyUI's patch path
+    finally:
+        streamplan.remove(m)
+    assert handle.fallbacks == [] and handle.planned_calls == 2
+    err = rel_l2(got, want)
+    print(f"{type(m).__name__} with weight_function: rel L2 {err:.3e} (unpatched {rel_l2(plain, want):.3e})")
+    assert err <= TOL < rel_l2(plain, want)
+    assert calls[0] >= 2  # the original's cast and the planned acquire both patched
+    assert all(torch.equal(weights[n], t) for n, t in m.state_dict().items())  # the module's weights untouched
 
 
 # (module, fallback code) -> what the call changes: keyword arguments, and "timestep_2d",
-# "odd" (a side the patch does not divide), "patch" (a weight patched at cast time).
+# "odd" (a side the patch does not divide).
 FALLBACKS = {
     ("wan", "image_conditioning"): dict(clip_fea=torch.zeros(2, 257, 1280)),
     ("wan", "condition_frames"): dict(time_dim_concat=torch.zeros(2, 16, 1, 8, 12)),
@@ -142,13 +172,11 @@ FALLBACKS = {
     ("wan", "attention_override"): dict(transformer_options={"optimized_attention_override": lambda *a, **k: None}),
     ("wan", "wrappers"): dict(transformer_options={"wrappers": {"diffusion_model": {"x": [lambda e, *a, **k: e(*a, **k)]}}}),
     ("wan", "arguments"): dict(odd=True),
-    ("wan", "weight_patches"): dict(patch=True),
     ("flux", "reference_latents"): dict(ref_latents=[torch.zeros(1, 16, 16, 12)]),
     ("flux", "controlnet"): dict(control={"input": [], "output": []}),
     ("flux", "attention_mask"): dict(attention_mask=torch.ones(2, 5 + 48, 5 + 48, dtype=torch.bool)),
     ("flux", "patches"): dict(transformer_options={"patches": {"post_input": [lambda a: a]}}),
     ("flux", "arguments"): dict(guidance=None),
-    ("flux", "weight_patches"): dict(patch=True),
 }
 
 
@@ -161,8 +189,6 @@ def test_fallbacks(comfy: Any, which: str, code: str) -> None:
         args = (args[0], torch.full((2, 72), 730.0), args[2])
     if spec.pop("odd", False):
         args = (args[0][..., :11], *args[1:])
-    if spec.pop("patch", False):
-        _patch(m)
     kwargs.update(spec)
     assert_falls_back(m, (args, kwargs), code)
 

@@ -48,7 +48,7 @@ void TensorWeights::store(const ir::Linear& l, const at::Tensor& w, at::ScalarTy
   impl_of<FormatImpl>(reg_->format(l.format)).store(*this, l, w, model);
 }
 
-const at::Tensor& TensorWeights::tensor(const std::string& name) const {
+at::Tensor TensorWeights::tensor(const std::string& name) const {
   auto it = t_.find(name);
   if (it == t_.end()) throw std::out_of_range("weight '" + name + "' is not in the weight source");
   return it->second;

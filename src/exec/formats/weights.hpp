@@ -35,8 +35,9 @@ struct Slice {
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
-  // The raw tensor (e.g. norm weights, biases, int8 storage).
-  virtual const at::Tensor& tensor(const std::string& name) const = 0;
+  // The raw tensor (e.g. norm weights, biases, int8 storage). By value: a source may make it
+  // on request (a host's weight hook), and then it lives as long as the caller holds it.
+  virtual at::Tensor tensor(const std::string& name) const = 0;
   virtual bool contains(const std::string& name) const = 0;
   // rows/cols of a Linear's weight for compute in `dtype`: a view where the format hands
   // out views, else converted into `out` (a placed buffer of that shape) and returned;
@@ -63,7 +64,7 @@ class TensorWeights : public WeightSource {
   void add(const std::string& name, at::Tensor t);
   // `w` (float) stored in l's format under l.weight.
   void store(const ir::Linear& l, const at::Tensor& w, at::ScalarType model);
-  const at::Tensor& tensor(const std::string& name) const override;
+  at::Tensor tensor(const std::string& name) const override;
   bool contains(const std::string& name) const override { return t_.count(name) != 0; }
   at::Tensor acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
                      const at::Tensor& out = {}) const override;
