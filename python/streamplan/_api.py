@@ -367,8 +367,8 @@ def apply(
         weight_hook: ``fn(name, tensor) -> tensor``, called with a module tensor's
             ``state_dict()`` name and the tensor each time the planned forward acquires it; the
             forward computes with what it returns (same shape and device; e.g. a LoRA patched in).
-            The acquired slice goes into a buffer the plan places, and the plan keeps room for
-            the whole weight during the acquire. Without it, a host's own patch path is used
+            The acquired slice goes into a buffer the plan places, and the plan counts the
+            whole weight during the acquire (the step's transient). Without it, a host's own patch path is used
             where the module has one (ComfyUI ops with ``weight_function``).
         hooked: the ``state_dict()`` names `weight_hook` applies to (default: every tensor).
 

@@ -78,6 +78,10 @@ struct FormatCaps {
   ir::DType stored(ir::DType model) const { return dense ? model : storage; }
   // Bytes an acquire of rows x cols for compute in `compute` allocates: none where the
   // stored tensor is handed out as a view, else the converted slice.
+  // Copies of the whole weight (in the compute dtype) an acquire makes outside the arena
+  // while it runs, before the slice goes into its placed buffer (a host's weight hook: the
+  // tensor it returns and its assembly).
+  int whole_copies = 0;
   int64_t acquire_bytes(int64_t rows, int64_t cols, ir::DType model, ir::DType compute) const {
     if (dense && compute == model) return 0;
     return rows * cols * static_cast<int64_t>(ir::dtype_size(compute));

@@ -102,7 +102,6 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
     plan::Options po;
     po.token_chunk = options_.token_chunk;
     po.feature_slice = options_.feature_slice;
-    po.host_reserve_bytes = weights_->hook_reserve_bytes(fr.model.dtype);
     if (!options_.budget.empty()) {
       contracts::DeviceCaps now = dev_;
       now.memory_free = exec::describe_device(device_).memory_free;

@@ -73,6 +73,7 @@ void register_hook_format(contracts::Registry& reg, ir::DType model) {
   f.description = "a module's weight passed through the host's weight hook at acquire";
   f.storage = model;
   f.dense = false;  // the acquired slice goes into a placed buffer
+  f.whole_copies = 2;  // what the hook returns, and its assembly into the canonical weight
   f.out_slicing = f.in_slicing = f.held_execution = contracts::Cap::Yes;
   f.impl = std::make_shared<Hooked>();
   reg.add(f);
@@ -118,16 +119,6 @@ void ModuleWeights::mark_hooked(ir::Model& m) const {
   ir::for_each_linear(m, [&](ir::Linear& l) {
     if (hooked(l.weight)) l.format = kHookFormat;
   });
-}
-
-int64_t ModuleWeights::hook_reserve_bytes(ir::DType compute) const {
-  int64_t largest = 0;
-  for (const auto& name : hooked_canon_) {
-    int64_t numel = 0;
-    for (const auto& p : canonical(name).parts) numel += p.numel();
-    largest = std::max(largest, numel * std::max<int64_t>(int64_t(ir::dtype_size(compute)), 4));
-  }
-  return 2 * largest;
 }
 
 const ModuleWeights::Canonical& ModuleWeights::canonical(const std::string& name) const {

@@ -17,9 +17,9 @@
 // A host may hook module tensors (set_hook): each read of a hooked tensor calls the hook with
 // its state_dict name and the tensor, and uses what it returns (a LoRA patched in, a cast
 // done: ComfyUI's cast-and-patch path). A Linear served from hooked tensors is acquired in the
-// format "host-hook" (mark_hooked): the program places a buffer for the acquired slice, the
-// whole hooked weight lives only during the acquire, and the planner keeps room for it
-// (hook_reserve_bytes). Nothing hooked is kept between reads.
+// format "host-hook" (mark_hooked): the program places a buffer for the acquired slice, and
+// the whole hooked weight, which lives only during the acquire, is the acquire step's
+// transient (the format declares two whole copies). Nothing hooked is kept between reads.
 //
 // Example:
 //     sp::host::NamedTensors t = ...;   // state_dict() of a diffusers FluxTransformer2DModel
@@ -82,9 +82,6 @@ class ModuleWeights : public exec::WeightSource {
   bool hooked(const std::string& canonical) const { return hooked_canon_.count(canonical) != 0; }
   // Sets the format of every Linear served from hooked tensors to "host-hook".
   void mark_hooked(ir::Model& m) const;
-  // Room the planner keeps for an acquire of a hooked weight in `compute`: the largest hooked
-  // weight twice (the tensor handed to the hook and the one it returns).
-  int64_t hook_reserve_bytes(ir::DType compute) const;
 
   struct Copy {
     std::string name;  // canonical name

@@ -116,7 +116,8 @@ class Compiler {
                 2 * n * double(ir::dtype_size(compute));
       t.launches = 2;
     }
-    emit(AcquireStep{&l, {}, rows, cols, compute, w}, "acquire " + label, t);
+    const int64_t whole = int64_t(f.whole_copies) * l.out_features * l.in_features * int64_t(ir::dtype_size(compute));
+    emit(AcquireStep{&l, {}, rows, cols, compute, w}, "acquire " + label, t, whole);
     p_.steps.back().writes = {w};
     return w;
   }

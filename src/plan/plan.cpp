@@ -253,7 +253,7 @@ class Chooser {
       FinalPlan k = f;
       k.chunk = c;
       for (auto& d : k.decisions) d.chosen = d.rejections.empty() && c < rows;
-      cands.push_back({strategy_of(k), c, 0, 0, final_cost(m_, c, reg_, dev_), reserve()});
+      cands.push_back({strategy_of(k), c, 0, 0, final_cost(m_, c, reg_, dev_), allocator_reserve(dev_)});
     }
     const Choice ch = decide_among(cands);
     if (!ch.chosen) {
@@ -279,7 +279,7 @@ class Chooser {
   Cost embedding() {
     Candidate c;
     c.cost = embed_cost(m_, reg_, dev_);
-    c.reserve = reserve();
+    c.reserve = allocator_reserve(dev_);
     if (opt_.budget_bytes > 0) note_bottleneck(c, "the embedding", "", [&] { return compile_embed(m_, reg_, dev_); });
     return c.cost;
   }
@@ -292,17 +292,13 @@ class Chooser {
     std::string msg = "budget " + human_bytes(opt_.budget_bytes) + " is below the smallest achievable peak " +
                       human_bytes(smallest) + " (" + std::to_string(smallest) + " bytes): residual stream " +
                       human_bytes(residual_) + " + " + worst_.terms;
-    if (worst_.reserve > 0)
-      msg += std::string(opt_.host_reserve_bytes > 0 ? " + allocator and weight-hook reserve (" : " + allocator reserve (") +
-             human_bytes(worst_.reserve) + ")";
+    if (worst_.reserve > 0) msg += " + allocator reserve (" + human_bytes(worst_.reserve) + ")";
     msg += " in " + worst_.where;
     if (!worst_.how.empty()) msg += " (" + worst_.how + ")";
     throw BudgetError(msg, opt_.budget_bytes, smallest);
   }
 
  private:
-  int64_t reserve() const { return allocator_reserve(dev_) + opt_.host_reserve_bytes; }
-
   const char* policy_word() const { return opt_.budget_bytes > 0 ? "the budget's fastest fitting schedule" : "the leanest schedule within 2% of the fastest"; }
 
   Choice decide_among(const std::vector<Candidate>& cands) const {
@@ -314,7 +310,7 @@ class Chooser {
     cands.reserve(plans.size());
     for (const auto& p : plans)
       cands.push_back({p.strategy, p.token_chunk, p.q_chunk, p.feature_slice, sublayer_cost(m_, b, s, p, reg_, dev_),
-                       reserve()});
+                       allocator_reserve(dev_)});
     const Choice ch = decide_among(cands);
     if (!ch.chosen) {
       const SublayerPlan& k = plans[ch.smallest];

@@ -89,9 +89,6 @@ struct Options {
   // whose estimated activation peak (residual included) fits; explicit token_chunk /
   // feature_slice above still fix those sizes.
   int64_t budget_bytes = 0;
-  // Kept free besides each candidate's peak and the allocator reserve: memory a host holds
-  // for a moment during a step (a weight hook's whole weight at acquire).
-  int64_t host_reserve_bytes = 0;
 };
 
 struct Plan {

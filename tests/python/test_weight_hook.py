@@ -86,7 +86,7 @@ def test_flux_every_tensor_through_the_hook() -> None:
 def test_the_plan_places_the_hooked_slices() -> None:
     m = make_wan_transformer()
     call = wan_call(m)
-    peaks, placed = [], []
+    peaks, placed, transient = [], [], []
     for hook in (None, lambda name, t: t):
         handle = streamplan.apply(m, weight_hook=hook)
         try:
@@ -97,9 +97,14 @@ def test_the_plan_places_the_hooked_slices() -> None:
             streamplan.remove(m)
         peaks.append(doc["planned"]["estimated_peak_bytes"])
         placed.append([b["label"] for p in doc["programs"] for b in p["buffers"] if b["role"] == "W" and b["bytes"] > 0])
+        transient.append({s["what"]: s.get("transient_bytes", 0) for p in doc["programs"] for s in p["steps"]
+                          if s["kind"] == "acquire"})
     # without a hook every weight is a view of the module's tensor; with one, each acquired
-    # slice has its place in the arena, and the estimate counts them
+    # slice has its place in the arena, the whole weight is the acquire's transient (what the
+    # hook returns and its assembly: 2 x 96 x 64 fp32), and the estimate counts both
     assert placed[0] == [] and "weight blocks.0.ffn.0.weight [0, +96)" in placed[1]
+    assert set(transient[0].values()) == {0}
+    assert transient[1]["acquire weight blocks.0.ffn.0.weight [0, +96)"] == 2 * 96 * 64 * 4
     assert peaks[1] > peaks[0]
 
 
