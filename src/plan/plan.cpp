@@ -320,6 +320,7 @@ class Chooser {
       return k;
     }
     SublayerPlan p = std::move(plans[*ch.chosen]);
+    weights_of(compile_sublayer(m_, b, s, p, reg_, dev_), p);
     p.estimated_peak = cands[*ch.chosen].cost.peak_bytes;
     p.estimated_ms = cands[*ch.chosen].cost.ms();
     p.alternatives = ch.alternatives;
@@ -330,6 +331,17 @@ class Chooser {
         note(p.decisions, t, "one chunk covers all tokens");
     if (!p.attention && p.token_chunk >= T) note(p.decisions, Transform::TokenChunkedMlp, "one chunk covers all tokens");
     return p;
+  }
+
+  // Which weights the program holds for the whole block and which it acquires per slab.
+  static void weights_of(const Program& prog, SublayerPlan& p) {
+    for (const Step& st : prog.steps) {
+      const auto* a = std::get_if<AcquireStep>(&st.body);
+      if (!a) continue;
+      const std::string name = a->linear ? a->linear->weight : a->tensor;
+      auto& list = st.depth == 0 ? p.held_weights : p.slab_weights;
+      if (std::find(list.begin(), list.end(), name) == list.end()) list.push_back(name);
+    }
   }
 
   // Records a part whose least need does not fit, keeping the largest.
@@ -410,6 +422,37 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
   return p;
 }
 
+// The sublayer's weights by their names below the prefix they share (so that blocks with the
+// same plan read the same): "blocks.3.attn.qkv.weight" -> "qkv.weight".
+static void explain_weights(std::ostream& os, const SublayerPlan& s) {
+  std::vector<std::string> all = s.held_weights;
+  all.insert(all.end(), s.slab_weights.begin(), s.slab_weights.end());
+  size_t cut = 0;
+  if (!all.empty()) {
+    const std::string& first = all.front();
+    size_t common = first.size();
+    for (const auto& n : all) {
+      size_t i = 0;
+      while (i < common && i < n.size() && n[i] == first[i]) ++i;
+      common = i;
+    }
+    if (all.size() == 1) common = first.size();
+    const size_t dot = first.rfind('.', common == 0 ? 0 : common - 1);
+    cut = dot == std::string::npos ? 0 : dot + 1;
+    // keep at least the last two components ("fc1.weight")
+    const size_t last = first.rfind('.');
+    const size_t before = last == std::string::npos || last == 0 ? std::string::npos : first.rfind('.', last - 1);
+    cut = std::min(cut, before == std::string::npos ? size_t(0) : before + 1);
+  }
+  auto list = [&](const std::vector<std::string>& names) {
+    std::string t;
+    for (const auto& n : names) t += (t.empty() ? "" : ", ") + n.substr(std::min(cut, n.size()));
+    return t;
+  };
+  if (!s.held_weights.empty()) os << "    weights held for the block: " << list(s.held_weights) << "\n";
+  if (!s.slab_weights.empty()) os << "    weights acquired per slab: " << list(s.slab_weights) << "\n";
+}
+
 std::string explain(const Plan& p) {
   std::ostringstream os;
   os << "plan for " << p.model << ": " << p.tokens << " tokens, " << ir::to_string(p.dtype) << ", device "
@@ -429,6 +472,7 @@ std::string explain(const Plan& p) {
          << chunks_text(s.attention, false, s.token_chunk, s.q_chunk, s.feature_slice) << ", estimated "
          << human_bytes(s.estimated_peak) << " above the residual, " << human_ms(s.estimated_ms) << "\n";
       explain_decisions(bs, s.decisions);
+      explain_weights(bs, s);
       explain_alternatives(bs, s.alternatives, s.attention, false);
     }
     bodies.push_back(bs.str());

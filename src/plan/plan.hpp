@@ -64,6 +64,9 @@ struct SublayerPlan {
   std::string strategy;        // short name, e.g. "streamed-q", "chunked+sliced", "full"
   double estimated_ms = 0;     // cost model's time for this sublayer
   std::vector<Alternative> alternatives;  // only under a budget
+  // Weights of the chosen program: acquired once and held while the sublayer runs over the
+  // block's rows, or acquired (and released) per slab or slice.
+  std::vector<std::string> held_weights, slab_weights;
 };
 
 struct BlockPlan {

@@ -197,6 +197,8 @@ nlohmann::json to_json(const plan::Plan& p) {
       else j["feature_slice"] = s.feature_slice;
       if (!s.strategy.empty()) j["strategy"] = s.strategy;
       j["estimated_ms"] = s.estimated_ms;
+      j["held_weights"] = s.held_weights;
+      j["slab_weights"] = s.slab_weights;
       nlohmann::json alts = nlohmann::json::array();
       for (const auto& a : s.alternatives)
         alts.push_back({{"strategy", a.strategy},

@@ -84,6 +84,11 @@ def test_explain_and_to_dict(flux_module: Any) -> None:
     assert d["tokens"] == 55 and d["dtype"] == "fp32"
     assert d["planned"]["estimated_peak_bytes"] == handle.plans[0]["estimated_peak_bytes"] > 0
     assert d == handle.to_dict(handle.plans[0]["key"])
+    # which weights each sublayer holds for the block and which it acquires per slab
+    mlp = d["plan"]["blocks"][0]["sublayers"][-1]
+    assert mlp["held_weights"] + mlp["slab_weights"] and all(
+        w.startswith("double_blocks.0.") for w in mlp["held_weights"] + mlp["slab_weights"])
+    assert "weights held for the block:" in text or "weights acquired per slab:" in text
     with pytest.raises(ValueError, match="no plan for it"):
         handle.to_dict("img 1 (fp64)")
 
