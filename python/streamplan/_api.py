@@ -322,14 +322,21 @@ class Handle:
                 return Fallback("module_changed", why)
         return None
 
-    def _call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    def call(self, original: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """One call of the module's forward, planned, or `original(*args, **kwargs)` with the
+        fallback recorded. For a host that calls the planner from its own hook around the
+        module (ComfyUI's diffusion-model wrapper: `original` is the rest of the chain) rather
+        than through the replaced forward of :func:`apply`."""
+        return self._call(args, kwargs, original)
+
+    def _call(self, args: Sequence[Any], kwargs: Mapping[str, Any], original: Callable[..., Any] | None = None) -> Any:
         self.calls += 1
         why: Call | Fallback | None = self._module_fallback(args, kwargs)
         if why is None:
             why = self._adapter.prepare(args, kwargs)
         if isinstance(why, Fallback):
             self.fallbacks.append(why)
-            return self._original(*args, **kwargs)
+            return (original or self._original)(*args, **kwargs)
         run = self._attached.forward_named if self._adapter.named_outputs else self._attached.forward
         outputs = [run(raw) for raw in why.inputs]
         self.planned_calls += 1
@@ -345,6 +352,7 @@ def apply(
     feature_slice: int | None = None,
     weight_hook: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
     hooked: Sequence[str] | None = None,
+    install: bool = True,
 ) -> Handle:
     """Attaches the planner to `module` and replaces its forward; returns the handle.
 
@@ -371,6 +379,9 @@ def apply(
             whole weight during the acquire (the step's transient). Without it, a host's own patch path is used
             where the module has one (ComfyUI ops with ``weight_function``).
         hooked: the ``state_dict()`` names `weight_hook` applies to (default: every tensor).
+        install: False leaves the module's forward as it is: the host calls
+            :meth:`Handle.call` from its own hook around the module instead (ComfyUI's
+            diffusion-model wrappers: streamplan.comfy_nodes).
 
     Raises:
         TypeError: `module` is not a torch module, `budget` has another type, or `weight_hook`
@@ -415,7 +426,8 @@ def apply(
         _positive_or_none("feature_slice", feature_slice),
         hook,
     )
-    module.forward = handle._forward
+    if install:
+        module.forward = handle._forward
     setattr(module, _ATTR, handle)
     return handle
 
@@ -430,9 +442,11 @@ def remove(module: torch.nn.Module) -> None:
     handle = handle_of(module)
     if handle is None:
         raise ValueError("module: streamplan is not attached to it")
-    if module.__dict__.get("forward") is not handle._forward:
+    installed = module.__dict__.get("forward")
+    if installed is not None and installed is not handle._forward:
         raise ValueError("module: its forward was replaced after streamplan.apply; remove that wrapper first")
-    del module.__dict__["forward"]
+    if installed is not None:
+        del module.__dict__["forward"]
     delattr(module, _ATTR)
 
 

@@ -47,19 +47,23 @@ class ComfyAdapter(Adapter):
     host = "ComfyUI"
 
     def wrappers(self, opts: Mapping[str, Any]) -> list[Any]:
-        """The diffusion-model wrappers the original forward would run, as ComfyUI collects them."""
+        """The diffusion-model wrappers the original forward would run, as ComfyUI collects them,
+        but streamplan's own (comfy_nodes: the one making this call)."""
+        found: list[Any] | None = None
         comfy = getattr(sys.modules.get(type(self.module).__module__), "comfy", None)
         ext = getattr(comfy, "patcher_extension", None)
         if ext is not None:
             try:
-                return list(ext.get_all_wrappers(ext.WrappersMP.DIFFUSION_MODEL, opts))
+                found = list(ext.get_all_wrappers(ext.WrappersMP.DIFFUSION_MODEL, opts))
             except Exception:  # noqa: BLE001 - an unexpected form: decide from the dict below
-                pass
-        w = opts.get("wrappers")
-        if isinstance(w, Mapping):
-            d = w.get("diffusion_model")
-            return list(d.values()) if isinstance(d, Mapping) else list(d or [])
-        return []
+                found = None
+        if found is None:
+            found = []
+            w = opts.get("wrappers")
+            d = w.get("diffusion_model") if isinstance(w, Mapping) else None
+            for v in (d.values() if isinstance(d, Mapping) else [d or []]):
+                found.extend(v)
+        return [w for w in found if not getattr(w, "streamplan_wrapper", False)]
 
     def options_fallback(self, opts: Any) -> Fallback | None:
         """The fallback for what transformer_options carries that changes the computation."""

@@ -5,7 +5,8 @@ Two trees, each imported as the package `comfy`:
   .deps/comfyui       comfy/ldm/minimax/model.py and the few modules it calls (README.md there),
                       with comfy_kitchen importable or under .deps/python: MiniMaxH3Model;
   .deps/comfyui-full  a ComfyUI source tree (comfy/ and its Python siblings), with what it
-                      imports beyond torch (einops, psutil) importable or under .deps/comfy-site:
+                      imports beyond torch (einops, psutil, torchvision) importable or under
+                      .deps/comfy-site:
                       WanModel, Flux.
 
 Both are called `comfy`, so each fixture imports its tree with the other's modules out of

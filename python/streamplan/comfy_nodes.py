@@ -1,0 +1,153 @@
+"""ComfyUI nodes: "Streamplan Memory Planner" (MODEL in, MODEL out).
+
+The node clones the ModelPatcher and adds a diffusion-model wrapper to the clone (ComfyUI's
+``add_wrapper_with_key``; nothing of ComfyUI is monkeypatched). When the sampler calls the
+diffusion model, the wrapper runs the planned forward on the effective model: the module ComfyUI
+loaded, with the LoRA ComfyUI patched into it, or with the patches its ops apply at cast time
+acquired through ComfyUI's own patch functions (the package's weight hook). A call the planner
+does not model runs the rest of ComfyUI's wrapper chain unchanged, with the reason recorded.
+
+Attention: the consumer ``comfy`` runs ComfyUI's selected attention function
+(``comfy.ldm.modules.attention.optimized_attention``) on each Q slab against the global K and V,
+with the capabilities of the SDPA baseline; ``sdpa`` and the other built-in consumers are offered
+too.
+
+After each sampling call that made a new plan or recorded a fallback, the node's text (ComfyUI's
+progress text on the node, and the log) says what was planned: per geometry the estimated peak
+and floor, per call the fallbacks with their reasons; with ``explain`` the whole plan.
+
+This module imports ComfyUI only when a node runs, so that it loads (and its option handling is
+tested) without ComfyUI.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+from . import _api
+
+CATEGORY = "advanced/model"
+BUDGET_HELP = '"auto" (free memory less a margin), "none" (the leanest plan within 2% of the fastest) or a size ("12GiB")'
+
+
+def parse_budget(text: str) -> str | None:
+    """The node's budget text as streamplan.apply takes it; ValueError naming the value."""
+    t = (text or "").strip()
+    if t.lower() in ("", "none"):
+        return None
+    if t.lower() == "auto":
+        return "auto"
+    from . import _C
+
+    try:
+        _C.parse_budget(t)
+    except Exception as e:  # noqa: BLE001 - the parser's own message, named
+        raise ValueError(f"budget: {t!r} is not {BUDGET_HELP}: {e}") from None
+    return t
+
+
+def comfy_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, q_total: int,
+                    layer: int) -> torch.Tensor:
+    """ComfyUI's selected attention on one Q slab [1, G, rows, d] against the global K and V."""
+    from comfy.ldm.modules import attention
+
+    return attention.optimized_attention(q, k, v, q.shape[1], skip_reshape=True, skip_output_reshape=True)
+
+
+COMFY_CONSUMER = "comfy"
+COMFY_CAPS = {"accepts_bounded_q": True, "requires_global_k": True, "requires_global_v": True, "slab_output": True,
+              "dtypes": ["fp32", "bf16", "fp16"]}
+
+
+def consumer_names() -> list[str]:
+    return [COMFY_CONSUMER] + [c for c in _api.consumers() if c != COMFY_CONSUMER]
+
+
+class PlannerWrapper:
+    """ComfyUI's diffusion-model wrapper that runs the planned forward; one handle per module."""
+
+    streamplan_wrapper = True  # the adapters do not count it among the wrappers a call must run
+
+    def __init__(self, budget: str | None, consumer: str, explain: bool, node_id: str | None = None,
+                 report: Callable[[str], None] | None = None) -> None:
+        self.budget, self.consumer, self.explain, self.node_id = budget, consumer, explain, node_id
+        self.report = report or self._report
+        self.handles: dict[int, _api.Handle] = {}
+
+    def handle(self, module: torch.nn.Module) -> _api.Handle:
+        h = self.handles.get(id(module))
+        if h is None or h.module is not module:
+            if self.consumer == COMFY_CONSUMER and COMFY_CONSUMER not in _api.consumers():
+                _api.register_consumer(COMFY_CONSUMER, comfy_attention, caps=COMFY_CAPS)
+            h = _api.apply(module, budget=self.budget, consumer=self.consumer, install=False)
+            self.handles[id(module)] = h
+        return h
+
+    def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
+        module = executor.class_obj
+        h = self.handle(module)
+        plans, fallbacks = len(h.plans), len(h.fallbacks)
+        out = h.call(executor, args, kwargs)
+        if len(h.plans) != plans or len(h.fallbacks) != fallbacks:
+            self.report(self.summary(h))
+        return out
+
+    def summary(self, h: _api.Handle) -> str:
+        lines = [f"streamplan: {type(h.module).__name__} as {h.variant}, consumer {h.consumer}, "
+                 f"budget {h.budget or 'none'}: {h.planned_calls} of {h.calls} calls planned"]
+        mib = float(1 << 20)
+        for p in h.plans:
+            lines.append(f"  {p['key']}: estimated peak {p['estimated_peak_bytes'] / mib:.0f} MiB, "
+                         f"floor {p['floor_bytes'] / mib:.0f} MiB, {p['calls']} calls")
+        for f in h.fallbacks[-8:]:
+            lines.append(f"  fallback {f.code}: {f.reason}")
+        if self.explain and h.plans:
+            lines.append(h.explain())
+        return "\n".join(lines)
+
+    def _report(self, text: str) -> None:
+        logging.info(text)
+        try:
+            from server import PromptServer
+
+            if self.node_id is not None and PromptServer.instance is not None:
+                PromptServer.instance.send_progress_text(text, self.node_id)
+        except Exception:  # noqa: BLE001 - no server (a script), or an older one: the log has it
+            pass
+
+
+class StreamplanMemoryPlanner:
+    """MODEL in, MODEL out: the model runs through streamplan's planned forward."""
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:  # noqa: N802 - ComfyUI's name
+        return {
+            "required": {
+                "model": ("MODEL",),
+                "budget": ("STRING", {"default": "none", "tooltip": BUDGET_HELP}),
+                "consumer": (consumer_names(), {"default": COMFY_CONSUMER}),
+                "explain": ("BOOLEAN", {"default": False}),
+            },
+            "hidden": {"unique_id": "UNIQUE_ID"},
+        }
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = CATEGORY
+    DESCRIPTION = ("Runs the diffusion model with bounded activation memory: plans the effective model (LoRA "
+                   "and patches applied) before sampling and falls back per call where it cannot.")
+
+    def patch(self, model: Any, budget: str, consumer: str, explain: bool, unique_id: str | None = None) -> tuple[Any]:
+        import comfy.patcher_extension as ext
+
+        wrapper = PlannerWrapper(parse_budget(budget), consumer, explain, unique_id)
+        m = model.clone()
+        m.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan", wrapper)
+        return (m,)
+
+
+NODE_CLASS_MAPPINGS = {"StreamplanMemoryPlanner": StreamplanMemoryPlanner}
+NODE_DISPLAY_NAME_MAPPINGS = {"StreamplanMemoryPlanner": "Streamplan Memory Planner"}

@@ -1,0 +1,125 @@
+"""streamplan's ComfyUI node (streamplan.comfy_nodes): its options without ComfyUI, and with a
+ComfyUI tree the node on a ModelPatcher of ComfyUI's WanModel and Flux: the diffusion model
+called as ComfyUI's sampler calls it (the clone's wrappers in transformer_options) runs planned
+with ComfyUI's selected attention and answers what the unwrapped model answers; a weight that
+ComfyUI patches at cast time is acquired through ComfyUI's patch function; another wrapper makes
+the call run ComfyUI's chain, recorded; the original patcher is left without the wrapper.
+
+The tests that need ComfyUI are skipped with the reason where .deps/comfyui-full is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from conftest import rel_l2
+from test_comfy_models import _patch, comfy, flux_call, make_flux, make_wan, run, wan_call  # noqa: F401
+
+import streamplan
+from streamplan import comfy_nodes
+
+TOL = 1e-4
+
+
+def test_budget_option() -> None:
+    assert comfy_nodes.parse_budget("none") is None and comfy_nodes.parse_budget(" ") is None
+    assert comfy_nodes.parse_budget("auto") == "auto" and comfy_nodes.parse_budget("12GiB") == "12GiB"
+    with pytest.raises(ValueError, match="budget: '12 parsecs' is not"):
+        comfy_nodes.parse_budget("12 parsecs")
+
+
+def test_node_declaration() -> None:
+    node = comfy_nodes.NODE_CLASS_MAPPINGS["StreamplanMemoryPlanner"]
+    inputs = node.INPUT_TYPES()["required"]
+    assert inputs["model"] == ("MODEL",) and node.RETURN_TYPES == ("MODEL",)
+    assert inputs["consumer"][0][0] == "comfy" and "sdpa" in inputs["consumer"][0]
+    assert comfy_nodes.NODE_DISPLAY_NAME_MAPPINGS["StreamplanMemoryPlanner"] == "Streamplan Memory Planner"
+
+
+class Holder(torch.nn.Module):
+    """What a ModelPatcher holds: a model with its diffusion model."""
+
+    def __init__(self, dm: torch.nn.Module) -> None:
+        super().__init__()
+        self.diffusion_model = dm
+
+
+def planner(comfy: Any, dm: torch.nn.Module, consumer: str = "comfy") -> tuple[Any, Any, list[str]]:
+    """(the original patcher, the node's clone, what the node reported)."""
+    import comfy.model_patcher as mp
+
+    cpu = torch.device("cpu")
+    patcher = mp.ModelPatcher(Holder(dm), load_device=cpu, offload_device=cpu)
+    reports: list[str] = []
+    (clone,) = comfy_nodes.StreamplanMemoryPlanner().patch(patcher, "none", consumer, True, unique_id="7")
+    for w in clone.wrappers["diffusion_model"]["streamplan"]:
+        w.report = reports.append
+    return patcher, clone, reports
+
+
+def sampled(clone: Any, call: Any, **options: Any) -> torch.Tensor:
+    """A call as ComfyUI's sampler makes it: the patcher's wrappers in transformer_options."""
+    args, kwargs = call()
+    kwargs["transformer_options"] = {"wrappers": clone.wrappers, **options}
+    with torch.no_grad():
+        return clone.model.diffusion_model(*args, **kwargs)
+
+
+def wrapper_of(clone: Any) -> comfy_nodes.PlannerWrapper:
+    return clone.wrappers["diffusion_model"]["streamplan"][0]
+
+
+@pytest.mark.parametrize("make,call", [(make_wan, wan_call), (make_flux, flux_call)], ids=["wan", "flux"])
+def test_node_runs_the_sampler_call_planned(comfy: Any, make: Any, call: Any) -> None:
+    dm = make(comfy)
+    want = run(dm, call())
+    patcher, clone, reports = planner(comfy, dm)
+    got = sampled(clone, call)
+    h = wrapper_of(clone).handles[id(dm)]
+    try:
+        assert h.planned_calls == h.calls == 1 and h.fallbacks == [] and h.consumer == "comfy"
+        err = rel_l2(got, want)
+        print(f"node on {type(dm).__name__}: rel L2 {err:.3e}")
+        assert err <= TOL
+        assert reports and "estimated peak" in reports[0] and "weights held for the block" in reports[0]
+        assert "streamplan" not in patcher.wrappers.get("diffusion_model", {})  # the clone only
+        assert "forward" not in dm.__dict__  # nothing monkeypatched
+    finally:
+        streamplan.remove(dm)
+
+
+def test_node_with_a_weight_patched_at_cast(comfy: Any) -> None:
+    dm = make_wan(comfy)
+    _patch(dm)
+    want = run(dm, wan_call())  # ComfyUI's own cast applies the patch
+    _, clone, _ = planner(comfy, dm, consumer="sdpa")
+    got = sampled(clone, wan_call)
+    h = wrapper_of(clone).handles[id(dm)]
+    try:
+        assert h.planned_calls == 1 and rel_l2(got, want) <= TOL
+    finally:
+        streamplan.remove(dm)
+
+
+def test_another_wrapper_runs_comfys_chain(comfy: Any) -> None:
+    import comfy.patcher_extension as ext
+
+    dm = make_flux(comfy)
+    want = run(dm, flux_call())
+    _, clone, reports = planner(comfy, dm)
+    seen = []
+
+    def other(executor: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(1)
+        return executor(*args, **kwargs)
+
+    clone.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "other", other)
+    got = sampled(clone, flux_call)
+    h = wrapper_of(clone).handles[id(dm)]
+    try:
+        assert h.planned_calls == 0 and [f.code for f in h.fallbacks] == ["wrappers"] and seen == [1]
+        assert torch.equal(got, want) and "fallback wrappers" in reports[-1]
+    finally:
+        streamplan.remove(dm)
