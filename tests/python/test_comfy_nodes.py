@@ -38,6 +38,27 @@ def test_node_declaration() -> None:
     assert comfy_nodes.NODE_DISPLAY_NAME_MAPPINGS["StreamplanMemoryPlanner"] == "Streamplan Memory Planner"
 
 
+@pytest.mark.parametrize("folder", [".", "comfyui"], ids=["repository", "comfyui"])
+def test_loads_as_comfyui_loads_a_custom_node_folder(folder: str) -> None:
+    """ComfyUI imports custom_nodes/<folder>/__init__.py as a package: a clone of the repository
+    or the comfyui folder alone."""
+    import importlib.util
+    import os
+    import sys
+
+    root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", folder))
+    name = f"custom_node_{folder.strip('.') or 'repository'}"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(root, "__init__.py"),
+                                                  submodule_search_locations=[root])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    assert module.NODE_CLASS_MAPPINGS == comfy_nodes.NODE_CLASS_MAPPINGS
+
+
 class Holder(torch.nn.Module):
     """What a ModelPatcher holds: a model with its diffusion model."""
 
