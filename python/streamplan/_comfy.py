@@ -40,6 +40,12 @@ from ._adapter import (Adapter, Call, Fallback, WeightHook, check_tensor, flux1_
                        per_element_scalar, shape_text)
 
 
+# Set in transformer_options by streamplan's ComfyUI node when its plan's attention consumer
+# calls the override itself (comfy_nodes): the call then plans, with the override's declared
+# capabilities (none: attention unstreamed).
+OVERRIDE_CONSUMED = "streamplan_attention_override_consumed"
+
+
 class ComfyAdapter(Adapter):
     """What ComfyUI's diffusion modules share: transformer_options and weights cast by ComfyUI."""
 
@@ -74,7 +80,7 @@ class ComfyAdapter(Adapter):
             if v and any(bool(x) for x in (v.values() if isinstance(v, Mapping) else [v])):
                 what = sorted(map(str, v)) if isinstance(v, Mapping) else v
                 return Fallback(code, f"transformer_options['{key}'] is not empty: {what}")
-        if opts.get("optimized_attention_override") is not None:
+        if opts.get("optimized_attention_override") is not None and not opts.get(OVERRIDE_CONSUMED):
             return Fallback("attention_override",
                             "transformer_options['optimized_attention_override'] replaces attention")
         wrappers = self.wrappers(opts)

@@ -10,7 +10,12 @@ does not model runs the rest of ComfyUI's wrapper chain unchanged, with the reas
 Attention: the consumer ``comfy`` runs ComfyUI's selected attention function
 (``comfy.ldm.modules.attention.optimized_attention``) on each Q slab against the global K and V,
 with the capabilities of the SDPA baseline; ``sdpa`` and the other built-in consumers are offered
-too.
+too. When another node installs an attention override
+(``transformer_options["optimized_attention_override"]``), the call plans with the consumer
+``comfy-override``, which calls ComfyUI's attention with the call's transformer_options (so the
+override runs) and has the capabilities the override declares in its attribute
+``streamplan_caps`` (the package's consumer caps); an override that declares none leaves them
+undeclared, so streamed Q is rejected for it and attention runs whole, which the plan says.
 
 After each sampling call that made a new plan or recorded a fallback, the node's text (ComfyUI's
 progress text on the node, and the log) says what was planned: per geometry the estimated peak
@@ -22,12 +27,15 @@ tested) without ComfyUI.
 
 from __future__ import annotations
 
+import contextvars
+import inspect
 import logging
 from typing import Any, Callable
 
 import torch
 
 from . import _api
+from ._comfy import OVERRIDE_CONSUMED
 
 CATEGORY = "advanced/model"
 BUDGET_HELP = '"auto" (free memory less a margin), "none" (the leanest plan within 2% of the fastest) or a size ("12GiB")'
@@ -49,17 +57,34 @@ def parse_budget(text: str) -> str | None:
     return t
 
 
+# The transformer_options of the call the planner runs now (the override consumer passes them on).
+_CALL_OPTIONS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("streamplan_call_options", default=None)
+
+
 def comfy_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, q_total: int,
                     layer: int) -> torch.Tensor:
-    """ComfyUI's selected attention on one Q slab [1, G, rows, d] against the global K and V."""
+    """ComfyUI's selected attention on one Q slab [1, G, rows, d] against the global K and V;
+    with the call's transformer_options, so that an attention override there runs."""
     from comfy.ldm.modules import attention
 
-    return attention.optimized_attention(q, k, v, q.shape[1], skip_reshape=True, skip_output_reshape=True)
+    opts = _CALL_OPTIONS.get()
+    extra = {"transformer_options": opts} if opts is not None else {}
+    return attention.optimized_attention(q, k, v, q.shape[1], skip_reshape=True, skip_output_reshape=True, **extra)
 
 
 COMFY_CONSUMER = "comfy"
+OVERRIDE_CONSUMER = "comfy-override"
 COMFY_CAPS = {"accepts_bounded_q": True, "requires_global_k": True, "requires_global_v": True, "slab_output": True,
               "dtypes": ["fp32", "bf16", "fp16"]}
+
+
+def _options_of(module: torch.nn.Module, args: tuple, kwargs: dict) -> dict:
+    try:
+        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+    except TypeError:
+        return {}
+    opts = bound.arguments.get("transformer_options")
+    return opts if isinstance(opts, dict) else {}
 
 
 def consumer_names() -> list[str]:
@@ -77,20 +102,40 @@ class PlannerWrapper:
         self.report = report or self._report
         self.handles: dict[int, _api.Handle] = {}
 
-    def handle(self, module: torch.nn.Module) -> _api.Handle:
-        h = self.handles.get(id(module))
-        if h is None or h.module is not module:
+    def handle(self, module: torch.nn.Module, override: Any = None) -> _api.Handle:
+        """The module's handle; with an attention override, one whose consumer calls it, with
+        the capabilities it declares (a handle of its own: the plans differ)."""
+        key = (id(module), None if override is None else id(override))
+        h = self.handles.get(key)
+        if h is not None and h.module is module:
+            return h
+        if override is None:
             if self.consumer == COMFY_CONSUMER and COMFY_CONSUMER not in _api.consumers():
                 _api.register_consumer(COMFY_CONSUMER, comfy_attention, caps=COMFY_CAPS)
             h = _api.apply(module, budget=self.budget, consumer=self.consumer, install=False)
-            self.handles[id(module)] = h
+        else:
+            caps = dict(getattr(override, "streamplan_caps", None) or {})
+            if OVERRIDE_CONSUMER in _api.consumers():  # handles made already keep the caps they had
+                _api.unregister_consumer(OVERRIDE_CONSUMER)
+            _api.register_consumer(OVERRIDE_CONSUMER, comfy_attention, caps=caps)
+            h = _api.Handle(module, _api.adapter_for(module), _api._budget_text(self.budget), OVERRIDE_CONSUMER, 0, 0)
+        self.handles[key] = h
         return h
 
     def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
         module = executor.class_obj
-        h = self.handle(module)
+        opts = _options_of(module, args, kwargs)
+        override = opts.get("optimized_attention_override")
+        h = self.handle(module, override)
+        if override is not None:
+            opts[OVERRIDE_CONSUMED] = True  # this handle's consumer runs the override
         plans, fallbacks = len(h.plans), len(h.fallbacks)
-        out = h.call(executor, args, kwargs)
+        token = _CALL_OPTIONS.set(opts)
+        try:
+            out = h.call(executor, args, kwargs)
+        finally:
+            _CALL_OPTIONS.reset(token)
+            opts.pop(OVERRIDE_CONSUMED, None)
         if len(h.plans) != plans or len(h.fallbacks) != fallbacks:
             self.report(self.summary(h))
         return out
@@ -102,6 +147,9 @@ class PlannerWrapper:
         for p in h.plans:
             lines.append(f"  {p['key']}: estimated peak {p['estimated_peak_bytes'] / mib:.0f} MiB, "
                          f"floor {p['floor_bytes'] / mib:.0f} MiB, {p['calls']} calls")
+        if h.consumer == OVERRIDE_CONSUMER:
+            lines.append("  attention override: it runs as the consumer 'comfy-override' with the capabilities it "
+                         "declares (streamplan_caps); what it leaves undeclared keeps attention unstreamed")
         for f in h.fallbacks[-8:]:
             lines.append(f"  fallback {f.code}: {f.reason}")
         if self.explain and h.plans:

@@ -98,7 +98,7 @@ def test_node_runs_the_sampler_call_planned(comfy: Any, make: Any, call: Any) ->
     want = run(dm, call())
     patcher, clone, reports = planner(comfy, dm)
     got = sampled(clone, call)
-    h = wrapper_of(clone).handles[id(dm)]
+    h = wrapper_of(clone).handles[(id(dm), None)]
     try:
         assert h.planned_calls == h.calls == 1 and h.fallbacks == [] and h.consumer == "comfy"
         err = rel_l2(got, want)
@@ -117,7 +117,7 @@ def test_node_with_a_weight_patched_at_cast(comfy: Any) -> None:
     want = run(dm, wan_call())  # ComfyUI's own cast applies the patch
     _, clone, _ = planner(comfy, dm, consumer="sdpa")
     got = sampled(clone, wan_call)
-    h = wrapper_of(clone).handles[id(dm)]
+    h = wrapper_of(clone).handles[(id(dm), None)]
     try:
         assert h.planned_calls == 1 and rel_l2(got, want) <= TOL
     finally:
@@ -138,9 +138,42 @@ def test_another_wrapper_runs_comfys_chain(comfy: Any) -> None:
 
     clone.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "other", other)
     got = sampled(clone, flux_call)
-    h = wrapper_of(clone).handles[id(dm)]
+    h = wrapper_of(clone).handles[(id(dm), None)]
     try:
         assert h.planned_calls == 0 and [f.code for f in h.fallbacks] == ["wrappers"] and seen == [1]
         assert torch.equal(got, want) and "fallback wrappers" in reports[-1]
     finally:
         streamplan.remove(dm)
+
+
+def test_attention_override_falls_back_for_attention_only(comfy: Any) -> None:
+    """Another node's attention override that declares nothing: the call still plans, the
+    override runs as the consumer, streamed Q is rejected with the reason, and the answer is
+    what ComfyUI computes with the override."""
+    dm = make_wan(comfy)
+    calls = []
+
+    def override(func: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0].shape)
+        return func(*args, **kwargs)
+
+    args, kwargs = wan_call()
+    with torch.no_grad():
+        want = dm(*args, **{**kwargs, "transformer_options": {"optimized_attention_override": override}})
+    n_original = len(calls)
+    _, clone, reports = planner(comfy, dm)
+    got = sampled(clone, wan_call, optimized_attention_override=override)
+    w = wrapper_of(clone)
+    try:
+        h = w.handles[(id(dm), id(override))]
+        assert h.planned_calls == 1 and h.fallbacks == [] and h.consumer == "comfy-override"
+        assert len(calls) > n_original  # the override ran inside the planned call
+        err = rel_l2(got, want)
+        print(f"attention override: rel L2 {err:.3e}")
+        assert err <= TOL
+        attn = h.to_dict()["plan"]["blocks"][0]["sublayers"][0]
+        streamed = next(t for t in attn["transformations"] if t["transformation"] == "global K/V + streamed Q")
+        assert not streamed["chosen"] and "consumer.bounded_q" in {r["code"] for r in streamed["rejections"]}
+        assert "attention override" in reports[-1]
+    finally:
+        assert streamplan.handle_of(dm) is None  # the override's handle is the node's own: nothing attached
