@@ -20,6 +20,10 @@
 #   scripts/device.sh OUT minimax    the Python package built here, then ComfyUI's MiniMaxH3Model
 #                                    (2 blocks, 10 s at 1376x768) with and without
 #                                    streamplan.apply (scripts/bench_minimax.py)
+#   scripts/device.sh OUT comfy-check
+#                                    the Python package built here, then ComfyUI's own sampling
+#                                    of Wan 14B (2 layers) and Flux-dev (2 + 4 blocks) with and
+#                                    without the node, and with a LoRA (scripts/comfy_check.py)
 #   scripts/device.sh OUT policy     the bench cases three ways, in turn in one process: the
 #                                    default policy (no flags), --budget auto (the fastest plan)
 #                                    and --budget-floor 1.1 (bench --policies); builds first
@@ -100,6 +104,24 @@ if [ "$mode" = minimax ]; then
   build_package
   COMFY_KITCHEN_PATH=${COMFY_KITCHEN_PATH:-$PWD/.deps/ck312} $py scripts/bench_minimax.py ${BENCH_ARGS:-} \
     --out "$out/minimax.json" 2>>"$out/logs.txt" || { tail -20 "$out/logs.txt"; exit 1; }
+  exit 0
+fi
+
+if [ "$mode" = comfy-check ]; then
+  # ComfyUI's own sampling with and without the node (scripts/comfy_check.py): a ComfyUI tree
+  # in .deps/comfyui-full (or COMFYUI_PATH), and wheels of what it imports that this machine
+  # lacks in .whl-comfy/ (scripts/device-deps.sh); each is installed only where its import fails.
+  build_package
+  site=/tmp/streamplan-comfy-site
+  mkdir -p "$site"
+  for w in .whl-comfy/*.whl; do
+    [ -e "$w" ] || continue
+    mod=$(basename "$w" | cut -d- -f1)
+    $py -c "import $mod" 2>/dev/null && continue
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$w" >>"$out/logs.txt" 2>&1
+  done
+  COMFY_SITE=$site COMFYUI_PATH=${COMFYUI_PATH:-$PWD/.deps/comfyui-full} $py scripts/comfy_check.py ${BENCH_ARGS:-} \
+    --out "$out/comfy_check.json" 2>>"$out/logs.txt" || { tail -30 "$out/logs.txt"; exit 1; }
   exit 0
 fi
 
