@@ -11,8 +11,10 @@ sampling function (comfy.sample.sample: euler, simple schedule, CFG), in one pro
 
 Each model is sampled four ways: without and with the node, each without and with a rank-16
 LoRA that ComfyUI loads itself (comfy.lora.load_lora onto the ModelPatcher, as its LoRA loader
-does). The latents with the node are compared with those without (rel L2), and the peak of the
-caching allocator above what was allocated before sampling is printed for each run.
+does). In bf16 (on a GPU) ComfyUI also samples the same weights in fp32, the reference. The
+latents with the node are compared with those without, and both with the fp32 reference (rel
+L2); the peak of the caching allocator above what was allocated before sampling is printed for
+each run.
 
     COMFYUI_PATH=/path/to/ComfyUI python3 scripts/comfy_check.py [--models wan,flux] [--steps 2]
     python3 scripts/comfy_check.py --tiny --device cpu      # a quick run on the CPU
@@ -54,13 +56,13 @@ def comfy_import(device: str):
     return comfy
 
 
-def model_config(comfy, family: str, tiny: bool):
+def model_config(comfy, family: str, tiny: bool, dtype: torch.dtype):
     base = comfy.supported_models_base.BASE
     if family == "wan":
         unet = (dict(dim=64, ffn_dim=96, num_heads=2, freq_dim=32, text_dim=32) if tiny else
                 dict(dim=5120, ffn_dim=13824, num_heads=40, freq_dim=256, text_dim=4096))
         unet.update(model_type="t2v", patch_size=(1, 2, 2), in_dim=16, out_dim=16, num_layers=2, eps=1e-6,
-                    qk_norm=True, cross_attn_norm=True, text_len=512)
+                    qk_norm=True, cross_attn_norm=True, text_len=512, dtype=dtype)
 
         class Cfg(base):
             unet_config = unet
@@ -71,7 +73,7 @@ def model_config(comfy, family: str, tiny: bool):
     unet = (dict(hidden_size=32, num_heads=2, axes_dim=[4, 6, 6], context_in_dim=32, vec_in_dim=24) if tiny else
             dict(hidden_size=3072, num_heads=24, axes_dim=[16, 56, 56], context_in_dim=4096, vec_in_dim=768))
     unet.update(in_channels=16, out_channels=16, patch_size=2, mlp_ratio=4.0, depth=2, depth_single_blocks=4,
-                theta=10000, qkv_bias=True, guidance_embed=True, image_model="flux")
+                theta=10000, qkv_bias=True, guidance_embed=True, image_model="flux", dtype=dtype)
 
     class Cfg(base):
         unet_config = unet
@@ -114,13 +116,17 @@ def main() -> int:
     rows = []
     for family in [m for m in a.models.split(",") if m]:
         t0 = time.time()
-        cfg, cls = model_config(comfy, family, a.tiny)
-        cfg.manual_cast_dtype = None
+        cfg, cls = model_config(comfy, family, a.tiny, dtype)  # built in dtype, ComfyUI's fp32 layers kept
         model = cls(cfg, device=device)
-        model.diffusion_model.to(dtype)
         gen = torch.Generator(device).manual_seed(0)
         make_reference.randomize(model.diffusion_model, gen)
         patcher = comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
+        patcher32 = None
+        if dtype != torch.float32:  # the reference: ComfyUI in fp32 on the same (rounded) weights
+            cfg32, _ = model_config(comfy, family, a.tiny, torch.float32)
+            model32 = cls(cfg32, device=device)
+            model32.diffusion_model.load_state_dict(model.diffusion_model.state_dict())
+            patcher32 = comfy.model_patcher.ModelPatcher(model32, load_device=device, offload_device=device)
         if family == "wan":
             shape = (1, 16, 3, 8, 12) if a.tiny else (1, 16, 21, 90, 160)
             ctx_dim, ctx_len = cfg.unet_config["text_dim"], 512
@@ -156,6 +162,13 @@ def main() -> int:
             p = patcher.clone()
             if with_lora:
                 p.add_patches(lora, 1.0)
+            fp32 = None
+            if patcher32 is not None:
+                p32 = patcher32.clone()
+                if with_lora:
+                    p32.add_patches(lora, 1.0)
+                fp32 = sample(p32)[0]
+                p32.unpatch_model()
             sample(p)  # weights loaded (and patched) once before measuring
             ref, ref_s, ref_peak = sample(p)
             (planned_model,) = comfy_nodes.StreamplanMemoryPlanner().patch(p, "none", "comfy", False)
@@ -166,11 +179,14 @@ def main() -> int:
             got, got_s, got_peak = sample(planned_model)
             h = next(iter(wrapper.handles.values()))
             err = float((got.double() - ref.double()).norm() / ref.double().norm())
+            vs32 = (lambda x: None) if fp32 is None else (
+                lambda x: float((x.double() - fp32.double()).norm() / fp32.double().norm()))
             lora_effect = None if plain is None else float((ref.double() - plain.double()).norm() / plain.double().norm())
             plain = ref if plain is None else plain
             rows.append({"model": family, "lora": with_lora, "steps": a.steps, "dtype": str(dtype),
                          "device": torch.cuda.get_device_name() if cuda else "cpu", "rel_l2": err,
-                         "lora_changes_latents_by": lora_effect,
+                         "lora_changes_latents_by": lora_effect, "comfy_rel_l2_vs_fp32": vs32(ref),
+                         "streamplan_rel_l2_vs_fp32": vs32(got),
                          "comfy_s": ref_s, "streamplan_s": got_s, "comfy_peak_bytes": ref_peak,
                          "streamplan_peak_bytes": got_peak, "planned_calls": h.planned_calls, "calls": h.calls,
                          "fallbacks": sorted({f.code for f in h.fallbacks}), "report": reports[-1] if reports else ""})
@@ -183,11 +199,13 @@ def main() -> int:
 
                     streamplan.remove(hd.module)
     G = float(1 << 30)
-    print(f"{'model':6} {'LoRA':5} {'LoRA effect':>11} {'rel L2':>9} {'comfy s':>8} {'sp s':>8} {'comfy GiB':>10} "
-          f"{'sp GiB':>8} planned fallbacks")
+    print(f"{'model':6} {'LoRA':5} {'LoRA effect':>11} {'sp vs comfy':>11} {'comfy err':>9} {'sp err':>9} "
+          f"{'comfy s':>8} {'sp s':>8} {'comfy GiB':>10} {'sp GiB':>8} planned fallbacks")
+    fmt = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
     for r in rows:
-        effect = "-" if r["lora_changes_latents_by"] is None else f"{r['lora_changes_latents_by']:.2e}"
-        print(f"{r['model']:6} {str(r['lora']):5} {effect:>11} {r['rel_l2']:9.2e} {r['comfy_s']:8.2f} {r['streamplan_s']:8.2f} "
+        print(f"{r['model']:6} {str(r['lora']):5} {fmt(r['lora_changes_latents_by']):>11} {r['rel_l2']:11.2e} "
+              f"{fmt(r['comfy_rel_l2_vs_fp32']):>9} {fmt(r['streamplan_rel_l2_vs_fp32']):>9} "
+              f"{r['comfy_s']:8.2f} {r['streamplan_s']:8.2f} "
               f"{r['comfy_peak_bytes'] / G:10.3f} {r['streamplan_peak_bytes'] / G:8.3f} "
               f"{r['planned_calls']}/{r['calls']} {','.join(r['fallbacks']) or '-'}")
     return 0

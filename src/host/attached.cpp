@@ -95,6 +95,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   c10::NoGradGuard no_grad;  // the planned run records no autograd graph
   weights_->refresh();
   models::FamilyRun fr = models::prepare(rec_.config, *weights_, raw, dtype_, options_.consumer);
+  weights_->mark_stored(fr.model);
   weights_->mark_hooked(fr.model);
   const std::string key = geometry_key(fr.model);
   std::unique_ptr<GeometryPlan>& slot = cache_[key];

@@ -114,6 +114,21 @@ std::vector<at::Tensor> ModuleWeights::parts_of(const Canonical& c) const {
   return out;
 }
 
+void ModuleWeights::mark_stored(ir::Model& m) const {
+  ir::for_each_linear(m, [&](ir::Linear& l) {
+    auto it = canon_.find(l.weight);
+    if (l.stored || it == canon_.end() || it->second.parts.empty()) return;
+    std::optional<ir::DType> d;
+    switch (it->second.parts.front().scalar_type()) {
+      case at::kFloat: d = ir::DType::F32; break;
+      case at::kBFloat16: d = ir::DType::BF16; break;
+      case at::kHalf: d = ir::DType::F16; break;
+      default: break;  // not a float: the format's own storage
+    }
+    if (d && *d != m.dtype) l.stored = d;
+  });
+}
+
 void ModuleWeights::mark_hooked(ir::Model& m) const {
   if (hooked_canon_.empty()) return;
   ir::for_each_linear(m, [&](ir::Linear& l) {

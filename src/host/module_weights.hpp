@@ -82,6 +82,9 @@ class ModuleWeights : public exec::WeightSource {
   bool hooked(const std::string& canonical) const { return hooked_canon_.count(canonical) != 0; }
   // Sets the format of every Linear served from hooked tensors to "host-hook".
   void mark_hooked(ir::Model& m) const;
+  // Sets Linear::stored where the module holds a weight in another floating dtype than the
+  // model's (a host that keeps an input projection in fp32 in a 16-bit model).
+  void mark_stored(ir::Model& m) const;
 
   struct Copy {
     std::string name;  // canonical name

@@ -160,9 +160,14 @@ class Interpreter {
     }
   }
 
-  at::Tensor bias_of(const SegWeight& w) const {
+  // A bias read in place, in `dtype`: a host may hold a layer's bias in another dtype than the
+  // model's (a 16-bit module keeping an input projection in fp32); converting a bias vector
+  // allocates a few kilobytes outside the arena.
+  at::Tensor bias_of(const SegWeight& w, at::ScalarType dtype) const {
     if (w.bias_buf >= 0) return bufs_[size_t(w.bias_buf)];
-    return w.bias.empty() ? at::Tensor() : slice(w_.tensor(w.bias), 0, resolve(w.bias_rows));
+    if (w.bias.empty()) return at::Tensor();
+    const at::Tensor b = slice(w_.tensor(w.bias), 0, resolve(w.bias_rows));
+    return b.scalar_type() == dtype ? b : b.to(dtype);
   }
 
   // --- one function per step kind --------------------------------------------------------
@@ -213,7 +218,7 @@ class Interpreter {
       at::Tensor wt = bufs_[size_t(w.weight)];
       if (s.col_len >= 0) wt = wt.narrow(1, s.col_begin, s.col_len);
       at::Tensor y = out.narrow(0, lb, len);
-      const at::Tensor x = in.narrow(0, lb, len), bias = bias_of(w);
+      const at::Tensor x = in.narrow(0, lb, len), bias = bias_of(w, y.scalar_type());
       if (s.accumulate) y.addmm_(x, wt.t());
       else if (bias.defined()) at::addmm_out(y, bias, x, wt.t());
       else at::mm_out(y, x, wt.t());
@@ -263,7 +268,10 @@ class Interpreter {
   void step(const ActivateStep& s) { ops_.activate_(operand(s.t), s.act); }
   void step(const MulStep& s) { operand(s.dst).mul_(operand(s.src)); }
   void step(const AddStep& s) { operand(s.dst).add_(operand(s.src)); }
-  void step(const AddBiasStep& s) { operand(s.t).add_(w_.tensor(s.bias)); }
+  void step(const AddBiasStep& s) {
+    const at::Tensor t = operand(s.t), b = w_.tensor(s.bias);
+    t.add_(b.scalar_type() == t.scalar_type() ? b : b.to(t.scalar_type()));
+  }
   void step(const ResidualAddStep& s) {
     const at::Tensor y = operand(s.y);
     ops_.gated_add(x_.narrow(0, row0(), y.size(0)), y, *s.mod, s.ref, row0(), s.fused);
