@@ -6,6 +6,8 @@
 #                                    (the pins of requirements.txt, for the machine's Python)
 #   .deps/ck312/                     comfy-kitchen for that Python, without its ROCm backend
 #                                    (scripts/bench_minimax.py; ComfyUI's H3 attention needs it)
+#   .whl-comfy/                      wheels of what ComfyUI's sampling imports beyond torch
+#                                    (scripts/comfy_check.py; installed there where missing)
 # Run scripts/setup.sh first. DEVICE_PYTHON is the GPU machine's Python version (default 3.12).
 # ComfyUI's own tree (.deps/comfyui, for scripts/bench_minimax.py) is not on PyPI; its
 # README.md says what it holds.
@@ -27,4 +29,8 @@ rm -rf .deps/ck312 /tmp/streamplan-ck && mkdir -p .deps/ck312 /tmp/streamplan-ck
   --platform manylinux_2_28_x86_64 -d /tmp/streamplan-ck comfy-kitchen==0.2.40
 .venv/bin/python -m zipfile -e /tmp/streamplan-ck/comfy_kitchen-*.whl .deps/ck312
 rm -rf .deps/ck312/comfy_kitchen/backends/hip  # 150 MB of ROCm code the H200 does not load
-du -sh .deps/include .deps/googletest .whl .deps/ck312
+rm -rf .whl-comfy && mkdir -p .whl-comfy
+.venv/bin/pip download -q --no-deps --only-binary=:all: --python-version "$py" --platform manylinux_2_28_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl-comfy \
+  einops psutil torchsde trampoline scipy torchvision==0.26.0
+du -sh .deps/include .deps/googletest .whl .deps/ck312 .whl-comfy
