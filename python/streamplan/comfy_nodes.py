@@ -97,9 +97,10 @@ class PlannerWrapper:
     streamplan_wrapper = True  # the adapters do not count it among the wrappers a call must run
 
     def __init__(self, budget: str | None, consumer: str, explain: bool, node_id: str | None = None,
-                 report: Callable[[str], None] | None = None) -> None:
+                 report: Callable[[str], None] | None = None, token_chunk: int | None = None) -> None:
         self.budget, self.consumer, self.explain, self.node_id = budget, consumer, explain, node_id
         self.report = report or self._report
+        self.token_chunk = token_chunk  # streamplan.apply's option (scripts and tests; not a node input)
         self.handles: dict[int, _api.Handle] = {}
 
     def handle(self, module: torch.nn.Module, override: Any = None) -> _api.Handle:
@@ -112,13 +113,15 @@ class PlannerWrapper:
         if override is None:
             if self.consumer == COMFY_CONSUMER and COMFY_CONSUMER not in _api.consumers():
                 _api.register_consumer(COMFY_CONSUMER, comfy_attention, caps=COMFY_CAPS)
-            h = _api.apply(module, budget=self.budget, consumer=self.consumer, install=False)
+            h = _api.apply(module, budget=self.budget, consumer=self.consumer, token_chunk=self.token_chunk,
+                           install=False)
         else:
             caps = dict(getattr(override, "streamplan_caps", None) or {})
             if OVERRIDE_CONSUMER in _api.consumers():  # handles made already keep the caps they had
                 _api.unregister_consumer(OVERRIDE_CONSUMER)
             _api.register_consumer(OVERRIDE_CONSUMER, comfy_attention, caps=caps)
-            h = _api.Handle(module, _api.adapter_for(module), _api._budget_text(self.budget), OVERRIDE_CONSUMER, 0, 0)
+            h = _api.Handle(module, _api.adapter_for(module), _api._budget_text(self.budget), OVERRIDE_CONSUMER,
+                            _api._positive_or_none("token_chunk", self.token_chunk), 0)
         self.handles[key] = h
         return h
 

@@ -162,8 +162,9 @@ def test_attention_override_falls_back_for_attention_only(comfy: Any) -> None:
         want = dm(*args, **{**kwargs, "transformer_options": {"optimized_attention_override": override}})
     n_original = len(calls)
     _, clone, reports = planner(comfy, dm)
-    got = sampled(clone, wan_call, optimized_attention_override=override)
     w = wrapper_of(clone)
+    w.token_chunk = 16  # a few rows per slab: what the plan bounds shows on this tiny model
+    got = sampled(clone, wan_call, optimized_attention_override=override)
     try:
         h = w.handles[(id(dm), id(override))]
         assert h.planned_calls == 1 and h.fallbacks == [] and h.consumer == "comfy-override"
@@ -171,9 +172,14 @@ def test_attention_override_falls_back_for_attention_only(comfy: Any) -> None:
         err = rel_l2(got, want)
         print(f"attention override: rel L2 {err:.3e}")
         assert err <= TOL
-        attn = h.to_dict()["plan"]["blocks"][0]["sublayers"][0]
-        streamed = next(t for t in attn["transformations"] if t["transformation"] == "global K/V + streamed Q")
+        plan = h.to_dict()["plan"]
+        chosen = lambda part, name: next(t for t in part["transformations"] if t["transformation"] == name)  # noqa: E731
+        attn, ffn = plan["blocks"][0]["sublayers"][0], plan["blocks"][0]["sublayers"][-1]
+        streamed = chosen(attn, "global K/V + streamed Q")
         assert not streamed["chosen"] and "consumer.bounded_q" in {r["code"] for r in streamed["rejections"]}
+        # attention only: the MLP and the final layer are still bounded
+        assert chosen(ffn, "token-chunked MLP")["chosen"] and ffn["token_chunk"] == 16
+        assert chosen(plan["final_layer"], "bounded final layer")["chosen"]
         assert "attention override" in reports[-1]
     finally:
         assert streamplan.handle_of(dm) is None  # the override's handle is the node's own: nothing attached
