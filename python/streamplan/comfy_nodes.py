@@ -148,8 +148,8 @@ class PlannerWrapper:
                  f"budget {h.budget or 'none'}: {h.planned_calls} of {h.calls} calls planned"]
         mib = float(1 << 20)
         for p in h.plans:
-            lines.append(f"  {p['key']}: estimated peak {p['estimated_peak_bytes'] / mib:.0f} MiB, "
-                         f"floor {p['floor_bytes'] / mib:.0f} MiB, {p['calls']} calls")
+            lines.append(f"  {p['key']}: estimated peak {p['estimated_peak_bytes'] / mib:.1f} MiB, "
+                         f"floor {p['floor_bytes'] / mib:.1f} MiB, {p['calls']} calls")
         if h.consumer == OVERRIDE_CONSUMER:
             lines.append("  attention override: it runs as the consumer 'comfy-override' with the capabilities it "
                          "declares (streamplan_caps); what it leaves undeclared keeps attention unstreamed")
