@@ -44,7 +44,10 @@ struct Case {
 const std::vector<Case> kCases = {{"wan2.1-1.3b", {.frames = 5, .height = 48, .width = 80, .text_tokens = 9}},
                                   {"flux1-dev", {.height = 112, .width = 80, .text_tokens = 7}},
                                   {"flux1-schnell", {.height = 64, .width = 48, .text_tokens = 5}},
-                                  {"avdit", {.frames = 3, .height = 96, .width = 160, .text_tokens = 11, .audio_tokens = 5}}};
+                                  {"avdit", {.frames = 3, .height = 96, .width = 160, .text_tokens = 11, .audio_tokens = 5}},
+                                  // text as encoder states: the refiner's blocks over 29 text rows
+                                  // (chunks of 13 do not divide them) and its row norm
+                                  {"minimax-h3", {.frames = 3, .height = 96, .width = 128, .text_tokens = 29}}};
 
 TEST(Families, EveryLayoutRecognizedPlannedMatchesNaiveAndLayoutsAgree) {
   const auto reg = exec::builtin_registry();

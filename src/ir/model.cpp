@@ -363,6 +363,10 @@ void validate(const Model& m) {
       if (const auto* a = std::get_if<Attention>(&sl.body)) check_attention(f, m, *a);
       else check_mlp(f, std::get<Mlp>(sl.body), m.dim);
     }
+    if (blk.post_norm) {
+      check_rows(bf + ".post_norm.segments", m, blk.post_norm->segments);
+      check_norm(bf + ".post_norm.norm", blk.post_norm->norm);
+    }
   }
   if (m.final_layer) {
     const FinalLayer& fl = *m.final_layer;

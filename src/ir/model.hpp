@@ -173,10 +173,18 @@ struct Modulation {
   std::string table;      // runtime input: [segments|tokens, count, dim]
 };
 
+// A norm applied in place to the rows of `segments` after a block's sublayers, without
+// modulation (e.g. the final norm of a text refiner whose blocks run over the text rows only).
+struct RowNorm {
+  std::vector<std::string> segments;
+  Norm norm;
+};
+
 struct Block {
   std::string name;
   Modulation modulation;
   std::vector<Sublayer> sublayers;
+  std::optional<RowNorm> post_norm;
 };
 
 struct SegmentEmbed;

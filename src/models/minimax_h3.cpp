@@ -5,11 +5,13 @@
 // Prologue (here, on small tensors): the timesteps of the two streams, the time embedding
 // (sinusoid + MLP, or the curve table), every block's and the final layer's modulation rows
 // (one per timestep class and modality tag, chosen per segment), the RoPE tables of the packed
-// sequence's positions, and the text path: condition_proj, the token refiner and its final
-// norm, once per call (ComfyUI runs it once per prompt). Everything the planner schedules is IR:
-// the fp32 patch projections of audio and video, the blocks (affine RMSNorm, per-segment
-// 6-way modulation, fused QKV with per-head Q/K RMSNorm and split-half RoPE on the leading
-// rotary dims, SwiGLU), and the final layer with its two fp32 heads (video, audio).
+// sequence's positions. Everything the planner schedules is IR: the text path where the text
+// comes as encoder states (condition_proj as the text segments' embedding, the token refiner's
+// blocks over the text rows only, its final norm as the last refiner block's row norm;
+// ComfyUI hands over text refined already, once per prompt), the fp32 patch projections of
+// audio and video, the blocks (affine RMSNorm, per-segment 6-way modulation, fused QKV with
+// per-head Q/K RMSNorm and split-half RoPE on the leading rotary dims, SwiGLU), and the final
+// layer with its two fp32 heads (video, audio).
 // Epilogue: unpatchify, negate.
 //
 // Raw inputs (`streamplan run --inputs`):
@@ -77,7 +79,12 @@ Layout layout_of(const at::Tensor& tags, int64_t audio_rows, int64_t video_rows)
 
 bool keeps_fp32(const recognize::FamilyConfig& c, const std::string& canonical);
 
-ir::Model build(const recognize::FamilyConfig& c, const Layout& lay, ir::DType dtype, const std::string& consumer) {
+// `refine`: the text comes as encoder states, so the model starts with the text path:
+// condition_proj as the text segments' embedding, then the token refiner, blocks over the text
+// rows only (pre-norm, no modulation, no RoPE), the last one followed by the refiner's final
+// norm of those rows.
+ir::Model build(const recognize::FamilyConfig& c, const Layout& lay, ir::DType dtype, const std::string& consumer,
+                bool refine) {
   // Linears the weights hold in fp32 in a 16-bit model (weight_dtype).
   auto held = [&](ir::Linear l) {
     if (dtype != ir::DType::F32 && dtype != ir::DType::F64 && keeps_fp32(c, l.weight)) l.stored = ir::DType::F32;
@@ -90,6 +97,24 @@ ir::Model build(const recognize::FamilyConfig& c, const Layout& lay, ir::DType d
   for (size_t r = 0; r < lay.text_runs.size(); ++r) m.segments.push_back({lay.text_runs[r].first, lay.run_lengths[r]});
   m.segments.push_back({"audio", lay.audio});
   m.segments.push_back({"video", lay.video});
+  std::vector<std::string> text;
+  for (const auto& run : lay.text_runs) text.push_back(run.first);
+  if (refine) {
+    for (const auto& name : text) m.embeds.push_back({name, linear("condition_proj", c.text_dim, c.dim, true)});
+    for (int64_t r = 0; r < c.refiner_layers; ++r) {
+      const std::string p = "token_refiner.blocks." + std::to_string(r) + ".";
+      ir::Block b;
+      b.name = "refiner." + std::to_string(r);
+      ir::Attention a = fused_qkv_attention(p, {"attn.qkv_proj", "attn.q_norm.weight", "attn.k_norm.weight", "attn.out_proj"},
+                                            c, consumer);
+      a.rope = ir::Rope{};
+      b.sublayers.push_back({"attn", text, affine_rms(p + "norm1.weight", c.eps), {}, a});
+      b.sublayers.push_back({"mlp", text, affine_rms(p + "norm2.weight", c.eps), {},
+                             swiglu_halves(p + "mlp.fc1", p + "mlp.fc2", c)});
+      if (r + 1 == c.refiner_layers) b.post_norm = ir::RowNorm{text, affine_rms("token_refiner.final_norm.weight", c.eps)};
+      m.blocks.push_back(std::move(b));
+    }
+  }
   ir::Linear audio_in = held(linear("audio_patch_proj", c.audio_dim, c.dim, true));
   ir::Linear video_in = held(linear("video_patch_proj", c.in_channels, c.dim, true));
   audio_in.fp32_compute = video_in.fp32_compute = true;
@@ -181,37 +206,6 @@ at::Tensor positions(int64_t L, int64_t T, int64_t H, int64_t W, int64_t Ta) {
   return at::cat({text, audio, video.reshape({-1, 3})}, 0);
 }
 
-// The text path: condition_proj, the token refiner (pre-norm blocks without modulation or
-// RoPE), its final norm; in the activation dtype.
-at::Tensor refine_text(const recognize::FamilyConfig& c, const exec::WeightSource& w, const at::Tensor& text,
-                       at::ScalarType dt) {
-  auto lin = [&](const std::string& name, const at::Tensor& x) {
-    const at::Tensor wt = w.tensor(name + ".weight").to(dt);
-    return at::linear(x, wt, w.contains(name + ".bias") ? w.tensor(name + ".bias").to(dt) : at::Tensor());
-  };
-  auto rms = [&](const at::Tensor& x, const std::string& weight) {
-    return x * at::rsqrt(x.pow(2).mean(-1, true) + c.eps) * w.tensor(weight).to(dt);
-  };
-  at::Tensor x = lin("condition_proj", text.to(dt));
-  if (x.is_meta()) return x;  // shapes only (bench --estimate): attention has no meta kernel
-  const int64_t L = x.size(0), inner = c.heads * c.head_dim;
-  for (int64_t r = 0; r < c.refiner_layers; ++r) {
-    const std::string b = "token_refiner.blocks." + std::to_string(r) + ".";
-    const at::Tensor qkv = lin(b + "attn.qkv_proj", rms(x, b + "norm1.weight"));
-    auto heads = [&](int64_t part, const std::string& norm) {
-      at::Tensor t = qkv.narrow(1, part * inner, inner).reshape({L, c.heads, c.head_dim});
-      if (!norm.empty()) t = rms(t, norm);
-      return t.transpose(0, 1).unsqueeze(0);  // [1, heads, L, hd]
-    };
-    const at::Tensor o = at::scaled_dot_product_attention(heads(0, b + "attn.q_norm.weight"),
-                                                          heads(1, b + "attn.k_norm.weight"), heads(2, ""));
-    x = x + lin(b + "attn.out_proj", o.squeeze(0).transpose(0, 1).reshape({L, inner}));
-    const at::Tensor u = lin(b + "mlp.fc1", rms(x, b + "norm2.weight"));
-    x = x + lin(b + "mlp.fc2", at::silu(u.narrow(1, 0, c.ffn)) * u.narrow(1, c.ffn, c.ffn));
-  }
-  return rms(x, "token_refiner.final_norm.weight");
-}
-
 FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w, const TensorMap& raw,
                   ir::DType dtype, const std::string& consumer) {
   if (c.head_bank > 1)
@@ -242,11 +236,13 @@ FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w,
 
   FamilyRun run;
   const Layout lay = layout_of(tags, 2 * Ta, T * Hp * Wp);
-  run.model = build(c, lay, dtype, consumer);
+  const bool refine = text.size(1) != c.dim;
+  run.model = build(c, lay, dtype, consumer, refine);
 
-  // Tokens: refined text in the activation dtype; patches and audio rows in fp32 (their
+  // Tokens: text in the activation dtype; patches and audio rows in fp32 (their
   // projections run in it).
-  const at::Tensor txt = text.size(1) == c.dim ? text.to(dev, dt) : refine_text(c, w, text.to(dev), dt);
+  // Text: encoder states the model's text path embeds and refines, or refined already.
+  const at::Tensor txt = text.to(dev, dt);
   for (size_t r = 0, at_ = 0; r < lay.text_runs.size(); at_ += size_t(lay.run_lengths[r]), ++r)
     run.inputs.tokens[lay.text_runs[r].first] = txt.narrow(0, int64_t(at_), lay.run_lengths[r]).contiguous();
   run.inputs.tokens["video"] = video.to(dev, acc).reshape({C, T, Hp, 2, Wp, 2}).permute({1, 2, 4, 0, 3, 5}).reshape(

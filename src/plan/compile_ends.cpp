@@ -1,5 +1,6 @@
-// The schedule compiler's two ends: the embedding (every segment's tokens into the residual
-// stream) and the final layer (norm, modulation and the output projections of its rows).
+// The schedule compiler's ends and the steps between blocks: the embedding (every segment's
+// tokens into the residual stream), a block's row norm after its sublayers, and the final layer
+// (norm, modulation and the output projections of its rows).
 #include "plan/compiler.hpp"
 
 namespace sp::plan {
@@ -60,6 +61,19 @@ Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Regist
     c.release(w);
     if (bias >= 0) c.release(bias);
   }
+  return c.take();
+}
+
+Program compile_post_norm(const ir::Model& m, const ir::Block& b, const contracts::Registry& reg,
+                          const contracts::DeviceCaps& dev) {
+  static const ir::Modulation kNone;  // a row norm is not modulated
+  const ir::RowNorm& pn = *b.post_norm;
+  const ir::RowRange rr = m.rows(pn.segments);
+  Compiler c(m, reg, dev, "blocks." + b.name + ".post_norm", rr);
+  c.token_loop(rr.begin, rr.size(), rr.size(), false, [&](int64_t n, int64_t pieces) {
+    const Operand h = c.normed(pn.norm, kNone, {}, n, pieces);
+    c.copy(h, Compiler::residual(n, m.dim));
+  });
   return c.take();
 }
 

@@ -103,4 +103,9 @@ Cost embed_cost(const ir::Model& m, const contracts::Registry& reg, const contra
   return program_cost(compile_embed(m, reg, dev), dev);
 }
 
+Cost post_norm_cost(const ir::Model& m, const ir::Block& b, const contracts::Registry& reg,
+                    const contracts::DeviceCaps& dev) {
+  return program_cost(compile_post_norm(m, b, reg, dev), dev);
+}
+
 }  // namespace sp::plan

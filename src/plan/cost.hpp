@@ -86,5 +86,7 @@ Cost sublayer_cost(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s
                    const contracts::Registry& reg, const contracts::DeviceCaps& dev);
 Cost final_cost(const ir::Model& m, int64_t chunk, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
 Cost embed_cost(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
+Cost post_norm_cost(const ir::Model& m, const ir::Block& b, const contracts::Registry& reg,
+                    const contracts::DeviceCaps& dev);
 
 }  // namespace sp::plan

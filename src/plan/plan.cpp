@@ -402,6 +402,12 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
       seconds += sp.estimated_ms / 1e3;
       bp.sublayers.push_back(std::move(sp));
     }
+    if (b.post_norm) {
+      bp.post_norm_rows = m.rows(b.post_norm->segments).size();
+      const Cost pc = post_norm_cost(m, b, reg, dev);
+      worst = std::max(worst, pc.peak_bytes);
+      seconds += pc.seconds;
+    }
     p.blocks.push_back(std::move(bp));
   }
   if (m.final_layer) {
@@ -475,6 +481,7 @@ std::string explain(const Plan& p) {
       explain_weights(bs, s);
       explain_alternatives(bs, s.alternatives, s.attention, false);
     }
+    if (b.post_norm_rows > 0) bs << "   row norm after the sublayers: " << b.post_norm_rows << " rows\n";
     bodies.push_back(bs.str());
   }
   for (size_t i = 0; i < bodies.size();) {

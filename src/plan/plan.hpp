@@ -72,6 +72,7 @@ struct SublayerPlan {
 struct BlockPlan {
   std::string name;
   std::vector<SublayerPlan> sublayers;
+  int64_t post_norm_rows = 0;  // > 0: the block's row norm after its sublayers, over these rows
 };
 
 struct FinalPlan {

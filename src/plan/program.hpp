@@ -273,6 +273,9 @@ Program compile_sublayer(const ir::Model& m, const ir::Block& b, const ir::Subla
 Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Registry& reg,
                       const contracts::DeviceCaps& dev);
 Program compile_embed(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
+// The row norm of a block with a post_norm, run after its sublayers.
+Program compile_post_norm(const ir::Model& m, const ir::Block& b, const contracts::Registry& reg,
+                          const contracts::DeviceCaps& dev);
 
 // "Q [1072, 384] bf16"
 std::string buffer_text(const Buffer& b);

@@ -211,7 +211,9 @@ nlohmann::json to_json(const plan::Plan& p) {
       if (!alts.empty()) j["alternatives"] = alts;
       subs.push_back(j);
     }
-    blocks.push_back({{"name", b.name}, {"sublayers", subs}});
+    nlohmann::json jb{{"name", b.name}, {"sublayers", subs}};
+    if (b.post_norm_rows > 0) jb["post_norm_rows"] = b.post_norm_rows;
+    blocks.push_back(jb);
   }
   nlohmann::json j{{"model", p.model},     {"tokens", p.tokens},
                    {"dtype", ir::to_string(p.dtype)}, {"device", p.device},
@@ -313,9 +315,11 @@ std::vector<plan::Program> programs(const ir::Model& m, const plan::Plan& p, con
                                     const contracts::DeviceCaps& dev) {
   std::vector<plan::Program> out;
   out.push_back(plan::compile_embed(m, reg, dev));
-  for (size_t bi = 0; bi < m.blocks.size(); ++bi)
+  for (size_t bi = 0; bi < m.blocks.size(); ++bi) {
     for (size_t si = 0; si < m.blocks[bi].sublayers.size(); ++si)
       out.push_back(plan::compile_sublayer(m, m.blocks[bi], m.blocks[bi].sublayers[si], p.blocks[bi].sublayers[si], reg, dev));
+    if (m.blocks[bi].post_norm) out.push_back(plan::compile_post_norm(m, m.blocks[bi], reg, dev));
+  }
   if (m.final_layer) out.push_back(plan::compile_final(m, p.final_layer.chunk, reg, dev));
   return out;
 }

@@ -323,6 +323,7 @@ at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSour
                   profile);
       if (progress) progress(++done, total);
     }
+    if (b.post_norm) run_program(m, compile_post_norm(m, b, reg, dev), w, in, reg, dev, x, profile);
   }
   if (!m.final_layer) return x.to(to_aten(accumulation_dtype(m.dtype)));
   return run_program(m, compile_final(m, p.final_layer.chunk, reg, dev), w, in, reg, dev, x, profile);

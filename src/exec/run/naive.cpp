@@ -233,6 +233,13 @@ at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in
       x = at::cat({x.narrow(0, 0, sp.begin), xs + y, x.narrow(0, sp.end, x.size(0) - sp.end)}, 0);
       if (progress) progress(++done, total);
     }
+    if (b.post_norm) {
+      const Span sp = span(m, b.post_norm->segments);
+      const at::Tensor h = norm_mod(c, b.post_norm->norm, ir::Modulation{}, ir::ModRef{}, x)
+                               .narrow(0, sp.begin, sp.end - sp.begin)
+                               .to(c.dt);
+      x = at::cat({x.narrow(0, 0, sp.begin), h, x.narrow(0, sp.end, x.size(0) - sp.end)}, 0);
+    }
   }
   const auto ft = acc_of(c.dt);
   if (!m.final_layer) return x.to(ft);
