@@ -25,6 +25,8 @@ class Attached:
         token_chunk: int = 0,
         feature_slice: int = 0,
         python_consumers: list[tuple[str, Callable[..., torch.Tensor], dict[str, Any]]] = ...,
+        weight_hook: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+        hooked: list[str] = ...,
     ) -> None: ...
     @property
     def config(self) -> dict[str, Any]: ...
