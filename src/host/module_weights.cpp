@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string_view>
 
 #include "exec/consumers/consumer.hpp"
 #include "models/checkpoint.hpp"
@@ -15,7 +16,10 @@ using recognize::Source;
 
 // Module tensors are looked up under their own names behind this prefix, apart from the
 // canonical names (a part acquired through its format is a Linear of its own).
-std::string part_key(const std::string& name) { return "module:" + name; }
+constexpr std::string_view kPartPrefix = "module:";
+std::string part_key(const std::string& name) { return std::string(kPartPrefix) + name; }
+// The module tensor's own name, of a part key.
+std::string part_name(const std::string& key) { return key.substr(kPartPrefix.size()); }
 
 }  // namespace
 
@@ -86,7 +90,7 @@ void ModuleWeights::set_hook(WeightHook hook, const std::vector<std::string>& na
     parts.insert(n);
   }
   if (names.empty())
-    for (const auto& [key, t] : parts_) parts.insert(key.substr(std::string("module:").size()));
+    for (const auto& [key, t] : parts_) parts.insert(part_name(key));
   hooked_parts_ = std::move(parts);
   hook_ = std::move(hook);
   hooked_canon_.clear();
@@ -144,7 +148,7 @@ const ModuleWeights::Canonical& ModuleWeights::canonical(const std::string& name
 
 at::Tensor ModuleWeights::tensor(const std::string& name) const {
   if (auto it = parts_.find(name); it != parts_.end())
-    return hooked_part(name.substr(std::string("module:").size()), it->second);
+    return hooked_part(part_name(name), it->second);
   const Canonical& c = canonical(name);
   if (hooked(name)) return models::assemble(name, c.src, parts_of(c)).contiguous();
   return c.view.defined() ? c.view : held(name, c);
@@ -197,7 +201,7 @@ at::Tensor ModuleWeights::acquire(const ir::Linear& l, exec::Slice rows, exec::S
     // hooked outlives the acquire but what the program placed.
     const at::Tensor w = tensor(l.weight);
     const at::Tensor s = exec::slice(exec::slice(w, 0, rows), 1, cols);
-    if (!out.defined()) return s.to(dtype).clone();
+    if (!out.defined()) return s.to(dtype, /*non_blocking=*/false, /*copy=*/true);  // one copy, never a view
     out.copy_(s);
     return out;
   }

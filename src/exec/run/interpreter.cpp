@@ -166,8 +166,7 @@ class Interpreter {
   at::Tensor bias_of(const SegWeight& w, at::ScalarType dtype) const {
     if (w.bias_buf >= 0) return bufs_[size_t(w.bias_buf)];
     if (w.bias.empty()) return at::Tensor();
-    const at::Tensor b = slice(w_.tensor(w.bias), 0, resolve(w.bias_rows));
-    return b.scalar_type() == dtype ? b : b.to(dtype);
+    return slice(w_.tensor(w.bias), 0, resolve(w.bias_rows)).to(dtype);  // the tensor itself when in dtype
   }
 
   // --- one function per step kind --------------------------------------------------------
@@ -268,10 +267,7 @@ class Interpreter {
   void step(const ActivateStep& s) { ops_.activate_(operand(s.t), s.act); }
   void step(const MulStep& s) { operand(s.dst).mul_(operand(s.src)); }
   void step(const AddStep& s) { operand(s.dst).add_(operand(s.src)); }
-  void step(const AddBiasStep& s) {
-    const at::Tensor t = operand(s.t), b = w_.tensor(s.bias);
-    t.add_(b.scalar_type() == t.scalar_type() ? b : b.to(t.scalar_type()));
-  }
+  void step(const AddBiasStep& s) { operand(s.t).add_(w_.tensor(s.bias)); }
   void step(const ResidualAddStep& s) {
     const at::Tensor y = operand(s.y);
     ops_.gated_add(x_.narrow(0, row0(), y.size(0)), y, *s.mod, s.ref, row0(), s.fused);
