@@ -1,5 +1,6 @@
 """What the Python benchmarks (scripts/bench_package.py, bench_peers.py, bench_minimax.py)
-share: the per-call time and activation peak of a module's forward, and writing results."""
+share: the per-call time and activation peak of a module's forward, one warm-up then timed
+calls, the diffusers Wan 2.1 14B configuration, and writing results."""
 
 from __future__ import annotations
 
@@ -7,6 +8,28 @@ import json
 import os
 
 import torch
+
+
+# diffusers' WanTransformer3DModel at Wan 2.1 14B's widths (num_layers given per use).
+WAN14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
+              out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, cross_attn_norm=True,
+              qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None, added_kv_proj_dim=None,
+              rope_max_seq_len=1024)
+
+
+def metered(module: torch.nn.Module, call, reps: int):
+    """call() once (a warm-up, and a planned module's plan of this geometry), then `reps` times,
+    each call of module's forward metered: (the last call's result, [(ms, peak bytes)])."""
+    meter = Meter(module)
+    try:
+        call()
+        meter.calls.clear()
+        out = None
+        for _ in range(reps):
+            out = call()
+    finally:
+        meter.detach()
+    return out, meter.calls
 
 
 def write_json(path: str | None, obj) -> None:

@@ -80,7 +80,7 @@ def main() -> int:
 
     import minimax_h3 as h3
     import streamplan
-    from bench_meter import Meter, write_json
+    from bench_meter import metered, write_json
 
     model_mod, ops = comfy_modules()
     cfg = replace(h3.REAL, layers=a.blocks)
@@ -108,17 +108,11 @@ def main() -> int:
     args16 = args_for(torch.bfloat16)
 
     def measured(label):
-        meter = Meter(m16)
-        call(m16, args16)  # warm-up (and, attached, the plan of this geometry)
-        meter.calls.clear()
-        out = None
-        for _ in range(a.reps):
-            out = call(m16, args16)
-        meter.detach()
+        out, calls = metered(m16, lambda: call(m16, args16), a.reps)
         errs = [float((o.double() - r.double()).norm() / r.double().norm()) for o, r in zip(out, reference)]
-        print(f"[bench_minimax] {label}: {len(meter.calls)} calls", file=sys.stderr)
-        return {"ms_per_call": statistics.median(c[0] for c in meter.calls),
-                "peak_bytes": max(c[1] for c in meter.calls),
+        print(f"[bench_minimax] {label}: {len(calls)} calls", file=sys.stderr)
+        return {"ms_per_call": statistics.median(c[0] for c in calls),
+                "peak_bytes": max(c[1] for c in calls),
                 "video_rel_l2_vs_fp32": errs[0], "audio_rel_l2_vs_fp32": errs[1]}
 
     rows = {"ComfyUI MiniMaxH3Model (bf16)": measured("ComfyUI")}

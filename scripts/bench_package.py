@@ -32,13 +32,6 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def wan14b_config(layers: int) -> dict:
-    return dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
-                out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=layers,
-                cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None,
-                added_kv_proj_dim=None, rope_max_seq_len=1024)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=2)
@@ -55,11 +48,11 @@ def main() -> int:
 
     import make_reference
     import streamplan
-    from bench_meter import Meter, write_json
+    from bench_meter import WAN14B, metered, write_json
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
 
     t0 = time.time()
-    model = WanTransformer3DModel(**wan14b_config(a.layers))
+    model = WanTransformer3DModel(**WAN14B, num_layers=a.layers)
     make_reference.randomize(model, torch.Generator().manual_seed(0))
     model = model.eval().to("cuda")  # fp32: the reference run
     vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
@@ -87,15 +80,9 @@ def main() -> int:
     torch.cuda.empty_cache()
 
     def measured(label: str) -> tuple[torch.Tensor, list]:
-        meter = Meter(pipe.transformer)
-        run()  # warm-up (and, patched, the plan of this geometry)
-        meter.calls.clear()
-        lat = None
-        for _ in range(a.reps):
-            lat = run()
-        meter.detach()
-        print(f"[bench_package] {label}: {len(meter.calls)} calls", file=sys.stderr)
-        return lat, meter.calls
+        lat, calls = metered(pipe.transformer, run, a.reps)
+        print(f"[bench_package] {label}: {len(calls)} calls", file=sys.stderr)
+        return lat, calls
 
     base_lat, base_before = measured("unpatched")
     handle = streamplan.apply(pipe.transformer, budget=a.budget)

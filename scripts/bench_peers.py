@@ -37,11 +37,8 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from bench_meter import WAN14B, metered, write_json  # noqa: E402
 
-WAN14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
-              out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, cross_attn_norm=True,
-              qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None, added_kv_proj_dim=None,
-              rope_max_seq_len=1024)
 FLUX_DEV = dict(patch_size=1, in_channels=64, out_channels=None, num_layers=19, num_single_layers=38,
                 attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
                 pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))
@@ -93,16 +90,8 @@ def build(case: str, gen: torch.Generator):
 
 
 def measure(model: torch.nn.Module, kwargs: dict, reps: int) -> tuple[torch.Tensor, list]:
-    from bench_meter import Meter
-
-    meter = Meter(model)
     with torch.no_grad():
-        model(**kwargs, return_dict=False)  # warm-up (and, patched, the plan of this geometry)
-        meter.calls.clear()
-        for _ in range(reps):
-            out = model(**kwargs, return_dict=False)[0]
-    meter.detach()
-    return out, meter.calls
+        return metered(model, lambda: model(**kwargs, return_dict=False)[0], reps)
 
 
 def run_case(case: str, reps: int, budget: str | None) -> dict:
@@ -164,7 +153,6 @@ def main() -> int:
     a = ap.parse_args()
     if a.merge:
         return merge(*a.merge)
-    from bench_meter import write_json
 
     cases = [c for c in a.cases.split(",") if c]
     unknown = [c for c in cases if c not in CASES]

@@ -108,6 +108,7 @@ def main() -> int:
     comfy = comfy_import(a.device)
     import make_reference
 
+    import streamplan
     from streamplan import comfy_nodes
 
     device = torch.device(a.device)
@@ -194,9 +195,7 @@ def main() -> int:
                 with open(a.out, "w") as f:
                     json.dump(rows, f, indent=1)
             for hd in wrapper.handles.values():
-                if hd.module.__dict__.get("_streamplan_handle") is hd:
-                    import streamplan
-
+                if streamplan.handle_of(hd.module) is hd:
                     streamplan.remove(hd.module)
     G = float(1 << 30)
     print(f"{'model':6} {'LoRA':5} {'LoRA effect':>11} {'sp vs comfy':>11} {'comfy err':>9} {'sp err':>9} "
