@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
@@ -27,6 +28,7 @@ struct Args {
   std::vector<int64_t> fixed = {512, 1024, 2048, 4096, 8192, 16384};
   bool tiny = false, list = false, estimate = false, quiet = false, profile_steps = false, policies = false;
   std::string row_kernels = "fused";
+  std::string device_memory, resident_blocks;
 };
 
 // "45 s", "12 min", "3.5 h", "2.1 days".
@@ -91,6 +93,22 @@ int bench(const Args& a) {
               << "\n";
     return 0;
   }
+  if (!a.device_memory.empty()) {
+    std::vector<int64_t> memories;
+    std::stringstream list(a.device_memory);
+    for (std::string item; std::getline(list, item, ',');) memories.push_back(plan::parse_budget(item));
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& c : chosen) {
+      for (auto& row : report::run_residency_case(c, reg, caps, d, opt, memories, parse_resident_blocks(a.resident_blocks)))
+        rows.push_back(row);
+      if (!a.out.empty()) std::ofstream(a.out) << rows.dump(2) << "\n";
+    }
+    std::cout << "device: " << caps.name << ", dtype " << a.dtype << ", " << a.reps
+              << " timed runs each (median); weights streamed from host memory under each device memory\n"
+              << report::residency_table(rows);
+    return 0;
+  }
+  if (!a.resident_blocks.empty()) throw std::invalid_argument("--resident-blocks: give --device-memory with it");
   if (a.policies) {
     nlohmann::json all = nlohmann::json::array();
     for (const auto& c : chosen) {
@@ -175,6 +193,11 @@ Runner add_bench(CLI::App& app) {
   cmd->add_flag("--policies", a->policies,
                "compare the planner's policies instead (planned only, in turn in one process): the default, "
                "--budget auto and, with --budget-floor, that budget");
+  cmd->add_option("--device-memory", a->device_memory,
+                  "device memories (comma-separated: 8GiB,16GiB): the cases' planned runs with weights streamed from host "
+                  "memory under each, against every weight resident (planned only)");
+  cmd->add_option("--resident-blocks", a->resident_blocks,
+                  "with --device-memory: blocks whose weights are on the device at once (N or auto)");
   cmd->add_flag("--profile-steps", a->profile_steps,
                "after the timed runs, one planned run with every step timed: device, host and estimated ms per step kind");
   cmd->add_option("--out", a->out, "write the results as JSON (updated after every case)");

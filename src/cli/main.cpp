@@ -31,6 +31,7 @@
 #include "models/builder.hpp"
 #include "plan/arena.hpp"
 #include "plan/budget.hpp"
+#include "plan/residency.hpp"
 #include "report/report.hpp"
 #include "report/retry.hpp"
 
@@ -231,6 +232,8 @@ int main(int argc, char** argv) {
       if (int rc = r(); rc >= 0) return rc;
     return fail(4, "internal error: no runner for '" + command + "'");
   } catch (const sp::plan::BudgetError& e) {
+    return fail(2, e.what());
+  } catch (const sp::plan::DeviceMemoryError& e) {
     return fail(2, e.what());
   } catch (const sp::report::OutOfMemory& e) {
     return fail(3, e.what());

@@ -7,9 +7,11 @@
 #include "exec/device/device.hpp"
 #include "exec/device/memory.hpp"
 #include "exec/device/probe.hpp"
+#include "exec/residency/streamed.hpp"
 #include "models/checkpoint.hpp"
 #include "models/families.hpp"
 #include "plan/budget.hpp"
+#include "plan/residency.hpp"
 #include "report/report.hpp"
 
 namespace sp::cli {
@@ -18,6 +20,7 @@ namespace {
 
 struct Args {
   std::string checkpoint, sidecar, inputs, output, dtype = "auto", device = "auto", consumer = "sdpa", budget;
+  std::string device_memory, resident_blocks;
   models::Geometry geom;
   int64_t chunk = 0, feature_slice = 0;
   uint64_t seed = 0;
@@ -27,6 +30,15 @@ struct Args {
 ir::DType pick_dtype(const std::string& s, const at::Device& d) {
   if (s == "auto") return d.is_cuda() ? ir::DType::BF16 : ir::DType::F32;
   return ir::parse_dtype(s, "--dtype");
+}
+
+// The residency planner's request from the loaded weights and the options.
+plan::ResidencyRequest residency_request(const models::Instance& inst, const contracts::Registry& reg,
+                                         const contracts::DeviceCaps& dev, const Args& a) {
+  plan::ResidencyRequest rq = exec::residency_request(inst.model, *inst.weights, inst.inputs, reg, dev);
+  if (!a.device_memory.empty()) rq.device_memory = plan::parse_budget(a.device_memory);
+  rq.resident_blocks = parse_resident_blocks(a.resident_blocks);
+  return rq;
 }
 
 int run(const Args& a) {
@@ -39,9 +51,12 @@ int run(const Args& a) {
   const auto sidecar = a.sidecar.empty() ? models::sidecar_of(file) : recognize::load_sidecar(a.sidecar);
   const auto rec = recognize::recognize(file, sidecar);
   const ir::DType dtype = pick_dtype(a.dtype, d);
+  // Under a device-memory budget the weights are read into host memory; the residency moves
+  // what stays on the device there once it is planned.
+  const bool residency = !a.device_memory.empty() || !a.resident_blocks.empty();
   auto weights = [&] {
     const auto phase = progress.phase("reading the weights");
-    return models::load_canonical(file, rec, exec::to_aten(dtype), d, reg);
+    return models::load_canonical(file, rec, exec::to_aten(dtype), residency ? at::Device(at::kCPU) : d, reg);
   }();
   models::TensorMap raw;
   if (!a.inputs.empty()) {
@@ -52,6 +67,9 @@ int run(const Args& a) {
     raw = models::random_raw_inputs(rec.config, a.geom, a.seed);
   }
   models::FamilyRun fr = models::prepare(rec.config, *weights, raw, dtype, a.consumer);
+  if (residency)
+    for (auto* group : {&fr.inputs.tokens, &fr.inputs.tables})
+      for (auto& [name, t] : *group) t = t.to(d);
   const models::Instance inst{fr.model, weights, fr.inputs};
   plan::Options po;
   po.token_chunk = a.chunk;
@@ -60,18 +78,35 @@ int run(const Args& a) {
   // inputs are resident.
   exec::apply_rates(exec::probe_device(d, dev), dev);
   if (!a.budget.empty()) po.budget_bytes = plan::budget_from_option(a.budget, exec::describe_device(d));
+  std::optional<plan::Residency> res;
   const plan::Plan p = [&] {
     const auto phase = progress.phase("planning " + std::to_string(inst.model.blocks.size()) + " blocks");
-    return plan::make_plan(inst.model, reg, dev, po);
+    if (!residency) return plan::make_plan(inst.model, reg, dev, po);
+    plan::ResidentPlan rp = plan::plan_with_residency(inst.model, reg, dev, po, residency_request(inst, reg, dev, a));
+    res = rp.residency;
+    return rp.plan;
   }();
   if (!a.json) {
     std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << "\n";
     if (a.explain) std::cout << plan::explain(p) << "\n";
+    if (res) std::cout << plan::explain(*res) << "\n";
   }
   report::CompareOptions opt;
+  std::unique_ptr<exec::StreamedWeights> streamed;
+  std::shared_ptr<void> cap;
+  if (res) {
+    const auto phase = progress.phase("moving the weights into place");
+    streamed = std::make_unique<exec::StreamedWeights>(inst.model, weights, *res, reg, d);
+    opt.weights = streamed.get();
+    if (res->device_memory > 0) {
+      cap = exec::cap_device_memory(d, res->device_memory);
+      opt.memory_cap = "--device-memory " + plan::human_bytes(res->device_memory);
+    }
+  }
   opt.progress = !a.quiet;
   opt.reporter = &progress;
-  opt.run_naive = !a.planned_only;
+  // The naive schedule holds every weight and full-size intermediates: not under a device-memory budget.
+  opt.run_naive = !a.planned_only && !residency;
   opt.keep_outputs = !a.output.empty();
   const report::RunReport r = report::compare(inst, p, reg, dev, opt);
   if (!a.output.empty()) {
@@ -84,7 +119,11 @@ int run(const Args& a) {
     }
     models::write_tensors(a.output, out);
   }
-  if (a.json) std::cout << report::to_json(r).dump(2) << "\n";
+  if (a.json) {
+    nlohmann::json j = report::to_json(r);
+    if (res) j["residency"] = report::to_json(*res);
+    std::cout << j.dump(2) << "\n";
+  }
   else std::cout << report::to_table(r);
   return 0;
 }
@@ -120,6 +159,7 @@ Runner add_run(CLI::App& app) {
   cmd->add_option("--feature-slice", a->feature_slice, "MLP feature slice (default: automatic; -1: off)");
   cmd->add_option("--seed", a->seed, "seed of the random inputs")->capture_default_str();
   cmd->add_option("--budget", a->budget, "activation memory budget: bytes, 512MiB, 2.5GiB, ... or auto (default: none)");
+  add_residency_options(cmd, a->device_memory, a->resident_blocks);
   cmd->add_flag("--planned-only", a->planned_only, "skip the naive run (shapes where only the planned one fits)");
   cmd->add_flag("--json", a->json, "print the run report as JSON");
   cmd->add_flag("--explain", a->explain, "print the plan with every rejection");

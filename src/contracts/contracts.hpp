@@ -125,6 +125,7 @@ struct DeviceCaps {
   double attention_ratio_ragged = 0;  // the same for a K/V length that is not a multiple of 128
   double row_bytes_per_s = 0;  // bandwidth of the fused norm + modulation kernel (bytes read + written)
   double qk_bytes_per_s = 0;   // bandwidth of the fused Q/K norm + RoPE kernel (bytes read + written)
+  double host_bytes_per_s = 0;  // copies from pinned host memory onto the device (bytes per second)
   // One-pass row kernels: norm + modulation into the activation dtype, and Q/K norm + RoPE
   // into the attention layout (exec/kernels/fused.hpp). Yes drops the fp32 staging buffers.
   Cap fused_row_kernels = Cap::Unknown;

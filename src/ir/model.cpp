@@ -1,5 +1,7 @@
 #include "ir/model.hpp"
 
+#include <algorithm>
+
 #include <sstream>
 
 namespace sp::ir {
@@ -389,29 +391,66 @@ void validate(const Model& m) {
   }
 }
 
-void for_each_linear(Model& m, const std::function<void(Linear&)>& fn) {
-  auto proj = [&](AttnProj& p) {
+namespace {
+
+// Every Linear of a block's sublayers, for a const or a mutable block.
+template <class B, class F>
+void block_linears(B& b, F&& fn) {
+  auto proj = [&](auto& p) {
     for (auto* l : {&p.qkv, &p.q, &p.k, &p.v})
       if (l->has_value()) fn(**l);
     fn(p.out);
   };
-  for (auto& e : m.embeds) fn(e.linear);
-  for (auto& b : m.blocks)
-    for (auto& s : b.sublayers) {
-      if (auto* a = std::get_if<Attention>(&s.body)) {
-        proj(a->proj);
-        for (auto& [segment, p] : a->segment_proj) proj(p);
-      } else {
-        auto& mlp = std::get<Mlp>(s.body);
-        for (auto* l : {&mlp.up, &mlp.gate})
-          if (l->has_value()) fn(**l);
-        fn(mlp.down);
-      }
+  for (auto& s : b.sublayers) {
+    if (auto* a = std::get_if<Attention>(&s.body)) {
+      proj(a->proj);
+      for (auto& [segment, p] : a->segment_proj) proj(p);
+    } else {
+      auto& mlp = std::get<Mlp>(s.body);
+      for (auto* l : {&mlp.up, &mlp.gate})
+        if (l->has_value()) fn(**l);
+      fn(mlp.down);
     }
+  }
+}
+
+}  // namespace
+
+void for_each_linear(Model& m, const std::function<void(Linear&)>& fn) {
+  for (auto& e : m.embeds) fn(e.linear);
+  for (auto& b : m.blocks) block_linears(b, fn);
   if (m.final_layer) {
     fn(m.final_layer->proj);
     for (auto& [segment, l] : m.final_layer->heads) fn(l);
   }
+}
+
+void for_each_linear(const Block& b, const std::function<void(const Linear&)>& fn) { block_linears(b, fn); }
+
+std::vector<std::string> tensor_names(const Block& b) {
+  std::vector<std::string> names;
+  auto add = [&](const std::string& n) {
+    if (!n.empty() && std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  };
+  auto norm = [&](const Norm& n) {
+    if (!n.affine) return;
+    add(n.weight);
+    add(n.bias);
+  };
+  block_linears(b, [&](const Linear& l) {
+    add(l.weight);
+    add(l.bias);
+  });
+  for (const auto& s : b.sublayers) {
+    norm(s.norm);
+    if (const auto* a = std::get_if<Attention>(&s.body))
+      for (const AttnProj* p : a->all_proj()) {
+        add(p->q_norm);
+        add(p->k_norm);
+      }
+  }
+  if (b.post_norm) norm(b.post_norm->norm);
+  return names;
 }
 
 }  // namespace sp::ir

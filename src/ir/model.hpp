@@ -260,5 +260,10 @@ void validate(const Model& m);
 // Calls fn on every Linear of the model: the segments' embeddings, every projection of every
 // sublayer, the final layer's projection and heads.
 void for_each_linear(Model& m, const std::function<void(Linear&)>& fn);
+// The same for the projections of one block's sublayers.
+void for_each_linear(const Block& b, const std::function<void(const Linear&)>& fn);
+// The names of the weight tensors a block reads: its linears' weights and biases and its
+// affine norms' weights and biases (Q/K norms and the row norm after the block included).
+std::vector<std::string> tensor_names(const Block& b);
 
 }  // namespace sp::ir

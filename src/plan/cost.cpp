@@ -18,8 +18,10 @@ double Rates::flops(DType dt) const {
 }
 
 Rates default_rates(contracts::DeviceKind kind) {
-  if (kind == contracts::DeviceKind::CUDA) return {700e12, 50e12, 3.5e12, 8e-6, 256, 0.7};
-  return {50e9, 50e9, 10e9, 5e-6, 32, 0.5};
+  Rates r = kind == contracts::DeviceKind::CUDA ? Rates{700e12, 50e12, 3.5e12, 8e-6, 256, 0.7}
+                                                 : Rates{50e9, 50e9, 10e9, 5e-6, 32, 0.5};
+  r.host_bytes_per_s = kind == contracts::DeviceKind::CUDA ? 25e9 : 5e9;
+  return r;
 }
 
 Rates rates_of(const contracts::DeviceCaps& dev) {
@@ -36,6 +38,7 @@ Rates rates_of(const contracts::DeviceCaps& dev) {
   take(dev.attention_ratio_ragged, r.attention_ratio_ragged);
   take(dev.row_bytes_per_s, r.row_bytes_per_s);
   take(dev.qk_bytes_per_s, r.qk_bytes_per_s);
+  take(dev.host_bytes_per_s, r.host_bytes_per_s);
   r.compute_units = dev.compute_units;
   return r;
 }

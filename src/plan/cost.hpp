@@ -42,17 +42,18 @@ struct Rates {
   double row_bytes_per_s = 0;  // bandwidth of the fused norm kernel (0: bytes_per_s)
   double qk_bytes_per_s = 0;   // bandwidth of the fused Q/K norm + RoPE kernel (0: bytes_per_s)
   int compute_units = 0;       // GPU multiprocessors (attention_efficiency); 0: none
+  double host_bytes_per_s = 0;  // copies from (pinned) host memory onto the device: bytes per second
   double flops(ir::DType dt) const;
 };
 
 // Defaults when no probe ran (documented figures, not measurements):
 //   CPU:  50 GFLOP/s (fp32 and 16-bit), 10 GB/s, 5 us per operation, k = 32 rows
 //         (a few cores of a server CPU; its matmuls are near peak from a few dozen rows),
-//         attention at half the matmul rate.
+//         attention at half the matmul rate; host copies at 5 GB/s.
 //   CUDA: an H200: 700 TFLOP/s bf16/fp16 (achieved, of ~990 peak), 50 TFLOP/s fp32 (ATen's
 //         default disables TF32), 3.5 TB/s, 8 us per operation, k = 256 rows (a bf16 matmul
 //         of 4096 x 4096 weights is bound by reading its weight below ~300 rows), flash
-//         attention at 70% of the matmul rate.
+//         attention at 70% of the matmul rate, pinned host-to-device copies at 25 GB/s.
 Rates default_rates(contracts::DeviceKind kind);
 // The device's measured rates, each missing (0) one from default_rates().
 Rates rates_of(const contracts::DeviceCaps& dev);

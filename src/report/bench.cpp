@@ -1,4 +1,5 @@
 #include "report/bench.hpp"
+#include "report/bench_common.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -35,21 +36,13 @@ std::vector<BenchCase> bench_cases(bool tiny) {
           {"wan14b-model-81f", "wan2.1-14b", -1, wan}};
 }
 
-namespace {
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// A case's model with random weights generated on the device and random inputs.
-struct CaseModel {
-  recognize::FamilyConfig cfg;
-  models::Instance inst;
-};
-
 CaseModel build_case(const BenchCase& c, const contracts::Registry& reg, const at::Device& device,
-                     const BenchOptions& opt, Progress* progress = nullptr) {
+                     const BenchOptions& opt, Progress* progress) {
   std::optional<Progress::Phase> phase;
   if (progress) phase.emplace(*progress, c.name + ": generating weights and inputs");
   CaseModel cm{recognize::preset(c.variant, c.layers, opt.tiny), {}};
@@ -59,13 +52,6 @@ CaseModel build_case(const BenchCase& c, const contracts::Registry& reg, const a
   cm.inst = {fr.model, weights, fr.inputs};
   return cm;
 }
-
-// `reps` metered calls of f: the median time, the largest peak, the last output.
-struct Repeated {
-  double ms = 0;
-  int64_t peak = 0;
-  at::Tensor out;
-};
 
 Repeated repeat(const at::Device& device, int reps, const std::function<at::Tensor()>& f) {
   std::vector<double> ms;
@@ -79,6 +65,8 @@ Repeated repeat(const at::Device& device, int reps, const std::function<at::Tens
   r.ms = median(ms);
   return r;
 }
+
+namespace {
 
 plan::Options case_plan_options(const models::Instance& inst, const BenchOptions& opt) {
   plan::Options po = opt.plan;

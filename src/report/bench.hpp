@@ -88,6 +88,19 @@ nlohmann::json run_policy_case(const BenchCase& c, const contracts::Registry& re
                                const at::Device& device, const BenchOptions& opt);
 std::string policy_table(const nlohmann::json& cases);
 
+// Weights streamed from host memory (report/bench_residency.cpp): per device memory of
+// `device_memories`, the residency planned with the case's activation plan (resident_blocks:
+// 0 auto, else that many blocks on the device), run with every weight resident (warm-up, then
+// `reps` timed runs), then with the streamed blocks moved to host memory under the device
+// memory as a cap of the caching allocator (the same runs); the weights go back afterwards.
+// One JSON row per device memory: "case", "device_memory_bytes", "resident_blocks", "ms",
+// "all_resident_ms", "predicted_ms", "max_allocated_bytes", "rel_l2_vs_all_resident",
+// "exact", "residency" (the plan's).
+nlohmann::json run_residency_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
+                                  const at::Device& device, const BenchOptions& opt,
+                                  const std::vector<int64_t>& device_memories, int resident_blocks);
+std::string residency_table(const nlohmann::json& rows);
+
 nlohmann::json to_json(const std::vector<BenchResult>& rs);
 std::string bench_table(const std::vector<BenchResult>& rs);
 // Per step kind of each profiled case: count, device ms, host ms, estimated ms and their ratio.

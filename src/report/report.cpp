@@ -120,16 +120,28 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
   const at::Device d = inst.inputs.device();
   Progress own("run", opt.progress && !opt.reporter);
   Progress& progress = opt.progress && opt.reporter ? *opt.reporter : own;
+  const exec::WeightSource& w = opt.weights ? *opt.weights : *inst.weights;
   auto naive = [&](const std::string& what) {
     return schedule("naive", [&] {
-      return exec::run_naive(inst.model, *inst.weights, inst.inputs, reg, progress.sublayers(inst.model, what));
+      return exec::run_naive(inst.model, w, inst.inputs, reg, progress.sublayers(inst.model, what));
     });
   };
   // Out of memory: one retry under what is free; later runs keep the plan that ran.
   plan::Plan current = p;
   auto planned = [&](const std::string& what) {
     return schedule("planned", [&] {
-      Retried run = run_planned_retrying(inst, current, reg, dev, d, progress.sublayers(inst.model, what));
+      if (!opt.memory_cap.empty()) {
+        try {
+          return exec::run_planned(inst.model, current, w, inst.inputs, reg, dev, progress.sublayers(inst.model, what));
+        } catch (const std::exception& e) {
+          if (!is_out_of_memory(e)) throw;
+          throw OutOfMemory("out of memory under " + opt.memory_cap + " (the plan counted " +
+                                plan::human_bytes(current.estimated_peak_bytes) + " of activations)",
+                            current.estimated_peak_bytes, 0);
+        }
+      }
+      Retried run = run_planned_retrying(inst.model, w, inst.inputs, current, reg, dev, d,
+                                         progress.sublayers(inst.model, what));
       if (run.retried) {
         current = run.plan;
         r.retry = run.note;
@@ -162,6 +174,28 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
     r.rel_l2 = rel_l2(out, ref);
   }
   return r;
+}
+
+nlohmann::json to_json(const plan::Residency& r) {
+  nlohmann::json streamed = nlohmann::json::array();
+  for (size_t b = 0; b < r.streamed.size(); ++b)
+    if (r.streamed[b]) streamed.push_back(b);
+  return {{"resident_blocks", r.resident_blocks()},
+          {"kept_blocks", r.kept_count()},
+          {"streamed_blocks", streamed},
+          {"slots", r.slots},
+          {"slot_bytes", r.slot_bytes},
+          {"kept_bytes", r.kept_bytes},
+          {"fixed_bytes", r.fixed_bytes},
+          {"activation_bytes", r.activation_bytes},
+          {"slack_bytes", r.slack_bytes},
+          {"device_memory_bytes", r.device_memory},
+          {"planned_device_bytes", r.device_bytes()},
+          {"host_bytes_per_s", r.host_bytes_per_s},
+          {"copy_ms", r.copy_ms},
+          {"predicted_ms", r.predicted_ms},
+          {"all_resident_ms", r.resident_ms},
+          {"explain", plan::explain(r)}};
 }
 
 nlohmann::json to_json(const plan::Plan& p) {

@@ -23,6 +23,7 @@
 
 #include "models/builder.hpp"
 #include "plan/plan.hpp"
+#include "plan/residency.hpp"
 #include "plan/program.hpp"
 
 namespace sp::report {
@@ -94,6 +95,11 @@ struct CompareOptions {
   bool progress = true;  // progress lines on stderr once a run passes 2 s
   bool keep_outputs = false;
   Progress* reporter = nullptr;  // where progress lines go (its label and clock); null: "[run]" from the start of compare
+  // The weights to run with instead of the instance's (weights streamed from host memory).
+  const exec::WeightSource* weights = nullptr;
+  // Non-empty: the run is capped (--device-memory); out of memory is an error that says so,
+  // without the retry under a smaller plan.
+  std::string memory_cap;
 };
 
 // Out of device or host memory: c10::OutOfMemoryError, and the failure of c10's CPU
@@ -111,6 +117,8 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
 
 nlohmann::json to_json(const plan::Plan& p);
 nlohmann::json to_json(const RunReport& r);
+// Which blocks stream, the slots, the byte counts and the predicted times.
+nlohmann::json to_json(const plan::Residency& r);
 // A program with its placement and cost (the program of `plan --program`).
 nlohmann::json to_json(const plan::Program& prog, const contracts::DeviceCaps& dev);
 // The programs a planned run executes, in order: embedding, every sublayer, final layer.

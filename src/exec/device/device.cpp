@@ -144,6 +144,25 @@ void release_cached(const at::Device& d) {
 #endif
 }
 
+std::shared_ptr<void> cap_device_memory(const at::Device& d, int64_t bytes) {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (d.is_cuda()) {
+    namespace cca = c10::cuda::CUDACachingAllocator;
+    const int64_t total = describe_device(d).memory_total;
+    if (bytes > total)
+      throw std::invalid_argument("--device-memory: " + std::to_string(bytes) + " bytes exceed the " +
+                                  std::to_string(total) + " bytes of " + d.str());
+    const int index = d.index();
+    cca::emptyCache();
+    cca::setMemoryFraction(double(bytes) / double(total), index);
+    return std::shared_ptr<void>(nullptr, [index](void*) { cca::setMemoryFraction(1.0, index); });
+  }
+#endif
+  (void)d;
+  (void)bytes;
+  return nullptr;
+}
+
 void synchronize(const at::Device& d) {
 #ifdef STREAMPLAN_WITH_CUDA
   if (d.is_cuda()) c10::cuda::device_synchronize();

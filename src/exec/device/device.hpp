@@ -22,6 +22,11 @@ contracts::DeviceCaps describe_device(const at::Device& d);
 void synchronize(const at::Device& d);
 // Returns the caching allocator's unused blocks to the device (after an out-of-memory).
 void release_cached(const at::Device& d);
+// Caps what the caching allocator may hold on `d`, its cached blocks included, at `bytes`
+// (releasing the cache first): an allocation beyond is an out-of-memory error. The cap is
+// lifted when the returned object goes. Nothing on the CPU. Throws std::invalid_argument
+// when `bytes` exceeds the device's memory.
+std::shared_ptr<void> cap_device_memory(const at::Device& d, int64_t bytes);
 // Milliseconds `f` takes on the device: CUDA events around it on a GPU, a steady clock
 // (after it returns) on the CPU.
 double time_ms(const at::Device& d, const std::function<void()>& f);

@@ -23,6 +23,7 @@ class PeakMeter {
   explicit PeakMeter(at::Device device);  // resets the peak to the current live bytes
   int64_t peak_above_start() const;
   int64_t live_above_start() const;
+  int64_t peak() const { return start_ + peak_above_start(); }  // everything allocated, at its peak
 
  private:
   at::Device device_;

@@ -23,7 +23,7 @@ namespace sp::exec {
 
 namespace {
 
-constexpr int kCacheVersion = 5;
+constexpr int kCacheVersion = 6;
 
 using Clock = std::chrono::steady_clock;
 
@@ -101,7 +101,7 @@ nlohmann::json to_json(const ProbeResult& r) {
           {"gemm_half_rows", r.gemm_half_rows}, {"attention_ratio", r.attention_ratio},
           {"attention_ratio_ragged", r.attention_ratio_ragged},
           {"row_bytes_per_s", r.row_bytes_per_s}, {"qk_bytes_per_s", r.qk_bytes_per_s},
-          {"probe_ms", r.probe_ms}};
+          {"host_bytes_per_s", r.host_bytes_per_s}, {"probe_ms", r.probe_ms}};
 }
 
 // A cached result, or nothing when the file is missing, unreadable, of another version or
@@ -122,12 +122,13 @@ bool read_cache(const std::string& path, const std::string& key, ProbeResult& r)
     r.attention_ratio_ragged = j.at("attention_ratio_ragged").get<double>();
     r.row_bytes_per_s = j.at("row_bytes_per_s").get<double>();
     r.qk_bytes_per_s = j.at("qk_bytes_per_s").get<double>();
+    r.host_bytes_per_s = j.at("host_bytes_per_s").get<double>();
     r.probe_ms = j.value("probe_ms", 0.0);
   } catch (const nlohmann::json::exception&) {
     return false;
   }
   return r.flops_per_s > 0 && r.flops_per_s_f32 > 0 && r.bytes_per_s > 0 && r.launch_s > 0 && r.gemm_half_rows >= 0 &&
-         r.attention_ratio > 0;
+         r.attention_ratio > 0 && r.host_bytes_per_s > 0;
 }
 
 // mkdir -p; POSIX calls rather than std::filesystem, whose symbols libtorch also exports.
@@ -258,6 +259,10 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
     const auto o = at::TensorOptions().dtype(at::kByte).device(d);
     at::Tensor src = at::zeros({bytes}, o), dst = at::empty({bytes}, o);
     r.bytes_per_s = 2.0 * double(bytes) / best_seconds(d, 3, 1, [&] { dst.copy_(src); });
+    // Host to device (weights streamed from host memory): from pinned memory, asynchronously,
+    // as the residency's loads copy. On the CPU the same copy within host memory.
+    at::Tensor host = at::zeros({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(gpu));
+    r.host_bytes_per_s = double(bytes) / best_seconds(d, 3, 1, [&] { dst.copy_(host, /*non_blocking=*/true); });
   }
   // Fixed cost of an operation: a run of one-element in-place additions.
   {
@@ -294,6 +299,7 @@ void apply_rates(const ProbeResult& r, contracts::DeviceCaps& caps) {
   caps.attention_ratio_ragged = r.attention_ratio_ragged;
   caps.row_bytes_per_s = r.row_bytes_per_s;
   caps.qk_bytes_per_s = r.qk_bytes_per_s;
+  caps.host_bytes_per_s = r.host_bytes_per_s;
 }
 
 }  // namespace sp::exec

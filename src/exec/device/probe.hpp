@@ -35,6 +35,7 @@ struct ProbeResult {
   double attention_ratio_ragged = 0;  // the same with a K/V length not a multiple of 128
   double row_bytes_per_s = 0;    // fused norm kernel bandwidth (0: none built / not a GPU)
   double qk_bytes_per_s = 0;     // fused Q/K norm + RoPE kernel bandwidth (0: none built / not a GPU)
+  double host_bytes_per_s = 0;   // pinned host memory -> device copies (CPU: a copy within memory), bytes/s
   double probe_ms = 0;           // time the measurement took (as measured, also when cached)
   bool from_cache = false;
   std::string cache_path;        // empty: no cache directory known

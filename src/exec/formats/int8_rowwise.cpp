@@ -21,6 +21,7 @@ struct Int8Rowwise : FormatImpl {
     const at::Tensor scale = slice(src.tensor(scale_name(l)), 0, rows).unsqueeze(1);
     return converted(view, dtype, out).mul_(scale);
   }
+  std::vector<std::string> companions(const ir::Linear& l) const override { return {scale_name(l)}; }
 };
 
 }  // namespace

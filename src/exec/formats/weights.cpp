@@ -54,6 +54,14 @@ at::Tensor TensorWeights::tensor(const std::string& name) const {
   return it->second;
 }
 
+at::Tensor TensorWeights::take(const std::string& name) {
+  auto it = t_.find(name);
+  if (it == t_.end()) return {};
+  at::Tensor t = std::move(it->second);
+  t_.erase(it);
+  return t;
+}
+
 int64_t TensorWeights::total_bytes() const {
   int64_t b = 0;
   for (const auto& [k, v] : t_) b += v.nbytes();

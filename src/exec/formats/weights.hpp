@@ -44,6 +44,10 @@ class WeightSource {
   // without `out` a converting format allocates (the naive reference).
   virtual at::Tensor acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
                              const at::Tensor& out = {}) const = 0;
+  // Called by both executors before and after each block's work: a source that streams
+  // weights from host memory loads and releases them here (exec/residency). Nothing by default.
+  virtual void begin_block(size_t /*block*/) const {}
+  virtual void end_block(size_t /*block*/) const {}
 };
 
 class TensorWeights;
@@ -55,6 +59,8 @@ struct FormatImpl : contracts::Impl {
   // rows x cols of the stored weight, in `dtype` (see WeightSource::acquire).
   virtual at::Tensor acquire(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols,
                              at::ScalarType dtype, const at::Tensor& out) const = 0;
+  // The tensors stored beside l's weight (scales): they travel with it when weights move.
+  virtual std::vector<std::string> companions(const ir::Linear& /*l*/) const { return {}; }
 };
 
 // Weights held as tensors by name, acquired through their formats' implementations.
@@ -70,6 +76,8 @@ class TensorWeights : public WeightSource {
                      const at::Tensor& out = {}) const override;
   int64_t total_bytes() const;
   const std::map<std::string, at::Tensor>& all() const { return t_; }
+  // Removes the tensor `name` and returns it (undefined where absent).
+  at::Tensor take(const std::string& name);
 
  private:
   const contracts::Registry* reg_;

@@ -314,12 +314,14 @@ at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSour
   for (const auto& b : m.blocks) total += int64_t(b.sublayers.size());
   for (size_t bi = 0; bi < m.blocks.size(); ++bi) {
     const ir::Block& b = m.blocks[bi];
+    w.begin_block(bi);
     for (size_t si = 0; si < b.sublayers.size(); ++si) {
       run_program(m, compile_sublayer(m, b, b.sublayers[si], p.blocks[bi].sublayers[si], reg, dev), w, in, reg, dev, x,
                   profile);
       if (progress) progress(++done, total);
     }
     if (b.post_norm) run_program(m, compile_post_norm(m, b, reg, dev), w, in, reg, dev, x, profile);
+    w.end_block(bi);
   }
   if (!m.final_layer) return x.to(to_aten(accumulation_dtype(m.dtype)));
   return run_program(m, compile_final(m, p.final_layer.chunk, reg, dev), w, in, reg, dev, x, profile);

@@ -221,7 +221,9 @@ at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in
   at::Tensor x = at::cat(parts, 0);
   int64_t done = 0, total = 0;
   for (const auto& b : m.blocks) total += int64_t(b.sublayers.size());
-  for (const auto& b : m.blocks) {
+  for (size_t bi = 0; bi < m.blocks.size(); ++bi) {
+    const ir::Block& b = m.blocks[bi];
+    w.begin_block(bi);
     for (const auto& s : b.sublayers) {
       const Span sp = span(m, s.segments);
       const at::Tensor xs = x.narrow(0, sp.begin, sp.end - sp.begin);
@@ -240,6 +242,7 @@ at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in
                                .to(c.dt);
       x = at::cat({x.narrow(0, 0, sp.begin), h, x.narrow(0, sp.end, x.size(0) - sp.end)}, 0);
     }
+    w.end_block(bi);
   }
   const auto ft = acc_of(c.dt);
   if (!m.final_layer) return x.to(ft);

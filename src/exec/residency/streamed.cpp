@@ -1,0 +1,261 @@
+#include "exec/residency/streamed.hpp"
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+#include "exec/consumers/consumer.hpp"
+
+#ifdef STREAMPLAN_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace sp::exec {
+
+namespace {
+
+constexpr int64_t kAlign = 512;  // offsets in a block's buffer, as the caching allocator rounds
+
+int64_t packed_bytes(const at::Tensor& t) { return ir::round_up(int64_t(t.nbytes()), kAlign); }
+
+#ifdef STREAMPLAN_WITH_CUDA
+at::cuda::CUDAStream& as_stream(const std::shared_ptr<void>& p) { return *static_cast<at::cuda::CUDAStream*>(p.get()); }
+#endif
+
+}  // namespace
+
+// A device buffer a streamed block is loaded into; events on CUDA.
+struct StreamedWeights::Slot {
+  at::Tensor mem;
+  int64_t block = -1;  // the block loaded (or loading); -1: empty
+  bool begun = false, ended = false;
+#ifdef STREAMPLAN_WITH_CUDA
+  at::cuda::CUDAEvent loaded, freed;
+  bool freed_recorded = false;
+#endif
+};
+
+std::vector<std::vector<std::string>> block_tensors(const ir::Model& m, const TensorWeights& w,
+                                                    const contracts::Registry& reg) {
+  std::vector<std::vector<std::string>> names(m.blocks.size());
+  std::map<std::string, int> uses;
+  for (size_t b = 0; b < m.blocks.size(); ++b) {
+    std::vector<std::string> n = ir::tensor_names(m.blocks[b]);
+    ir::for_each_linear(m.blocks[b], [&](const ir::Linear& l) {
+      for (auto& c : impl_of<FormatImpl>(reg.format(l.format)).companions(l)) n.push_back(c);
+    });
+    std::set<std::string> seen;
+    for (auto& name : n)
+      if (w.contains(name) && seen.insert(name).second) {
+        names[b].push_back(name);
+        ++uses[name];
+      }
+  }
+  for (auto& n : names) n.erase(std::remove_if(n.begin(), n.end(), [&](const auto& x) { return uses[x] > 1; }), n.end());
+  return names;
+}
+
+plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights& w, const Inputs& in,
+                                         const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
+  plan::ResidencyRequest rq;
+  std::set<std::string> in_blocks;
+  for (const auto& names : block_tensors(m, w, reg)) {
+    int64_t bytes = 0;
+    for (const auto& n : names) {
+      bytes += packed_bytes(w.tensor(n));
+      in_blocks.insert(n);
+    }
+    rq.block_bytes.push_back(bytes);
+  }
+  // Everything else is held for the whole run; a storage shared by several tensors counts once.
+  std::set<const void*> counted;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined() && t.device().type() != at::kMeta && counted.insert(t.storage().data()).second)
+      rq.fixed_bytes += dev.round_alloc(int64_t(t.storage().nbytes()));
+  };
+  for (const auto& [name, t] : w.all())
+    if (!in_blocks.count(name)) add(t);
+  for (const auto& [name, t] : in.tokens) add(t);
+  for (const auto& [name, t] : in.tables) add(t);
+  return rq;
+}
+
+StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeights> w, const plan::Residency& r,
+                                 const contracts::Registry& reg, const at::Device& device)
+    : w_(std::move(w)), reg_(&reg), device_(device) {
+  if (r.streamed.size() != m.blocks.size())
+    throw std::invalid_argument("residency of " + std::to_string(r.streamed.size()) + " blocks for a model of " +
+                                std::to_string(m.blocks.size()));
+  const auto names = block_tensors(m, *w_, reg);
+  packs_.resize(m.blocks.size());
+  int64_t slot_bytes = 0;
+  for (size_t b = 0; b < m.blocks.size(); ++b) {
+    if (!r.streamed[b] || names[b].empty()) continue;
+    int64_t bytes = 0;
+    for (const auto& n : names[b]) bytes += packed_bytes(w_->tensor(n));
+    const bool pinned = device_.is_cuda();
+    at::Tensor pack = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned));
+    int64_t offset = 0;
+    for (const auto& n : names[b]) {
+      at::Tensor t = w_->take(n).contiguous();
+      pack.narrow(0, offset, int64_t(t.nbytes())).copy_(t.view(-1).view(at::kByte));
+      places_[n] = {b, offset, t.scalar_type(), t.sizes().vec()};
+      offset += packed_bytes(t);
+    }
+    packs_[b] = pack;
+    order_.push_back(b);
+    slot_bytes = std::max(slot_bytes, bytes);
+  }
+  std::vector<std::string> rest;
+  for (const auto& [name, t] : w_->all())
+    if (t.device() != device_) rest.push_back(name);
+  for (const auto& name : rest) w_->add(name, w_->take(name).to(device_));
+  if (order_.empty()) return;
+  const int slots = std::clamp(r.slots, 1, int(order_.size()));
+  for (int i = 0; i < slots; ++i) {
+    auto s = std::make_unique<Slot>();
+    s->mem = at::empty({slot_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
+    slots_.push_back(std::move(s));
+  }
+#ifdef STREAMPLAN_WITH_CUDA
+  if (device_.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(device_);
+    copy_stream_ = std::make_shared<at::cuda::CUDAStream>(at::cuda::getStreamFromPool(false, device_.index()));
+    // The slots are only ever freed after the copies into them (the destructor waits), but
+    // the allocator is told so as well.
+    for (auto& s : slots_) s->mem.record_stream(as_stream(copy_stream_));
+  }
+#endif
+}
+
+StreamedWeights::~StreamedWeights() {
+  try {
+    reset();
+  } catch (...) {
+  }
+}
+
+void StreamedWeights::restore() {
+  reset();
+  slots_.clear();
+  for (const auto& [name, p] : places_) {
+    const int64_t n = c10::multiply_integers(p.shape) * int64_t(c10::elementSize(p.dtype));
+    w_->add(name, packs_[p.block].narrow(0, p.offset, n).view(p.dtype).view(p.shape).to(device_, /*non_blocking=*/false,
+                                                                                         /*copy=*/true));
+  }
+  places_.clear();
+  packs_.assign(packs_.size(), at::Tensor());
+  order_.clear();
+}
+
+int64_t StreamedWeights::host_bytes() const {
+  int64_t b = 0;
+  for (const auto& p : packs_)
+    if (p.defined()) b += int64_t(p.nbytes());
+  return b;
+}
+
+StreamedWeights::Slot* StreamedWeights::slot_of(size_t block) const {
+  for (auto& s : slots_)
+    if (s->block == int64_t(block)) return s.get();
+  return nullptr;
+}
+
+void StreamedWeights::load_next() const {
+  Slot& s = *slots_[size_t(load_count_ % int64_t(slots_.size()))];
+  const size_t b = order_[next_];
+  const at::Tensor& pack = packs_[b];
+  at::Tensor dst = s.mem.narrow(0, 0, int64_t(pack.nbytes()));
+#ifdef STREAMPLAN_WITH_CUDA
+  if (device_.is_cuda()) {
+    at::cuda::CUDAStream& cs = as_stream(copy_stream_);
+    if (s.freed_recorded) s.freed.block(cs);
+    const at::cuda::CUDAStreamGuard guard(cs);
+    dst.copy_(pack, /*non_blocking=*/true);
+    s.loaded.record(cs);
+  } else
+#endif
+  {
+    dst.copy_(pack);
+  }
+  s.block = int64_t(b);
+  s.begun = s.ended = false;
+  next_ = (next_ + 1) % order_.size();
+  ++load_count_;
+}
+
+void StreamedWeights::prefetch() const {
+  for (;;) {
+    const Slot& s = *slots_[size_t(load_count_ % int64_t(slots_.size()))];
+    if (s.block >= 0 && !(s.begun && s.ended)) return;  // holds a block still to run, or running
+    load_next();
+  }
+}
+
+void StreamedWeights::reset() const {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (copy_stream_) as_stream(copy_stream_).synchronize();
+#endif
+  for (auto& s : slots_) {
+    s->block = -1;
+    s->begun = s->ended = false;
+  }
+}
+
+void StreamedWeights::begin_block(size_t block) const {
+  if (block >= packs_.size() || !packs_[block].defined()) return;
+  Slot* s = slot_of(block);
+  if (!s || s->begun) {
+    // Out of the rotation's order (a run that stopped half-way, or blocks run out of order):
+    // start it again at this block.
+#ifdef STREAMPLAN_WITH_CUDA
+    if (device_.is_cuda()) c10::cuda::device_synchronize();
+#endif
+    reset();
+    next_ = size_t(std::find(order_.begin(), order_.end(), block) - order_.begin());
+    load_next();
+    s = slot_of(block);
+  }
+#ifdef STREAMPLAN_WITH_CUDA
+  if (device_.is_cuda()) s->loaded.block(at::cuda::getCurrentCUDAStream(device_.index()));
+#endif
+  s->begun = true;
+  prefetch();
+}
+
+void StreamedWeights::end_block(size_t block) const {
+  if (block >= packs_.size() || !packs_[block].defined()) return;
+  Slot* s = slot_of(block);
+  if (!s || !s->begun) return;
+#ifdef STREAMPLAN_WITH_CUDA
+  if (device_.is_cuda()) {
+    s->freed.record(at::cuda::getCurrentCUDAStream(device_.index()));
+    s->freed_recorded = true;
+  }
+#endif
+  s->ended = true;
+  prefetch();
+}
+
+at::Tensor StreamedWeights::tensor(const std::string& name) const {
+  auto it = places_.find(name);
+  if (it == places_.end()) return w_->tensor(name);
+  const Place& p = it->second;
+  const Slot* s = slot_of(p.block);
+  if (!s || !s->begun || s->ended)
+    throw std::logic_error("weight '" + name + "' of streamed block " + std::to_string(p.block) +
+                           " read outside the block's work");
+  const int64_t n = c10::multiply_integers(p.shape) * int64_t(c10::elementSize(p.dtype));
+  return s->mem.narrow(0, p.offset, n).view(p.dtype).view(p.shape);
+}
+
+bool StreamedWeights::contains(const std::string& name) const { return places_.count(name) || w_->contains(name); }
+
+at::Tensor StreamedWeights::acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
+                                    const at::Tensor& out) const {
+  return impl_of<FormatImpl>(reg_->format(l.format)).acquire(*this, l, rows, cols, dtype, out);
+}
+
+}  // namespace sp::exec

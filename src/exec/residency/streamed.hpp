@@ -1,0 +1,97 @@
+// Weights under a device-memory budget: the streamed blocks' weights in host memory,
+// copied into rotating device slots around each block's work.
+//
+// Design note. StreamedWeights wraps the model's TensorWeights. It moves the tensors of the
+// blocks that plan::Residency marks streamed into host memory, one contiguous buffer per
+// block (pinned on CUDA, each tensor at a 512-byte aligned offset, in its stored form: a
+// quantized weight travels quantized), and leaves every other tensor where it was. The
+// executors call begin_block / end_block around each block (WeightSource): begin_block makes
+// the compute stream wait for the block's load; end_block records that its slot is free.
+// Loads run in block order, cyclically (after the last streamed block come the first ones of
+// the next call), on a side stream, each into the slot least recently used once the block
+// that used that slot has finished: events order them and no host synchronization happens
+// per block. On the CPU the copies are plain and happen in order. A block read out of order
+// (a run that failed half-way) resets the rotation. The weights a streamed block's tensors
+// hand out are views of its slot, valid while the block runs.
+//
+// Example:
+//     auto rq = sp::exec::residency_request(model, *weights, inputs, reg, caps);
+//     rq.device_memory = sp::plan::parse_budget("8GiB");
+//     auto rp = sp::plan::plan_with_residency(model, reg, caps, {}, rq);
+//     sp::exec::StreamedWeights w(model, weights, rp.residency, reg, device);   // streamed blocks to the host
+//     at::Tensor out = sp::exec::run_planned(model, rp.plan, w, inputs, reg, caps);
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "exec/formats/weights.hpp"
+#include "exec/run/executor.hpp"
+#include "plan/residency.hpp"
+
+namespace sp::exec {
+
+// The tensors of each block (tensor_names and the formats' companions) that `w` holds; a
+// tensor that two blocks name belongs to neither.
+std::vector<std::vector<std::string>> block_tensors(const ir::Model& m, const TensorWeights& w,
+                                                    const contracts::Registry& reg);
+
+// The byte counts residency planning needs: per block its tensors as the device allocates
+// them, and the other weights plus the inputs as fixed bytes.
+plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights& w, const Inputs& in,
+                                         const contracts::Registry& reg, const contracts::DeviceCaps& dev);
+
+class StreamedWeights : public WeightSource {
+ public:
+  // Moves the streamed blocks' tensors of `w` into host memory and every other tensor of `w`
+  // onto `device` (where it is not already): weights loaded into host memory run this way.
+  StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeights> w, const plan::Residency& r,
+                  const contracts::Registry& reg, const at::Device& device);
+  ~StreamedWeights() override;
+  StreamedWeights(const StreamedWeights&) = delete;
+  StreamedWeights& operator=(const StreamedWeights&) = delete;
+
+  at::Tensor tensor(const std::string& name) const override;
+  bool contains(const std::string& name) const override;
+  at::Tensor acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
+                     const at::Tensor& out = {}) const override;
+  void begin_block(size_t block) const override;
+  void end_block(size_t block) const override;
+
+  // Copies the streamed blocks' tensors back onto the device into the TensorWeights and
+  // frees the host buffers and slots: every weight resident again (benchmarks that compare
+  // device-memory budgets on the same weights). Nothing streams afterwards.
+  void restore();
+  int64_t host_bytes() const;  // the streamed blocks' buffers in host memory
+  int64_t loads() const { return load_count_; }  // block loads issued so far
+
+ private:
+  struct Place {
+    size_t block = 0;
+    int64_t offset = 0;
+    at::ScalarType dtype = at::kFloat;
+    std::vector<int64_t> shape;
+  };
+  struct Slot;
+  Slot* slot_of(size_t block) const;
+  void load_next() const;  // the next block of the rotation into its slot
+  void prefetch() const;   // loads while the next slot is free
+  void reset() const;      // waits for every copy; empties the slots
+
+  std::shared_ptr<TensorWeights> w_;
+  const contracts::Registry* reg_;
+  at::Device device_;
+  std::map<std::string, Place> places_;
+  std::vector<at::Tensor> packs_;    // per block: its buffer in host memory (streamed blocks)
+  std::vector<size_t> order_;        // the streamed blocks in order
+  mutable std::vector<std::unique_ptr<Slot>> slots_;
+  mutable size_t next_ = 0;          // index into order_ of the next load
+  mutable int64_t load_count_ = 0;   // loads issued: the next goes into slot load_count_ % slots
+  std::shared_ptr<void> copy_stream_;  // CUDA: the side stream of the loads
+};
+
+}  // namespace sp::exec

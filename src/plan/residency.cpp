@@ -1,0 +1,271 @@
+#include "plan/residency.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <optional>
+#include <sstream>
+
+#include "plan/budget.hpp"
+#include "plan/cost.hpp"
+
+namespace sp::plan {
+
+int Residency::streamed_count() const { return int(std::count(streamed.begin(), streamed.end(), true)); }
+
+int64_t Residency::device_bytes() const {
+  return fixed_bytes + kept_bytes + int64_t(slots) * slot_bytes + activation_bytes + slack_bytes;
+}
+
+int64_t residency_slack(const contracts::DeviceCaps& dev, int64_t device_memory) {
+  if (dev.kind != contracts::DeviceKind::CUDA) return allocator_reserve(dev);
+  return (int64_t{256} << 20) + device_memory / 50;
+}
+
+double streamed_call_ms(const std::vector<double>& block_ms, const std::vector<bool>& streamed, int slots,
+                        const std::vector<double>& copy_ms, double other_ms, bool overlap) {
+  std::vector<size_t> order;  // the streamed blocks, in load order within a call
+  for (size_t b = 0; b < streamed.size(); ++b)
+    if (streamed[b]) order.push_back(b);
+  if (order.empty() || slots <= 0) return other_ms + std::accumulate(block_ms.begin(), block_ms.end(), 0.0);
+  const size_t k = order.size();
+  std::vector<double> load_end, block_end;  // per load number: when its copy and its block finished
+  double t = 0, call_begin = 0;
+  constexpr int kCalls = 3;
+  for (int c = 0; c < kCalls; ++c) {
+    call_begin = t;
+    t += other_ms;
+    size_t j = 0;
+    for (size_t b = 0; b < block_ms.size(); ++b) {
+      if (!streamed[b]) {
+        t += block_ms[b];
+        continue;
+      }
+      const size_t q = size_t(c) * k + j++;
+      const double engine_free = q ? load_end[q - 1] : 0.0;
+      const double slot_free = q >= size_t(slots) ? block_end[q - size_t(slots)] : 0.0;
+      const double start = overlap ? std::max(engine_free, slot_free) : t;
+      load_end.push_back(start + copy_ms[b]);
+      t = std::max(t, load_end.back()) + block_ms[b];
+      block_end.push_back(t);
+    }
+  }
+  return t - call_begin;
+}
+
+std::vector<bool> kept_pattern(int n, int kept) {
+  std::vector<bool> k(size_t(std::max(n, 0)), false);
+  kept = std::clamp(kept, 0, n);
+  for (int j = 0; j < kept; ++j) k[size_t((2 * int64_t(j) + 1) * n / (2 * int64_t(kept)))] = true;
+  return k;
+}
+
+namespace {
+
+// The activation plans the chooser weighs: with a fixed budget that one; else the lean
+// default and plans between the smallest achievable peak and the default's.
+std::vector<Plan> activation_plans(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
+                                   const Options& opt) {
+  if (opt.budget_bytes > 0) return {make_plan(m, reg, dev, opt)};
+  Options o = opt;
+  std::vector<Plan> plans{make_plan(m, reg, dev, o)};
+  int64_t smallest = 0;
+  try {
+    o.budget_bytes = 1;
+    make_plan(m, reg, dev, o);
+  } catch (const BudgetError& e) {
+    smallest = e.smallest_peak_bytes;
+  }
+  const int64_t lean = plans.front().estimated_peak_bytes;
+  for (double f : {0.0, 1.0 / 3, 2.0 / 3}) {
+    o.budget_bytes = smallest + int64_t(f * double(lean - smallest));
+    if (smallest <= 0 || o.budget_bytes >= lean) continue;
+    try {
+      Plan p = make_plan(m, reg, dev, o);
+      if (std::none_of(plans.begin(), plans.end(),
+                       [&](const Plan& q) { return q.estimated_peak_bytes == p.estimated_peak_bytes; }))
+        plans.push_back(std::move(p));
+    } catch (const BudgetError&) {
+    }
+  }
+  return plans;
+}
+
+std::vector<double> block_times(const Plan& p, double& other_ms) {
+  std::vector<double> ms;
+  double sum = 0;
+  for (const auto& b : p.blocks) {
+    double t = 0;
+    for (const auto& s : b.sublayers) t += s.estimated_ms;
+    ms.push_back(t);
+    sum += t;
+  }
+  other_ms = std::max(0.0, p.estimated_ms - sum);
+  return ms;
+}
+
+struct Arrangement {
+  std::vector<bool> streamed;
+  int slots = 0;
+};
+
+// Fills the byte counts of `a` and predicts its time on plan `p`.
+Residency evaluate(const Arrangement& a, const Plan& p, const ResidencyRequest& req, const contracts::DeviceCaps& dev,
+                   double host_rate, int64_t slack) {
+  Residency r;
+  r.streamed = a.streamed;
+  r.slots = a.slots;
+  for (size_t b = 0; b < a.streamed.size(); ++b) {
+    if (a.streamed[b]) r.slot_bytes = std::max(r.slot_bytes, req.block_bytes[b]);
+    else r.kept_bytes += req.block_bytes[b];
+  }
+  if (r.streamed_count() == 0) r.slots = 0;
+  r.fixed_bytes = req.fixed_bytes;
+  r.activation_bytes = p.estimated_peak_bytes;
+  r.slack_bytes = slack;
+  r.device_memory = req.device_memory;
+  r.host_bytes_per_s = host_rate;
+  double other = 0;
+  const std::vector<double> ms = block_times(p, other);
+  std::vector<double> copy(a.streamed.size(), 0.0);
+  for (size_t b = 0; b < copy.size(); ++b) {
+    copy[b] = 1e3 * double(req.block_bytes[b]) / host_rate;
+    if (a.streamed[b]) r.copy_ms += copy[b];
+  }
+  r.resident_ms = p.estimated_ms;
+  r.predicted_ms = streamed_call_ms(ms, r.streamed, r.slots, copy, other, dev.kind == contracts::DeviceKind::CUDA);
+  return r;
+}
+
+bool fits(const Residency& r) { return r.device_memory <= 0 || r.device_bytes() <= r.device_memory; }
+
+// The arrangements of `n` blocks with `slots` slots: with a count of blocks on the device,
+// kept = count - slots; else (auto) the most kept blocks that fit.
+std::optional<Residency> arrange(const Plan& p, const ResidencyRequest& req, const contracts::DeviceCaps& dev,
+                                 double host_rate, int64_t slack, int slots) {
+  const int n = int(req.block_bytes.size());
+  auto with_kept = [&](int kept) {
+    Arrangement a;
+    a.slots = slots;
+    a.streamed = kept_pattern(n, kept);
+    a.streamed.flip();
+    return evaluate(a, p, req, dev, host_rate, slack);
+  };
+  if (req.resident_blocks > 0) {
+    const int kept = req.resident_blocks - slots;
+    if (kept < 0 || n - kept <= slots) return std::nullopt;
+    Residency r = with_kept(kept);
+    return fits(r) ? std::optional(r) : std::nullopt;
+  }
+  for (int kept = n - slots - 1; kept >= 0; --kept) {
+    Residency r = with_kept(kept);
+    if (fits(r)) return r;
+  }
+  return std::nullopt;
+}
+
+// Blocks on the device at least: one slot, or the requested count.
+int64_t least_blocks(const ResidencyRequest& req) {
+  return std::max<int64_t>(1, std::min<int64_t>(req.resident_blocks, int64_t(req.block_bytes.size())));
+}
+
+// The least device memory an arrangement needs: nothing kept, one slot of the largest block
+// (or the requested count of blocks), the smallest activation peak; the slack grows with the
+// device memory (residency_slack).
+int64_t smallest_device_memory(const ResidencyRequest& req, const contracts::DeviceCaps& dev, int64_t activations) {
+  const int64_t block = req.block_bytes.empty() ? 0 : *std::max_element(req.block_bytes.begin(), req.block_bytes.end());
+  const int64_t base = req.fixed_bytes + least_blocks(req) * block + activations;
+  int64_t smallest = base + residency_slack(dev, base);
+  while (base + residency_slack(dev, smallest) > smallest) smallest = base + residency_slack(dev, smallest);
+  return smallest;
+}
+
+std::string too_small(const ResidencyRequest& req, const contracts::DeviceCaps& dev, int64_t activations) {
+  const int64_t block = req.block_bytes.empty() ? 0 : *std::max_element(req.block_bytes.begin(), req.block_bytes.end());
+  const int64_t smallest = smallest_device_memory(req, dev, activations);
+  std::ostringstream os;
+  os << "--device-memory " << human_bytes(req.device_memory) << " is too small";
+  if (req.resident_blocks > 0) os << " for " << req.resident_blocks << " resident blocks";
+  os << ": the smallest device memory that works is " << human_bytes(smallest) << " = weights and inputs held for "
+     << "the whole run " << human_bytes(req.fixed_bytes) << " + " << least_blocks(req) << " x the largest block "
+     << human_bytes(block)
+     << " + activations " << human_bytes(activations) << " (the smallest schedule) + allocator slack "
+     << human_bytes(residency_slack(dev, smallest));
+  return os.str();
+}
+
+}  // namespace
+
+ResidentPlan plan_with_residency(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
+                                 const Options& opt, const ResidencyRequest& req) {
+  if (req.block_bytes.size() != m.blocks.size())
+    throw PlanError("residency: " + std::to_string(req.block_bytes.size()) + " block sizes for a model of " +
+                    std::to_string(m.blocks.size()) + " blocks");
+  if (req.device_memory < 0 || req.resident_blocks < 0)
+    throw PlanError("residency: device memory and resident blocks must be >= 0, got " +
+                    std::to_string(req.device_memory) + " and " + std::to_string(req.resident_blocks));
+  const std::vector<Plan> plans = activation_plans(m, reg, dev, opt);
+  const double host_rate = rates_of(dev).host_bytes_per_s;
+  const int64_t slack = residency_slack(dev, req.device_memory);
+  const int n = int(m.blocks.size());
+  std::optional<ResidentPlan> best;
+  auto consider = [&](const Plan& p, const Residency& r) {
+    if (!best) {
+      best = ResidentPlan{p, r};
+      return;
+    }
+    const Residency& b = best->residency;
+    // Blocks that never move: all of them without streaming.
+    auto fixed_blocks = [&](const Residency& x) { return x.streaming() ? x.kept_count() : n; };
+    const bool near = std::abs(r.predicted_ms - b.predicted_ms) <= 0.005 * b.predicted_ms;
+    const bool better =
+        near ? fixed_blocks(r) > fixed_blocks(b) ||
+                   (fixed_blocks(r) == fixed_blocks(b) && r.activation_bytes < b.activation_bytes)
+             : r.predicted_ms < b.predicted_ms;
+    if (better) best = ResidentPlan{p, r};
+  };
+  for (const Plan& p : plans) {
+    // Every weight resident, where allowed.
+    if (req.resident_blocks == 0 || req.resident_blocks >= n) {
+      Arrangement all{std::vector<bool>(size_t(n), false), 0};
+      Residency r = evaluate(all, p, req, dev, host_rate, slack);
+      if (fits(r)) consider(p, r);
+    }
+    for (int slots = 1; slots <= 3; ++slots)
+      if (auto r = arrange(p, req, dev, host_rate, slack, slots)) consider(p, *r);
+  }
+  if (!best) {
+    int64_t smallest = plans.front().estimated_peak_bytes;
+    for (const Plan& p : plans) smallest = std::min(smallest, p.estimated_peak_bytes);
+    throw DeviceMemoryError(too_small(req, dev, smallest), req.device_memory, smallest_device_memory(req, dev, smallest));
+  }
+  best->plan.policy += best->residency.streaming() ? "; weights streamed under the device memory" : "";
+  return *best;
+}
+
+std::string explain(const Residency& r) {
+  std::ostringstream os;
+  const int n = int(r.streamed.size());
+  if (!r.streaming()) {
+    os << "weights: all " << n << " blocks resident (" << human_bytes(r.kept_bytes) << ")";
+  } else {
+    os << "weights: " << r.kept_count() << " of " << n << " blocks kept on the device (" << human_bytes(r.kept_bytes)
+       << "), " << r.streamed_count() << " streamed from host memory through " << r.slots << " slot"
+       << (r.slots > 1 ? "s" : "") << " of " << human_bytes(r.slot_bytes) << " (prefetch " << r.slots - 1 << " ahead); "
+       << r.resident_blocks() << " blocks on the device at once\n";
+    char rate[32];
+    std::snprintf(rate, sizeof rate, "%.1f GB/s", r.host_bytes_per_s / 1e9);
+    os << "copies per call: " << human_ms(r.copy_ms) << " at " << rate << "; predicted " << human_ms(r.predicted_ms)
+       << " per call against " << human_ms(r.resident_ms) << " with every weight resident ("
+       << (r.predicted_ms <= 1.01 * r.resident_ms ? "copies hidden behind compute" : "copies not fully hidden") << ")";
+  }
+  if (r.device_memory > 0)
+    os << "\ndevice memory " << human_bytes(r.device_memory) << ": " << human_bytes(r.device_bytes())
+       << " planned = other weights and inputs " << human_bytes(r.fixed_bytes) << " + kept blocks "
+       << human_bytes(r.kept_bytes) << " + slots " << human_bytes(int64_t(r.slots) * r.slot_bytes) << " + activations "
+       << human_bytes(r.activation_bytes) << " + allocator slack " << human_bytes(r.slack_bytes);
+  return os.str();
+}
+
+}  // namespace sp::plan

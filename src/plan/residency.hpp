@@ -1,0 +1,94 @@
+// Weight residency: which blocks' weights stay on the device, and how the others stream in.
+//
+// Design note. Under a device-memory budget the weights, their staging and the activations
+// share one amount of memory. Blocks are either kept (their weights on the device for the
+// whole run) or streamed: held in host memory and copied, on a side stream, into one of
+// `slots` device buffers shortly before the block runs. Loads rotate through the slots in
+// block order, cyclically across calls, so a load waits only for the block that used its
+// slot before (prefetch depth slots - 1) and the first loads of a call overlap the end of
+// the previous one. The chooser makes the activation plan and the residency together:
+// for a few activation plans (the lean default and smaller-peak ones) and 1-3 slots it
+// keeps as many blocks as fit (spread evenly, so that kept blocks' compute hides the
+// streamed ones' copies), predicts one call's time with streamed_call_ms, and takes the
+// fastest; among near-equal ones (0.5%) the one with more blocks kept. Everything here is
+// arithmetic on byte counts the executor measured (block weights as allocated, the other
+// weights and inputs) and on the plan's estimates; no ATen.
+//
+// Example:
+//     sp::plan::ResidencyRequest rq;
+//     rq.device_memory = sp::plan::parse_budget("8GiB");
+//     rq.block_bytes = ...;  rq.fixed_bytes = ...;      // exec/residency/streamed.hpp
+//     sp::plan::ResidentPlan rp = sp::plan::plan_with_residency(model, reg, dev, {}, rq);
+//     std::cout << sp::plan::explain(rp.residency);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plan/plan.hpp"
+
+namespace sp::plan {
+
+struct ResidencyRequest {
+  int64_t device_memory = 0;         // what the run may hold on the device; 0: no limit
+  int resident_blocks = 0;           // at most this many blocks' weights on the device at once; 0: auto
+  std::vector<int64_t> block_bytes;  // per IR block: its weights as the device allocates them
+  int64_t fixed_bytes = 0;           // held for the whole run besides: other weights, inputs
+};
+
+struct Residency {
+  std::vector<bool> streamed;  // per block; all false: every weight resident
+  int slots = 0;               // device buffers the streamed blocks rotate through
+  int64_t slot_bytes = 0;      // the largest streamed block
+  int64_t kept_bytes = 0;      // weights of the blocks kept on the device
+  int64_t fixed_bytes = 0, activation_bytes = 0, slack_bytes = 0, device_memory = 0;
+  double host_bytes_per_s = 0;  // the copy rate the prediction used
+  double predicted_ms = 0;      // one call in steady state, copies included
+  double resident_ms = 0;       // the same activation plan with every weight resident
+  double copy_ms = 0;           // one call's copies back to back
+  int streamed_count() const;
+  int kept_count() const { return int(streamed.size()) - streamed_count(); }
+  // Blocks whose weights are on the device at once: kept blocks and slots.
+  int resident_blocks() const { return kept_count() + slots; }
+  bool streaming() const { return slots > 0; }
+  int64_t device_bytes() const;  // fixed + kept + slots + activations + slack
+};
+
+struct ResidentPlan {
+  Plan plan;
+  Residency residency;
+};
+
+// The device memory is below what the smallest arrangement needs: nothing kept, one slot,
+// the smallest activation peak. The message names that size and its parts.
+class DeviceMemoryError : public PlanError {
+ public:
+  DeviceMemoryError(const std::string& what, int64_t device_memory, int64_t smallest)
+      : PlanError(what), device_memory_bytes(device_memory), smallest_bytes(smallest) {}
+  int64_t device_memory_bytes, smallest_bytes;
+};
+
+// What the device allocator holds beyond the counted buffers: segment rounding, cuBLAS and
+// cuDNN workspaces. CUDA: 256 MiB + 2% of the device memory; CPU: allocator_reserve.
+int64_t residency_slack(const contracts::DeviceCaps& dev, int64_t device_memory);
+
+// One call's time in steady state (the third of three calls in a row): `other_ms` (embedding,
+// final layer), then the blocks in order; a streamed block starts once its load finished.
+// Loads run one at a time in block order, cyclically, each once the block that used its slot
+// (slots loads earlier) has finished. Without `overlap` (a CPU) a load runs inside its block.
+double streamed_call_ms(const std::vector<double>& block_ms, const std::vector<bool>& streamed, int slots,
+                        const std::vector<double>& copy_ms, double other_ms, bool overlap);
+
+// Which blocks are kept when `kept` of `n` are: spread evenly over the block order.
+std::vector<bool> kept_pattern(int n, int kept);
+
+// The activation plan and the residency together (see the design note). opt.budget_bytes,
+// when set, fixes the activation budget. Throws DeviceMemoryError when nothing fits.
+ResidentPlan plan_with_residency(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
+                                 const Options& opt, const ResidencyRequest& req);
+
+// "12 of 40 blocks kept (8.2 GiB), 28 streamed through 2 slots of 702 MiB ...".
+std::string explain(const Residency& r);
+
+}  // namespace sp::plan

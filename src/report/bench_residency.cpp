@@ -1,0 +1,93 @@
+// bench --device-memory: a case's planned schedule with its weights streamed from host memory
+// under device-memory budgets, against the same plan with every weight resident.
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "exec/device/device.hpp"
+#include "exec/device/memory.hpp"
+#include "exec/residency/streamed.hpp"
+#include "plan/budget.hpp"
+#include "report/bench.hpp"
+#include "report/bench_common.hpp"
+
+namespace sp::report {
+
+nlohmann::json run_residency_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
+                                  const at::Device& device, const BenchOptions& opt,
+                                  const std::vector<int64_t>& device_memories, int resident_blocks) {
+  Progress progress("bench", opt.progress);
+  const CaseModel cm = build_case(c, reg, device, opt, &progress);
+  const models::Instance& inst = cm.inst;
+  plan::ResidencyRequest rq = exec::residency_request(inst.model, *inst.weights, inst.inputs, reg, caps);
+  rq.resident_blocks = resident_blocks;
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t memory : device_memories) {
+    rq.device_memory = memory;
+    const std::string label = c.name + " under " + plan::human_bytes(memory);
+    const plan::ResidentPlan rp = [&] {
+      const auto phase = progress.phase(label + ": planning");
+      return plan::plan_with_residency(inst.model, reg, caps, opt.plan, rq);
+    }();
+    auto run = [&](const exec::WeightSource& w, const std::string& what) {
+      return exec::run_planned(inst.model, rp.plan, w, inst.inputs, reg, caps, progress.sublayers(inst.model, label + ": " + what));
+    };
+    // Every weight resident, the same plan: warm-up, then the timed runs.
+    run(*inst.weights, "all resident, warm-up");
+    const Repeated resident = repeat(device, opt.reps, [&] { return run(*inst.weights, "all resident"); });
+    nlohmann::json row{{"case", c.name},
+                       {"device", caps.name},
+                       {"dtype", ir::to_string(opt.dtype)},
+                       {"tokens", inst.model.tokens()},
+                       {"layers", int64_t(inst.model.blocks.size())},
+                       {"device_memory_bytes", memory},
+                       {"resident_blocks", rp.residency.resident_blocks()},
+                       {"all_resident_ms", resident.ms},
+                       {"predicted_ms", rp.residency.predicted_ms},
+                       {"predicted_all_resident_ms", rp.residency.resident_ms},
+                       {"residency", to_json(rp.residency)}};
+    {
+      exec::StreamedWeights streamed(inst.model, inst.weights, rp.residency, reg, device);
+      exec::synchronize(device);
+      exec::PeakMeter meter(device);  // after the moves: counts everything the runs hold at their peak
+      {
+        const std::shared_ptr<void> cap = exec::cap_device_memory(device, memory);
+        run(streamed, "streamed, warm-up");
+        const Repeated r = repeat(device, opt.reps, [&] { return run(streamed, "streamed"); });
+        row["ms"] = r.ms;
+        row["rel_l2_vs_all_resident"] = rel_l2(r.out, resident.out);
+        row["exact"] = at::equal(r.out, resident.out);
+        row["loads"] = streamed.loads();
+        row["host_bytes"] = streamed.host_bytes();
+      }
+      row["max_allocated_bytes"] = meter.peak();
+      streamed.restore();
+    }
+    row["ms_over_all_resident"] = row["ms"].get<double>() / resident.ms;
+    row["predicted_over_measured"] = rp.residency.predicted_ms / row["ms"].get<double>();
+    if (opt.progress) std::cerr << plan::explain(rp.residency) << std::endl;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::string residency_table(const nlohmann::json& rows) {
+  std::ostringstream os;
+  char line[300];
+  std::snprintf(line, sizeof line, "%-18s %9s %9s %6s %10s %10s %8s %10s %8s %10s %6s\n", "case", "dev GiB", "max GiB",
+                "N", "ms", "resident", "ratio", "predicted", "pred/m", "rel_l2", "exact");
+  os << line;
+  const double G = double(int64_t{1} << 30);
+  for (const auto& r : rows) {
+    std::snprintf(line, sizeof line, "%-18s %9.2f %9.2f %6d %10.1f %10.1f %8.3f %10.1f %8.3f %10.2e %6s\n",
+                  r["case"].get<std::string>().c_str(), r["device_memory_bytes"].get<double>() / G,
+                  r["max_allocated_bytes"].get<double>() / G, r["resident_blocks"].get<int>(), r["ms"].get<double>(),
+                  r["all_resident_ms"].get<double>(), r["ms_over_all_resident"].get<double>(),
+                  r["predicted_ms"].get<double>(), r["predicted_over_measured"].get<double>(),
+                  r["rel_l2_vs_all_resident"].get<double>(), r["exact"].get<bool>() ? "yes" : "no");
+    os << line;
+  }
+  return os.str();
+}
+
+}  // namespace sp::report
