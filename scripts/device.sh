@@ -28,6 +28,12 @@
 #                                    default policy (no flags), --budget auto (the fastest plan)
 #                                    and --budget-floor 1.1 (bench --policies); builds first
 #                                    where build-gpu/streamplan is missing
+#   scripts/device.sh OUT residency
+#                                    weights streamed from host memory: the whole Wan 14B model under
+#                                    8 GiB, the whole MiniMax H3 model (10 s) under 12 GiB and Flux-dev
+#                                    at 1024^2 under 10, 16 and 24 GiB, each against the same plan with
+#                                    every weight resident (bench --device-memory); builds first where
+#                                    build-gpu/streamplan is missing
 # BENCH_ARGS adds options to `streamplan bench` (e.g. "--budget-floor 1.1"); CASES overrides
 # the mode's bench or sweep cases; AB_CASES (mode all) are benched once more with the ATen
 # row operations instead of the fused kernels.
@@ -60,6 +66,17 @@ if [ "$mode" = policy ]; then
   # One process per case set: the policies' plans run in turn on the same weights.
   $bin bench --device cuda --cases "$cases" --policies --budget-floor 1.1 ${BENCH_ARGS:-} --out "$out/policy.json" \
     2>>"$out/logs.txt" | tee "$out/policy.txt" || summary+=("bench --policies failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+
+if [ "$mode" = residency ]; then
+  build_bin
+  for spec in ${RESIDENCY_CASES:-wan14b-model-81f:8GiB minimax-h3-model-10s:12GiB flux-dev-1024:10GiB,16GiB,24GiB}; do
+    c=${spec%%:*}
+    $bin bench --device cuda --cases "$c" --device-memory "${spec#*:}" --reps 2 ${BENCH_ARGS:-} --out "$out/residency-$c.json" \
+      2>>"$out/logs.txt" | tee -a "$out/residency.txt" || summary+=("$c failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
+  done
   printf '%s\n' "${summary[@]}"
   exit 0
 fi

@@ -10,6 +10,7 @@
 #include "models/builder.hpp"
 #include "plan/budget.hpp"
 #include "plan/residency.hpp"
+#include "test_util.hpp"
 
 namespace {
 
@@ -203,6 +204,44 @@ TEST(Residency, RestoreBringsEveryWeightBack) {
   }
   ASSERT_EQ(weights->all().size(), count);
   for (const auto& [name, t] : inst.weights->all()) EXPECT_TRUE(at::equal(weights->tensor(name), t)) << name;
+}
+
+// On a GPU: loads on the side stream, ordered by events, give the same output bit for bit.
+TEST(GpuResidency, StreamedOutputsEqualAllResidentOnTheDevice) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const auto reg = exec::builtin_registry();
+  const at::Device d = exec::pick_device("cuda");
+  const auto dev = exec::describe_device(d);
+  models::ModelConfig c = models::demo_config();
+  c.layers = 6;
+  c.dtype = ir::DType::BF16;
+  c.segments = {{"text", 77}, {"video", 1901}};
+  c.video_t = c.video_h = c.video_w = 0;
+  const auto inst = models::instantiate(c, reg, d);
+  const plan::Plan p = plan::make_plan(inst.model, reg, dev, {});
+  const at::Tensor ref = exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev);
+  for (int slots : {1, 2}) {
+    plan::Residency r;
+    r.streamed = {true, true, false, true, true, true};
+    r.slots = slots;
+    exec::StreamedWeights w(inst.model, std::make_shared<exec::TensorWeights>(*inst.weights), r, reg, d);
+    for (int call = 0; call < 3; ++call)
+      EXPECT_TRUE(at::equal(exec::run_planned(inst.model, p, w, inst.inputs, reg, dev), ref))
+          << "slots " << slots << ", call " << call;
+  }
+}
+
+// The cap is real: beyond it an allocation is an out-of-memory error; lifted afterwards.
+TEST(GpuResidency, DeviceMemoryCapRefusesWhatExceedsIt) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const at::Device d = exec::pick_device("cuda");
+  const auto opts = at::TensorOptions().dtype(at::kByte).device(d);
+  {
+    const auto cap = exec::cap_device_memory(d, int64_t{1} << 30);
+    at::Tensor fits = at::empty({int64_t{256} << 20}, opts);
+    EXPECT_THROW(at::empty({int64_t{2} << 30}, opts), c10::OutOfMemoryError);
+  }
+  EXPECT_NO_THROW(at::empty({int64_t{2} << 30}, opts));
 }
 
 }  // namespace

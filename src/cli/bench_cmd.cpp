@@ -70,6 +70,14 @@ int bench(const Args& a) {
   opt.sweep_min_floor = a.sweep_min_floor;
   opt.progress = !a.quiet;
   opt.profile_steps = a.profile_steps;
+  std::vector<int64_t> memories;
+  std::stringstream list(a.device_memory);
+  for (std::string item; std::getline(list, item, ',');) memories.push_back(plan::parse_budget(item));
+  if (!memories.empty() && a.estimate) {
+    for (const auto& c : chosen)
+      std::cout << report::estimate_residency(c, reg, caps, opt, memories, parse_resident_blocks(a.resident_blocks));
+    return 0;
+  }
   // The real-dimension cases take hours on a CPU; say so before starting, with the cost
   // model's estimate (the tiny cases are the ones meant for CPUs).
   const bool on_cpu = d.is_cpu() && !a.tiny;
@@ -93,10 +101,7 @@ int bench(const Args& a) {
               << "\n";
     return 0;
   }
-  if (!a.device_memory.empty()) {
-    std::vector<int64_t> memories;
-    std::stringstream list(a.device_memory);
-    for (std::string item; std::getline(list, item, ',');) memories.push_back(plan::parse_budget(item));
+  if (!memories.empty()) {
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& c : chosen) {
       for (auto& row : report::run_residency_case(c, reg, caps, d, opt, memories, parse_resident_blocks(a.resident_blocks)))

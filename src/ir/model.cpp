@@ -427,30 +427,51 @@ void for_each_linear(Model& m, const std::function<void(Linear&)>& fn) {
 
 void for_each_linear(const Block& b, const std::function<void(const Linear&)>& fn) { block_linears(b, fn); }
 
-std::vector<std::string> tensor_names(const Block& b) {
-  std::vector<std::string> names;
-  auto add = [&](const std::string& n) {
-    if (!n.empty() && std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
-  };
-  auto norm = [&](const Norm& n) {
+namespace {
+
+// Tensor names in first-seen order, without repeats or empty ones.
+struct Names {
+  std::vector<std::string> list;
+  void add(const std::string& n) {
+    if (!n.empty() && std::find(list.begin(), list.end(), n) == list.end()) list.push_back(n);
+  }
+  void linear(const Linear& l) {
+    add(l.weight);
+    add(l.bias);
+  }
+  void norm(const Norm& n) {
     if (!n.affine) return;
     add(n.weight);
     add(n.bias);
-  };
-  block_linears(b, [&](const Linear& l) {
-    add(l.weight);
-    add(l.bias);
-  });
+  }
+};
+
+}  // namespace
+
+std::vector<std::string> tensor_names_outside_blocks(const Model& m) {
+  Names names;
+  for (const auto& e : m.embeds) names.linear(e.linear);
+  if (m.final_layer) {
+    names.norm(m.final_layer->norm);
+    names.linear(m.final_layer->proj);
+    for (const auto& [segment, l] : m.final_layer->heads) names.linear(l);
+  }
+  return names.list;
+}
+
+std::vector<std::string> tensor_names(const Block& b) {
+  Names names;
+  block_linears(b, [&](const Linear& l) { names.linear(l); });
   for (const auto& s : b.sublayers) {
-    norm(s.norm);
+    names.norm(s.norm);
     if (const auto* a = std::get_if<Attention>(&s.body))
       for (const AttnProj* p : a->all_proj()) {
-        add(p->q_norm);
-        add(p->k_norm);
+        names.add(p->q_norm);
+        names.add(p->k_norm);
       }
   }
-  if (b.post_norm) norm(b.post_norm->norm);
-  return names;
+  if (b.post_norm) names.norm(b.post_norm->norm);
+  return names.list;
 }
 
 }  // namespace sp::ir

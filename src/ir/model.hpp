@@ -265,5 +265,7 @@ void for_each_linear(const Block& b, const std::function<void(const Linear&)>& f
 // The names of the weight tensors a block reads: its linears' weights and biases and its
 // affine norms' weights and biases (Q/K norms and the row norm after the block included).
 std::vector<std::string> tensor_names(const Block& b);
+// The same for the rest of the model: the embeddings' and the final layer's.
+std::vector<std::string> tensor_names_outside_blocks(const Model& m);
 
 }  // namespace sp::ir

@@ -100,6 +100,11 @@ nlohmann::json run_residency_case(const BenchCase& c, const contracts::Registry&
                                   const at::Device& device, const BenchOptions& opt,
                                   const std::vector<int64_t>& device_memories, int resident_blocks);
 std::string residency_table(const nlohmann::json& rows);
+// The residency plans of a case under each device memory, without running (the case built
+// on the meta device): plan::explain of each, or why none fits.
+std::string estimate_residency(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
+                               const BenchOptions& opt, const std::vector<int64_t>& device_memories,
+                               int resident_blocks);
 
 nlohmann::json to_json(const std::vector<BenchResult>& rs);
 std::string bench_table(const std::vector<BenchResult>& rs);

@@ -29,6 +29,7 @@ nlohmann::json run_residency_case(const BenchCase& c, const contracts::Registry&
       const auto phase = progress.phase(label + ": planning");
       return plan::plan_with_residency(inst.model, reg, caps, opt.plan, rq);
     }();
+    if (opt.progress) std::cerr << plan::explain(rp.residency) << std::endl;
     auto run = [&](const exec::WeightSource& w, const std::string& what) {
       return exec::run_planned(inst.model, rp.plan, w, inst.inputs, reg, caps, progress.sublayers(inst.model, label + ": " + what));
     };
@@ -61,27 +62,47 @@ nlohmann::json run_residency_case(const BenchCase& c, const contracts::Registry&
         row["host_bytes"] = streamed.host_bytes();
       }
       row["max_allocated_bytes"] = meter.peak();
+      row["max_reserved_bytes"] = meter.peak_reserved();
       streamed.restore();
     }
     row["ms_over_all_resident"] = row["ms"].get<double>() / resident.ms;
     row["predicted_over_measured"] = rp.residency.predicted_ms / row["ms"].get<double>();
-    if (opt.progress) std::cerr << plan::explain(rp.residency) << std::endl;
     rows.push_back(row);
   }
   return rows;
 }
 
+std::string estimate_residency(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
+                               const BenchOptions& opt, const std::vector<int64_t>& device_memories,
+                               int resident_blocks) {
+  const CaseModel cm = build_case(c, reg, at::Device(at::kMeta), opt);
+  plan::ResidencyRequest rq = exec::residency_request(cm.inst.model, *cm.inst.weights, cm.inst.inputs, reg, caps);
+  rq.resident_blocks = resident_blocks;
+  std::ostringstream os;
+  for (int64_t memory : device_memories) {
+    rq.device_memory = memory;
+    os << c.name << " under " << plan::human_bytes(memory) << ":\n";
+    try {
+      os << plan::explain(plan::plan_with_residency(cm.inst.model, reg, caps, opt.plan, rq).residency) << "\n";
+    } catch (const plan::DeviceMemoryError& e) {
+      os << e.what() << "\n";
+    }
+  }
+  return os.str();
+}
+
 std::string residency_table(const nlohmann::json& rows) {
   std::ostringstream os;
   char line[300];
-  std::snprintf(line, sizeof line, "%-18s %9s %9s %6s %10s %10s %8s %10s %8s %10s %6s\n", "case", "dev GiB", "max GiB",
-                "N", "ms", "resident", "ratio", "predicted", "pred/m", "rel_l2", "exact");
+  std::snprintf(line, sizeof line, "%-18s %9s %9s %9s %6s %10s %10s %8s %10s %8s %10s %6s\n", "case", "dev GiB",
+                "alloc GiB", "held GiB", "N", "ms", "resident", "ratio", "predicted", "pred/m", "rel_l2", "exact");
   os << line;
   const double G = double(int64_t{1} << 30);
   for (const auto& r : rows) {
-    std::snprintf(line, sizeof line, "%-18s %9.2f %9.2f %6d %10.1f %10.1f %8.3f %10.1f %8.3f %10.2e %6s\n",
+    std::snprintf(line, sizeof line, "%-18s %9.2f %9.2f %9.2f %6d %10.1f %10.1f %8.3f %10.1f %8.3f %10.2e %6s\n",
                   r["case"].get<std::string>().c_str(), r["device_memory_bytes"].get<double>() / G,
-                  r["max_allocated_bytes"].get<double>() / G, r["resident_blocks"].get<int>(), r["ms"].get<double>(),
+                  r["max_allocated_bytes"].get<double>() / G, r["max_reserved_bytes"].get<double>() / G,
+                  r["resident_blocks"].get<int>(), r["ms"].get<double>(),
                   r["all_resident_ms"].get<double>(), r["ms_over_all_resident"].get<double>(),
                   r["predicted_ms"].get<double>(), r["predicted_over_measured"].get<double>(),
                   r["rel_l2_vs_all_resident"].get<double>(), r["exact"].get<bool>() ? "yes" : "no");

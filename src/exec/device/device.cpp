@@ -15,6 +15,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/core/AllocatorConfig.h>
 #endif
 
 namespace sp::exec {
@@ -153,6 +154,10 @@ std::shared_ptr<void> cap_device_memory(const at::Device& d, int64_t bytes) {
       throw std::invalid_argument("--device-memory: " + std::to_string(bytes) + " bytes exceed the " +
                                   std::to_string(total) + " bytes of " + d.str());
     const int index = d.index();
+    // Segments that grow in place: under a cap, a large request is not refused for want of a
+    // contiguous free segment while the total would fit (fragmentation across the run's
+    // differently sized arenas).
+    c10::CachingAllocator::setAllocatorSettings("expandable_segments:True");
     cca::emptyCache();
     cca::setMemoryFraction(double(bytes) / double(total), index);
     return std::shared_ptr<void>(nullptr, [index](void*) { cca::setMemoryFraction(1.0, index); });

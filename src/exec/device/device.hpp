@@ -24,7 +24,8 @@ void synchronize(const at::Device& d);
 void release_cached(const at::Device& d);
 // Caps what the caching allocator may hold on `d`, its cached blocks included, at `bytes`
 // (releasing the cache first): an allocation beyond is an out-of-memory error. The cap is
-// lifted when the returned object goes. Nothing on the CPU. Throws std::invalid_argument
+// lifted when the returned object goes. New segments grow in place from then on
+// (expandable_segments), so that fragmentation does not refuse what fits in total. Nothing on the CPU. Throws std::invalid_argument
 // when `bytes` exceeds the device's memory.
 std::shared_ptr<void> cap_device_memory(const at::Device& d, int64_t bytes);
 // Milliseconds `f` takes on the device: CUDA events around it on a GPU, a steady clock

@@ -95,6 +95,13 @@ int64_t PeakMeter::peak_above_start() const {
 #endif
 }
 
+int64_t PeakMeter::peak_reserved() const {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (device_.is_cuda()) return c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index()).reserved_bytes[0].peak;
+#endif
+  return peak();
+}
+
 int64_t PeakMeter::live_above_start() const {
   if (device_.is_cpu()) return g_live.load() - start_;
 #ifdef STREAMPLAN_WITH_CUDA

@@ -24,6 +24,7 @@ class PeakMeter {
   int64_t peak_above_start() const;
   int64_t live_above_start() const;
   int64_t peak() const { return start_ + peak_above_start(); }  // everything allocated, at its peak
+  int64_t peak_reserved() const;  // CUDA: what the caching allocator held at its peak; CPU: peak()
 
  private:
   at::Device device_;

@@ -57,6 +57,23 @@ std::vector<std::vector<std::string>> block_tensors(const ir::Model& m, const Te
   return names;
 }
 
+std::set<std::string> tensors_outside_blocks(const ir::Model& m, const TensorWeights& w, const contracts::Registry& reg) {
+  std::set<std::string> names;
+  auto add = [&](const std::string& n) {
+    if (w.contains(n)) names.insert(n);
+  };
+  for (const auto& n : ir::tensor_names_outside_blocks(m)) add(n);
+  auto companions = [&](const ir::Linear& l) {
+    for (const auto& c : impl_of<FormatImpl>(reg.format(l.format)).companions(l)) add(c);
+  };
+  for (const auto& e : m.embeds) companions(e.linear);
+  if (m.final_layer) {
+    companions(m.final_layer->proj);
+    for (const auto& [segment, l] : m.final_layer->heads) companions(l);
+  }
+  return names;
+}
+
 plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights& w, const Inputs& in,
                                          const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
   plan::ResidencyRequest rq;
@@ -69,14 +86,16 @@ plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights
     }
     rq.block_bytes.push_back(bytes);
   }
-  // Everything else is held for the whole run; a storage shared by several tensors counts once.
+  // The embeddings' and final layer's weights and the inputs are held for the whole run; a
+  // storage shared by several tensors counts once. Weights the run never reads (those the
+  // family's prologue turned into the inputs) stay in host memory.
   std::set<const void*> counted;
   auto add = [&](const at::Tensor& t) {
-    if (t.defined() && t.device().type() != at::kMeta && counted.insert(t.storage().data()).second)
-      rq.fixed_bytes += dev.round_alloc(int64_t(t.storage().nbytes()));
+    if (!t.defined()) return;
+    const void* data = t.storage().data();
+    if (!data || counted.insert(data).second) rq.fixed_bytes += dev.round_alloc(int64_t(t.storage().nbytes()));
   };
-  for (const auto& [name, t] : w.all())
-    if (!in_blocks.count(name)) add(t);
+  for (const auto& name : tensors_outside_blocks(m, w, reg)) add(w.tensor(name));
   for (const auto& [name, t] : in.tokens) add(t);
   for (const auto& [name, t] : in.tables) add(t);
   return rq;
@@ -108,10 +127,13 @@ StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeigh
     order_.push_back(b);
     slot_bytes = std::max(slot_bytes, bytes);
   }
+  // What the run reads outside the blocks goes to the device; what it never reads (the
+  // prologue's weights) to host memory.
+  std::set<std::string> read = tensors_outside_blocks(m, *w_, reg);
+  for (const auto& n : names) read.insert(n.begin(), n.end());
   std::vector<std::string> rest;
-  for (const auto& [name, t] : w_->all())
-    if (t.device() != device_) rest.push_back(name);
-  for (const auto& name : rest) w_->add(name, w_->take(name).to(device_));
+  for (const auto& [name, t] : w_->all()) rest.push_back(name);
+  for (const auto& name : rest) w_->add(name, w_->take(name).to(read.count(name) ? device_ : at::Device(at::kCPU)));
   if (order_.empty()) return;
   const int slots = std::clamp(r.slots, 1, int(order_.size()));
   for (int i = 0; i < slots; ++i) {

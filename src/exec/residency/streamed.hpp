@@ -4,7 +4,10 @@
 // Design note. StreamedWeights wraps the model's TensorWeights. It moves the tensors of the
 // blocks that plan::Residency marks streamed into host memory, one contiguous buffer per
 // block (pinned on CUDA, each tensor at a 512-byte aligned offset, in its stored form: a
-// quantized weight travels quantized), and leaves every other tensor where it was. The
+// quantized weight travels quantized). The kept blocks' tensors and those the run reads
+// outside the blocks (embeddings, final layer) go to the device; tensors the run never reads
+// (the weights a family's prologue turned into the inputs, such as modulation projections)
+// go to host memory. The
 // executors call begin_block / end_block around each block (WeightSource): begin_block makes
 // the compute stream wait for the block's load; end_block records that its slot is free.
 // Loads run in block order, cyclically (after the last streamed block come the first ones of
@@ -26,6 +29,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,6 +43,9 @@ namespace sp::exec {
 // tensor that two blocks name belongs to neither.
 std::vector<std::vector<std::string>> block_tensors(const ir::Model& m, const TensorWeights& w,
                                                     const contracts::Registry& reg);
+
+// The tensors of `w` the run reads outside the blocks: the embeddings' and the final layer's.
+std::set<std::string> tensors_outside_blocks(const ir::Model& m, const TensorWeights& w, const contracts::Registry& reg);
 
 // The byte counts residency planning needs: per block its tensors as the device allocates
 // them, and the other weights plus the inputs as fixed bytes.
