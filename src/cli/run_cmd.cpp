@@ -9,6 +9,7 @@
 #include "exec/device/probe.hpp"
 #include "models/checkpoint.hpp"
 #include "models/families.hpp"
+#include "models/lora_file.hpp"
 #include "plan/budget.hpp"
 #include "report/report.hpp"
 
@@ -18,6 +19,7 @@ namespace {
 
 struct Args {
   std::string checkpoint, sidecar, inputs, output, dtype = "auto", device = "auto", consumer = "sdpa", budget;
+  std::vector<std::string> loras;
   models::Geometry geom;
   int64_t chunk = 0, feature_slice = 0;
   uint64_t seed = 0;
@@ -52,6 +54,11 @@ int run(const Args& a) {
     raw = models::random_raw_inputs(rec.config, a.geom, a.seed);
   }
   models::FamilyRun fr = models::prepare(rec.config, *weights, raw, dtype, a.consumer);
+  std::vector<models::LoraInput> lora_inputs;
+  for (const auto& spec : a.loras) lora_inputs.push_back(models::read_lora(spec));
+  models::LoraSet lora = models::load_loras(lora_inputs, rec.config, exec::to_aten(dtype), d);
+  for (const auto& [name, t] : lora.tensors) weights->add(name, t);
+  lora.attach(fr.model);
   const models::Instance inst{fr.model, weights, fr.inputs};
   plan::Options po;
   po.token_chunk = a.chunk;
@@ -66,6 +73,7 @@ int run(const Args& a) {
   }();
   if (!a.json) {
     std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << "\n";
+    if (!a.loras.empty()) std::cout << lora.summary();
     if (a.explain) std::cout << plan::explain(p) << "\n";
   }
   report::CompareOptions opt;
@@ -84,7 +92,11 @@ int run(const Args& a) {
     }
     models::write_tensors(a.output, out);
   }
-  if (a.json) std::cout << report::to_json(r).dump(2) << "\n";
+  if (a.json) {
+    auto j = report::to_json(r);
+    if (!a.loras.empty()) j["lora"] = {{"adapters", lora.adapter_count()}, {"unmatched", lora.unmatched}, {"unapplied", lora.unapplied}};
+    std::cout << j.dump(2) << "\n";
+  }
   else std::cout << report::to_table(r);
   return 0;
 }
@@ -118,6 +130,7 @@ Runner add_run(CLI::App& app) {
   cmd->add_option("--consumer", a->consumer, "attention consumer")->capture_default_str();
   cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(at_least(1));
   cmd->add_option("--feature-slice", a->feature_slice, "MLP feature slice (default: automatic; -1: off)");
+  cmd->add_option("--lora", a->loras, "LoRA file, FILE or FILE:STRENGTH (repeatable)");
   cmd->add_option("--seed", a->seed, "seed of the random inputs")->capture_default_str();
   cmd->add_option("--budget", a->budget, "activation memory budget: bytes, 512MiB, 2.5GiB, ... or auto (default: none)");
   cmd->add_flag("--planned-only", a->planned_only, "skip the naive run (shapes where only the planned one fits)");

@@ -73,6 +73,15 @@ struct Region {
   int64_t size = 0;
 };
 
+// A low-rank update of a Linear's weight, applied lazily per slab (exec/patches/lora.cpp):
+// y[:, rows] += scale * (x @ A^T) @ B^T for output rows [row_offset, row_offset + rows).
+struct LoraAdapter {
+  std::string a, b;     // names in the weight source: A [rank, in_features], B [rows, rank]
+  int64_t rank = 0;
+  double scale = 1;     // strength * alpha / rank (strength where the file has no alpha)
+  int64_t row_offset = 0, rows = 0;
+};
+
 struct Linear {
   std::string weight;          // name in the weight source; weight shape [out, in]
   std::string bias;            // empty: no bias
@@ -85,6 +94,7 @@ struct Linear {
   std::optional<DType> stored;
   std::vector<Region> out_regions;
   std::vector<Region> in_regions;
+  std::vector<LoraAdapter> loras;  // applied on top of the weight in every projection of it
   const Region* out_region(const std::string& name) const;
 };
 
