@@ -21,14 +21,7 @@ namespace {
 
 using namespace sp;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 // Adds 1 or 2 adapters (random rank, strength, row range) to about two thirds of the Linears;
 // their A/B go into `w` in `dt`. Returns how many were added.
@@ -72,13 +65,7 @@ models::Instance merged_by_test(const models::Instance& inst, const contracts::R
   return out;
 }
 
-std::pair<at::Tensor, int64_t> metered(const models::Instance& inst, const plan::Plan& p,
-                                       const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
-  exec::install_cpu_meter();
-  exec::PeakMeter m(at::Device(at::kCPU));
-  at::Tensor out = exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev);
-  return {out, m.peak_above_start()};
-}
+using test::metered;
 
 bool feature_sliced(const plan::Plan& p) {
   for (const auto& b : p.blocks)

@@ -1,5 +1,8 @@
 #include "models/lora_file.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -115,6 +118,21 @@ LoraSet load_loras(const std::vector<LoraInput>& inputs, const recognize::Family
                                   "') names a weight of this " + config.family + " model; is it made for another model?");
   }
   return set;
+}
+
+void add_random_loras(ir::Model& m, exec::TensorWeights& w, int64_t rank, at::ScalarType dtype,
+                      const at::Device& device, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  int n = 0;
+  ir::for_each_linear(m, [&](ir::Linear& l) {
+    const std::string stem = "lora.random." + std::to_string(n++);
+    ir::LoraAdapter a{stem + ".A", stem + ".B", rank, 1.0, 0, l.out_features};
+    // Small updates (|B A| about 1% of a unit-variance weight): the output stays in range.
+    w.add(a.a, (at::randn({rank, l.in_features}, gen).to(opts) / std::sqrt(double(l.in_features))).to(dtype));
+    w.add(a.b, (at::randn({l.out_features, rank}, gen).to(opts) * 0.01).to(dtype));
+    l.loras.push_back(std::move(a));
+  });
 }
 
 std::vector<std::string> LoraSet::attach(ir::Model& m) {

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/formats/weights.hpp"
 #include "ir/model.hpp"
 #include "recognize/recognize.hpp"
 
@@ -50,6 +51,11 @@ struct LoraSet {
   // "2 LoRA adapters on 2 weights; 1 key unmatched" and the unmatched/unapplied keys, one a line.
   std::string summary() const;
 };
+
+// Random rank-`rank` adapters (strength 1, no alpha) on every Linear of `m`, their A/B added to
+// `w` in `dtype` on `device` (benchmarks of the LoRA overhead: `streamplan bench --lora-rank`).
+void add_random_loras(ir::Model& m, exec::TensorWeights& w, int64_t rank, at::ScalarType dtype,
+                      const at::Device& device, uint64_t seed);
 
 LoraSet load_loras(const std::vector<LoraInput>& inputs, const recognize::FamilyConfig& config, at::ScalarType dtype,
                    const at::Device& device);
