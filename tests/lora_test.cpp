@@ -107,12 +107,24 @@ TEST(Lora, PlannedMatchesNaiveOnMergedWeights) {
     c.layout = layouts[size_t(pick(0, 3))];
     c.joint = pick(0, 1) == 1;
     c.qkv_bias = c.out_bias = c.mlp_bias = pick(0, 1) == 1;
-    models::set_total_tokens(c, pick(40, 170));
+    c.rotary_dim = c.head_dim;
+    c.video_h = c.video_w = 0;
+    c.segments = {{"text", pick(1, 30)}, {"video", 2 * pick(5, 60) + 1}};  // odd lengths
+    if (pick(0, 2) == 0) {  // cross-attention on a context
+      c.context_tokens = pick(1, 20);
+      c.context_dim = 8 * pick(2, 5);
+    }
+    if (pick(0, 3) == 0) c.parallel_hidden = pick(9, 60);  // fused qkv|mlp, linear2 over [attn | mlp]
+    c.per_segment_mlp = pick(0, 3) == 0;
+    c.embed = pick(0, 1) == 1;
+    if (!c.embed) c.in_features = c.dim;
     plan::Options opt;
     opt.token_chunk = pick(5, 33);
     opt.feature_slice = pick(0, 2) == 0 ? -1 : (c.format == "int8-rowwise" ? 256 : pick(7, 40));
     SCOPED_TRACE("seed " + std::to_string(seed) + " format " + c.format + " fused " + std::to_string(c.fused_qkv) +
-                 " layout " + ir::to_string(c.layout) + " joint " + std::to_string(c.joint));
+                 " layout " + ir::to_string(c.layout) + " joint " + std::to_string(c.joint) + " ctx " +
+                 std::to_string(c.context_tokens) + " parallel " + std::to_string(c.parallel_hidden) + " chunk " +
+                 std::to_string(opt.token_chunk) + " fslice " + std::to_string(opt.feature_slice));
     at::manual_seed(seed);
     auto inst = models::instantiate(c, reg, at::kCPU);
     ASSERT_GT(add_random_adapters(inst.model, *inst.weights, rng, at::kFloat), 0);
@@ -149,7 +161,7 @@ TEST(Lora, AdaptersChangeTheOutput) {
   std::mt19937_64 rng(3);
   models::ModelConfig c = models::demo_config();
   c.layers = 1;
-  models::set_total_tokens(c, 90);
+  models::set_total_tokens(c, 300);
   auto inst = models::instantiate(c, reg, at::kCPU);
   const plan::Plan p0 = plan::make_plan(inst.model, reg, dev, {});
   const at::Tensor base = exec::run_planned(inst.model, p0, *inst.weights, inst.inputs, reg, dev);
