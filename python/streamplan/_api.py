@@ -252,7 +252,8 @@ class Handle:
     def __repr__(self) -> str:
         return (
             f"<streamplan.Handle {type(self._module).__name__} as {self.variant} ({self.layout} layout), "
-            f"consumer {self.consumer}, budget {self.budget or 'none'}: {self.calls} calls, "
+            f"consumer {self.consumer}, budget {self.budget or 'none'}, {self.lora['adapters']} LoRA adapters: "
+            f"{self.calls} calls, "
             f"{self.planned_calls} planned, {len(self.plans)} plans, {len(self.fallbacks)} fallbacks>"
         )
 

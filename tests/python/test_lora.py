@@ -116,6 +116,7 @@ def test_wan_lora_matches_diffusers_load_lora_weights(naming: str) -> None:
     assert rel_l2(out, ref) <= TOL
     assert handle.lora["adapters"] == 10 * len(module.blocks)
     assert handle.lora["unmatched"] == [] and handle.lora["unapplied"] == []
+    assert f"{10 * len(module.blocks)} LoRA adapters" in repr(handle)
 
 
 def test_flux_two_loras_with_strengths_match_diffusers() -> None:
