@@ -189,7 +189,7 @@ at::Tensor r(std::initializer_list<int64_t> shape) { return at::randn(shape); }
 
 TEST(LoraNames, KohyaDiffusersPeftAndTrainerNamingsMapOntoCanonicalWeights) {
   const Family wan("wan2.1-1.3b"), flux("flux1-dev");
-  const int64_t D = flux.dim(), W = wan.dim();
+  const int64_t D = flux.dim();
   struct Want {
     std::string module, canonical;
     int64_t row_offset;
@@ -218,7 +218,6 @@ TEST(LoraNames, KohyaDiffusersPeftAndTrainerNamingsMapOntoCanonicalWeights) {
     EXPECT_EQ(t->row_offset, want.row_offset);
   }
   EXPECT_FALSE(recognize::LoraNames(wan.cfg).find("transformer.transformer_blocks.0.attn.to_q").has_value());
-  EXPECT_EQ(W, wan.cfg.dim);
   for (const auto& [key, part] : std::vector<std::pair<std::string, recognize::LoraPart>>{
            {"a.lora_A.weight", recognize::LoraPart::Down}, {"a.lora_up.weight", recognize::LoraPart::Up},
            {"a.lora.down.weight", recognize::LoraPart::Down}, {"a.alpha", recognize::LoraPart::Alpha}}) {
