@@ -4,6 +4,9 @@
 // measured one; the naming schemes on small synthetic files; and bad input.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <random>
 
 #include "exec/device/device.hpp"
@@ -14,6 +17,7 @@
 #include "models/checkpoint.hpp"
 #include "models/families.hpp"
 #include "models/lora_file.hpp"
+#include "models/tensor_io.hpp"
 #include "recognize/lora_names.hpp"
 #include "test_util.hpp"
 
@@ -232,12 +236,19 @@ TEST(LoraNames, KohyaDiffusersPeftAndTrainerNamingsMapOntoCanonicalWeights) {
 TEST(LoraFile, ScalesByAlphaOverRankAndReportsUnmatchedKeys) {
   const Family flux("flux1-dev");
   const int64_t D = flux.dim();
-  models::LoraInput kohya{"kohya", {}, 0.5};
+  models::LoraInput kohya{"kohya", {}, 1.0};
   kohya.tensors["lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"] = r({4, D});
   kohya.tensors["lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight"] = r({3 * D, 4});
   kohya.tensors["lora_unet_double_blocks_0_img_attn_qkv.alpha"] = at::scalar_tensor(2.0);
   kohya.tensors["lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight"] = r({4, 8});
   kohya.tensors["lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_up.weight"] = r({8, 4});
+  // Through a file, with the strength after the last ':'.
+  const std::string path = "/tmp/streamplan-kohya-" + std::to_string(::getpid()) + ".safetensors";
+  models::write_tensors(path, kohya.tensors);
+  kohya = models::read_lora(path + ":0.5");
+  std::remove(path.c_str());
+  EXPECT_EQ(kohya.name, path);
+  EXPECT_DOUBLE_EQ(kohya.strength, 0.5);
   models::LoraInput peft{"peft", {}, 1.5};
   peft.tensors["transformer.transformer_blocks.0.attn.to_k.lora_A.weight"] = r({2, D});
   peft.tensors["transformer.transformer_blocks.0.attn.to_k.lora_B.weight"] = r({D, 2});
