@@ -119,14 +119,7 @@ std::vector<uint64_t> seeds(uint64_t base, int count) {
   return out;
 }
 
-// The planned run's output and activation peak above what was live before it.
-std::pair<at::Tensor, int64_t> metered(const models::Instance& inst, const plan::Plan& p,
-                                       const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
-  exec::install_cpu_meter();
-  exec::PeakMeter m(at::Device(at::kCPU));
-  at::Tensor out = exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev);
-  return {out, m.peak_above_start()};
-}
+using test::metered;
 
 TEST(Equivalence, RandomConfigurationsPlannedMatchesNaive) {
   const auto reg = exec::builtin_registry();

@@ -15,14 +15,7 @@ namespace {
 
 using namespace sp;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 struct Small {
   contracts::Registry reg = exec::builtin_registry();

@@ -5,6 +5,12 @@
 
 #include "exec/device/device.hpp"
 #include "exec/device/memory.hpp"
+#include "exec/run/executor.hpp"
+#include "models/builder.hpp"
+
+#include <functional>
+#include <string>
+#include <utility>
 
 namespace sp::test {
 
@@ -32,6 +38,25 @@ inline bool cpu_gemm_allocates(at::ScalarType dtype) {
   sp::exec::PeakMeter m(at::Device(at::kCPU));
   at::mm_out(out, a, b);
   return m.peak_above_start() > 0;
+}
+
+// The message of the exception f throws ("" when it throws none).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A planned run on the CPU: its output and its activation peak above what was live before it.
+inline std::pair<at::Tensor, int64_t> metered(const models::Instance& inst, const plan::Plan& p,
+                                              const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
+  sp::exec::install_cpu_meter();
+  sp::exec::PeakMeter m(at::Device(at::kCPU));
+  at::Tensor out = sp::exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev);
+  return {out, m.peak_above_start()};
 }
 
 }  // namespace sp::test

@@ -27,7 +27,10 @@ class Attached:
         python_consumers: list[tuple[str, Callable[..., torch.Tensor], dict[str, Any]]] = ...,
         weight_hook: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
         hooked: list[str] = ...,
+        loras: list[tuple[str, dict[str, torch.Tensor], float]] = ...,
     ) -> None: ...
+    @property
+    def lora(self) -> dict[str, Any]: ...
     @property
     def config(self) -> dict[str, Any]: ...
     @property

@@ -10,7 +10,7 @@ import torch
 
 from . import _C
 from ._adapter import Adapter, Call, Fallback, WeightHook, find_adapter
-from . import _comfy, _comfy_minimax, _diffusers
+from . import _comfy, _comfy_minimax, _diffusers, _lora
 
 ADAPTERS: tuple[type[Adapter], ...] = (*_diffusers.ADAPTERS, *_comfy.ADAPTERS, *_comfy_minimax.ADAPTERS)
 
@@ -146,9 +146,12 @@ class Handle:
         token_chunk: int,
         feature_slice: int,
         weight_hook: WeightHook | None = None,
+        loras: list[tuple[str, dict[str, torch.Tensor], float]] | None = None,
     ) -> None:
         self._module = module
         self._weight_hook = weight_hook
+        self._loras = loras or []
+        self._lora_warned: set[str] = set()
         self._adapter_type = adapter
         self._options = (consumer, budget, token_chunk, feature_slice)
         self._python_consumers = [(consumer, *_CONSUMERS[consumer])] if consumer in _CONSUMERS else []
@@ -217,6 +220,13 @@ class Handle:
         """
         return list(self._attached.copies())
 
+    @property
+    def lora(self) -> dict[str, Any]:
+        """The LoRA adapters applied: ``adapters`` and ``weights`` (counts), ``unmatched`` (keys that
+        name no weight of the module) and ``unapplied`` (keys of weights the planned forward
+        computes outside its projections, known after the first call)."""
+        return dict(self._attached.lora)
+
     def explain(self, geometry: str | None = None) -> str:
         """The plan of `geometry` (a key of :attr:`plans`; default: the last call's) as text,
         with every transformation, its chunks and each rejection with its code."""
@@ -242,7 +252,8 @@ class Handle:
     def __repr__(self) -> str:
         return (
             f"<streamplan.Handle {type(self._module).__name__} as {self.variant} ({self.layout} layout), "
-            f"consumer {self.consumer}, budget {self.budget or 'none'}: {self.calls} calls, "
+            f"consumer {self.consumer}, budget {self.budget or 'none'}, {self.lora['adapters']} LoRA adapters: "
+            f"{self.calls} calls, "
             f"{self.planned_calls} planned, {len(self.plans)} plans, {len(self.fallbacks)} fallbacks>"
         )
 
@@ -255,7 +266,8 @@ class Handle:
         tensors = list(m.state_dict().items())
         hook = self._hook_now()
         self._attached = _C.Attached(tensors, sidecar, consumer, budget, chunk, fslice, self._python_consumers,
-                                     hook.fn if hook else None, list(hook.names) if hook else [])
+                                     hook.fn if hook else None, list(hook.names) if hook else [], self._loras)
+        _lora.warn(self._attached.lora, self._lora_warned)
         device = torch.device(self._attached.device)
         self._adapter = self._adapter_type(m, self._original, _DTYPES[self._attached.dtype], device)
         self._fingerprint = self._fingerprint_now()
@@ -340,6 +352,7 @@ class Handle:
         run = self._attached.forward_named if self._adapter.named_outputs else self._attached.forward
         outputs = [run(raw) for raw in why.inputs]
         self.planned_calls += 1
+        _lora.warn(self._attached.lora, self._lora_warned)
         return self._adapter.output(why, outputs)
 
 
@@ -353,6 +366,7 @@ def apply(
     weight_hook: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
     hooked: Sequence[str] | None = None,
     install: bool = True,
+    lora: Sequence[Any] | None = None,
 ) -> Handle:
     """Attaches the planner to `module` and replaces its forward; returns the handle.
 
@@ -379,6 +393,11 @@ def apply(
             whole weight during the acquire (the step's transient). Without it, a host's own patch path is used
             where the module has one (ComfyUI ops with ``weight_function``).
         hooked: the ``state_dict()`` names `weight_hook` applies to (default: every tensor).
+        lora: LoRAs applied lazily per slab on top of the module's weights (never merged):
+            a list of ``(source, strength)`` pairs or sources (strength 1), a source being a
+            safetensors path or a state dict in kohya, diffusers/PEFT or trainer naming. The
+            scale is strength * alpha / rank where the file has an alpha. Keys that match no
+            weight are warned about and listed in :attr:`Handle.lora`.
         install: False leaves the module's forward as it is: the host calls
             :meth:`Handle.call` from its own hook around the module instead (ComfyUI's
             diffusion-model wrappers: streamplan.comfy_nodes).
@@ -425,6 +444,7 @@ def apply(
         _positive_or_none("token_chunk", token_chunk),
         _positive_or_none("feature_slice", feature_slice),
         hook,
+        _lora.inputs(lora),
     )
     if install:
         module.forward = handle._forward

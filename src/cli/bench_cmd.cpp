@@ -21,7 +21,7 @@ struct Args {
   std::vector<std::string> cases;
   std::string device = "auto", dtype = "bf16", out;
   int reps = 3;
-  int64_t chunk = 0;
+  int64_t chunk = 0, lora_rank = 0;
   std::string budget;
   double budget_floor = 0, sweep_min_floor = 0;
   int sweep = 0;
@@ -70,6 +70,7 @@ int bench(const Args& a) {
   opt.sweep_min_floor = a.sweep_min_floor;
   opt.progress = !a.quiet;
   opt.profile_steps = a.profile_steps;
+  opt.lora_rank = a.lora_rank;
   std::vector<int64_t> memories;
   std::stringstream list(a.device_memory);
   for (std::string item; std::getline(list, item, ',');) memories.push_back(plan::parse_budget(item));
@@ -170,6 +171,8 @@ Runner add_bench(CLI::App& app) {
   cmd->add_flag("--estimate", a->estimate, "print the cost model's time estimate of the cases and exit");
   cmd->add_flag("--quiet", a->quiet, "no progress lines on stderr");
   cmd->add_flag("--tiny", a->tiny, "tiny widths and shapes (tests)");
+  cmd->add_option("--lora-rank", a->lora_rank, "a random LoRA of this rank on every linear (its overhead)")
+      ->check(at_least(1));
   cmd->add_option("--reps", a->reps, "timed repetitions of each schedule")
       ->check(between(1, 100))
       ->capture_default_str();

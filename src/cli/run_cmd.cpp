@@ -10,6 +10,7 @@
 #include "exec/residency/streamed.hpp"
 #include "models/checkpoint.hpp"
 #include "models/families.hpp"
+#include "models/lora_file.hpp"
 #include "plan/budget.hpp"
 #include "plan/residency.hpp"
 #include "report/report.hpp"
@@ -21,6 +22,7 @@ namespace {
 struct Args {
   std::string checkpoint, sidecar, inputs, output, dtype = "auto", device = "auto", consumer = "sdpa", budget;
   std::string device_memory, resident_blocks;
+  std::vector<std::string> loras;
   models::Geometry geom;
   int64_t chunk = 0, feature_slice = 0;
   uint64_t seed = 0;
@@ -70,6 +72,12 @@ int run(const Args& a) {
   if (residency)
     for (auto* group : {&fr.inputs.tokens, &fr.inputs.tables})
       for (auto& [name, t] : *group) t = t.to(d);
+  std::vector<models::LoraInput> lora_inputs;
+  for (const auto& spec : a.loras) lora_inputs.push_back(models::read_lora(spec));
+  models::LoraSet lora =
+      models::load_loras(lora_inputs, rec.config, exec::to_aten(dtype), residency ? at::Device(at::kCPU) : d);
+  for (const auto& [name, t] : lora.tensors) weights->add(name, t);
+  lora.attach(fr.model);
   const models::Instance inst{fr.model, weights, fr.inputs};
   plan::Options po;
   po.token_chunk = a.chunk;
@@ -88,6 +96,7 @@ int run(const Args& a) {
   }();
   if (!a.json) {
     std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << "\n";
+    if (!a.loras.empty()) std::cout << lora.summary();
     if (a.explain) std::cout << plan::explain(p) << "\n";
     if (res) std::cout << plan::explain(*res) << "\n";
   }
@@ -122,6 +131,7 @@ int run(const Args& a) {
   if (a.json) {
     nlohmann::json j = report::to_json(r);
     if (res) j["residency"] = report::to_json(*res);
+    if (!a.loras.empty()) j["lora"] = {{"adapters", lora.adapter_count()}, {"unmatched", lora.unmatched}, {"unapplied", lora.unapplied}};
     std::cout << j.dump(2) << "\n";
   }
   else std::cout << report::to_table(r);
@@ -157,6 +167,7 @@ Runner add_run(CLI::App& app) {
   cmd->add_option("--consumer", a->consumer, "attention consumer")->capture_default_str();
   cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(at_least(1));
   cmd->add_option("--feature-slice", a->feature_slice, "MLP feature slice (default: automatic; -1: off)");
+  cmd->add_option("--lora", a->loras, "LoRA file, FILE or FILE:STRENGTH (repeatable)");
   cmd->add_option("--seed", a->seed, "seed of the random inputs")->capture_default_str();
   cmd->add_option("--budget", a->budget, "activation memory budget: bytes, 512MiB, 2.5GiB, ... or auto (default: none)");
   add_residency_options(cmd, a->device_memory, a->resident_blocks);

@@ -13,6 +13,7 @@ void register_int8_rowwise(contracts::Registry& reg);
 }  // namespace formats
 namespace patches {
 void register_examples(contracts::Registry& reg);
+void register_lora(contracts::Registry& reg);
 }  // namespace patches
 
 contracts::Registry builtin_registry() {
@@ -22,6 +23,7 @@ contracts::Registry builtin_registry() {
   formats::register_dense(r);
   formats::register_int8_rowwise(r);
   patches::register_examples(r);
+  patches::register_lora(r);
   return r;
 }
 

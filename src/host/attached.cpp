@@ -6,6 +6,7 @@
 
 #include "exec/device/device.hpp"
 #include "exec/device/probe.hpp"
+#include "exec/patches/lora.hpp"
 #include "models/families.hpp"
 #include "plan/budget.hpp"
 #include "report/report.hpp"
@@ -74,6 +75,7 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
     weights_->set_hook(options_.weight_hook, options_.hooked);
     register_hook_format(reg_, dtype_);
   }
+  lora_ = models::load_loras(options_.loras, rec_.config, exec::to_aten(dtype_), device_);
   dev_ = exec::describe_device(device_);
   exec::apply_rates(exec::probe_device(device_, dev_), dev_);
 }
@@ -97,6 +99,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   models::FamilyRun fr = models::prepare(rec_.config, *weights_, raw, dtype_, options_.consumer);
   weights_->mark_stored(fr.model);
   weights_->mark_hooked(fr.model);
+  lora_.attach(fr.model);
   const std::string key = geometry_key(fr.model);
   std::unique_ptr<GeometryPlan>& slot = cache_[key];
   if (!slot) {
@@ -119,7 +122,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
     if (options_.before_run) options_.before_run(fr.model);
   };
   const report::Retried r =
-      report::run_planned_retrying(fr.model, *weights_, fr.inputs, slot->plan, reg_, dev_, device_, {}, before);
+      report::run_planned_retrying(fr.model, exec::LoraWeights(*weights_, lora_.tensors), fr.inputs, slot->plan, reg_, dev_, device_, {}, before);
   if (options_.after_run) options_.after_run();
   if (r.retried) {
     slot->plan = r.plan;

@@ -33,6 +33,7 @@
 
 #include "host/module_weights.hpp"
 #include "models/families.hpp"
+#include "models/lora_file.hpp"
 #include "models/tensor_io.hpp"
 #include "plan/plan.hpp"
 
@@ -51,6 +52,8 @@ struct AttachOptions {
   // names; all of them where empty); none where unset.
   WeightHook weight_hook;
   std::vector<std::string> hooked;
+  // LoRA state dicts applied lazily on top of the module's weights (models/lora_file.hpp).
+  std::vector<models::LoraInput> loras;
 };
 
 // The plan of one geometry, with what it needs to be shown.
@@ -79,6 +82,8 @@ class Attached {
   const contracts::Registry& registry() const { return reg_; }
   const contracts::DeviceCaps& device_caps() const { return dev_; }
   const ModuleWeights& weights() const { return *weights_; }
+  // The LoRA adapters matched from the options' files, with the keys that matched no weight.
+  const models::LoraSet& lora() const { return lora_; }
 
   // One forward of one batch element; the output in the family's reference layout, fp32.
   // Throws plan::BudgetError when no schedule meets the budget, report::OutOfMemory when the
@@ -101,6 +106,7 @@ class Attached {
   AttachOptions options_;
   recognize::Recognized rec_;
   std::unique_ptr<ModuleWeights> weights_;
+  models::LoraSet lora_;
   at::Device device_{at::kCPU};
   contracts::DeviceCaps dev_;
   ir::DType dtype_ = ir::DType::F32;

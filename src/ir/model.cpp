@@ -438,6 +438,10 @@ struct Names {
   void linear(const Linear& l) {
     add(l.weight);
     add(l.bias);
+    for (const auto& lora : l.loras) {
+      add(lora.a);
+      add(lora.b);
+    }
   }
   void norm(const Norm& n) {
     if (!n.affine) return;

@@ -73,6 +73,15 @@ struct Region {
   int64_t size = 0;
 };
 
+// A low-rank update of a Linear's weight, applied lazily per slab (exec/patches/lora.cpp):
+// y[:, rows] += scale * (x @ A^T) @ B^T for output rows [row_offset, row_offset + rows).
+struct LoraAdapter {
+  std::string a, b;     // names in the weight source: A [rank, in_features], B [rows, rank]
+  int64_t rank = 0;
+  double scale = 1;     // strength * alpha / rank (strength where the file has no alpha)
+  int64_t row_offset = 0, rows = 0;
+};
+
 struct Linear {
   std::string weight;          // name in the weight source; weight shape [out, in]
   std::string bias;            // empty: no bias
@@ -85,6 +94,7 @@ struct Linear {
   std::optional<DType> stored;
   std::vector<Region> out_regions;
   std::vector<Region> in_regions;
+  std::vector<LoraAdapter> loras;  // applied on top of the weight in every projection of it
   const Region* out_region(const std::string& name) const;
 };
 
@@ -262,8 +272,8 @@ void validate(const Model& m);
 void for_each_linear(Model& m, const std::function<void(Linear&)>& fn);
 // The same for the projections of one block's sublayers.
 void for_each_linear(const Block& b, const std::function<void(const Linear&)>& fn);
-// The names of the weight tensors a block reads: its linears' weights and biases and its
-// affine norms' weights and biases (Q/K norms and the row norm after the block included).
+// The names of the weight tensors a block reads: its linears' weights, biases and LoRA
+// factors and its affine norms' weights and biases (Q/K norms and the row norm after the block included).
 std::vector<std::string> tensor_names(const Block& b);
 // The same for the rest of the model: the embeddings' and the final layer's.
 std::vector<std::string> tensor_names_outside_blocks(const Model& m);

@@ -199,11 +199,15 @@ class Compiler {
     Terms t{2.0 * double(n) * double(in_features) * double(out_features),
             (double(n) * in_features + double(in_features) * out_features + double(n) * out_features) * e, launches,
             n, cd};
-    emit(ProjectStep{in, out, std::move(ws), col_begin, col_len, accumulate},
+    emit(ProjectStep{in, out, ws, col_begin, col_len, accumulate},
          std::string(accumulate ? "project (accumulate) " : "project ") + std::to_string(in_features) + " -> " +
              std::to_string(out_features),
          t);
+    lora(in, out, ws, in_features, n, col_begin, col_len);
   }
+  // The LoRA step after a projection whose weights carry adapters (compile_lora.cpp).
+  void lora(const Operand& in, const Operand& out, const std::vector<SegWeight>& ws, int64_t in_features, int64_t n,
+            int64_t col_begin, int64_t col_len);
   void qk_norm(const Operand& t, const ir::QkNorm& qk, std::vector<SegWeight> ws, int64_t heads, int64_t hd,
                int64_t n, int64_t pieces) {
     if (qk.kind == ir::QkNormKind::None) return;
@@ -355,6 +359,10 @@ class Compiler {
           else if constexpr (std::is_same_v<T, AddStep>) r(b.src), r(b.dst), w(b.dst);
           else if constexpr (std::is_same_v<T, AddBiasStep>) r(b.t), w(b.t);
           else if constexpr (std::is_same_v<T, ResidualAddStep>) r(b.y);
+          else if constexpr (std::is_same_v<T, LoraStep>) {
+            r(b.in), r(b.out), w(b.out);
+            s.writes.push_back(b.ax);
+          }
         },
         s.body);
   }

@@ -32,6 +32,7 @@ const char* to_string(BufRole r) {
     case BufRole::Acc: return "Acc";
     case BufRole::Output: return "Out";
     case BufRole::Weight: return "W";
+    case BufRole::LoraAx: return "LoraAx";
   }
   return "?";
 }
@@ -55,6 +56,7 @@ const char* describe(BufRole r) {
     case BufRole::Acc: return "feature-slice accumulator";
     case BufRole::Output: return "model output";
     case BufRole::Weight: return "acquired weight";
+    case BufRole::LoraAx: return "LoRA A·x slab";
   }
   return "?";
 }
@@ -77,7 +79,7 @@ Terms& Terms::operator+=(const Terms& o) {
 const char* step_name(const StepBody& b) {
   static const char* names[] = {"loop",    "end",     "acquire", "release", "zero",     "norm",
                                 "copy",    "project", "qk-norm", "rope",    "qk-fused", "patch",
-                                "attend",  "activate", "mul",    "add",     "add-bias", "residual-add"};
+                                "attend",  "activate", "mul",    "add",     "add-bias", "residual-add", "lora"};
   static_assert(std::size(names) == std::variant_size_v<StepBody>, "a name for every step kind");
   return names[b.index()];
 }

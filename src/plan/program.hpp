@@ -60,6 +60,7 @@ enum class BufRole {
   Acc,          // [c, dim] fp32                accumulator over feature slices
   Output,       // [T, out] fp32                the model output
   Weight,       // an acquired weight (slice), converted where its format is not a view
+  LoraAx,       // [c, rank]                    A·x of a LoRA adapter (one slab)
 };
 const char* to_string(BufRole);
 const char* describe(BufRole);
@@ -235,9 +236,26 @@ struct ResidualAddStep {
   bool fused = false;  // one fused row kernel per piece (fused_norm), else ATen
 };
 
+// One LoRA adapter on the weight slice a projection used: output rows `rows` and input
+// columns `cols` of the full weight (resolved per feature slab like an acquire's).
+struct LoraUse {
+  const ir::LoraAdapter* adapter = nullptr;
+  SliceExpr rows, cols;
+};
+// After a ProjectStep: out[:, r] += scale * (in @ A[:, cols]^T) @ B[r]^T for each adapter of
+// the weight each row's segment used (`weights` as the projection's, `uses` parallel to it),
+// r the adapter's rows within the projected ones; A·x goes through the `ax` buffer.
+struct LoraStep {
+  std::string patch;  // the registered patch implementing it
+  Operand in, out;
+  std::vector<SegWeight> weights;
+  std::vector<std::vector<LoraUse>> uses;
+  int ax = -1;
+};
+
 using StepBody = std::variant<LoopStep, EndLoopStep, AcquireStep, ReleaseStep, ZeroStep, NormStep, CopyStep,
                               ProjectStep, QkNormStep, RopeStep, QkNormRopeStep, PatchStep, AttendStep, ActivateStep,
-                              MulStep, AddStep, AddBiasStep, ResidualAddStep>;
+                              MulStep, AddStep, AddBiasStep, ResidualAddStep, LoraStep>;
 const char* step_name(const StepBody&);
 
 struct Step {

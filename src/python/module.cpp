@@ -58,7 +58,8 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
                                        const std::optional<std::string>& sidecar_json, const std::string& consumer,
                                        const std::string& budget, int64_t token_chunk, int64_t feature_slice,
                                        const std::vector<std::tuple<std::string, py::function, py::dict>>& python_consumers,
-                                       const std::optional<py::function>& weight_hook, const std::vector<std::string>& hooked) {
+                                       const std::optional<py::function>& weight_hook, const std::vector<std::string>& hooked,
+                                       const std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>& loras) {
   std::optional<recognize::Sidecar> sidecar;
   if (sidecar_json) sidecar = recognize::parse_sidecar(*sidecar_json, "<module config>");
   host::AttachOptions o;
@@ -70,6 +71,7 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
     o.weight_hook = python_weight_hook(*weight_hook);
     o.hooked = hooked;
   }
+  for (const auto& [name, tensors, strength] : loras) o.loras.push_back({name, tensors, strength});
   contracts::Registry reg = exec::builtin_registry();
   std::vector<std::shared_ptr<host::SlabPositions>> positions;
   for (const auto& [name, fn, caps] : python_consumers) {
@@ -113,7 +115,18 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init(&python::attach), py::arg("tensors"), py::arg("sidecar_json"), py::arg("consumer"),
            py::arg("budget"), py::arg("token_chunk") = 0, py::arg("feature_slice") = 0,
            py::arg("python_consumers") = std::vector<std::tuple<std::string, py::function, py::dict>>{},
-           py::arg("weight_hook") = std::nullopt, py::arg("hooked") = std::vector<std::string>{})
+           py::arg("weight_hook") = std::nullopt, py::arg("hooked") = std::vector<std::string>{},
+           py::arg("loras") = std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>{})
+      .def_property_readonly("lora",
+                             [](const host::Attached& a) {
+                               const auto& l = a.lora();
+                               py::dict d;
+                               d["adapters"] = l.adapter_count();
+                               d["weights"] = l.adapters.size();
+                               d["unmatched"] = l.unmatched;
+                               d["unapplied"] = l.unapplied;
+                               return d;
+                             })
       .def_property_readonly("config", [](const host::Attached& a) { return python::config_dict(a.recognized().config); })
       .def_property_readonly("layout", [](const host::Attached& a) { return a.recognized().layout; })
       .def_property_readonly("dtype", [](const host::Attached& a) { return std::string(ir::to_string(a.dtype())); })

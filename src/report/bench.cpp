@@ -10,6 +10,7 @@
 #include "exec/device/memory.hpp"
 #include "models/builder.hpp"
 #include "models/checkpoint.hpp"
+#include "models/lora_file.hpp"
 #include "plan/budget.hpp"
 #include "report/report.hpp"
 
@@ -50,6 +51,8 @@ CaseModel build_case(const BenchCase& c, const contracts::Registry& reg, const a
   const models::FamilyRun fr =
       models::prepare(cm.cfg, *weights, models::random_raw_inputs(cm.cfg, c.geom, opt.seed), opt.dtype, "sdpa");
   cm.inst = {fr.model, weights, fr.inputs};
+  if (opt.lora_rank > 0)
+    models::add_random_loras(cm.inst.model, *weights, opt.lora_rank, exec::to_aten(opt.dtype), device, opt.seed + 1);
   return cm;
 }
 

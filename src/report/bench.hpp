@@ -41,6 +41,7 @@ struct BenchOptions {
   uint64_t seed = 0;
   bool progress = false;  // progress lines on stderr ("[bench] ...") once a case passes 2 s
   bool profile_steps = false;  // one more planned run, every step timed (BenchResult::steps)
+  int64_t lora_rank = 0;  // > 0: a random LoRA of this rank on every linear (models/lora_file.hpp)
 };
 
 struct BenchResult {

@@ -9,6 +9,7 @@
 
 #include "exec/consumers/consumer.hpp"
 #include "exec/device/device.hpp"
+#include "exec/patches/lora.hpp"
 #include "exec/patches/patch.hpp"
 #include "exec/run/executor.hpp"
 #include "exec/run/ops.hpp"
@@ -263,6 +264,14 @@ class Interpreter {
     at::Tensor o4 = impl_of<ConsumerImpl>(reg_.consumer(s.consumer))
                         .attend(qf.unsqueeze(0), operand(s.k).unsqueeze(0), operand(s.v).unsqueeze(0), s.scale);
     out.view({n, s.kv_heads, s.rep, s.head_dim}).copy_(o4.view({s.kv_heads, s.rep, n, s.head_dim}).permute({2, 0, 1, 3}));
+  }
+  void step(const LoraStep& s) {
+    const at::Tensor in = operand(s.in), out = operand(s.out), ax = bufs_[size_t(s.ax)];
+    const auto& lora = impl_of<LoraImpl>(reg_.patch(s.patch));
+    by_segment(s.weights, in.size(0), [&](int64_t lb, int64_t len, const SegWeight& w) {
+      for (const LoraUse& u : s.uses[size_t(&w - s.weights.data())])
+        lora.apply(w_, *u.adapter, resolve(u.rows), resolve(u.cols), in.narrow(0, lb, len), out.narrow(0, lb, len), ax);
+    });
   }
   void step(const ActivateStep& s) { ops_.activate_(operand(s.t), s.act); }
   void step(const MulStep& s) { operand(s.dst).mul_(operand(s.src)); }

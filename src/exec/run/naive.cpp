@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "exec/consumers/consumer.hpp"
+#include "exec/patches/lora.hpp"
 #include "exec/patches/patch.hpp"
 #include "exec/run/executor.hpp"
 
@@ -27,6 +28,7 @@ at::Tensor linear(const Ctx& c, const ir::Linear& l, const at::Tensor& x, at::Sc
   // converted to `dt`; other formats convert into `dt` themselves.
   const at::ScalarType as = c.reg.format(l.format).dense ? c.w.tensor(l.weight).scalar_type() : dt;
   at::Tensor w = c.w.acquire(l, {}, {}, as).to(dt);
+  if (!l.loras.empty()) w = impl_of<LoraImpl>(c.reg.patch("lora")).merged(c.w, l, w);
   at::Tensor b = l.bias.empty() ? at::Tensor() : c.w.tensor(l.bias).to(dt);
   return at::linear(x.to(dt), w, b);
 }

@@ -1,0 +1,63 @@
+// LoRA files: read, matched onto a recognized model's canonical weights, checked, and
+// attached to the IR as lazy adapters (ir::LoraAdapter, applied by exec/patches/lora.hpp).
+//
+// Design note. Each file's keys are grouped by module (recognize/lora_names.hpp parses the
+// kohya, diffusers/PEFT and trainer spellings and maps a module onto a canonical weight, or a
+// row range of a fused one). Every key is accounted for: used by an adapter, or listed in
+// `unmatched` (no weight of the model has its name) or `unapplied` (the weight exists but the
+// planned run computes it outside its projections, or it is not a linear). Input that cannot
+// be a LoRA for this model throws std::invalid_argument naming the file, the tensor and the
+// shapes: a file none of whose keys names a weight (made for another family), A without B,
+// A and B disagreeing on the rank, or A/B not fitting the weight. The scale is
+// strength * alpha / rank where the file has an alpha, else strength. A and B are kept in the
+// model's dtype on its device, under names of their own that the run's weight source serves.
+//
+// Example:
+//     auto set = sp::models::load_loras({sp::models::read_lora("style.safetensors:0.8")}, rec.config,
+//                                       at::kBFloat16, at::kCUDA);
+//     for (const auto& [name, t] : set.tensors) weights->add(name, t);
+//     auto unapplied = set.attach(model);   // Linear::loras; what found no Linear, listed
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "exec/formats/weights.hpp"
+#include "ir/model.hpp"
+#include "recognize/recognize.hpp"
+
+namespace sp::models {
+
+struct LoraInput {
+  std::string name;  // the file, or a caller's label for a state dict
+  std::map<std::string, at::Tensor> tensors;
+  double strength = 1;
+};
+// "FILE" or "FILE:STRENGTH" (a number after the last ':'), read from a safetensors file.
+LoraInput read_lora(const std::string& spec);
+
+struct LoraSet {
+  std::map<std::string, std::vector<ir::LoraAdapter>> adapters;  // by canonical weight name
+  std::map<std::string, at::Tensor> tensors;                     // A and B by the adapters' names
+  std::vector<std::string> unmatched;  // "FILE: KEY": names no weight of the model
+  std::vector<std::string> unapplied;  // "FILE: KEY (why)": a weight, but not one the plan projects
+  // Sets Linear::loras of every Linear whose weight has adapters. Canonical weights with
+  // adapters that no Linear of `m` projects are added to `unapplied` (once) and returned.
+  std::vector<std::string> attach(ir::Model& m);
+  int64_t adapter_count() const;
+  // "2 LoRA adapters on 2 weights; 1 key unmatched" and the unmatched/unapplied keys, one a line.
+  std::string summary() const;
+};
+
+// Random rank-`rank` adapters (strength 1, no alpha) on every Linear of `m`, their A/B added to
+// `w` in `dtype` on `device` (benchmarks of the LoRA overhead: `streamplan bench --lora-rank`).
+void add_random_loras(ir::Model& m, exec::TensorWeights& w, int64_t rank, at::ScalarType dtype,
+                      const at::Device& device, uint64_t seed);
+
+LoraSet load_loras(const std::vector<LoraInput>& inputs, const recognize::FamilyConfig& config, at::ScalarType dtype,
+                   const at::Device& device);
+
+}  // namespace sp::models
