@@ -9,6 +9,7 @@
 #include "exec/device/probe.hpp"
 #include "models/checkpoint.hpp"
 #include "models/families.hpp"
+#include "models/quant_load.hpp"
 #include "plan/budget.hpp"
 #include "report/report.hpp"
 
@@ -18,6 +19,7 @@ namespace {
 
 struct Args {
   std::string checkpoint, sidecar, inputs, output, dtype = "auto", device = "auto", consumer = "sdpa", budget;
+  std::string precision = "preserve";
   models::Geometry geom;
   int64_t chunk = 0, feature_slice = 0;
   uint64_t seed = 0;
@@ -52,6 +54,7 @@ int run(const Args& a) {
     raw = models::random_raw_inputs(rec.config, a.geom, a.seed);
   }
   models::FamilyRun fr = models::prepare(rec.config, *weights, raw, dtype, a.consumer);
+  models::apply_precision(fr.model, *weights, models::parse_precision(a.precision), dev);
   const models::Instance inst{fr.model, weights, fr.inputs};
   plan::Options po;
   po.token_chunk = a.chunk;
@@ -66,7 +69,7 @@ int run(const Args& a) {
   }();
   if (!a.json) {
     std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << "\n";
-    if (a.explain) std::cout << plan::explain(p) << "\n";
+    if (a.explain) std::cout << plan::explain(p) << "\n" << models::formats_text(models::format_lines(inst.model, *weights));
   }
   report::CompareOptions opt;
   opt.progress = !a.quiet;
@@ -84,7 +87,11 @@ int run(const Args& a) {
     }
     models::write_tensors(a.output, out);
   }
-  if (a.json) std::cout << report::to_json(r).dump(2) << "\n";
+  if (a.json) {
+    auto j = report::to_json(r);
+    j["formats"] = models::formats_json(models::format_lines(inst.model, *weights));
+    std::cout << j.dump(2) << "\n";
+  }
   else std::cout << report::to_table(r);
   return 0;
 }
@@ -119,6 +126,11 @@ Runner add_run(CLI::App& app) {
   cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(at_least(1));
   cmd->add_option("--feature-slice", a->feature_slice, "MLP feature slice (default: automatic; -1: off)");
   cmd->add_option("--seed", a->seed, "seed of the random inputs")->capture_default_str();
+  cmd->add_option("--precision", a->precision,
+                  "weights: preserve (as stored; quantized checkpoints run natively), fp8 or int8 (convert the "
+                  "blocks' 16-bit linears at load)")
+      ->check(CLI::IsMember({"preserve", "fp8", "int8"}))
+      ->capture_default_str();
   cmd->add_option("--budget", a->budget, "activation memory budget: bytes, 512MiB, 2.5GiB, ... or auto (default: none)");
   cmd->add_flag("--planned-only", a->planned_only, "skip the naive run (shapes where only the planned one fits)");
   cmd->add_flag("--json", a->json, "print the run report as JSON");
