@@ -275,8 +275,13 @@ TEST(QuantPrecision, Fp8NeedsFp8TensorCoresAndInt8ConvertsBlocks) {
   models::apply_precision(m, w, models::Precision::Int8, cpu);
   int converted = 0, kept = 0;
   for (const auto& line : models::format_lines(m, w)) {
-    if (line.format == "int8") ++converted, EXPECT_NE(line.why.find("--precision int8"), std::string::npos);
-    else ++kept, EXPECT_EQ(line.format, "dense");
+    if (line.format == "int8") {
+      ++converted;
+      EXPECT_NE(line.why.find("--precision int8"), std::string::npos);
+    } else {
+      ++kept;
+      EXPECT_EQ(line.format, "dense");
+    }
   }
   EXPECT_GT(converted, 0);
   EXPECT_GT(kept, 0);  // embedding and final projection stay as stored

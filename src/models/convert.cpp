@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "exec/formats/quantized.hpp"
+#include "models/checkpoint.hpp"
 #include "models/tensor_io.hpp"
 #include "recognize/recognize.hpp"
 
@@ -16,8 +17,13 @@ bool has_block_index(const std::string& name) {
   size_t start = 0;
   while (start <= name.size()) {
     const size_t end = std::min(name.find('.', start), name.size());
-    if (end > start && std::all_of(name.begin() + long(start), name.begin() + long(end),
-                                   [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+    // An index under a "...blocks" / "...layers" component (not e.g. a Sequential's "text_embedding.0").
+    const std::string before = name.substr(0, start == 0 ? 0 : start - 1);
+    const bool container = before.size() >= 6 && (before.compare(before.size() - 6, 6, "blocks") == 0 ||
+                                                  before.compare(before.size() - 6, 6, "layers") == 0);
+    if (end > start && container &&
+        std::all_of(name.begin() + long(start), name.begin() + long(end),
+                    [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
       return true;
     start = end + 1;
   }
@@ -39,7 +45,7 @@ ConvertReport convert_checkpoint(const std::string& in, const std::string& out, 
   const auto& caps = reg.format(format);  // throws for an unknown name
   const std::string json = recognize::comfy_quant_json(format);
   const auto file = io::SafetensorsFile::open(in);
-  const auto rec = recognize::recognize(file);  // refuses what it cannot read
+  const auto rec = recognize::recognize(file, sidecar_of(file));  // refuses what it cannot read
   if (!rec.quant.empty())
     throw std::invalid_argument(in + " already holds quantized weights (e.g. '" + rec.quant.begin()->first +
                                 "', " + rec.quant.begin()->second.origin + "); convert reads 16/32-bit checkpoints");

@@ -54,7 +54,7 @@ at::Tensor rotate(const at::Tensor& x, int64_t g) {
 
 std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x) {
   const at::Tensor s = x.abs().amax(1, true).to(at::kFloat).div_(127.0).clamp_min_(1e-30);
-  const at::Tensor q = x.to(at::kFloat).div_(s).round_().clamp_(-127, 127).to(at::kChar);
+  const at::Tensor q = x.to(at::kFloat).div(s).round_().clamp_(-127, 127).to(at::kChar);
   return {q, s};
 }
 
