@@ -13,5 +13,6 @@ using Runner = std::function<int()>;
 Runner add_run(CLI::App& app);
 Runner add_make_checkpoint(CLI::App& app);
 Runner add_bench(CLI::App& app);
+Runner add_convert(CLI::App& app);
 
 }  // namespace sp::cli

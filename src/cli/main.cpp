@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
   add_model_options(plan_cmd, plan_args);
   plan_cmd->add_flag("--program", plan_args.program, "print the schedule program of every sublayer");
   const std::vector<sp::cli::Runner> runners = {sp::cli::add_run(app), sp::cli::add_make_checkpoint(app),
-                                                 sp::cli::add_bench(app)};
+                                                 sp::cli::add_bench(app), sp::cli::add_convert(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --help-all, --version

@@ -11,6 +11,7 @@
 #include "models/checkpoint.hpp"
 #include "models/families.hpp"
 #include "models/lora_file.hpp"
+#include "models/quant_load.hpp"
 #include "plan/budget.hpp"
 #include "plan/residency.hpp"
 #include "report/report.hpp"
@@ -23,6 +24,7 @@ struct Args {
   std::string checkpoint, sidecar, inputs, output, dtype = "auto", device = "auto", consumer = "sdpa", budget;
   std::string device_memory, resident_blocks;
   std::vector<std::string> loras;
+  std::string precision = "preserve";
   models::Geometry geom;
   int64_t chunk = 0, feature_slice = 0;
   uint64_t seed = 0;
@@ -78,6 +80,7 @@ int run(const Args& a) {
       models::load_loras(lora_inputs, rec.config, exec::to_aten(dtype), residency ? at::Device(at::kCPU) : d);
   for (const auto& [name, t] : lora.tensors) weights->add(name, t);
   lora.attach(fr.model);
+  models::apply_precision(fr.model, *weights, models::parse_precision(a.precision), dev);
   const models::Instance inst{fr.model, weights, fr.inputs};
   plan::Options po;
   po.token_chunk = a.chunk;
@@ -97,7 +100,7 @@ int run(const Args& a) {
   if (!a.json) {
     std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << "\n";
     if (!a.loras.empty()) std::cout << lora.summary();
-    if (a.explain) std::cout << plan::explain(p) << "\n";
+    if (a.explain) std::cout << plan::explain(p) << "\n" << models::formats_text(models::format_lines(inst.model, *weights));
     if (res) std::cout << plan::explain(*res) << "\n";
   }
   report::CompareOptions opt;
@@ -132,6 +135,7 @@ int run(const Args& a) {
     nlohmann::json j = report::to_json(r);
     if (res) j["residency"] = report::to_json(*res);
     if (!a.loras.empty()) j["lora"] = {{"adapters", lora.adapter_count()}, {"unmatched", lora.unmatched}, {"unapplied", lora.unapplied}};
+    j["formats"] = models::formats_json(models::format_lines(inst.model, *weights));
     std::cout << j.dump(2) << "\n";
   }
   else std::cout << report::to_table(r);
@@ -169,6 +173,11 @@ Runner add_run(CLI::App& app) {
   cmd->add_option("--feature-slice", a->feature_slice, "MLP feature slice (default: automatic; -1: off)");
   cmd->add_option("--lora", a->loras, "LoRA file, FILE or FILE:STRENGTH (repeatable)");
   cmd->add_option("--seed", a->seed, "seed of the random inputs")->capture_default_str();
+  cmd->add_option("--precision", a->precision,
+                  "weights: preserve (as stored; quantized checkpoints run natively), fp8 or int8 (convert the "
+                  "blocks' 16-bit linears at load)")
+      ->check(CLI::IsMember({"preserve", "fp8", "int8"}))
+      ->capture_default_str();
   cmd->add_option("--budget", a->budget, "activation memory budget: bytes, 512MiB, 2.5GiB, ... or auto (default: none)");
   add_residency_options(cmd, a->device_memory, a->resident_blocks);
   cmd->add_flag("--planned-only", a->planned_only, "skip the naive run (shapes where only the planned one fits)");

@@ -64,6 +64,8 @@ struct ConsumerCaps {
   std::shared_ptr<const Impl> impl;
 };
 
+struct DeviceCaps;
+
 struct FormatCaps {
   std::string name;
   std::string description;
@@ -74,6 +76,16 @@ struct FormatCaps {
   int64_t out_align = 1, in_align = 1;
   Cap held_execution = Cap::Unknown;   // acquire once per block, reuse for every slab
   std::shared_ptr<const Impl> impl;
+  // Native GEMM: on a device for which this answers true the format runs the projection itself
+  // (quantized activations against the stored weight) instead of handing out a dense weight:
+  // the acquire is a view of the stored slice, the project step calls the format's gemm, its
+  // FLOPs count at the device's 8-bit rate, and `gemm_workspace` (quantized activation slab,
+  // scales, integer accumulator) is allocated beside the arena while it runs. Null: never.
+  std::function<bool(const DeviceCaps&)> native_gemm;
+  std::function<int64_t(int64_t rows, int64_t in_features, int64_t out_features, const DeviceCaps&)> gemm_workspace;
+  // Relative L2 error of one projection against the same projection on the dequantized weight
+  // (activation quantization); 0: exact up to rounding of the compute dtype.
+  double tolerance = 0;
   // Element type of the stored weight of a model computing in `model`.
   ir::DType stored(ir::DType model) const { return dense ? model : storage; }
   // Bytes an acquire of rows x cols for compute in `compute` allocates: none where the

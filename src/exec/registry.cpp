@@ -10,6 +10,9 @@ void register_math(contracts::Registry& reg);
 namespace formats {
 void register_dense(contracts::Registry& reg);
 void register_int8_rowwise(contracts::Registry& reg);
+void register_fp8(contracts::Registry& reg);
+void register_int8(contracts::Registry& reg);
+void register_convrot_int8(contracts::Registry& reg);
 }  // namespace formats
 namespace patches {
 void register_examples(contracts::Registry& reg);
@@ -22,6 +25,9 @@ contracts::Registry builtin_registry() {
   consumers::register_math(r);
   formats::register_dense(r);
   formats::register_int8_rowwise(r);
+  formats::register_fp8(r);
+  formats::register_int8(r);
+  formats::register_convrot_int8(r);
   patches::register_examples(r);
   patches::register_lora(r);
   return r;

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "models/families.hpp"
+#include "models/quant_load.hpp"
 #include "models/tensor_io.hpp"
 
 namespace sp::models {
@@ -51,6 +52,7 @@ std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f
                                                     const contracts::Registry& reg) {
   auto w = std::make_shared<exec::TensorWeights>(&reg);
   for (const auto& [canonical, src] : r.tensors) {
+    if (load_quantized(f, r, canonical, src, device, *w)) continue;
     std::vector<at::Tensor> parts;
     for (const auto& n : src.tensors) parts.push_back(read_tensor(f, n));
     const at::Tensor t = assemble(canonical, src, parts);

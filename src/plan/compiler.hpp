@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "plan/plan.hpp"
@@ -106,6 +107,14 @@ class Compiler {
   int acquire(const ir::Linear& l, SliceExpr rows, SliceExpr cols, DType compute) {
     const auto& f = reg_.format(l.format);
     const int64_t r = rows.length < 0 ? l.out_features : rows.length, c = cols.length < 0 ? l.in_features : cols.length;
+    if (native(l, compute)) {  // the stored slice, handed to the format's GEMM
+      const std::string label = "weight " + l.weight + range_text(rows) + (cols.length >= 0 ? " cols" + range_text(cols) : "") + " (native " + l.format + ")";
+      const int w = buffer(BufRole::Weight, label, {r, c}, f.storage, true);
+      native_.push_back(w);
+      emit(AcquireStep{&l, {}, rows, cols, compute, w, true}, "acquire " + label, {});
+      p_.steps.back().writes = {w};
+      return w;
+    }
     const int64_t bytes = f.acquire_bytes(r, c, l.stored.value_or(dt_), compute);
     const std::string label = "weight " + l.weight + range_text(rows) + (cols.length >= 0 ? " cols" + range_text(cols) : "");
     const int w = buffer(BufRole::Weight, label, {r, c}, compute, bytes == 0);
@@ -199,10 +208,20 @@ class Compiler {
     Terms t{2.0 * double(n) * double(in_features) * double(out_features),
             (double(n) * in_features + double(in_features) * out_features + double(n) * out_features) * e, launches,
             n, cd};
-    emit(ProjectStep{in, out, ws, col_begin, col_len, accumulate},
+    const bool nat = std::find(native_.begin(), native_.end(), ws.front().weight) != native_.end();
+    int64_t workspace = 0;
+    if (nat) {  // 8-bit weights read, the activations quantized in one more pass per piece
+      const DType st = p_.buffers[size_t(ws.front().weight)].dtype;
+      const auto& f = native_format(ws.front().weight);
+      t.dtype = st;
+      t.bytes = (2.0 * double(n) * in_features + double(in_features) * out_features + double(n) * out_features) * e;
+      t.launches = 2 * launches;
+      if (f.gemm_workspace) workspace = dev_.round_alloc(f.gemm_workspace(n, in_features, out_features, dev_));
+    }
+    emit(ProjectStep{in, out, ws, col_begin, col_len, accumulate, nat},
          std::string(accumulate ? "project (accumulate) " : "project ") + std::to_string(in_features) + " -> " +
-             std::to_string(out_features),
-         t);
+             std::to_string(out_features) + (nat ? " (native)" : ""),
+         t, workspace);
     lora(in, out, ws, in_features, n, col_begin, col_len);
   }
   // The LoRA step after a projection whose weights carry adapters (compile_lora.cpp).
@@ -294,6 +313,12 @@ class Compiler {
 
   Program take() { return std::move(p_); }
 
+  // Whether `l`'s format runs its own GEMM on this device (not for the fp32 projections).
+  bool native(const ir::Linear& l, DType compute) const {
+    const auto& f = reg_.format(l.format);
+    return !f.dense && f.native_gemm && compute == dt_ && f.native_gemm(dev_);
+  }
+
  private:
   template <typename F>
   void loop(Axis axis, int64_t base, int64_t begin, int64_t rows, int64_t count, F&& body) {
@@ -367,6 +392,14 @@ class Compiler {
         s.body);
   }
 
+  const contracts::FormatCaps& native_format(int w) const {
+    const auto& steps = p_.steps;
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it)
+      if (const auto* a = std::get_if<AcquireStep>(&it->body); a && a->out == w && a->linear)
+        return reg_.format(a->linear->format);
+    throw std::logic_error("no acquire of native weight buffer " + std::to_string(w));
+  }
+
   const ir::Model& m_;
   const contracts::Registry& reg_;
   const contracts::DeviceCaps& dev_;
@@ -374,6 +407,7 @@ class Compiler {
   double esz_, asz_;
   bool fused_;
   int depth_ = 0;
+  std::vector<int> native_;  // weight buffers acquired for a format's own GEMM
   Program p_;
 };
 

@@ -13,6 +13,9 @@ double Rates::flops(DType dt) const {
   switch (dt) {
     case DType::F32: return flops_f32;
     case DType::F64: return flops_f32 / 2;
+    // 8-bit tensor cores (a format's native GEMM): twice the 16-bit rate, not probed.
+    case DType::I8:
+    case DType::F8E4M3: return 2 * flops_f16;
     default: return flops_f16;
   }
 }

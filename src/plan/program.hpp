@@ -147,6 +147,7 @@ struct AcquireStep {
   SliceExpr cols;
   ir::DType dtype;
   int out = -1;
+  bool native = false;  // the stored slice as a view, for the format's own GEMM (FormatCaps::native_gemm)
 };
 struct ReleaseStep {
   int weight = -1;
@@ -179,6 +180,7 @@ struct ProjectStep {
   std::vector<SegWeight> weights;
   int64_t col_begin = 0, col_len = -1;  // input-feature range of the acquired weight
   bool accumulate = false;
+  bool native = false;  // the weights' format runs the GEMM (natively acquired weights)
 };
 struct QkNormStep {
   Operand t;  // [n, heads*hd] fp32

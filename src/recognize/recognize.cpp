@@ -464,9 +464,10 @@ Recognized recognize(const std::vector<io::TensorInfo>& infos,
 }
 
 Recognized recognize(const io::SafetensorsFile& file, const std::optional<Sidecar>& sidecar) {
-  std::vector<io::TensorInfo> infos;
-  for (const auto& n : file.names()) infos.push_back(file.info(n));
-  return recognize(infos, sidecar);
+  QuantScan q = scan_quant(file);
+  Recognized r = recognize(q.structural, sidecar);
+  r.quant = std::move(q.weights);
+  return r;
 }
 
 std::vector<std::string> families() {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "io/safetensors.hpp"
+#include "recognize/quant.hpp"
 #include "recognize/sidecar.hpp"
 
 namespace sp::recognize {
@@ -100,6 +101,9 @@ struct Recognized {
   std::string layout;  // "original" | "diffusers"
   std::string prefix;  // stripped from every name ("" or e.g. "model.diffusion_model.")
   std::map<std::string, Source> tensors;  // canonical name -> source
+  // Stored weights kept quantized, by stored name (recognize/quant.hpp); the side tensors
+  // (comfy_quant, scales, the scaled_fp8 marker) are named there, not in `tensors`.
+  std::map<std::string, QuantSpec> quant;
 };
 
 // Recognizes a checkpoint from its tensors' names and shapes. Throws RecognizeError:

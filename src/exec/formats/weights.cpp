@@ -42,6 +42,11 @@ at::Tensor converted(const at::Tensor& stored, at::ScalarType dtype, const at::T
   return out;
 }
 
+void FormatImpl::gemm(const WeightSource&, const ir::Linear& l, Slice, Slice, const at::Tensor&, const at::Tensor&,
+                      const at::Tensor&, const at::Tensor&, bool) const {
+  throw std::logic_error("format '" + l.format + "' of weight '" + l.weight + "' has no GEMM of its own");
+}
+
 void TensorWeights::add(const std::string& name, at::Tensor t) { t_[name] = std::move(t); }
 
 void TensorWeights::store(const ir::Linear& l, const at::Tensor& w, at::ScalarType model) {

@@ -61,6 +61,10 @@ struct FormatImpl : contracts::Impl {
                              at::ScalarType dtype, const at::Tensor& out) const = 0;
   // The tensors stored beside l's weight (scales): they travel with it when weights move.
   virtual std::vector<std::string> companions(const ir::Linear& /*l*/) const { return {}; }
+  // Formats declaring FormatCaps::native_gemm: y (+)= x @ W[rows, cols]^T (+ bias), with
+  // `stored` the stored slice (stored_slice) and the scales of that slice read from `src`.
+  virtual void gemm(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols, const at::Tensor& stored,
+                    const at::Tensor& x, const at::Tensor& y, const at::Tensor& bias, bool accumulate) const;
 };
 
 // Weights held as tensors by name, acquired through their formats' implementations.
@@ -78,10 +82,18 @@ class TensorWeights : public WeightSource {
   const std::map<std::string, at::Tensor>& all() const { return t_; }
   // Removes the tensor `name` and returns it (undefined where absent).
   at::Tensor take(const std::string& name);
+  // Weights held in a non-dense format (a quantized checkpoint, or a conversion at load), by
+  // weight name: the format and why (models/quant_load.hpp applies them to the IR).
+  struct FormatNote {
+    std::string format, why;
+  };
+  void note_format(const std::string& weight, FormatNote n) { notes_[weight] = std::move(n); }
+  const std::map<std::string, FormatNote>& format_notes() const { return notes_; }
 
  private:
   const contracts::Registry* reg_;
   std::map<std::string, at::Tensor> t_;
+  std::map<std::string, FormatNote> notes_;
 };
 
 at::ScalarType to_aten(ir::DType d);

@@ -6,6 +6,7 @@
 // proved the order legal (e.g. K/V complete before any residual row changes).
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include "exec/consumers/consumer.hpp"
 #include "exec/device/device.hpp"
@@ -178,6 +179,11 @@ class Interpreter {
     const Buffer& b = p_.buffers[size_t(a.out)];
     const at::Tensor out = b.view ? at::Tensor() : bufs_[size_t(a.out)];
     const Slice rows = resolve(a.rows);
+    if (a.native) {  // the stored slice, for the format's own GEMM
+      bufs_[size_t(a.out)] = stored_slice(w_, *a.linear, rows, resolve(a.cols));
+      native_[a.out] = {a.linear, rows, resolve(a.cols)};
+      return;
+    }
     if (a.linear) {
       bufs_[size_t(a.out)] = w_.acquire(*a.linear, rows, resolve(a.cols), to_aten(a.dtype), out);
       return;
@@ -188,6 +194,7 @@ class Interpreter {
   }
   void step(const ReleaseStep& r) {
     if (p_.buffers[size_t(r.weight)].view) bufs_[size_t(r.weight)] = at::Tensor();
+    native_.erase(r.weight);
   }
   void step(const ZeroStep& z) { operand(z.t).zero_(); }
   void step(const NormStep& s) {
@@ -219,6 +226,14 @@ class Interpreter {
       if (s.col_len >= 0) wt = wt.narrow(1, s.col_begin, s.col_len);
       at::Tensor y = out.narrow(0, lb, len);
       const at::Tensor x = in.narrow(0, lb, len), bias = bias_of(w, y.scalar_type());
+      if (s.native) {
+        const NativeWeight& nw = native_.at(w.weight);
+        Slice cols = nw.cols;
+        if (s.col_len >= 0) cols = {cols.begin + s.col_begin * cols.step, s.col_len, cols.step};
+        impl_of<FormatImpl>(reg_.format(nw.linear->format))
+            .gemm(w_, *nw.linear, nw.rows, cols, wt, x, y, s.accumulate ? at::Tensor() : bias, s.accumulate);
+        return;
+      }
       if (s.accumulate) y.addmm_(x, wt.t());
       else if (bias.defined()) at::addmm_out(y, bias, x, wt.t());
       else at::mm_out(y, x, wt.t());
@@ -292,6 +307,13 @@ class Interpreter {
   at::Device device_;
   at::Tensor arena_;
   std::vector<at::Tensor> bufs_;
+  // Weight buffers acquired natively: which linear and slice they hold (the format's GEMM
+  // reads the scales of that slice).
+  struct NativeWeight {
+    const ir::Linear* linear;
+    Slice rows, cols;
+  };
+  std::map<int, NativeWeight> native_;
   Frame f_;
   StepProfile* profile_;
   Rates rates_;

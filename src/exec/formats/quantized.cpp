@@ -1,0 +1,84 @@
+#include "exec/formats/quantized.hpp"
+
+#include <stdexcept>
+
+namespace sp::exec::quant {
+
+std::string scale_name(const std::string& weight) { return weight + ".scale"; }
+std::string input_scale_name(const std::string& weight) { return weight + ".input_scale"; }
+
+std::vector<std::string> companions(const ir::Linear& l) { return {scale_name(l.weight), input_scale_name(l.weight)}; }
+
+namespace {
+
+std::string shape_text(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+}  // namespace
+
+at::Tensor row_scale(const WeightSource& src, const ir::Linear& l, Slice rows) {
+  const std::string name = scale_name(l.weight);
+  if (!src.contains(name))
+    throw std::invalid_argument("weight '" + l.weight + "' (format " + l.format + ") has no scale tensor '" + name + "'");
+  const at::Tensor s = src.tensor(name);
+  if (s.numel() == 1) return s.reshape({}).to(at::kFloat);
+  const bool per_row = (s.dim() == 1 && s.size(0) == l.out_features) ||
+                       (s.dim() == 2 && s.size(0) == l.out_features && s.size(1) == 1);
+  if (!per_row)
+    throw std::invalid_argument("scale '" + name + "' has shape " + shape_text(s) + "; weight '" + l.weight +
+                                "' [" + std::to_string(l.out_features) + ", " + std::to_string(l.in_features) +
+                                "] needs one value ([] or [1]) or one per output row ([" +
+                                std::to_string(l.out_features) + "] or [" + std::to_string(l.out_features) + ", 1])");
+  return slice(s.reshape({l.out_features}), 0, rows).to(at::kFloat).unsqueeze(1);
+}
+
+at::Tensor hadamard(int64_t g, at::ScalarType dtype, const at::Device& device) {
+  int64_t n = 4;
+  while (n < g) n *= 4;
+  if (n != g) throw std::invalid_argument("ConvRot group size " + std::to_string(g) + " is not a power of 4");
+  const at::Tensor h4 = at::tensor({1., 1., 1., -1., 1., 1., -1., 1., 1., -1., 1., 1., -1., 1., 1., 1.},
+                                   at::TensorOptions().dtype(at::kDouble)).view({4, 4});
+  at::Tensor h = h4;
+  for (int64_t k = 4; k < g; k *= 4) h = at::kron(h, h4);
+  return h.div(std::sqrt(double(g))).to(at::TensorOptions().dtype(dtype).device(device));
+}
+
+at::Tensor rotate(const at::Tensor& x, int64_t g) {
+  const int64_t n = x.size(0), k = x.size(1);
+  if (k % g != 0)
+    throw std::invalid_argument("ConvRot rotation of " + std::to_string(k) + " features: not a multiple of the group " +
+                                std::to_string(g));
+  return at::matmul(x.reshape({n, k / g, g}), hadamard(g, x.scalar_type(), x.device())).reshape({n, k});
+}
+
+std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x) {
+  const at::Tensor s = x.abs().amax(1, true).to(at::kFloat).div_(127.0).clamp_min_(1e-30);
+  const at::Tensor q = x.to(at::kFloat).div(s).round_().clamp_(-127, 127).to(at::kChar);
+  return {q, s};
+}
+
+void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
+               const at::Tensor& y, const at::Tensor& bias, bool accumulate) {
+  at::Tensor acc = at::_int_mm(xq, wq.t()).to(at::kFloat).mul_(sx);
+  acc.mul_(sw.dim() == 0 ? sw : sw.t());
+  if (bias.defined()) acc.add_(bias);
+  if (accumulate) y.add_(acc);
+  else y.copy_(acc);
+}
+
+int64_t int8_gemm_workspace(int64_t rows, int64_t in_features, int64_t out_features) {
+  return 5 * rows * in_features + rows * 4 + 2 * rows * out_features * 4;
+}
+
+void reference_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const at::Tensor& bias,
+                    bool accumulate) {
+  at::Tensor r = at::matmul(x.to(at::kFloat), w.t());
+  if (bias.defined()) r.add_(bias);
+  if (accumulate) y.add_(r);
+  else y.copy_(r);
+}
+
+}  // namespace sp::exec::quant

@@ -1,0 +1,54 @@
+// Quantized weights: loading them from a checkpoint as stored, the precision policy, and the
+// per-linear report of formats.
+//
+// Design note. Recognition (recognize/quant.hpp) says which stored weights are quantized and
+// where their scales are; load_quantized assembles such a canonical weight from its stored
+// parts without converting it (joined parts of different per-tensor scales get one scale per
+// output row) and notes its format on the weight source. apply_precision then decides every
+// linear's format: the noted one, or for --precision fp8/int8 a conversion of the blocks'
+// 16-bit linears at load, and records why in the IR (ir::Linear::format) and in the notes
+// format_lines reports.
+//
+// Example:
+//     auto w = sp::models::load_canonical(file, rec, at::kBFloat16, at::kCUDA, reg);
+//     sp::models::FamilyRun fr = sp::models::prepare(rec.config, *w, raw, ir::DType::BF16, "sdpa");
+//     sp::models::apply_precision(fr.model, *w, sp::models::Precision::Preserve, dev);
+//     for (const auto& l : sp::models::format_lines(fr.model, *w)) std::cout << l.weight << " " << l.format << "\n";
+#pragma once
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "exec/formats/weights.hpp"
+#include "recognize/recognize.hpp"
+
+namespace sp::models {
+
+// Loads canonical `canonical` in its stored quantized form if its parts are quantized
+// (returns false otherwise). Throws naming the tensors when parts mix formats.
+bool load_quantized(const io::SafetensorsFile& f, const recognize::Recognized& r, const std::string& canonical,
+                    const recognize::Source& src, const at::Device& device, exec::TensorWeights& w);
+
+enum class Precision { Preserve, Fp8, Int8 };
+Precision parse_precision(const std::string& s);  // "preserve" | "fp8" | "int8"
+const char* to_string(Precision p);
+
+// Sets each linear's format: quantized weights as noted at load; with Fp8/Int8 the blocks'
+// dense 16-bit linears are converted (in `w`) to fp8-e4m3 / int8. Fp8 needs fp8 tensor cores
+// (CUDA sm_89+): elsewhere std::invalid_argument naming the device.
+void apply_precision(ir::Model& m, exec::TensorWeights& w, Precision p, const contracts::DeviceCaps& dev);
+
+struct FormatLine {
+  std::string weight, format, why;
+};
+// Every linear of the model: its format and why.
+std::vector<FormatLine> format_lines(const ir::Model& m, const exec::TensorWeights& w);
+// "weight formats (per linear):" and one line per linear with its format and why.
+std::string formats_text(const std::vector<FormatLine>& lines);
+// [{"weight", "format", "why"}, ...]
+nlohmann::json formats_json(const std::vector<FormatLine>& lines);
+
+}  // namespace sp::models

@@ -1,0 +1,191 @@
+#include "recognize/quant.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+#include "recognize/recognize.hpp"
+
+namespace sp::recognize {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+std::string stem(const std::string& s, const std::string& tail) { return s.substr(0, s.size() - tail.size()); }
+
+std::string dtype_text(io::DType d) { return std::string(io::dtype_name(d)); }
+
+// A stored weight and its declared dtype must agree with the scheme.
+void expect_dtype(const io::TensorInfo& w, io::DType want, const std::string& scheme) {
+  if (w.dtype != want)
+    throw RecognizeError("tensor '" + w.name + "' is " + dtype_text(w.dtype) + " but its quantization (" + scheme +
+                         ") stores " + dtype_text(want));
+}
+
+// A scale tensor: fp32/bf16/f16, one value or one per output row.
+void expect_scale(const io::TensorInfo& s, const io::TensorInfo& w) {
+  const bool floating = s.dtype == io::DType::F32 || s.dtype == io::DType::BF16 || s.dtype == io::DType::F16;
+  int64_t n = 1;
+  for (int64_t d : s.shape) n *= d;
+  const int64_t rows = w.shape.empty() ? 0 : w.shape[0];
+  const bool per_row = (s.shape.size() == 1 && s.shape[0] == rows) ||
+                       (s.shape.size() == 2 && s.shape[0] == rows && s.shape[1] == 1);
+  std::string shape = "[";
+  for (size_t i = 0; i < s.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(s.shape[i]);
+  shape += "]";
+  if (!floating || !(n == 1 || per_row))
+    throw RecognizeError("scale tensor '" + s.name + "' (" + dtype_text(s.dtype) + " " + shape + ") of weight '" +
+                         w.name + "' [" + std::to_string(rows) + ", " +
+                         std::to_string(w.shape.size() > 1 ? w.shape[1] : 0) +
+                         "]: expected a float scale with one value or one per output row");
+}
+
+QuantSpec from_comfy_quant(const std::string& layer, const std::string& json, const io::TensorInfo& w) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json);
+  } catch (const std::exception& e) {
+    throw RecognizeError("tensor '" + layer + "comfy_quant' does not hold a JSON object: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("format") || !j["format"].is_string())
+    throw RecognizeError("tensor '" + layer + "comfy_quant' names no \"format\": " + json);
+  const std::string scheme = j["format"];
+  const nlohmann::json params = j.contains("params") && j["params"].is_object() ? j["params"] : nlohmann::json::object();
+  auto param = [&](const char* key) -> const nlohmann::json* {
+    if (j.contains(key)) return &j[key];
+    if (params.contains(key)) return &params[key];
+    return nullptr;
+  };
+  QuantSpec q;
+  if (scheme == "float8_e4m3fn") {
+    expect_dtype(w, io::DType::F8_E4M3, scheme);
+    q.format = "fp8-e4m3";
+    q.origin = "comfy_quant float8_e4m3fn";
+  } else if (scheme == "int8_tensorwise") {
+    expect_dtype(w, io::DType::I8, scheme);
+    const auto* rot = param("convrot");
+    if (rot && rot->is_boolean() && rot->get<bool>()) {
+      const auto* g = param("convrot_groupsize");
+      const int64_t group = g && g->is_number_integer() ? g->get<int64_t>() : 256;
+      if (group != 256)
+        throw RecognizeError("tensor '" + w.name + "': ConvRot group size " + std::to_string(group) +
+                             " (from '" + layer + "comfy_quant') is not supported; convrot-int8 rotates groups of 256");
+      q.format = "convrot-int8";
+      q.origin = "comfy_quant int8_tensorwise (convrot 256)";
+    } else {
+      q.format = "int8";
+      q.origin = "comfy_quant int8_tensorwise";
+    }
+  } else {
+    throw RecognizeError("tensor '" + w.name + "': quantization format '" + scheme + "' (from '" + layer +
+                         "comfy_quant') is not supported; supported: float8_e4m3fn, int8_tensorwise (optionally "
+                         "convrot, groups of 256)");
+  }
+  return q;
+}
+
+}  // namespace
+
+QuantScan scan_quant(const std::vector<io::TensorInfo>& tensors,
+                     const std::function<std::string(const std::string&)>& json_of) {
+  std::map<std::string, const io::TensorInfo*> by_name;
+  for (const auto& t : tensors) by_name[t.name] = &t;
+  auto find = [&](const std::string& n) -> const io::TensorInfo* {
+    auto it = by_name.find(n);
+    return it == by_name.end() ? nullptr : it->second;
+  };
+  QuantScan out;
+  std::set<std::string> side;  // tensors taken out of structure recognition
+
+  // The older convention: a "scaled_fp8" marker (at the root of the names' common prefix).
+  const io::TensorInfo* marker = nullptr;
+  for (const auto& t : tensors)
+    if (t.name == "scaled_fp8" || ends_with(t.name, ".scaled_fp8")) marker = &t;
+  if (marker) {
+    if (marker->dtype != io::DType::F8_E4M3 && marker->dtype != io::DType::F32)
+      throw RecognizeError("tensor '" + marker->name + "' marks scaled fp8 weights of dtype " +
+                           dtype_text(marker->dtype) + "; supported: F8_E4M3");
+    side.insert(marker->name);
+  }
+
+  for (const auto& t : tensors) {
+    if (ends_with(t.name, ".comfy_quant")) {
+      const std::string layer = stem(t.name, "comfy_quant");
+      const io::TensorInfo* w = find(layer + "weight");
+      if (!w) throw RecognizeError("tensor '" + t.name + "' has no weight '" + layer + "weight' beside it");
+      if (t.dtype != io::DType::U8 || t.shape.size() != 1)
+        throw RecognizeError("tensor '" + t.name + "' is " + dtype_text(t.dtype) +
+                             " of rank " + std::to_string(t.shape.size()) + "; expected U8 bytes of JSON (rank 1)");
+      QuantSpec q = from_comfy_quant(layer, json_of(t.name), *w);
+      side.insert(t.name);
+      if (const auto* s = find(layer + "weight_scale")) {
+        expect_scale(*s, *w);
+        q.weight_scale = s->name;
+        side.insert(s->name);
+      } else if (q.format != "fp8-e4m3") {
+        throw RecognizeError("weight '" + w->name + "' (" + q.origin + ") has no scale tensor '" + layer +
+                             "weight_scale'");
+      }
+      if (const auto* s = find(layer + "input_scale")) {
+        expect_scale(*s, *w);
+        q.input_scale = s->name;
+        side.insert(s->name);
+      }
+      out.weights[w->name] = q;
+    }
+  }
+  for (const auto& t : tensors) {
+    if (out.weights.count(t.name) || t.shape.size() != 2 || !ends_with(t.name, ".weight")) continue;
+    const std::string layer = stem(t.name, "weight");
+    if (t.dtype == io::DType::F8_E4M3) {
+      QuantSpec q{"fp8-e4m3", "stored float8_e4m3fn without scale (scale 1)", "", ""};
+      if (marker) {
+        q.origin = "scaled_fp8 scale_weight";
+        if (const auto* s = find(layer + "scale_weight")) {
+          expect_scale(*s, t);
+          q.weight_scale = s->name;
+          side.insert(s->name);
+        }
+        if (const auto* s = find(layer + "scale_input")) {
+          expect_scale(*s, t);
+          q.input_scale = s->name;
+          side.insert(s->name);
+        }
+      }
+      out.weights[t.name] = q;
+    } else if (t.dtype == io::DType::F8_E5M2 || t.dtype == io::DType::I8 || t.dtype == io::DType::U8) {
+      throw RecognizeError("tensor '" + t.name + "' is stored as " + dtype_text(t.dtype) +
+                           " with no quantization description ('" + layer + "comfy_quant'); cannot run it");
+    }
+  }
+  for (const auto& t : tensors)
+    if (!side.count(t.name)) out.structural.push_back(t);
+  return out;
+}
+
+QuantScan scan_quant(const io::SafetensorsFile& file) {
+  std::vector<io::TensorInfo> infos;
+  for (const auto& n : file.names()) infos.push_back(file.info(n));
+  return scan_quant(infos, [&](const std::string& name) {
+    const auto b = file.bytes(name);
+    return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+  });
+}
+
+std::string comfy_quant_json(const std::string& format) {
+  nlohmann::json j;
+  if (format == "fp8-e4m3") j["format"] = "float8_e4m3fn";
+  else if (format == "int8") j["format"] = "int8_tensorwise";
+  else if (format == "convrot-int8") {
+    j["format"] = "int8_tensorwise";
+    j["convrot"] = true;
+    j["convrot_groupsize"] = 256;
+  } else {
+    throw RecognizeError("no ComfyUI convention for format '" + format + "'");
+  }
+  return j.dump();
+}
+
+}  // namespace sp::recognize

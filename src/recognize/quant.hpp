@@ -1,0 +1,54 @@
+// Quantized checkpoints as ComfyUI stores them: which stored weights are quantized, in which
+// format, and which tensors hold their scales.
+//
+// Design note. Two conventions exist. The current one puts beside each quantized linear
+// "<layer>.comfy_quant", a uint8 tensor holding the bytes of a JSON object whose "format"
+// names the scheme ("float8_e4m3fn", "int8_tensorwise" with "convrot": true and
+// "convrot_groupsize" at the top level or under "params", "mxfp8", "nvfp4", ...), with
+// "<layer>.weight_scale" and optionally "<layer>.input_scale". The older one has one
+// "scaled_fp8" marker tensor and per layer "<layer>.scale_weight" / "<layer>.scale_input"
+// beside float8_e4m3fn weights. Weights stored as float8_e4m3fn with neither are plain
+// casts (scale 1). scan_quant takes these side tensors out of what structure recognition
+// sees and says, per stored weight, which project format runs it; a scheme the project does
+// not run (nvfp4, mxfp8, e5m2, ConvRot W4A4, another rotation group) is a RecognizeError
+// naming the tensor and the scheme, never a silent cast.
+//
+// Example:
+//     auto file = sp::io::SafetensorsFile::open("wan_fp8.safetensors");
+//     sp::recognize::Recognized r = sp::recognize::recognize(file);   // calls scan_quant
+//     const sp::recognize::QuantSpec& q = r.quant.at("model.diffusion_model.blocks.0.ffn.0.weight");
+//     q.format;        // "fp8-e4m3"
+//     q.weight_scale;  // "model.diffusion_model.blocks.0.ffn.0.weight_scale"
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.hpp"
+
+namespace sp::recognize {
+
+struct QuantSpec {
+  std::string format;        // project format: "fp8-e4m3" | "int8" | "convrot-int8"
+  std::string origin;        // how the checkpoint said so, e.g. "comfy_quant int8_tensorwise (convrot 256)"
+  std::string weight_scale;  // stored tensor name; empty: scale 1
+  std::string input_scale;   // stored tensor name; empty: none
+  bool operator==(const QuantSpec&) const = default;
+};
+
+struct QuantScan {
+  std::vector<io::TensorInfo> structural;   // what structure recognition sees
+  std::map<std::string, QuantSpec> weights;  // stored weight name -> its quantization
+};
+
+// `json_of(name)` returns the bytes of a comfy_quant tensor.
+QuantScan scan_quant(const std::vector<io::TensorInfo>& tensors,
+                     const std::function<std::string(const std::string&)>& json_of);
+QuantScan scan_quant(const io::SafetensorsFile& file);
+
+// The comfy_quant JSON ComfyUI reads for a project format (convert writes it).
+std::string comfy_quant_json(const std::string& format);
+
+}  // namespace sp::recognize
