@@ -3,7 +3,9 @@
 // bad input, and the convert round trip.
 #include <gtest/gtest.h>
 
-#include <filesystem>
+#include <cstdio>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "exec/consumers/consumer.hpp"
 #include "exec/formats/quantized.hpp"
@@ -226,10 +228,18 @@ TEST(QuantRecognition, UnsupportedOrInconsistentInputIsNamed) {
 
 TEST(QuantConvert, RoundTripThroughComfyConventionRunsCloseToTheOriginal) {
   const auto reg = exec::builtin_registry();
-  const auto dir = std::filesystem::temp_directory_path() / ("sp_convert_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string src = (dir / "wan.safetensors").string();
+  // (mkdtemp rather than std::filesystem, of which libtorch exports conflicting definitions.)
+  char tmpl[] = "/tmp/streamplan-convert-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  std::vector<std::string> written;
+  const std::string src = dir + "/wan.safetensors";
+  written.push_back(src);
   auto cfg = recognize::preset("wan2.1-1.3b", 2, true);
+  // Widths of multiples of 256, so that ConvRot's groups of 256 input features convert the blocks.
+  cfg.heads = 16;
+  cfg.dim = cfg.heads * cfg.head_dim;
+  cfg.ffn = 512;
+  ASSERT_EQ(cfg.dim % 256, 0);
   models::write_random_checkpoint(cfg, "original", src, 0, at::kFloat);
   const auto f0 = io::SafetensorsFile::open(src);
   const auto r0 = recognize::recognize(f0, models::sidecar_of(f0));
@@ -239,7 +249,8 @@ TEST(QuantConvert, RoundTripThroughComfyConventionRunsCloseToTheOriginal) {
   const at::Tensor ref = exec::run_naive(fr0.model, *w0, fr0.inputs, reg);
   for (const auto& name : kFormats) {
     SCOPED_TRACE(name);
-    const std::string out = (dir / (name + ".safetensors")).string();
+    const std::string out = dir + "/" + name + ".safetensors";
+    written.insert(written.end(), {out, out + ".2"});
     const auto rep = models::convert_checkpoint(src, out, name, reg);
     EXPECT_FALSE(rep.converted.empty());
     const auto f = io::SafetensorsFile::open(out);
@@ -260,7 +271,8 @@ TEST(QuantConvert, RoundTripThroughComfyConventionRunsCloseToTheOriginal) {
     EXPECT_NE(error_of([&] { models::convert_checkpoint(out, out + ".2", name, reg); }).find("already holds quantized"),
               std::string::npos);
   }
-  std::filesystem::remove_all(dir);
+  for (const auto& f : written) std::remove(f.c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(QuantPrecision, Fp8NeedsFp8TensorCoresAndInt8ConvertsBlocks) {

@@ -28,7 +28,7 @@ struct Args {
   std::vector<int64_t> fixed = {512, 1024, 2048, 4096, 8192, 16384};
   bool tiny = false, list = false, estimate = false, quiet = false, profile_steps = false, policies = false;
   std::string row_kernels = "fused";
-  std::string device_memory, resident_blocks;
+  std::string device_memory, resident_blocks, format;
 };
 
 // "45 s", "12 min", "3.5 h", "2.1 days".
@@ -71,6 +71,8 @@ int bench(const Args& a) {
   opt.progress = !a.quiet;
   opt.profile_steps = a.profile_steps;
   opt.lora_rank = a.lora_rank;
+  if (!a.format.empty()) reg.format(a.format);  // an unknown name is an error listing the known ones
+  opt.format = a.format;
   std::vector<int64_t> memories;
   std::stringstream list(a.device_memory);
   for (std::string item; std::getline(list, item, ',');) memories.push_back(plan::parse_budget(item));
@@ -171,6 +173,8 @@ Runner add_bench(CLI::App& app) {
   cmd->add_flag("--estimate", a->estimate, "print the cost model's time estimate of the cases and exit");
   cmd->add_flag("--quiet", a->quiet, "no progress lines on stderr");
   cmd->add_flag("--tiny", a->tiny, "tiny widths and shapes (tests)");
+  cmd->add_option("--format", a->format,
+                  "store the block linears in this weight format (fp8-e4m3, int8, convrot-int8, ...) before running");
   cmd->add_option("--lora-rank", a->lora_rank, "a random LoRA of this rank on every linear (its overhead)")
       ->check(at_least(1));
   cmd->add_option("--reps", a->reps, "timed repetitions of each schedule")

@@ -84,6 +84,14 @@ void apply_precision(ir::Model& m, exec::TensorWeights& w, Precision p, const co
                                      ? "sm_" + std::to_string(dev.cc_major) + std::to_string(dev.cc_minor)
                                      : std::string("CPU")) +
                                 ") has none. Use --precision int8 or preserve");
+  if (p != Precision::Preserve)
+    convert_block_linears(m, w, p == Precision::Fp8 ? "fp8-e4m3" : "int8",
+                          std::string("converted at load (--precision ") + to_string(p) + ")");
+  else
+    convert_block_linears(m, w, "", "");
+}
+
+void convert_block_linears(ir::Model& m, exec::TensorWeights& w, const std::string& target, const std::string& why) {
   // Embedding and final-layer linears stay as stored: only the blocks are converted.
   std::set<const ir::Linear*> outside;
   for (const auto& e : m.embeds) outside.insert(&e.linear);
@@ -91,18 +99,17 @@ void apply_precision(ir::Model& m, exec::TensorWeights& w, Precision p, const co
     outside.insert(&m.final_layer->proj);
     for (const auto& [segment, l] : m.final_layer->heads) outside.insert(&l);
   }
-  const std::string target = p == Precision::Fp8 ? "fp8-e4m3" : "int8";
   ir::for_each_linear(m, [&](ir::Linear& l) {
     auto it = w.format_notes().find(l.weight);
     if (it != w.format_notes().end()) {
       l.format = it->second.format;
       return;
     }
-    if (p == Precision::Preserve || outside.count(&l) || l.fp32_compute || l.stored) return;
+    if (target.empty() || outside.count(&l) || l.fp32_compute || l.stored) return;
     if (l.format != "dense") return;
     l.format = target;
     w.store(l, w.tensor(l.weight), exec::to_aten(m.dtype));
-    w.note_format(l.weight, {target, std::string("converted at load (--precision ") + to_string(p) + ")"});
+    w.note_format(l.weight, {target, why});
   });
 }
 

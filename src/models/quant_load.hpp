@@ -40,6 +40,9 @@ const char* to_string(Precision p);
 // dense 16-bit linears are converted (in `w`) to fp8-e4m3 / int8. Fp8 needs fp8 tensor cores
 // (CUDA sm_89+): elsewhere std::invalid_argument naming the device.
 void apply_precision(ir::Model& m, exec::TensorWeights& w, Precision p, const contracts::DeviceCaps& dev);
+// The formats noted on `w` onto the IR, and every dense 16/32-bit block linear stored in
+// `target` (a registered format; empty: none), noted with `why`.
+void convert_block_linears(ir::Model& m, exec::TensorWeights& w, const std::string& target, const std::string& why);
 
 struct FormatLine {
   std::string weight, format, why;

@@ -10,6 +10,7 @@
 #include "exec/device/memory.hpp"
 #include "models/builder.hpp"
 #include "models/checkpoint.hpp"
+#include "models/quant_load.hpp"
 #include "models/lora_file.hpp"
 #include "plan/budget.hpp"
 #include "report/report.hpp"
@@ -51,6 +52,8 @@ CaseModel build_case(const BenchCase& c, const contracts::Registry& reg, const a
   const models::FamilyRun fr =
       models::prepare(cm.cfg, *weights, models::random_raw_inputs(cm.cfg, c.geom, opt.seed), opt.dtype, "sdpa");
   cm.inst = {fr.model, weights, fr.inputs};
+  if (!opt.format.empty() && device.type() != at::kMeta)
+    models::convert_block_linears(cm.inst.model, *weights, opt.format, "bench --format " + opt.format);
   if (opt.lora_rank > 0)
     models::add_random_loras(cm.inst.model, *weights, opt.lora_rank, exec::to_aten(opt.dtype), device, opt.seed + 1);
   return cm;
@@ -102,6 +105,7 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
   r.variant = cm.cfg.variant;
   r.device = caps.name;
   r.dtype = ir::to_string(opt.dtype);
+  if (!opt.format.empty()) r.format = opt.format;
   r.tokens = inst.model.tokens();
   r.layers = int64_t(inst.model.blocks.size());
   r.floor = p.floor_bytes;
@@ -302,6 +306,7 @@ nlohmann::json to_json(const std::vector<BenchResult>& rs) {
                  {"variant", r.variant},
                  {"device", r.device},
                  {"dtype", r.dtype},
+                 {"format", r.format},
                  {"tokens", r.tokens},
                  {"layers", r.layers},
                  {"naive_peak_bytes", opt(r.naive_peak)},
