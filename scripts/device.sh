@@ -34,6 +34,12 @@
 #                                    at 1024^2 under 10, 16 and 24 GiB, each against the same plan with
 #                                    every weight resident (bench --device-memory); builds first where
 #                                    build-gpu/streamplan is missing
+#   scripts/device.sh OUT formats    the block cases with their linears in each weight format (dense,
+#                                    fp8-e4m3, convrot-int8, int8; FORMATS overrides), each with a
+#                                    profiled run (the projections' time alone); then a rank-64 LoRA on
+#                                    every linear of the Wan block, at the default policy and at 1.1 x floor
+#   scripts/device.sh OUT gpu-tests  the test binaries built here, then the GPU tests (GTEST_FILTER,
+#                                    default every Gpu* test)
 # BENCH_ARGS adds options to `streamplan bench` (e.g. "--budget-floor 1.1"); CASES overrides
 # the mode's bench or sweep cases; AB_CASES (mode all) are benched once more with the ATen
 # row operations instead of the fused kernels.
@@ -78,6 +84,37 @@ if [ "$mode" = residency ]; then
       2>>"$out/logs.txt" | tee -a "$out/residency.txt" || summary+=("$c failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
   done
   printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+
+if [ "$mode" = formats ]; then
+  build_bin
+  cases=${CASES:-wan14b-block-81f,minimax-h3-block-10s}
+  for f in ${FORMATS:-dense fp8-e4m3 convrot-int8 int8}; do
+    fmt=(); [ "$f" = dense ] || fmt=(--format "$f")
+    $bin bench --device cuda --cases "$cases" "${fmt[@]}" --profile-steps --quiet ${BENCH_ARGS:-} --out "$out/format-$f.json" \
+      2>>"$out/logs.txt" | tee -a "$out/formats.txt" || summary+=("$f failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
+  done
+  for extra in "" "--budget-floor 1.1"; do
+    $bin bench --device cuda --cases wan14b-block-81f --lora-rank 64 --reps 5 --quiet $extra ${BENCH_ARGS:-} \
+      --out "$out/lora64${extra:+-floor}.json" 2>>"$out/logs.txt" | tee -a "$out/formats.txt" || summary+=("lora failed")
+  done
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+
+if [ "$mode" = gpu-tests ]; then
+  prefix=$($py -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
+  { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTREAMPLAN_TESTS=ON \
+      -DSTREAMPLAN_GTEST_SRC="$PWD/.deps/googletest" -DCMAKE_INCLUDE_PATH="$PWD/.deps/include" \
+      -DCMAKE_PREFIX_PATH="$prefix;$PWD/.deps" &&
+    cmake --build build-gpu --parallel "$(nproc)" --target streamplan exec_test lora_test; } >>"$out/logs.txt" 2>&1 \
+    || { tail -30 "$out/logs.txt"; exit 1; }
+  for t in exec_test lora_test; do
+    build-gpu/tests/$t --gtest_filter="${GTEST_FILTER:-Gpu*}" 2>&1 | grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|rel_l2|Failure|error" \
+      | tee -a "$out/gpu_tests.txt"
+  done
   exit 0
 fi
 
