@@ -10,6 +10,7 @@
 #include "plan/budget.hpp"
 #include "report/bench.hpp"
 #include "report/bench_common.hpp"
+#include "report/retry.hpp"
 
 namespace sp::report {
 
@@ -52,12 +53,23 @@ nlohmann::json run_residency_case(const BenchCase& c, const contracts::Registry&
                        {"predicted_all_resident_ms", rp.residency.resident_ms},
                        {"residency", to_json(rp.residency)}};
     {
+      if (opt.progress) std::cerr << label << ": all resident; " << exec::allocator_state(device) << std::endl;
       exec::StreamedWeights streamed(inst.model, inst.weights, rp.residency, reg, device);
       exec::synchronize(device);
+      if (opt.progress) std::cerr << label << ": weights moved; " << exec::allocator_state(device) << std::endl;
       exec::PeakMeter meter(device);  // after the moves: counts everything the runs hold at their peak
       {
         const std::shared_ptr<void> cap = exec::cap_device_memory(device, memory);
-        run(streamed, "streamed, warm-up");
+        if (opt.progress) std::cerr << label << ": capped; " << exec::allocator_state(device) << std::endl;
+        try {
+          run(streamed, "streamed, warm-up");
+        } catch (const std::exception& e) {
+          if (!is_out_of_memory(e)) throw;
+          throw OutOfMemory("out of memory under --device-memory " + plan::human_bytes(memory) + " (" +
+                                exec::allocator_state(device) + "; planned " +
+                                plan::human_bytes(rp.residency.device_bytes()) + ")",
+                            rp.residency.device_bytes(), memory);
+        }
         const Repeated r = repeat(device, opt.reps, [&] { return run(streamed, "streamed"); });
         row["ms"] = r.ms;
         const at::Tensor out = r.out.cpu();

@@ -135,8 +135,9 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
           return exec::run_planned(inst.model, current, w, inst.inputs, reg, dev, progress.sublayers(inst.model, what));
         } catch (const std::exception& e) {
           if (!is_out_of_memory(e)) throw;
-          throw OutOfMemory("out of memory under " + opt.memory_cap + " (the plan counted " +
-                                plan::human_bytes(current.estimated_peak_bytes) + " of activations)",
+          throw OutOfMemory("out of memory under " + opt.memory_cap + " (" + exec::allocator_state(d) +
+                                "; the plan counted " + plan::human_bytes(current.estimated_peak_bytes) +
+                                " of activations)",
                             current.estimated_peak_bytes, 0);
         }
       }

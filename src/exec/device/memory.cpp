@@ -1,5 +1,7 @@
 #include "exec/device/memory.hpp"
 
+#include <cstdio>
+
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
@@ -93,6 +95,22 @@ int64_t PeakMeter::peak_above_start() const {
 #else
   return 0;
 #endif
+}
+
+std::string allocator_state(const at::Device& d) {
+  auto gib = [](int64_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(int64_t{1} << 30));
+    return std::string(buf);
+  };
+#ifdef STREAMPLAN_WITH_CUDA
+  if (d.is_cuda()) {
+    const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
+    return "allocated " + gib(st.allocated_bytes[0].current) + ", held " + gib(st.reserved_bytes[0].current) + " in " +
+           std::to_string(st.segment[0].current) + " segments";
+  }
+#endif
+  return "allocated " + gib(cpu_live_bytes());
 }
 
 int64_t PeakMeter::peak_reserved() const {

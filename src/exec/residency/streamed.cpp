@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "exec/consumers/consumer.hpp"
+#include "exec/device/device.hpp"
 
 #ifdef STREAMPLAN_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -19,6 +20,12 @@ namespace {
 constexpr int64_t kAlign = 512;  // offsets in a block's buffer, as the caching allocator rounds
 
 int64_t packed_bytes(const at::Tensor& t) { return ir::round_up(int64_t(t.nbytes()), kAlign); }
+
+// The tensor of `dtype` and `shape` at byte `offset` of a byte buffer.
+at::Tensor placed(const at::Tensor& bytes, int64_t offset, at::ScalarType dtype, const std::vector<int64_t>& shape) {
+  const int64_t n = c10::multiply_integers(shape) * int64_t(c10::elementSize(dtype));
+  return bytes.narrow(0, offset, n).view(dtype).view(shape);
+}
 
 #ifdef STREAMPLAN_WITH_CUDA
 at::cuda::CUDAStream& as_stream(const std::shared_ptr<void>& p) { return *static_cast<at::cuda::CUDAStream*>(p.get()); }
@@ -131,9 +138,33 @@ StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeigh
   // prologue's weights) to host memory.
   std::set<std::string> read = tensors_outside_blocks(m, *w_, reg);
   for (const auto& n : names) read.insert(n.begin(), n.end());
+  std::vector<std::pair<std::string, at::Tensor>> resident;
+  int64_t resident_bytes = 0;
   std::vector<std::string> rest;
   for (const auto& [name, t] : w_->all()) rest.push_back(name);
-  for (const auto& name : rest) w_->add(name, w_->take(name).to(read.count(name) ? device_ : at::Device(at::kCPU)));
+  for (const auto& name : rest) {
+    at::Tensor t = w_->take(name);
+    if (!read.count(name)) w_->add(name, t.to(at::kCPU));
+    else if (!device_.is_cuda()) w_->add(name, t.to(device_));
+    else {
+      resident.emplace_back(name, t.to(at::kCPU));
+      resident_bytes += packed_bytes(t);
+    }
+  }
+  // On a GPU the resident weights go into one buffer, allocated once the device has let go of
+  // every old weight: no partly used segment of the caching allocator outlives the move (a
+  // cap of the device memory counts what the allocator holds, not what is allocated).
+  if (!resident.empty()) {
+    release_cached(device_);
+    resident_ = at::empty({resident_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
+    int64_t offset = 0;
+    for (auto& [name, t] : resident) {
+      at::Tensor dst = placed(resident_, offset, t.scalar_type(), t.sizes().vec());
+      dst.copy_(t);
+      w_->add(name, dst);
+      offset += packed_bytes(t);
+    }
+  }
   if (order_.empty()) return;
   const int slots = std::clamp(r.slots, 1, int(order_.size()));
   for (int i = 0; i < slots; ++i) {
@@ -163,9 +194,7 @@ void StreamedWeights::restore() {
   reset();
   slots_.clear();
   for (const auto& [name, p] : places_) {
-    const int64_t n = c10::multiply_integers(p.shape) * int64_t(c10::elementSize(p.dtype));
-    w_->add(name, packs_[p.block].narrow(0, p.offset, n).view(p.dtype).view(p.shape).to(device_, /*non_blocking=*/false,
-                                                                                         /*copy=*/true));
+    w_->add(name, placed(packs_[p.block], p.offset, p.dtype, p.shape).to(device_, /*non_blocking=*/false, /*copy=*/true));
   }
   places_.clear();
   packs_.assign(packs_.size(), at::Tensor());
@@ -269,8 +298,7 @@ at::Tensor StreamedWeights::tensor(const std::string& name) const {
   if (!s || !s->begun || s->ended)
     throw std::logic_error("weight '" + name + "' of streamed block " + std::to_string(p.block) +
                            " read outside the block's work");
-  const int64_t n = c10::multiply_integers(p.shape) * int64_t(c10::elementSize(p.dtype));
-  return s->mem.narrow(0, p.offset, n).view(p.dtype).view(p.shape);
+  return placed(s->mem, p.offset, p.dtype, p.shape);
 }
 
 bool StreamedWeights::contains(const std::string& name) const { return places_.count(name) || w_->contains(name); }

@@ -94,6 +94,7 @@ class StreamedWeights : public WeightSource {
   at::Device device_;
   std::map<std::string, Place> places_;
   std::vector<at::Tensor> packs_;    // per block: its buffer in host memory (streamed blocks)
+  at::Tensor resident_;              // CUDA: the weights that stay on the device, in one buffer
   std::vector<size_t> order_;        // the streamed blocks in order
   mutable std::vector<std::unique_ptr<Slot>> slots_;
   mutable size_t next_ = 0;          // index into order_ of the next load
