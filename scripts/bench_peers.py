@@ -130,6 +130,8 @@ def merge(peers_path: str, bench_path: str) -> int:
         bench = json.load(f)
     merged = 0
     for entry in bench:
+        if entry.get("kind"):  # residency, format and LoRA rows: other measurements of the case
+            continue
         p = peers.get(entry["case"])
         if p is None:
             continue
