@@ -38,6 +38,7 @@
 #                                    fp8-e4m3, convrot-int8, int8; FORMATS overrides), each with a
 #                                    profiled run (the projections' time alone); then a rank-64 LoRA on
 #                                    every linear of the Wan block, at the default policy and at 1.1 x floor
+#                                    (LORA=0 skips it)
 #   scripts/device.sh OUT gpu-tests  the test binaries built here, then the GPU tests (GTEST_FILTER,
 #                                    default every Gpu* test)
 # BENCH_ARGS adds options to `streamplan bench` (e.g. "--budget-floor 1.1"); CASES overrides
@@ -95,7 +96,7 @@ if [ "$mode" = formats ]; then
     $bin bench --device cuda --cases "$cases" "${fmt[@]}" --profile-steps --quiet ${BENCH_ARGS:-} --out "$out/format-$f.json" \
       2>>"$out/logs.txt" | tee -a "$out/formats.txt" || summary+=("$f failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
   done
-  for extra in "" "--budget-floor 1.1"; do
+  [ "${LORA:-1}" = 0 ] || for extra in "" "--budget-floor 1.1"; do
     $bin bench --device cuda --cases wan14b-block-81f --lora-rank 64 --reps 5 --quiet $extra ${BENCH_ARGS:-} \
       --out "$out/lora64${extra:+-floor}.json" 2>>"$out/logs.txt" | tee -a "$out/formats.txt" || summary+=("lora failed")
   done

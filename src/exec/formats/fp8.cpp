@@ -4,6 +4,8 @@
 // The CPU acquires the dequantized slice; on devices with fp8 tensor cores (sm_89+) the format
 // runs at::_scaled_mm: the activation slab quantized with the checkpoint's input scale, else
 // per tensor (per row where the weight scale is per row).
+#include <tuple>
+
 #include "exec/consumers/consumer.hpp"
 #include "exec/formats/quantized.hpp"
 
@@ -33,15 +35,31 @@ struct Fp8 : FormatImpl {
     if (x.is_cuda() && (x.size(1) % 16 != 0 || w.size(0) % 16 != 0))
       return quant::reference_gemm(x, w.to(at::kFloat).mul_(sw), y, bias, accumulate);
     const std::string in_name = quant::input_scale_name(l.weight);
-    const bool per_row = sw.dim() > 0;
-    at::Tensor sa;
-    if (src.contains(in_name) && !per_row) sa = src.tensor(in_name).reshape({}).to(at::kFloat);
-    else if (per_row) sa = x.abs().amax(1, true).to(at::kFloat).div_(kMax).clamp_min_(1e-12);
-    else sa = x.abs().max().to(at::kFloat).div_(kMax).clamp_min_(1e-12);
-    const at::Tensor xq = x.to(at::kFloat).div(sa).clamp_(-kMax, kMax).to(at::kFloat8_e4m3fn);
+    // On CUDA the activations are quantized per row in one kernel, against the weight's scale
+    // per output row (one value repeated where the weight has one). A checkpoint's static input
+    // scale with a per-tensor weight scale keeps per-tensor scaling, as does the CPU, whose
+    // _scaled_mm takes per-tensor scales only.
+    const bool rowwise = x.is_cuda() && !(sw.dim() == 0 && src.contains(in_name));
+    at::Tensor sa, xq, sb;
+    if (rowwise) {
+      std::tie(xq, sa) = quant::quantize_rows(x, at::kFloat8_e4m3fn);
+      sb = (sw.dim() > 0 ? sw.t() : sw.reshape({1, 1}).expand({1, w.size(0)})).contiguous();
+    } else {
+      if (sw.dim() > 0) return quant::reference_gemm(x, w.to(at::kFloat).mul_(sw), y, bias, accumulate);
+      sa = src.contains(in_name) ? src.tensor(in_name).reshape({}).to(at::kFloat)
+                                 : x.abs().max().to(at::kFloat).div_(kMax).clamp_min_(1e-12);
+      xq = x.to(at::kFloat).div(sa).clamp_(-kMax, kMax).to(at::kFloat8_e4m3fn);
+      sb = sw;
+    }
     // Row-wise scaling produces bf16 only; per-tensor scaling writes y's dtype directly.
-    const at::ScalarType od = per_row ? at::kBFloat16 : y.scalar_type();
-    at::Tensor r = at::_scaled_mm(xq, w.t(), sa, per_row ? sw.t().contiguous() : sw, std::nullopt, std::nullopt, od);
+    const at::ScalarType od = rowwise ? at::kBFloat16 : y.scalar_type();
+    if (!accumulate && y.scalar_type() == od && y.is_contiguous()) {
+      at::Tensor out = y;
+      at::_scaled_mm_out(out, xq, w.t(), sa, sb, std::nullopt, std::nullopt, od);
+      if (bias.defined()) y.add_(bias);
+      return;
+    }
+    at::Tensor r = at::_scaled_mm(xq, w.t(), sa, sb, std::nullopt, std::nullopt, od);
     if (bias.defined()) r.add_(bias);
     if (accumulate) y.add_(r);
     else y.copy_(r);

@@ -1,6 +1,13 @@
 #include "exec/formats/quantized.hpp"
 
+#include <optional>
 #include <stdexcept>
+
+#ifdef STREAMPLAN_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "exec/kernels/quantize.cuh"
+#endif
 
 namespace sp::exec::quant {
 
@@ -54,14 +61,81 @@ at::Tensor rotate(const at::Tensor& x, int64_t g) {
   return at::matmul(x.reshape({n, k / g, g}), hadamard(g, x.scalar_type(), x.device())).reshape({n, k});
 }
 
-std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x) {
-  const at::Tensor s = x.abs().amax(1, true).to(at::kFloat).div_(127.0).clamp_min_(1e-30);
-  const at::Tensor q = x.to(at::kFloat).div(s).round_().clamp_(-127, 127).to(at::kChar);
-  return {q, s};
+#ifdef STREAMPLAN_WITH_CUDA
+namespace {
+
+// The kernels' element type of a 16/32-bit float tensor, or nothing.
+std::optional<kernels::Elem> elem_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return kernels::Elem::F32;
+    case at::kHalf: return kernels::Elem::F16;
+    case at::kBFloat16: return kernels::Elem::BF16;
+    default: return std::nullopt;
+  }
 }
+
+cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.get_device()).stream(); }
+
+}  // namespace
+#endif
+
+std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarType qtype) {
+  const bool fp8 = qtype == at::kFloat8_e4m3fn;
+  if (!fp8 && qtype != at::kChar) throw std::invalid_argument("quantize_rows: int8 or fp8 e4m3 only");
+#ifdef STREAMPLAN_WITH_CUDA
+  if (x.is_cuda() && x.dim() == 2 && x.stride(1) == 1 && elem_of(x)) {
+    at::Tensor q = at::empty(x.sizes(), x.options().dtype(qtype));
+    at::Tensor s = at::empty({x.size(0), 1}, x.options().dtype(at::kFloat));
+    kernels::QuantizeParams p;
+    p.x = x.data_ptr();
+    p.x_stride = x.stride(0);
+    p.x_type = *elem_of(x);
+    p.q = q.data_ptr();
+    p.q_type = fp8 ? kernels::QType::Fp8E4M3 : kernels::QType::Int8;
+    p.scale = s.data_ptr<float>();
+    p.rows = x.size(0);
+    p.cols = x.size(1);
+    const cudaError_t e = kernels::quantize_rows(p, stream_of(x));
+    TORCH_CHECK(e == cudaSuccess, "quantize_rows: ", cudaGetErrorString(e));
+    return {q, s};
+  }
+#endif
+  const double qmax = fp8 ? 448.0 : 127.0;
+  const at::Tensor s = x.abs().amax(1, true).to(at::kFloat).div_(qmax).clamp_min_(1e-30);
+  at::Tensor v = x.to(at::kFloat).div(s);
+  if (!fp8) v.round_();
+  return {v.clamp_(-qmax, qmax).to(qtype), s};
+}
+
+std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x) { return quantize_rows(x, at::kChar); }
 
 void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
                const at::Tensor& y, const at::Tensor& bias, bool accumulate) {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (xq.is_cuda() && y.dim() == 2 && y.stride(1) == 1 && elem_of(y) && (!bias.defined() || elem_of(bias))) {
+    const at::Tensor acc = at::_int_mm(xq, wq.t());
+    const at::Tensor rs = sx.to(at::kFloat).contiguous(), cs = sw.to(at::kFloat).contiguous();
+    const at::Tensor b = bias.defined() ? bias.contiguous() : bias;
+    kernels::Int8EpilogueParams p;
+    p.acc = acc.data_ptr<int32_t>();
+    p.row_scale = rs.data_ptr<float>();
+    p.col_scale = cs.data_ptr<float>();
+    p.col_scale_stride = cs.numel() == 1 ? 0 : 1;
+    if (b.defined()) {
+      p.bias = b.data_ptr();
+      p.bias_type = *elem_of(b);
+    }
+    p.y = y.data_ptr();
+    p.y_stride = y.stride(0);
+    p.y_type = *elem_of(y);
+    p.accumulate = accumulate;
+    p.rows = acc.size(0);
+    p.cols = acc.size(1);
+    const cudaError_t e = kernels::int8_epilogue(p, stream_of(y));
+    TORCH_CHECK(e == cudaSuccess, "int8_epilogue: ", cudaGetErrorString(e));
+    return;
+  }
+#endif
   at::Tensor acc = at::_int_mm(xq, wq.t()).to(at::kFloat).mul_(sx);
   acc.mul_(sw.dim() == 0 ? sw : sw.t());
   if (bias.defined()) acc.add_(bias);

@@ -37,11 +37,15 @@ at::Tensor hadamard(int64_t g, at::ScalarType dtype, const at::Device& device);
 // x [n, k] with each group of g features multiplied by H (x·blockdiag(H)); k a multiple of g.
 at::Tensor rotate(const at::Tensor& x, int64_t g);
 
-// Per-row symmetric int8: q = round(x / s), s = max|x| / 127 per row ([n, 1] fp32).
+// Per-row symmetric 8-bit: q = x / s rounded (int8: to the nearest integer, clamped to ±127;
+// fp8 e4m3: to the nearest value, saturating at ±448), s = max|x| / qmax per row ([n, 1]
+// fp32). `qtype` is at::kChar or at::kFloat8_e4m3fn. On CUDA one kernel (kernels/quantize.cuh).
+std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarType qtype);
 std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x);
 
 // y (+)= (xq @ wq^T) * sx * sw (+ bias), int8 x int8 -> int32 (at::_int_mm), xq [n, k] int8,
-// sx [n, 1], wq [r, k] int8, sw [] or [r, 1].
+// sx [n, 1], wq [r, k] int8, sw [] or [r, 1]. On CUDA the scaling, bias and write are one
+// pass over the int32 product (kernels/quantize.cuh).
 void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
                const at::Tensor& y, const at::Tensor& bias, bool accumulate);
 // Bytes of a quantize_rows_int8 + int8_gemm call beside its operands: the fp32 activations,
