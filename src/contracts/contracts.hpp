@@ -66,6 +66,14 @@ struct ConsumerCaps {
 
 struct DeviceCaps;
 
+// One native GEMM call of a format: rows x in_features against out_features, written into an
+// output of dtype `out`, or added to it.
+struct GemmCall {
+  int64_t rows = 0, in_features = 0, out_features = 0;
+  ir::DType out = ir::DType::BF16;
+  bool accumulate = false;
+};
+
 struct FormatCaps {
   std::string name;
   std::string description;
@@ -82,7 +90,7 @@ struct FormatCaps {
   // FLOPs count at the device's 8-bit rate, and `gemm_workspace` (quantized activation slab,
   // scales, integer accumulator) is allocated beside the arena while it runs. Null: never.
   std::function<bool(const DeviceCaps&)> native_gemm;
-  std::function<int64_t(int64_t rows, int64_t in_features, int64_t out_features, const DeviceCaps&)> gemm_workspace;
+  std::function<int64_t(const GemmCall&, const DeviceCaps&)> gemm_workspace;
   // Relative L2 error of one projection against the same projection on the dequantized weight
   // (activation quantization); 0: exact up to rounding of the compute dtype.
   double tolerance = 0;

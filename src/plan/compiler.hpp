@@ -216,7 +216,8 @@ class Compiler {
       t.dtype = st;
       t.bytes = (2.0 * double(n) * in_features + double(in_features) * out_features + double(n) * out_features) * e;
       t.launches = 2 * launches;
-      if (f.gemm_workspace) workspace = dev_.round_alloc(f.gemm_workspace(n, in_features, out_features, dev_));
+      if (f.gemm_workspace)
+        workspace = dev_.round_alloc(f.gemm_workspace({n, in_features, out_features, cd, accumulate}, dev_));
     }
     emit(ProjectStep{in, out, ws, col_begin, col_len, accumulate, nat},
          std::string(accumulate ? "project (accumulate) " : "project ") + std::to_string(in_features) + " -> " +

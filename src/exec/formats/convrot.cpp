@@ -93,8 +93,8 @@ void register_convrot_int8(contracts::Registry& reg) {
   f.out_slicing = f.in_slicing = f.held_execution = Cap::Yes;
   f.in_align = kGroup;
   f.native_gemm = [](const contracts::DeviceCaps& d) { return d.kind == contracts::DeviceKind::CUDA; };
-  f.gemm_workspace = [](int64_t n, int64_t k, int64_t r, const contracts::DeviceCaps&) {
-    return quant::int8_gemm_workspace(n, k, r);
+  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps&) {
+    return quant::int8_gemm_workspace(g.rows, g.in_features, g.out_features);
   };
   f.tolerance = 0.02;
   f.impl = std::make_shared<ConvRot>();

@@ -35,11 +35,11 @@ struct Fp8 : FormatImpl {
     if (x.is_cuda() && (x.size(1) % 16 != 0 || w.size(0) % 16 != 0))
       return quant::reference_gemm(x, w.to(at::kFloat).mul_(sw), y, bias, accumulate);
     const std::string in_name = quant::input_scale_name(l.weight);
-    // On CUDA the activations are quantized per row in one kernel, against the weight's scale
-    // per output row (one value repeated where the weight has one). A checkpoint's static input
-    // scale with a per-tensor weight scale keeps per-tensor scaling, as does the CPU, whose
-    // _scaled_mm takes per-tensor scales only.
-    const bool rowwise = x.is_cuda() && !(sw.dim() == 0 && src.contains(in_name));
+    // On CUDA the activations are quantized per row in one kernel (a checkpoint's static input
+    // scale is not needed: a row's own scale is at least as fine), against the weight's scale
+    // per output row (one value repeated where the weight has one). The CPU, whose _scaled_mm
+    // takes per-tensor scales only, quantizes with the input scale or the slab's maximum.
+    const bool rowwise = x.is_cuda();
     at::Tensor sa, xq, sb;
     if (rowwise) {
       std::tie(xq, sa) = quant::quantize_rows(x, at::kFloat8_e4m3fn);
@@ -79,9 +79,11 @@ void register_fp8(contracts::Registry& reg) {
   f.native_gemm = [](const contracts::DeviceCaps& d) {
     return d.kind == contracts::DeviceKind::CUDA && d.cc_major * 10 + d.cc_minor >= 89;
   };
-  // The quantized activation slab, its scales, and the product before it is added or copied.
-  f.gemm_workspace = [](int64_t n, int64_t k, int64_t r, const contracts::DeviceCaps&) {
-    return n * k + n * 4 + 4 * n * k + n * r * 4;
+  // The quantized activation slab, its row scales and the weight's scales as a row; the bf16
+  // product, where it is added to the output or the output is not bf16.
+  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps&) {
+    const int64_t product = g.accumulate || g.out != ir::DType::BF16 ? g.rows * g.out_features * 2 : 0;
+    return g.rows * g.in_features + g.rows * 4 + g.out_features * 4 + product;
   };
   f.tolerance = 0.08;  // fp8 activations: ~3-5% relative L2 on normal data
   f.impl = std::make_shared<Fp8>();

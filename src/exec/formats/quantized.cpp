@@ -144,7 +144,7 @@ void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq,
 }
 
 int64_t int8_gemm_workspace(int64_t rows, int64_t in_features, int64_t out_features) {
-  return 5 * rows * in_features + rows * 4 + 2 * rows * out_features * 4;
+  return rows * in_features + rows * 4 + rows * out_features * 4;
 }
 
 void reference_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const at::Tensor& bias,

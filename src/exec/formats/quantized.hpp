@@ -48,8 +48,8 @@ std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x);
 // pass over the int32 product (kernels/quantize.cuh).
 void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
                const at::Tensor& y, const at::Tensor& bias, bool accumulate);
-// Bytes of a quantize_rows_int8 + int8_gemm call beside its operands: the fp32 activations,
-// their int8 copy and scales, the int32 product and its scaled fp32 copy.
+// Bytes of a quantize_rows_int8 + int8_gemm call on CUDA beside its operands: the int8
+// activations and their scales, the int32 product.
 int64_t int8_gemm_workspace(int64_t rows, int64_t in_features, int64_t out_features);
 
 // y (+)= dequantized: the reference a native GEMM falls back to where its kernel cannot run.
