@@ -120,4 +120,22 @@ if err=$("$bin" run --checkpoint "$corpus/valid_small.safetensors" --tokens 10 2
 grep -q "unrecognized checkpoint" <<<"$err" || fail "unexpected error: $err"
 if err=$("$bin" run --device cpu --checkpoint "$tmp/avdit.safetensors" --frames 2 --height 60 --width 96 2>&1); then fail "bad geometry accepted"; fi
 grep -q "multiples of 32, got 2x60x96" <<<"$err" || fail "unexpected error: $err"
+# Under --device-memory: a size too small exits 2 naming the smallest that works; that size runs,
+# with blocks streamed, the output equal to the all-resident run's.
+"$bin" make-checkpoint --family avdit --tiny --layers 4 --out "$tmp/avdit4.safetensors" >/dev/null 2>&1 ||
+  fail "make-checkpoint of 4 layers failed"
+rc=0
+err=$("$bin" run --device cpu --checkpoint "$tmp/avdit4.safetensors" --tokens 40 --device-memory 64KiB --quiet 2>&1) || rc=$?
+[ "$rc" -eq 2 ] || fail "device memory too small: exit $rc, expected 2 ($err)"
+smallest=$(sed -n 's/.*the smallest device memory that works is \([0-9.]*\) MiB.*/\1/p' <<<"$err")
+[ -n "$smallest" ] || fail "unexpected device-memory error: $err"
+smallest=$(awk -v m="$smallest" 'BEGIN { printf "%.2f", m + 0.01 }')  # the message rounds to 0.01 MiB
+"$bin" run --device cpu --checkpoint "$tmp/avdit4.safetensors" --tokens 40 --device-memory "${smallest}MiB" --planned-only \
+  --output "$tmp/streamed.safetensors" --json --quiet | python3 -c '
+import json, sys
+r = json.load(sys.stdin)["residency"]
+assert r["streamed_blocks"] and r["planned_device_bytes"] <= r["device_memory_bytes"], r' || fail "run at the smallest device memory"
+"$bin" run --device cpu --checkpoint "$tmp/avdit4.safetensors" --tokens 40 --planned-only --output "$tmp/resident.safetensors" \
+  --quiet >/dev/null || fail "all-resident run failed"
+cmp -s "$tmp/streamed.safetensors" "$tmp/resident.safetensors" || fail "streamed and all-resident outputs differ"
 echo "cli_test: ok"
