@@ -1,0 +1,42 @@
+// Routed block-sparse attention: which tiles a query tile attends to, and the math reference.
+//
+// Design note. Attention is cut into tiles of `tile` query rows by `tile` key rows. Tiles that
+// lie wholly inside the video rows are routed: per head, the mean of each query tile and of
+// each key tile are taken, a video query tile scores every video key tile by the dot product
+// of the two means, and keeps the plan::kept_tiles(budget, video key tiles) best ones. The
+// rest stays dense: query tiles outside the video rows or mixing segments attend to every key
+// tile, and every query tile attends to every key tile outside the video rows or mixing
+// segments (text, audio). A budget of 1 keeps every tile. The reference computes softmax
+// attention in fp32 with that mask applied per element: the oracle the CUDA consumer is tested
+// against, on lengths that are not multiples of the tile.
+//
+// Example:
+//     at::Tensor keep = sp::exec::route_tiles(q, k, {512, 75584}, 0.3);   // [heads, qt, kt] bool
+//     at::Tensor o = sp::exec::block_sparse_reference(q, k, v, keep, 1 / std::sqrt(128.0));
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace sp::exec {
+
+inline constexpr int64_t kSparseTile = 64;
+
+// Rows [begin, end) of the video segment, in the attention's row order.
+struct VideoRows {
+  int64_t begin = 0, end = 0;
+};
+
+// q, k [heads, rows, head_dim] (self-attention over the same rows): the tiles each query
+// tile keeps, [heads, ceil(rows / tile), ceil(rows / tile)] bool. Throws std::invalid_argument
+// naming the shapes, the video rows or the budget where they do not fit.
+at::Tensor route_tiles(const at::Tensor& q, const at::Tensor& k, VideoRows video, double budget,
+                       int64_t tile = kSparseTile);
+
+// softmax(q k^T * scale) v in fp32 over the kept tiles only (keep from route_tiles), returned
+// in q's dtype, [heads, rows, head_dim].
+at::Tensor block_sparse_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep,
+                                  double scale, int64_t tile = kSparseTile);
+
+}  // namespace sp::exec

@@ -1,0 +1,40 @@
+// The KV budget of routed block-sparse attention over a denoising run.
+//
+// Design note. Sparse attention keeps, per video query tile, the ceil(budget x video key
+// tiles) best key tiles (exec/consumers/block_sparse.hpp). The budget follows the denoising
+// schedule: a base budget, with optional early and late windows of their own (denser
+// attention where the result is most sensitive). Where windows apply together the densest
+// budget wins, the base one included. Sparse attention changes the result, so it is only ever
+// an explicit choice; this is plain arithmetic on that choice, with errors naming the option.
+//
+// Example:
+//     sp::plan::KvSchedule s{.budget = 0.3, .early_steps = 2, .early_kv = 0.5, .late_steps = 2, .late_kv = 0.5};
+//     double b = sp::plan::kv_budget_at(s, 0, 30);   // 0.5 (early window)
+//     int64_t k = sp::plan::kept_tiles(b, 1161);     // 581 key tiles per query tile
+#pragma once
+
+#include <cstdint>
+
+namespace sp::plan {
+
+struct KvSchedule {
+  double budget = 1.0;  // fraction of video key tiles a video query tile keeps (1: dense)
+  int early_steps = 0;  // the first steps of the run use early_kv
+  double early_kv = 1.0;
+  int late_steps = 0;  // the last steps of the run use late_kv
+  double late_kv = 1.0;
+};
+
+// Throws PlanError naming the option (--kv-budget, --early-kv, --late-kv, --early-steps,
+// --late-steps) and its value: budgets must lie in (0, 1], step counts be >= 0.
+void validate(const KvSchedule& s);
+
+// The budget of step `step` (0-based) of `steps`: the densest of the base budget and the
+// windows covering the step (early: steps [0, early_steps), late: [steps - late_steps, steps)).
+// Throws PlanError naming --step and --steps unless 0 <= step < steps.
+double kv_budget_at(const KvSchedule& s, int step, int steps);
+
+// Key tiles one query tile keeps of `tiles`: ceil(budget x tiles), at least 1, at most tiles.
+int64_t kept_tiles(double budget, int64_t tiles);
+
+}  // namespace sp::plan
