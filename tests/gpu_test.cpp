@@ -274,6 +274,11 @@ TEST(Gpu, OutOfMemoryRetriesOnceWithASmallerPlan) {
   ASSERT_GT(fast.estimated_peak_bytes, least + (int64_t{16} << 20));
   const at::Tensor naive = exec::run_naive(inst.model, *inst.weights, inst.inputs, reg);
 
+  // The cap is lifted however the test ends: a later test in this process must not inherit it.
+  struct Uncap {
+    int index;
+    ~Uncap() { c10::cuda::CUDACachingAllocator::setMemoryFraction(1.0, index); }
+  } uncap{d.index()};
   auto cap = [&](int64_t activations) {  // what may be allocated besides what is now
     cca::emptyCache();
     const auto st = cca::getDeviceStats(d.index());
