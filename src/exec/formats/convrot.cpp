@@ -10,6 +10,7 @@
 #ifdef STREAMPLAN_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
 
+#include "exec/kernels/elem.hpp"
 #include "exec/kernels/hadamard.cuh"
 #endif
 
@@ -30,16 +31,13 @@ void check_groups(const ir::Linear& l, Slice cols, int64_t len) {
 // (x·H quantized per row, its scales).
 std::pair<at::Tensor, at::Tensor> rotate_quantize(const at::Tensor& x) {
 #ifdef STREAMPLAN_WITH_CUDA
-  if (x.is_cuda() && x.stride(1) == 1 &&
-      (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf || x.scalar_type() == at::kFloat)) {
+  if (x.is_cuda() && x.stride(1) == 1 && kernels::elem_of(x.scalar_type())) {
     at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
     at::Tensor s = at::empty({x.size(0), 1}, x.options().dtype(at::kFloat));
     kernels::RotateQuantParams p;
     p.x = x.data_ptr();
     p.x_stride = x.stride(0);
-    p.x_type = x.scalar_type() == at::kBFloat16 ? kernels::Elem::BF16
-               : x.scalar_type() == at::kHalf   ? kernels::Elem::F16
-                                                : kernels::Elem::F32;
+    p.x_type = *kernels::elem_of(x.scalar_type());
     p.q = q.data_ptr<int8_t>();
     p.scale = s.data_ptr<float>();
     p.rows = x.size(0);

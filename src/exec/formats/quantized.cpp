@@ -1,11 +1,11 @@
 #include "exec/formats/quantized.hpp"
 
-#include <optional>
 #include <stdexcept>
 
 #ifdef STREAMPLAN_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
 
+#include "exec/kernels/elem.hpp"
 #include "exec/kernels/quantize.cuh"
 #endif
 
@@ -64,16 +64,6 @@ at::Tensor rotate(const at::Tensor& x, int64_t g) {
 #ifdef STREAMPLAN_WITH_CUDA
 namespace {
 
-// The kernels' element type of a 16/32-bit float tensor, or nothing.
-std::optional<kernels::Elem> elem_of(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return kernels::Elem::F32;
-    case at::kHalf: return kernels::Elem::F16;
-    case at::kBFloat16: return kernels::Elem::BF16;
-    default: return std::nullopt;
-  }
-}
-
 cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.get_device()).stream(); }
 
 }  // namespace
@@ -83,13 +73,13 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarT
   const bool fp8 = qtype == at::kFloat8_e4m3fn;
   if (!fp8 && qtype != at::kChar) throw std::invalid_argument("quantize_rows: int8 or fp8 e4m3 only");
 #ifdef STREAMPLAN_WITH_CUDA
-  if (x.is_cuda() && x.dim() == 2 && x.stride(1) == 1 && elem_of(x)) {
+  if (x.is_cuda() && x.dim() == 2 && x.stride(1) == 1 && kernels::elem_of(x.scalar_type())) {
     at::Tensor q = at::empty(x.sizes(), x.options().dtype(qtype));
     at::Tensor s = at::empty({x.size(0), 1}, x.options().dtype(at::kFloat));
     kernels::QuantizeParams p;
     p.x = x.data_ptr();
     p.x_stride = x.stride(0);
-    p.x_type = *elem_of(x);
+    p.x_type = *kernels::elem_of(x.scalar_type());
     p.q = q.data_ptr();
     p.q_type = fp8 ? kernels::QType::Fp8E4M3 : kernels::QType::Int8;
     p.scale = s.data_ptr<float>();
@@ -112,7 +102,8 @@ std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x) { retu
 void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
                const at::Tensor& y, const at::Tensor& bias, bool accumulate) {
 #ifdef STREAMPLAN_WITH_CUDA
-  if (xq.is_cuda() && y.dim() == 2 && y.stride(1) == 1 && elem_of(y) && (!bias.defined() || elem_of(bias))) {
+  if (xq.is_cuda() && y.dim() == 2 && y.stride(1) == 1 && kernels::elem_of(y.scalar_type()) &&
+      (!bias.defined() || kernels::elem_of(bias.scalar_type()))) {
     const at::Tensor acc = at::_int_mm(xq, wq.t());
     const at::Tensor rs = sx.to(at::kFloat).contiguous(), cs = sw.to(at::kFloat).contiguous();
     const at::Tensor b = bias.defined() ? bias.contiguous() : bias;
@@ -123,11 +114,11 @@ void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq,
     p.col_scale_stride = cs.numel() == 1 ? 0 : 1;
     if (b.defined()) {
       p.bias = b.data_ptr();
-      p.bias_type = *elem_of(b);
+      p.bias_type = *kernels::elem_of(b.scalar_type());
     }
     p.y = y.data_ptr();
     p.y_stride = y.stride(0);
-    p.y_type = *elem_of(y);
+    p.y_type = *kernels::elem_of(y.scalar_type());
     p.accumulate = accumulate;
     p.rows = acc.size(0);
     p.cols = acc.size(1);

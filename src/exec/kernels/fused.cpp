@@ -5,6 +5,7 @@
 #ifdef STREAMPLAN_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
 
+#include "exec/kernels/elem.hpp"
 #include "exec/kernels/row_kernels.cuh"
 #endif
 
@@ -17,12 +18,9 @@ bool fused_rows_built() { return true; }
 namespace {
 
 kernels::Elem elem_of(const at::Tensor& t, const char* what) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return kernels::Elem::F32;
-    case at::kHalf: return kernels::Elem::F16;
-    case at::kBFloat16: return kernels::Elem::BF16;
-    default: TORCH_CHECK(false, "fused row kernel: ", what, " has dtype ", t.scalar_type(), "; expected fp32, fp16 or bf16");
-  }
+  const auto e = kernels::elem_of(t.scalar_type());
+  TORCH_CHECK(e, "fused row kernel: ", what, " has dtype ", t.scalar_type(), "; expected fp32, fp16 or bf16");
+  return *e;
 }
 
 void check_cuda(const at::Tensor& t, const at::Tensor& like, const char* what) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "exec/kernels/elem_io.cuh"
 #include "exec/kernels/hadamard.cuh"
 
 namespace sp::kernels {
@@ -12,21 +13,12 @@ namespace {
 constexpr int kGroup = 256;
 constexpr int kWarps = 8;
 
-template <typename T>
-__device__ float to_float(T v);
-template <>
-__device__ float to_float<float>(float v) { return v; }
-template <>
-__device__ float to_float<__half>(__half v) { return __half2float(v); }
-template <>
-__device__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-
 // Rotates one group of 256 values of row `x` (starting at column c0) into `buf` (shared, per
 // warp): 8 values a lane, four radix-4 stages, normalized by 1/16.
 template <typename T>
 __device__ void rotate_group(const T* x, int64_t c0, float* buf, int lane) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) buf[lane + 32 * j] = to_float(x[c0 + lane + 32 * j]);
+  for (int j = 0; j < 8; ++j) buf[lane + 32 * j] = Io<T>::load(x + c0 + lane + 32 * j);
   __syncwarp();
 #pragma unroll
   for (int stride = 1; stride < kGroup; stride *= 4) {

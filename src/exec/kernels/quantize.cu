@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "exec/kernels/elem_io.cuh"
 #include "exec/kernels/quantize.cuh"
 
 namespace sp::kernels {
@@ -13,24 +14,6 @@ namespace sp::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-
-template <typename T>
-__device__ float as_float(T v);
-template <>
-__device__ float as_float<float>(float v) { return v; }
-template <>
-__device__ float as_float<__half>(__half v) { return __half2float(v); }
-template <>
-__device__ float as_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ T from_float(float v);
-template <>
-__device__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 __device__ float block_max(float m) {
   __shared__ float warp_max[kThreads / 32];
@@ -52,12 +35,12 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QuantizeParams p, fl
   const T* x = static_cast<const T*>(p.x) + r * p.x_stride;
   Q* q = static_cast<Q*>(p.q) + r * p.cols;
   float m = 0.f;
-  for (int64_t c = threadIdx.x; c < p.cols; c += kThreads) m = fmaxf(m, fabsf(as_float(x[c])));
+  for (int64_t c = threadIdx.x; c < p.cols; c += kThreads) m = fmaxf(m, fabsf(Io<T>::load(x + c)));
   m = block_max(m);
   const float s = fmaxf(m / qmax, 1e-30f);
   if (threadIdx.x == 0) p.scale[r] = s;
   for (int64_t c = threadIdx.x; c < p.cols; c += kThreads) {
-    const float v = as_float(x[c]) / s;
+    const float v = Io<T>::load(x + c) / s;
     if constexpr (std::is_same_v<Q, int8_t>) q[c] = static_cast<int8_t>(fminf(fmaxf(rintf(v), -127.f), 127.f));
     else q[c] = Q(v);  // e4m3: round to nearest, saturating to the largest finite value
   }
@@ -77,9 +60,9 @@ __global__ void __launch_bounds__(kThreads) epilogue_kernel(Int8EpilogueParams p
   for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < total; i += int64_t(gridDim.x) * kThreads) {
     const int64_t r = i / p.cols, c = i % p.cols;
     float v = float(p.acc[i]) * p.row_scale[r] * p.col_scale[c * p.col_scale_stride];
-    if (p.bias) v += as_float(static_cast<const B*>(p.bias)[c]);
+    if (p.bias) v += Io<B>::load(static_cast<const B*>(p.bias) + c);
     Y* y = static_cast<Y*>(p.y) + r * p.y_stride + c;
-    *y = from_float<Y>(p.accumulate ? as_float(*y) + v : v);
+    Io<Y>::store(y, p.accumulate ? Io<Y>::load(y) + v : v);
   }
 }
 

@@ -4,29 +4,12 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "exec/kernels/elem_io.cuh"
 #include "exec/kernels/row_kernels.cuh"
 
 namespace sp::kernels {
 
 namespace {
-
-template <typename T>
-struct Io;
-template <>
-struct Io<float> {
-  static __device__ float load(const float* p) { return *p; }
-  static __device__ void store(float* p, float v) { *p = v; }
-};
-template <>
-struct Io<__half> {
-  static __device__ float load(const __half* p) { return __half2float(*p); }
-  static __device__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-};
-template <>
-struct Io<__nv_bfloat16> {
-  static __device__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-  static __device__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-};
 
 // Element i of row r of a parameter vector, whatever its stored type (a uniform branch).
 __device__ float vec_at(const RowVec& v, int64_t r, int64_t i) {
