@@ -165,6 +165,10 @@ std::optional<Residency> arrange(const Plan& p, const ResidencyRequest& req, con
   return std::nullopt;
 }
 
+int64_t largest_block(const ResidencyRequest& req) {
+  return req.block_bytes.empty() ? 0 : *std::max_element(req.block_bytes.begin(), req.block_bytes.end());
+}
+
 // Blocks on the device at least: one slot, or the requested count.
 int64_t least_blocks(const ResidencyRequest& req) {
   return std::max<int64_t>(1, std::min<int64_t>(req.resident_blocks, int64_t(req.block_bytes.size())));
@@ -174,7 +178,7 @@ int64_t least_blocks(const ResidencyRequest& req) {
 // (or the requested count of blocks), the smallest activation peak; the slack grows with the
 // device memory (residency_slack).
 int64_t smallest_device_memory(const ResidencyRequest& req, const contracts::DeviceCaps& dev, int64_t activations) {
-  const int64_t block = req.block_bytes.empty() ? 0 : *std::max_element(req.block_bytes.begin(), req.block_bytes.end());
+  const int64_t block = largest_block(req);
   const int64_t base = req.fixed_bytes + least_blocks(req) * block + activations;
   int64_t smallest = base + residency_slack(dev, base);
   while (base + residency_slack(dev, smallest) > smallest) smallest = base + residency_slack(dev, smallest);
@@ -182,7 +186,7 @@ int64_t smallest_device_memory(const ResidencyRequest& req, const contracts::Dev
 }
 
 std::string too_small(const ResidencyRequest& req, const contracts::DeviceCaps& dev, int64_t activations) {
-  const int64_t block = req.block_bytes.empty() ? 0 : *std::max_element(req.block_bytes.begin(), req.block_bytes.end());
+  const int64_t block = largest_block(req);
   const int64_t smallest = smallest_device_memory(req, dev, activations);
   std::ostringstream os;
   os << "--device-memory " << human_bytes(req.device_memory) << " is too small";

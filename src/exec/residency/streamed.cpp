@@ -21,6 +21,18 @@ constexpr int64_t kAlign = 512;  // offsets in a block's buffer, as the caching 
 
 int64_t packed_bytes(const at::Tensor& t) { return ir::round_up(int64_t(t.nbytes()), kAlign); }
 
+// The tensors `names` of `w` packed one after the other.
+int64_t packed_bytes(const TensorWeights& w, const std::vector<std::string>& names) {
+  int64_t bytes = 0;
+  for (const auto& n : names) bytes += packed_bytes(w.tensor(n));
+  return bytes;
+}
+
+// The tensors stored beside l's weight, by its format.
+std::vector<std::string> companions(const contracts::Registry& reg, const ir::Linear& l) {
+  return impl_of<FormatImpl>(reg.format(l.format)).companions(l);
+}
+
 // The tensor of `dtype` and `shape` at byte `offset` of a byte buffer.
 at::Tensor placed(const at::Tensor& bytes, int64_t offset, at::ScalarType dtype, const std::vector<int64_t>& shape) {
   const int64_t n = c10::multiply_integers(shape) * int64_t(c10::elementSize(dtype));
@@ -51,7 +63,7 @@ std::vector<std::vector<std::string>> block_tensors(const ir::Model& m, const Te
   for (size_t b = 0; b < m.blocks.size(); ++b) {
     std::vector<std::string> n = ir::tensor_names(m.blocks[b]);
     ir::for_each_linear(m.blocks[b], [&](const ir::Linear& l) {
-      for (auto& c : impl_of<FormatImpl>(reg.format(l.format)).companions(l)) n.push_back(c);
+      for (auto& c : companions(reg, l)) n.push_back(c);
     });
     std::set<std::string> seen;
     for (auto& name : n)
@@ -70,13 +82,13 @@ std::set<std::string> tensors_outside_blocks(const ir::Model& m, const TensorWei
     if (w.contains(n)) names.insert(n);
   };
   for (const auto& n : ir::tensor_names_outside_blocks(m)) add(n);
-  auto companions = [&](const ir::Linear& l) {
-    for (const auto& c : impl_of<FormatImpl>(reg.format(l.format)).companions(l)) add(c);
+  auto add_companions = [&](const ir::Linear& l) {
+    for (const auto& c : companions(reg, l)) add(c);
   };
-  for (const auto& e : m.embeds) companions(e.linear);
+  for (const auto& e : m.embeds) add_companions(e.linear);
   if (m.final_layer) {
-    companions(m.final_layer->proj);
-    for (const auto& [segment, l] : m.final_layer->heads) companions(l);
+    add_companions(m.final_layer->proj);
+    for (const auto& [segment, l] : m.final_layer->heads) add_companions(l);
   }
   return names;
 }
@@ -84,15 +96,7 @@ std::set<std::string> tensors_outside_blocks(const ir::Model& m, const TensorWei
 plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights& w, const Inputs& in,
                                          const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
   plan::ResidencyRequest rq;
-  std::set<std::string> in_blocks;
-  for (const auto& names : block_tensors(m, w, reg)) {
-    int64_t bytes = 0;
-    for (const auto& n : names) {
-      bytes += packed_bytes(w.tensor(n));
-      in_blocks.insert(n);
-    }
-    rq.block_bytes.push_back(bytes);
-  }
+  for (const auto& names : block_tensors(m, w, reg)) rq.block_bytes.push_back(packed_bytes(w, names));
   // The embeddings' and final layer's weights and the inputs are held for the whole run; a
   // storage shared by several tensors counts once. Weights the run never reads (those the
   // family's prologue turned into the inputs) stay in host memory.
@@ -119,8 +123,7 @@ StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeigh
   int64_t slot_bytes = 0;
   for (size_t b = 0; b < m.blocks.size(); ++b) {
     if (!r.streamed[b] || names[b].empty()) continue;
-    int64_t bytes = 0;
-    for (const auto& n : names[b]) bytes += packed_bytes(w_->tensor(n));
+    const int64_t bytes = packed_bytes(*w_, names[b]);
     const bool pinned = device_.is_cuda();
     at::Tensor pack = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned));
     int64_t offset = 0;
