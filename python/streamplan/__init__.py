@@ -39,12 +39,13 @@ from ._api import (  # noqa: E402
     remove,
     unregister_consumer,
 )
-from ._C import BudgetError, OutOfMemoryError, RecognizeError  # noqa: E402
+from ._C import BudgetError, DeviceMemoryError, OutOfMemoryError, RecognizeError  # noqa: E402
 
 __version__: str = _C.__version__
 
 __all__ = [
     "BudgetError",
+    "DeviceMemoryError",
     "Fallback",
     "Handle",
     "OutOfMemoryError",

@@ -41,6 +41,31 @@ def _budget_text(budget: str | int | None) -> str:
     return budget
 
 
+def _device_memory_bytes(v: str | int | None) -> int:
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise TypeError(f"device_memory: expected None, a size such as '8GiB' or bytes, got {v!r}")
+    if isinstance(v, int):
+        if v <= 0:
+            raise ValueError(f"device_memory: must be > 0 bytes, got {v}")
+        return v
+    try:
+        return int(_C.parse_budget(v))
+    except Exception as e:  # the parser names what it expected
+        raise ValueError(f"device_memory: {e}") from None
+
+
+def _resident_blocks(v: int | str | None) -> int:
+    if v is None:
+        return -1
+    if v == "auto":
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"resident_blocks: expected None, 'auto' or a count >= 1, got {v!r}")
+    return v
+
+
 def _positive_or_none(name: str, v: int | None) -> int:
     if v is None:
         return 0
@@ -147,8 +172,10 @@ class Handle:
         feature_slice: int,
         weight_hook: WeightHook | None = None,
         loras: list[tuple[str, dict[str, torch.Tensor], float]] | None = None,
+        residency: tuple[int, int, str] = (0, -1, ""),
     ) -> None:
         self._module = module
+        self._residency = residency
         self._weight_hook = weight_hook
         self._loras = loras or []
         self._lora_warned: set[str] = set()
@@ -213,6 +240,24 @@ class Handle:
         return list(self._attached.plans())
 
     @property
+    def streams(self) -> bool:
+        """Whether the weights stream from host memory (``device_memory`` or ``resident_blocks``)."""
+        return self._residency[0] > 0 or self._residency[1] >= 0
+
+    @property
+    def residency(self) -> dict[str, Any] | None:
+        """Where the weights are for the last call's geometry (None unless they stream, or
+        before the first call): ``kept_blocks``, ``streamed_blocks``, ``slots``, the byte parts
+        of the device memory (``kept_bytes``, ``slot_bytes``, ``fixed_bytes``,
+        ``activation_bytes``, ``slack_bytes``), ``predicted_ms`` and ``all_resident_ms``, and
+        ``explain``."""
+        key = self._attached.last_key
+        for p in self._attached.plans():
+            if p["key"] == key and p["residency"] is not None:
+                return dict(json.loads(p["residency"]))
+        return None
+
+    @property
     def copies(self) -> list[tuple[str, int]]:
         """Canonical tensors held as copies (concatenated biases, swapped halves), with their bytes.
 
@@ -265,8 +310,10 @@ class Handle:
         sidecar = json.dumps(self._adapter_type.sidecar(m))
         tensors = list(m.state_dict().items())
         hook = self._hook_now()
+        device_memory, resident_blocks, device = self._residency
         self._attached = _C.Attached(tensors, sidecar, consumer, budget, chunk, fslice, self._python_consumers,
-                                     hook.fn if hook else None, list(hook.names) if hook else [], self._loras)
+                                     hook.fn if hook else None, list(hook.names) if hook else [], self._loras,
+                                     device_memory, resident_blocks, device)
         _lora.warn(self._attached.lora, self._lora_warned)
         device = torch.device(self._attached.device)
         self._adapter = self._adapter_type(m, self._original, _DTYPES[self._attached.dtype], device)
@@ -348,6 +395,12 @@ class Handle:
             why = self._adapter.prepare(args, kwargs)
         if isinstance(why, Fallback):
             self.fallbacks.append(why)
+            if self.streams:
+                raise RuntimeError(
+                    f"streamplan: this call cannot run planned ({why.code}: {why.reason}), and the module's own "
+                    f"forward cannot run instead: its weights stream to {self._attached.device} from host memory "
+                    "(device_memory / resident_blocks)"
+                )
             return (original or self._original)(*args, **kwargs)
         run = self._attached.forward_named if self._adapter.named_outputs else self._attached.forward
         outputs = [run(raw) for raw in why.inputs]
@@ -367,6 +420,9 @@ def apply(
     hooked: Sequence[str] | None = None,
     install: bool = True,
     lora: Sequence[Any] | None = None,
+    device_memory: str | int | None = None,
+    resident_blocks: int | str | None = None,
+    device: str | torch.device | None = None,
 ) -> Handle:
     """Attaches the planner to `module` and replaces its forward; returns the handle.
 
@@ -398,6 +454,21 @@ def apply(
             safetensors path or a state dict in kohya, diffusers/PEFT or trainer naming. The
             scale is strength * alpha / rank where the file has an alpha. Keys that match no
             weight are warned about and listed in :attr:`Handle.lora`.
+        device_memory: run a module larger than the GPU's free memory: what its calls may hold
+            on the device (a size such as ``"8GiB"``, or bytes), for the weights kept there,
+            the slots the other blocks' weights stream through from pinned host memory while
+            the previous block computes, and the activations. The planner picks the blocks
+            kept, the slots and the activation schedule together (:attr:`Handle.residency`),
+            and each call runs with the caching allocator capped at that much beyond what the
+            rest of the process holds. The module stays in host memory (load it on the CPU)
+            and is copied once into pinned buffers; `device` says where the calls run. A size
+            nothing fits raises :class:`DeviceMemoryError` naming the smallest that works. A
+            call that cannot run planned raises instead of falling back (the module's own
+            forward would need its weights on the device).
+        resident_blocks: at most this many blocks' weights on the device at once (``"auto"``:
+            chosen under `device_memory`); streams the weights like `device_memory`.
+        device: where the calls run when the weights stream (e.g. ``"cuda"``); default: the
+            module's device.
         install: False leaves the module's forward as it is: the host calls
             :meth:`Handle.call` from its own hook around the module instead (ComfyUI's
             diffusion-model wrappers: streamplan.comfy_nodes).
@@ -445,6 +516,7 @@ def apply(
         _positive_or_none("feature_slice", feature_slice),
         hook,
         _lora.inputs(lora),
+        (_device_memory_bytes(device_memory), _resident_blocks(resident_blocks), "" if device is None else str(device)),
     )
     if install:
         module.forward = handle._forward

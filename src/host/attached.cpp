@@ -59,7 +59,22 @@ std::string geometry_key(const ir::Model& m) {
 Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::Sidecar>& sidecar, AttachOptions options,
                    contracts::Registry reg)
     : reg_(std::move(reg)), options_(std::move(options)) {
-  device_ = module_device(tensors);
+  const at::Device held_on = module_device(tensors);
+  device_ = options_.device.empty() ? held_on : exec::pick_device(options_.device);
+  if (options_.streams()) {
+    if (options_.device_memory < 0)
+      throw std::invalid_argument("device_memory: must be > 0 bytes, got " + std::to_string(options_.device_memory));
+    if (!held_on.is_cpu())
+      throw std::invalid_argument("device_memory: the module's tensors are on " + held_on.str() +
+                                  "; streamed weights come from host memory: keep the module on the CPU "
+                                  "(module.to('cpu')) and pass device='" + held_on.str() + "'");
+    if (options_.weight_hook)
+      throw std::invalid_argument("device_memory: weights stream in their stored form and cannot pass through a "
+                                  "weight hook (a host's patches); give LoRAs with lora= instead");
+  } else if (device_ != held_on) {
+    throw std::invalid_argument("device: " + device_.str() + ", but the module's tensors are on " + held_on.str() +
+                                "; only with device_memory or resident_blocks do the calls run elsewhere");
+  }
   dtype_ = module_dtype(tensors);
   reg_.consumer(options_.consumer);  // throws ContractError naming the registered consumers
   if (!options_.budget.empty() && options_.budget != "auto") {
@@ -75,7 +90,7 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
     weights_->set_hook(options_.weight_hook, options_.hooked);
     register_hook_format(reg_, dtype_);
   }
-  lora_ = models::load_loras(options_.loras, rec_.config, exec::to_aten(dtype_), device_);
+  lora_ = models::load_loras(options_.loras, rec_.config, exec::to_aten(dtype_), options_.streams() ? held_on : device_);
   dev_ = exec::describe_device(device_);
   exec::apply_rates(exec::probe_device(device_, dev_), dev_);
 }
@@ -93,13 +108,46 @@ models::TensorMap Attached::forward_named(const models::TensorMap& raw) {
   return {{"out", fr.finish(out)}};
 }
 
-std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& raw) {
-  c10::NoGradGuard no_grad;  // the planned run records no autograd graph
-  weights_->refresh();
-  models::FamilyRun fr = models::prepare(rec_.config, *weights_, raw, dtype_, options_.consumer);
+models::FamilyRun Attached::prepare(const models::TensorMap& raw) {
+  const exec::WeightSource& w = streamed_ ? static_cast<const exec::WeightSource&>(*streamed_) : *weights_;
+  models::FamilyRun fr = models::prepare(rec_.config, w, raw, dtype_, options_.consumer);
   weights_->mark_stored(fr.model);
   weights_->mark_hooked(fr.model);
   lora_.attach(fr.model);
+  return fr;
+}
+
+std::shared_ptr<exec::TensorWeights> Attached::host_weights() const {
+  auto w = std::make_shared<exec::TensorWeights>(&reg_);
+  for (auto& [name, t] : weights_->canonical_tensors()) w->add(name, t);
+  for (const auto& [name, t] : lora_.tensors) w->add(name, t);
+  return w;
+}
+
+plan::ResidencyRequest Attached::residency_request(const models::FamilyRun& fr) {
+  if (!weight_request_) {
+    weight_request_ = exec::residency_request(fr.model, *host_weights(), {}, reg_, dev_, exec::Prologue::Device);
+    weight_request_->device_memory = options_.device_memory;
+    weight_request_->resident_blocks = std::max(options_.resident_blocks, 0);
+  }
+  plan::ResidencyRequest rq = *weight_request_;
+  rq.fixed_bytes += exec::input_bytes(fr.inputs, dev_);
+  return rq;
+}
+
+void Attached::stream_as(const plan::Residency& r, models::FamilyRun& fr, const models::TensorMap& raw) {
+  if (streamed_as_ && streamed_as_->streamed == r.streamed && streamed_as_->slots == r.slots) return;
+  streamed_.reset();  // its device memory goes before the next arrangement takes its own
+  exec::release_cached(device_);
+  streamed_ = std::make_unique<exec::StreamedWeights>(fr.model, host_weights(), r, reg_, device_, exec::Prologue::Device);
+  streamed_as_ = r;
+  fr = prepare(raw);  // the inputs again, from the weights where the calls run
+}
+
+std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& raw) {
+  c10::NoGradGuard no_grad;  // the planned run records no autograd graph
+  weights_->refresh();
+  models::FamilyRun fr = prepare(raw);
   const std::string key = geometry_key(fr.model);
   std::unique_ptr<GeometryPlan>& slot = cache_[key];
   if (!slot) {
@@ -114,15 +162,30 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
     auto g = std::make_unique<GeometryPlan>();
     g->key = key;
     g->model = fr.model;
-    g->plan = plan::make_plan(fr.model, reg_, dev_, po);
+    if (options_.streams()) {
+      plan::ResidentPlan rp = plan::plan_with_residency(fr.model, reg_, dev_, po, residency_request(fr));
+      g->plan = std::move(rp.plan);
+      g->residency = rp.residency;
+    } else {
+      g->plan = plan::make_plan(fr.model, reg_, dev_, po);
+    }
     slot = std::move(g);
     order_.push_back(slot.get());
   }
+  std::shared_ptr<void> cap;
+  if (slot->residency) {
+    stream_as(*slot->residency, fr, raw);
+    if (options_.device_memory > 0)
+      cap = exec::cap_device_memory_beside(device_, streamed_->device_bytes() + exec::input_bytes(fr.inputs, dev_),
+                                           options_.device_memory);
+  }
+  const exec::LoraWeights with_lora(*weights_, lora_.tensors);
+  const exec::WeightSource& w = streamed_ ? static_cast<const exec::WeightSource&>(*streamed_) : with_lora;
   const auto before = [&] {
     if (options_.before_run) options_.before_run(fr.model);
   };
   const report::Retried r =
-      report::run_planned_retrying(fr.model, exec::LoraWeights(*weights_, lora_.tensors), fr.inputs, slot->plan, reg_, dev_, device_, {}, before);
+      report::run_planned_retrying(fr.model, w, fr.inputs, slot->plan, reg_, dev_, device_, {}, before);
   if (options_.after_run) options_.after_run();
   if (r.retried) {
     slot->plan = r.plan;
@@ -136,7 +199,9 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
 std::vector<const GeometryPlan*> Attached::plans() const { return order_; }
 
 nlohmann::json Attached::document(const GeometryPlan& g) const {
-  return report::plan_document(g.model, g.plan, reg_, dev_, true);
+  nlohmann::json j = report::plan_document(g.model, g.plan, reg_, dev_, true);
+  if (g.residency) j["residency"] = report::to_json(*g.residency);
+  return j;
 }
 
 }  // namespace sp::host

@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "exec/residency/streamed.hpp"
 #include "host/module_weights.hpp"
 #include "models/families.hpp"
 #include "models/lora_file.hpp"
@@ -54,6 +55,16 @@ struct AttachOptions {
   std::vector<std::string> hooked;
   // LoRA state dicts applied lazily on top of the module's weights (models/lora_file.hpp).
   std::vector<models::LoraInput> loras;
+  // Weight residency (exec/residency/streamed.hpp), on when either is set: the bytes the
+  // calls may hold on the device (weights kept there, the slots the other blocks stream
+  // through, activations; 0: no limit), and at most how many blocks' weights are there at
+  // once (0: chosen). The module's tensors stay where they are, in host memory, and are
+  // copied once into the streamed blocks' pinned buffers and the device; `device` names
+  // where the calls run (empty: the module's device).
+  int64_t device_memory = 0;
+  int resident_blocks = -1;  // -1: not set
+  std::string device;
+  bool streams() const { return device_memory > 0 || resident_blocks >= 0; }
 };
 
 // The plan of one geometry, with what it needs to be shown.
@@ -63,6 +74,7 @@ struct GeometryPlan {
   plan::Plan plan;
   int64_t calls = 0;
   std::string retry;  // why and how the plan was made again after running out of memory
+  std::optional<plan::Residency> residency;  // where the weights were, under AttachOptions' residency
 };
 
 class Attached {
@@ -98,7 +110,8 @@ class Attached {
   // made so far in the order they were made.
   const GeometryPlan* last() const { return last_; }
   std::vector<const GeometryPlan*> plans() const;
-  // The JSON of `streamplan plan --explain --json` for one of them.
+  // The JSON of `streamplan plan --explain --json` for one of them, with `residency` where
+  // the weights stream.
   nlohmann::json document(const GeometryPlan& g) const;
 
  private:
@@ -110,6 +123,17 @@ class Attached {
   at::Device device_{at::kCPU};
   contracts::DeviceCaps dev_;
   ir::DType dtype_ = ir::DType::F32;
+  // Under residency: the weights as they stream (made for the first geometry, again for one
+  // whose arrangement differs) and the request's weight bytes, inputs not counted.
+  std::unique_ptr<exec::StreamedWeights> streamed_;
+  std::optional<plan::Residency> streamed_as_;
+  std::optional<plan::ResidencyRequest> weight_request_;
+  std::shared_ptr<exec::TensorWeights> host_weights() const;  // the module's tensors, canonical, with the LoRA's
+  plan::ResidencyRequest residency_request(const models::FamilyRun& fr);
+  // Streams the weights as `r` arranges them, unless they stream so already; `fr` is then
+  // prepared again (from `raw`) on the weights where the calls run.
+  void stream_as(const plan::Residency& r, models::FamilyRun& fr, const models::TensorMap& raw);
+  models::FamilyRun prepare(const models::TensorMap& raw);  // the call's IR and inputs
   std::map<std::string, std::unique_ptr<GeometryPlan>> cache_;
   std::vector<const GeometryPlan*> order_;
   const GeometryPlan* last_ = nullptr;

@@ -173,6 +173,13 @@ void ModuleWeights::refresh() {
   }
 }
 
+std::vector<std::pair<std::string, at::Tensor>> ModuleWeights::canonical_tensors() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [name, c] : canon_)
+    out.emplace_back(name, c.view.defined() ? c.view : models::assemble(name, c.src, c.parts).contiguous());
+  return out;
+}
+
 std::vector<ModuleWeights::Copy> ModuleWeights::copies() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Copy> out;

@@ -75,6 +75,8 @@ class ModuleWeights : public exec::WeightSource {
 
   // Assembles the held copies again from the module's tensors.
   void refresh();
+  // Every canonical tensor: a view of the module's tensor, or assembled now (not held).
+  std::vector<std::pair<std::string, at::Tensor>> canonical_tensors() const;
 
   // Hooks the module tensors named (state_dict names; all of them where `names` is empty).
   // Throws std::invalid_argument naming a name the module does not hold.

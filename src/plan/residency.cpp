@@ -189,7 +189,7 @@ std::string too_small(const ResidencyRequest& req, const contracts::DeviceCaps& 
   const int64_t block = largest_block(req);
   const int64_t smallest = smallest_device_memory(req, dev, activations);
   std::ostringstream os;
-  os << "--device-memory " << human_bytes(req.device_memory) << " is too small";
+  os << "the device memory " << human_bytes(req.device_memory) << " is too small";
   if (req.resident_blocks > 0) os << " for " << req.resident_blocks << " resident blocks";
   os << ": the smallest device memory that works is " << human_bytes(smallest) << " = weights and inputs held for "
      << "the whole run " << human_bytes(req.fixed_bytes) << " + " << least_blocks(req) << " x the largest block "

@@ -10,6 +10,7 @@
 #include "python/consumers.hpp"
 #include "plan/budget.hpp"
 #include "recognize/sidecar.hpp"
+#include "report/report.hpp"
 #include "report/retry.hpp"
 
 namespace py = pybind11;
@@ -59,7 +60,8 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
                                        const std::string& budget, int64_t token_chunk, int64_t feature_slice,
                                        const std::vector<std::tuple<std::string, py::function, py::dict>>& python_consumers,
                                        const std::optional<py::function>& weight_hook, const std::vector<std::string>& hooked,
-                                       const std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>& loras) {
+                                       const std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>& loras,
+                                       int64_t device_memory, int resident_blocks, const std::string& device) {
   std::optional<recognize::Sidecar> sidecar;
   if (sidecar_json) sidecar = recognize::parse_sidecar(*sidecar_json, "<module config>");
   host::AttachOptions o;
@@ -72,6 +74,9 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
     o.hooked = hooked;
   }
   for (const auto& [name, tensors, strength] : loras) o.loras.push_back({name, tensors, strength});
+  o.device_memory = device_memory;
+  o.resident_blocks = resident_blocks;
+  o.device = device;
   contracts::Registry reg = exec::builtin_registry();
   std::vector<std::shared_ptr<host::SlabPositions>> positions;
   for (const auto& [name, fn, caps] : python_consumers) {
@@ -101,6 +106,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::register_exception<recognize::RecognizeError>(m, "RecognizeError", PyExc_ValueError);
   py::register_exception<plan::BudgetError>(m, "BudgetError", PyExc_ValueError);
+  py::register_exception<plan::DeviceMemoryError>(m, "DeviceMemoryError", PyExc_ValueError);
   py::register_exception<report::OutOfMemory>(m, "OutOfMemoryError", PyExc_MemoryError);
 
   m.attr("__version__") = STREAMPLAN_VERSION;
@@ -116,7 +122,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("budget"), py::arg("token_chunk") = 0, py::arg("feature_slice") = 0,
            py::arg("python_consumers") = std::vector<std::tuple<std::string, py::function, py::dict>>{},
            py::arg("weight_hook") = std::nullopt, py::arg("hooked") = std::vector<std::string>{},
-           py::arg("loras") = std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>{})
+           py::arg("loras") = std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>{},
+           py::arg("device_memory") = 0, py::arg("resident_blocks") = -1, py::arg("device") = "")
       .def_property_readonly("lora",
                              [](const host::Attached& a) {
                                const auto& l = a.lora();
@@ -157,6 +164,7 @@ PYBIND11_MODULE(_C, m) {
                d["estimated_peak_bytes"] = g->plan.estimated_peak_bytes;
                d["floor_bytes"] = g->plan.floor_bytes;
                d["retry"] = g->retry;
+               d["residency"] = g->residency ? py::object(py::str(report::to_json(*g->residency).dump())) : py::none();
                out.append(d);
              }
              return out;

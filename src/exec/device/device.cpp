@@ -151,7 +151,7 @@ std::shared_ptr<void> cap_device_memory(const at::Device& d, int64_t bytes) {
     namespace cca = c10::cuda::CUDACachingAllocator;
     const int64_t total = describe_device(d).memory_total;
     if (bytes > total)
-      throw std::invalid_argument("--device-memory: " + std::to_string(bytes) + " bytes exceed the " +
+      throw std::invalid_argument("device memory: " + std::to_string(bytes) + " bytes exceed the " +
                                   std::to_string(total) + " bytes of " + d.str());
     const int index = d.index();
     // Segments that grow in place: under a cap, a large request is not refused for want of a
@@ -166,6 +166,19 @@ std::shared_ptr<void> cap_device_memory(const at::Device& d, int64_t bytes) {
   (void)d;
   (void)bytes;
   return nullptr;
+}
+
+std::shared_ptr<void> cap_device_memory_beside(const at::Device& d, int64_t own_held, int64_t bytes) {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (d.is_cuda()) {
+    namespace cca = c10::cuda::CUDACachingAllocator;
+    cca::emptyCache();
+    const int64_t held = cca::getDeviceStats(d.index()).reserved_bytes[size_t(c10::CachingAllocator::StatType::AGGREGATE)].current;
+    return cap_device_memory(d, std::max<int64_t>(held - own_held, 0) + bytes);
+  }
+#endif
+  (void)own_held;
+  return cap_device_memory(d, bytes);
 }
 
 void synchronize(const at::Device& d) {

@@ -28,6 +28,9 @@ void release_cached(const at::Device& d);
 // (expandable_segments), so that fragmentation does not refuse what fits in total. Nothing on the CPU. Throws std::invalid_argument
 // when `bytes` exceeds the device's memory.
 std::shared_ptr<void> cap_device_memory(const at::Device& d, int64_t bytes);
+// The same cap, at `bytes` beyond what the process holds on `d` now apart from `own_held` of
+// it: a host process whose other models keep their memory while one call runs capped.
+std::shared_ptr<void> cap_device_memory_beside(const at::Device& d, int64_t own_held, int64_t bytes);
 // Milliseconds `f` takes on the device: CUDA events around it on a GPU, a steady clock
 // (after it returns) on the CPU.
 double time_ms(const at::Device& d, const std::function<void()>& f);

@@ -93,27 +93,56 @@ std::set<std::string> tensors_outside_blocks(const ir::Model& m, const TensorWei
   return names;
 }
 
+namespace {
+
+// The tensors of `w` that go to the device although no block holds them.
+std::set<std::string> device_tensors_outside_blocks(const ir::Model& m, const TensorWeights& w,
+                                                    const contracts::Registry& reg, Prologue prologue) {
+  if (prologue == Prologue::Host) return tensors_outside_blocks(m, w, reg);
+  std::set<std::string> out;
+  std::set<std::string> in_blocks;
+  for (const auto& names : block_tensors(m, w, reg)) in_blocks.insert(names.begin(), names.end());
+  for (const auto& [name, t] : w.all())
+    if (!in_blocks.count(name)) out.insert(name);
+  return out;
+}
+
+// t's storage as the device allocates it, unless `counted` has it already.
+int64_t storage_bytes(const at::Tensor& t, const contracts::DeviceCaps& dev, std::set<const void*>& counted) {
+  if (!t.defined()) return 0;
+  const void* data = t.storage().data();
+  if (data && !counted.insert(data).second) return 0;
+  return dev.round_alloc(int64_t(t.storage().nbytes()));
+}
+
+}  // namespace
+
 plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights& w, const Inputs& in,
-                                         const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
+                                         const contracts::Registry& reg, const contracts::DeviceCaps& dev,
+                                         Prologue prologue) {
   plan::ResidencyRequest rq;
   for (const auto& names : block_tensors(m, w, reg)) rq.block_bytes.push_back(packed_bytes(w, names));
   // The embeddings' and final layer's weights and the inputs are held for the whole run; a
   // storage shared by several tensors counts once. Weights the run never reads (those the
-  // family's prologue turned into the inputs) stay in host memory.
+  // family's prologue turned into the inputs) stay in host memory unless the prologue runs
+  // on the device.
   std::set<const void*> counted;
-  auto add = [&](const at::Tensor& t) {
-    if (!t.defined()) return;
-    const void* data = t.storage().data();
-    if (!data || counted.insert(data).second) rq.fixed_bytes += dev.round_alloc(int64_t(t.storage().nbytes()));
-  };
-  for (const auto& name : tensors_outside_blocks(m, w, reg)) add(w.tensor(name));
-  for (const auto& [name, t] : in.tokens) add(t);
-  for (const auto& [name, t] : in.tables) add(t);
+  for (const auto& name : device_tensors_outside_blocks(m, w, reg, prologue))
+    rq.fixed_bytes += storage_bytes(w.tensor(name), dev, counted);
+  rq.fixed_bytes += input_bytes(in, dev);
   return rq;
 }
 
+int64_t input_bytes(const Inputs& in, const contracts::DeviceCaps& dev) {
+  std::set<const void*> counted;
+  int64_t bytes = 0;
+  for (const auto* group : {&in.tokens, &in.tables})
+    for (const auto& [name, t] : *group) bytes += storage_bytes(t, dev, counted);
+  return bytes;
+}
+
 StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeights> w, const plan::Residency& r,
-                                 const contracts::Registry& reg, const at::Device& device)
+                                 const contracts::Registry& reg, const at::Device& device, Prologue prologue)
     : w_(std::move(w)), reg_(&reg), device_(device) {
   if (r.streamed.size() != m.blocks.size())
     throw std::invalid_argument("residency of " + std::to_string(r.streamed.size()) + " blocks for a model of " +
@@ -138,8 +167,8 @@ StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeigh
     slot_bytes = std::max(slot_bytes, bytes);
   }
   // What the run reads outside the blocks goes to the device; what it never reads (the
-  // prologue's weights) to host memory.
-  std::set<std::string> read = tensors_outside_blocks(m, *w_, reg);
+  // prologue's weights) to host memory, unless the prologue runs on the device.
+  std::set<std::string> read = device_tensors_outside_blocks(m, *w_, reg, prologue);
   for (const auto& n : names) read.insert(n.begin(), n.end());
   std::vector<std::pair<std::string, at::Tensor>> resident;
   int64_t resident_bytes = 0;
@@ -208,6 +237,12 @@ int64_t StreamedWeights::host_bytes() const {
   int64_t b = 0;
   for (const auto& p : packs_)
     if (p.defined()) b += int64_t(p.nbytes());
+  return b;
+}
+
+int64_t StreamedWeights::device_bytes() const {
+  int64_t b = resident_.defined() ? int64_t(resident_.nbytes()) : 0;
+  for (const auto& s : slots_) b += int64_t(s->mem.nbytes());
   return b;
 }
 

@@ -47,17 +47,25 @@ std::vector<std::vector<std::string>> block_tensors(const ir::Model& m, const Te
 // The tensors of `w` the run reads outside the blocks: the embeddings' and the final layer's.
 std::set<std::string> tensors_outside_blocks(const ir::Model& m, const TensorWeights& w, const contracts::Registry& reg);
 
+// Where the weights go that only the family's prologue reads (those it turns into the
+// inputs, such as modulation projections): host memory when the inputs are prepared once
+// (the CLI), the device when a host prepares every call there (the Python package).
+enum class Prologue { Host, Device };
+
 // The byte counts residency planning needs: per block its tensors as the device allocates
-// them, and the other weights plus the inputs as fixed bytes.
+// them, and the other weights on the device plus the inputs as fixed bytes.
 plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights& w, const Inputs& in,
-                                         const contracts::Registry& reg, const contracts::DeviceCaps& dev);
+                                         const contracts::Registry& reg, const contracts::DeviceCaps& dev,
+                                         Prologue prologue = Prologue::Host);
+// The inputs' bytes as the device allocates them (residency_request counts them as fixed).
+int64_t input_bytes(const Inputs& in, const contracts::DeviceCaps& dev);
 
 class StreamedWeights : public WeightSource {
  public:
   // Moves the streamed blocks' tensors of `w` into host memory and every other tensor of `w`
   // onto `device` (where it is not already): weights loaded into host memory run this way.
   StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeights> w, const plan::Residency& r,
-                  const contracts::Registry& reg, const at::Device& device);
+                  const contracts::Registry& reg, const at::Device& device, Prologue prologue = Prologue::Host);
   ~StreamedWeights() override;
   StreamedWeights(const StreamedWeights&) = delete;
   StreamedWeights& operator=(const StreamedWeights&) = delete;
@@ -73,7 +81,8 @@ class StreamedWeights : public WeightSource {
   // frees the host buffers and slots: every weight resident again (benchmarks that compare
   // device-memory budgets on the same weights). Nothing streams afterwards.
   void restore();
-  int64_t host_bytes() const;  // the streamed blocks' buffers in host memory
+  int64_t host_bytes() const;    // the streamed blocks' buffers in host memory
+  int64_t device_bytes() const;  // the weights kept on the device and the slots
   int64_t loads() const { return load_count_; }  // block loads issued so far
 
  private:
