@@ -17,6 +17,11 @@
 #                                    streamplan.apply (scripts/bench_package.py), and the Wan and
 #                                    Flux bench cases against diffusers' own modules
 #                                    (scripts/bench_peers.py)
+#   scripts/device.sh OUT package-residency
+#                                    the Python package built here, then diffusers' Wan transformer
+#                                    (14B widths, 8 layers) held in host memory and attached with
+#                                    device_memory (5 and 8 GiB), against the same module all on the
+#                                    GPU (scripts/bench_package_residency.py)
 #   scripts/device.sh OUT minimax    the Python package built here, then ComfyUI's MiniMaxH3Model
 #                                    (2 blocks, 10 s at 1376x768) with and without
 #                                    streamplan.apply (scripts/bench_minimax.py)
@@ -149,6 +154,13 @@ if [ "$mode" = package ]; then
   $py scripts/bench_package.py ${BENCH_ARGS:-} --out "$out/package.json" 2>>"$out/logs.txt" \
     || { tail -20 "$out/logs.txt"; exit 1; }
   $py scripts/bench_peers.py ${PEER_CASES:+--cases "$PEER_CASES"} --out "$out/peers.json" 2>>"$out/logs.txt" \
+    || { tail -20 "$out/logs.txt"; exit 1; }
+  exit 0
+fi
+
+if [ "$mode" = package-residency ]; then
+  build_package
+  $py scripts/bench_package_residency.py ${BENCH_ARGS:-} --out "$out/package_residency.json" 2>>"$out/logs.txt" \
     || { tail -20 "$out/logs.txt"; exit 1; }
   exit 0
 fi
