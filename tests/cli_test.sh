@@ -103,6 +103,13 @@ grep -qF "tokens: 28 = video 20 + text 5 + audio 3" <<<"$out" || fail "run shows
 err=$("$bin" bench --device cpu --cases flux-dev-1024 --reps 1 --estimate 2>&1 >"$tmp/estimate.txt") || fail "bench --estimate failed"
 grep -qF "streamplan: warning: bench is meant for a GPU" <<<"$err" || fail "bench on the CPU did not warn: $err"
 grep -qE "^total: about [0-9.]+ (s|min|h|days) on the CPU" "$tmp/estimate.txt" || fail "bench --estimate: $(cat "$tmp/estimate.txt")"
+# bench --format runs the case in bf16 first on the same weights: its time and the error against it.
+"$bin" bench --device cpu --tiny --cases wan-block-tiny --format int8 --reps 1 --quiet --out "$tmp/format.json" \
+  >"$tmp/format.txt" 2>/dev/null || fail "bench --format failed"
+python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))[0]
+assert r["format"] == "int8" and r["bf16_ms"] > 0 and 0 < r["rel_l2_vs_bf16"] < 3e-2, r' "$tmp/format.json" \
+  || fail "bench --format: $(cat "$tmp/format.json")"
+grep -qE "int8 [0-9.]+ ms vs bf16 [0-9.]+ ms" "$tmp/format.txt" || fail "bench --format table: $(cat "$tmp/format.txt")"
 # A checkpoint larger than the free space is refused before anything is written, naming both
 # sizes; the test-only STREAMPLAN_FREE_BYTES_FOR_TESTS stands in for a full disk.
 size=$(wc -c <"$tmp/avdit.safetensors")

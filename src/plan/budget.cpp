@@ -180,7 +180,7 @@ bool better(const Candidate& a, size_t ia, const Candidate& b, size_t ib) {
 
 }  // namespace
 
-Choice choose(const std::vector<Candidate>& cs, int64_t available) {
+Choice choose(const std::vector<Candidate>& cs, int64_t available, const std::string& limit) {
   Choice ch;
   auto fits = [&](size_t i) { return cs[i].need() <= available; };
   for (size_t i = 0; i < cs.size(); ++i) {
@@ -231,7 +231,7 @@ Choice choose(const std::vector<Candidate>& cs, int64_t available) {
   for (size_t i : picks) {
     const Candidate& k = cs[i];
     Alternative a{k.strategy, k.token_chunk, k.q_chunk, k.feature_slice, k.cost.peak_bytes, k.cost.ms(), ""};
-    if (!fits(i)) a.lost = "over budget by " + human_bytes(k.need() - available);
+    if (!fits(i)) a.lost = "over " + limit + " by " + human_bytes(k.need() - available);
     else if (k.cost.seconds > cs[c].cost.seconds)
       a.lost = "slower: " + ms_pair(k.cost.ms(), cs[c].cost.ms());
     else a.lost = "same time, larger peak";
@@ -244,35 +244,34 @@ int64_t allocator_reserve(const contracts::DeviceCaps& dev) {
   return 4096 + (dev.kind == contracts::DeviceKind::CUDA ? (int64_t{2} << 20) : 0);
 }
 
-Choice choose_lean(const std::vector<Candidate>& cs, double tolerance) {
-  Choice ch;
-  if (cs.empty()) return ch;
-  size_t fastest = 0;
-  for (size_t i = 0; i < cs.size(); ++i) {
-    if (better(cs[i], i, cs[fastest], fastest)) fastest = i;
-    const Candidate &k = cs[i], &s = cs[ch.smallest];
-    if (k.need() < s.need() || (k.need() == s.need() && better(k, i, s, ch.smallest))) ch.smallest = i;
-  }
-  const double limit = cs[fastest].cost.seconds * (1.0 + tolerance);
-  for (size_t i = 0; i < cs.size(); ++i) {
-    if (cs[i].cost.seconds > limit) continue;
-    if (!ch.chosen || cs[i].need() < cs[*ch.chosen].need() ||
-        (cs[i].need() == cs[*ch.chosen].need() && better(cs[i], i, cs[*ch.chosen], *ch.chosen)))
-      ch.chosen = i;
-  }
-  const Candidate& c = cs[*ch.chosen];
-  auto alt = [&](size_t i, std::string lost) {
-    const Candidate& k = cs[i];
-    ch.alternatives.push_back({k.strategy, k.token_chunk, k.q_chunk, k.feature_slice, k.cost.peak_bytes, k.cost.ms(),
-                               std::move(lost)});
+int64_t lean_cap(const std::vector<std::vector<Candidate>>& parts, double fixed_seconds, double tolerance) {
+  // The schedule's time when every part takes its fastest candidate of need <= cap; the
+  // largest double where some part has none.
+  auto time_under = [&](int64_t cap) {
+    double t = fixed_seconds;
+    for (const auto& cs : parts) {
+      double best = std::numeric_limits<double>::infinity();
+      for (const auto& c : cs)
+        if (c.need() <= cap) best = std::min(best, c.cost.seconds);
+      t += best;
+    }
+    return t;
   };
-  if (fastest != *ch.chosen)
-    alt(fastest, "larger peak: " + human_bytes(cs[fastest].cost.peak_bytes) + " vs " + human_bytes(c.cost.peak_bytes) +
-                     ", for " + ms_pair(cs[fastest].cost.ms(), c.cost.ms()));
-  if (ch.smallest != *ch.chosen && ch.smallest != fastest)
-    alt(ch.smallest, "slower by more than " + std::to_string(int(tolerance * 100)) +
-                         "% of the fastest: " + ms_pair(cs[ch.smallest].cost.ms(), cs[fastest].cost.ms()));
-  return ch;
+  std::vector<int64_t> caps;
+  for (const auto& cs : parts)
+    for (const auto& c : cs) caps.push_back(c.need());
+  if (caps.empty()) return 0;
+  std::sort(caps.begin(), caps.end());
+  caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
+  const double limit = time_under(caps.back()) * (1.0 + tolerance);
+  // time_under only falls as the cap grows: the first cap within the limit.
+  size_t lo = 0, hi = caps.size() - 1;
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (time_under(caps[mid]) <= limit) hi = mid;
+    else lo = mid + 1;
+  }
+  return caps[lo];
 }
 
 namespace {

@@ -76,8 +76,8 @@ std::vector<int64_t> feature_slice_candidates(int64_t hidden, int64_t align);
 // on an H200 this came to 0.7 MiB above the estimate).
 int64_t allocator_reserve(const contracts::DeviceCaps& dev);
 
-// Without a budget the chooser takes the smallest peak among candidates within this
-// fraction of the fastest estimated time.
+// Without a budget the planner takes the smallest peak whose schedule's estimated time is
+// within this fraction of the fastest schedule's.
 inline constexpr double kLeanTolerance = 0.02;
 
 // One candidate schedule of a sublayer or the final layer, with its cost.
@@ -100,12 +100,15 @@ struct Choice {
 // fastest candidate and the faster one that misses the budget by least (when faster
 // candidates exist, they are over budget), the best of every other strategy, and the
 // fastest fitting one that is slower than the choice.
-Choice choose(const std::vector<Candidate>& candidates, int64_t available);
+// `limit` names what `available` is in the alternatives' reasons ("over budget by ...").
+Choice choose(const std::vector<Candidate>& candidates, int64_t available, const std::string& limit = "budget");
 
-// Without a budget: the smallest need among candidates whose time is within `tolerance` of
-// the fastest; ties go to the faster. Alternatives: the fastest candidate and the smallest
-// peak overall, each with why it lost.
-Choice choose_lean(const std::vector<Candidate>& candidates, double tolerance);
+// Without a budget: the smallest cap on the need of every part (sublayers, final layer)
+// such that taking each part's fastest candidate under the cap keeps the whole schedule's
+// time (`fixed_seconds` of parts without a choice, plus the parts' times) within `tolerance`
+// of the fastest schedule's. One slow part can thus buy a lower peak where it costs the
+// whole run little, and no part is leaner than the peak the others need anyway.
+int64_t lean_cap(const std::vector<std::vector<Candidate>>& parts, double fixed_seconds, double tolerance);
 
 // The largest terms of a program's peak, for error messages: "global K/V for 38184 tokens
 // at 56x128 bf16 (2 x 522.0 MiB) + consumer 'sdpa' call (3.1 MiB) + 5 more (2.0 MiB)".

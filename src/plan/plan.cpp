@@ -183,14 +183,22 @@ struct Bottleneck {
   std::string terms;
 };
 
-// Picks one candidate schedule per sublayer (and for the final layer): under a budget the
-// fastest that fits, without one the smallest peak within kLeanTolerance of the fastest.
+// The candidates of every part that has a choice (sublayers, final layer), in plan order.
+using Survey = std::vector<std::vector<Candidate>>;
+
+// Picks one candidate schedule per sublayer (and for the final layer): the fastest whose
+// need fits what is available: under a budget the budget less the residual stream, without
+// one the default's cap (lean_cap), and while surveying (`survey` given: every part's
+// candidates recorded) anything.
 class Chooser {
  public:
   Chooser(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev, const Options& opt,
-          int64_t residual)
+          int64_t residual, int64_t cap, Survey* survey)
       : m_(m), reg_(reg), dev_(dev), opt_(opt), residual_(residual),
-        available_(opt.budget_bytes > 0 ? opt.budget_bytes - residual : std::numeric_limits<int64_t>::max()) {}
+        available_(opt.budget_bytes > 0 ? opt.budget_bytes - residual
+                   : cap > 0            ? cap
+                                        : std::numeric_limits<int64_t>::max()),
+        survey_(survey) {}
 
   SublayerPlan attention(const ir::Block& b, const ir::Sublayer& s, const ir::Attention& a, const Verdict& v) {
     const int64_t T = m_.rows(s.segments).size(), L = m_.kv_rows(s);
@@ -299,10 +307,13 @@ class Chooser {
   }
 
  private:
-  const char* policy_word() const { return opt_.budget_bytes > 0 ? "the budget's fastest fitting schedule" : "the leanest schedule within 2% of the fastest"; }
+  const char* policy_word() const {
+    return opt_.budget_bytes > 0 ? "the budget's fastest fitting schedule" : "the default's fastest schedule under its cap";
+  }
 
   Choice decide_among(const std::vector<Candidate>& cands) const {
-    return opt_.budget_bytes > 0 ? choose(cands, available_) : choose_lean(cands, kLeanTolerance);
+    if (survey_) survey_->push_back(cands);
+    return choose(cands, available_, opt_.budget_bytes > 0 ? "budget" : "the default's cap");
   }
 
   SublayerPlan pick(const ir::Block& b, const ir::Sublayer& s, std::vector<SublayerPlan> plans) {
@@ -357,6 +368,7 @@ class Chooser {
   const contracts::DeviceCaps& dev_;
   const Options& opt_;
   int64_t residual_, available_;
+  Survey* survey_;
   Bottleneck worst_;
 };
 
@@ -366,12 +378,11 @@ int64_t floor_bytes(const ir::Model& m) {
   return m.tokens() * m.dim * static_cast<int64_t>(ir::dtype_size(m.dtype)) + kv_bytes(m);
 }
 
-Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
-               const Options& opt) {
-  ir::validate(m);
-  if (opt.budget_bytes < 0)
-    throw PlanError("budget_bytes: must be positive (0: no budget), got " + std::to_string(opt.budget_bytes));
-  if (opt.token_chunk < 0) throw PlanError("token_chunk: must be positive, got " + std::to_string(opt.token_chunk));
+namespace {
+
+// The plan whose parts take their fastest candidate within the Chooser's limit (see Chooser).
+Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
+                const Options& opt, int64_t cap, Survey* survey) {
   legality::Context ctx{&m, &reg, &dev};
   Plan p;
   p.model = m.name;
@@ -382,11 +393,9 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
   p.floor_bytes = floor_bytes(m);
   p.budget_bytes = opt.budget_bytes;
   p.row_kernels = row_kernels_note(m, reg, dev);
-  p.policy = opt.budget_bytes > 0
-                 ? "budget " + human_bytes(opt.budget_bytes) + ": the fastest schedule whose estimated peak fits"
-                 : "default: the smallest estimated peak among schedules within 2% of the fastest estimate";
-  if (opt.token_chunk > 0) p.policy += " (token chunk fixed at " + std::to_string(opt.token_chunk) + ")";
-  Chooser chooser(m, reg, dev, opt, p.residual_bytes);
+  if (opt.budget_bytes > 0)
+    p.policy = "budget " + human_bytes(opt.budget_bytes) + ": the fastest schedule whose estimated peak fits";
+  Chooser chooser(m, reg, dev, opt, p.residual_bytes, cap, survey);
   const Cost embed = chooser.embedding();
   int64_t worst = embed.peak_bytes;
   double seconds = embed.seconds;
@@ -425,6 +434,39 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
   chooser.check();
   p.estimated_peak_bytes = p.residual_bytes + worst;
   p.estimated_ms = seconds * 1e3;
+  return p;
+}
+
+}  // namespace
+
+Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
+               const Options& opt) {
+  ir::validate(m);
+  if (opt.budget_bytes < 0)
+    throw PlanError("budget_bytes: must be positive (0: no budget), got " + std::to_string(opt.budget_bytes));
+  if (opt.token_chunk < 0) throw PlanError("token_chunk: must be positive, got " + std::to_string(opt.token_chunk));
+  const std::string fixed = opt.token_chunk > 0 ? " (token chunk fixed at " + std::to_string(opt.token_chunk) + ")" : "";
+  if (opt.budget_bytes > 0) {
+    Plan p = build_plan(m, reg, dev, opt, 0, nullptr);
+    p.policy += fixed;
+    return p;
+  }
+  // The default: every part's candidates and the fastest schedule first, then the smallest
+  // cap on a part's need that keeps the whole schedule within kLeanTolerance of it.
+  Survey parts;
+  const Plan fastest = build_plan(m, reg, dev, opt, 0, &parts);
+  double chosen = 0;  // the parts' fastest times; the rest of the estimate has no choice
+  for (const auto& cs : parts) {
+    double best = std::numeric_limits<double>::infinity();
+    for (const auto& c : cs) best = std::min(best, c.cost.seconds);
+    chosen += best;
+  }
+  const int64_t cap = lean_cap(parts, std::max(fastest.estimated_ms / 1e3 - chosen, 0.0), kLeanTolerance);
+  Plan p = build_plan(m, reg, dev, opt, cap, nullptr);
+  p.policy = "default: the smallest peak whose schedule's estimated time is within " +
+             std::to_string(int(kLeanTolerance * 100 + 0.5)) + "% of the fastest schedule's (" +
+             human_ms(p.estimated_ms) + " vs " + human_ms(fastest.estimated_ms) + "; peak " +
+             human_bytes(p.estimated_peak_bytes) + " vs " + human_bytes(fastest.estimated_peak_bytes) + ")" + fixed;
   return p;
 }
 

@@ -92,9 +92,23 @@ double estimate_case_ms(const BenchCase& c, const contracts::Registry& reg, cons
 BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
                            const at::Device& device, const BenchOptions& opt) {
   Progress progress("bench", opt.progress);
-  const CaseModel cm = build_case(c, reg, device, opt, &progress);
+  // With a weight format the case runs in the model's dtype first, on the same weights.
+  BenchOptions dense = opt;
+  dense.format.clear();
+  CaseModel cm = build_case(c, reg, device, opt.format.empty() ? opt : dense, &progress);
   const models::Instance& inst = cm.inst;
   const plan::Options po = case_plan_options(inst, opt);
+  std::optional<Repeated> reference;
+  if (!opt.format.empty()) {
+    const plan::Plan dp = plan::make_plan(inst.model, reg, caps, po);
+    auto run = [&] {
+      return exec::run_planned(inst.model, dp, *inst.weights, inst.inputs, reg, caps,
+                               progress.sublayers(inst.model, c.name + ": " + ir::to_string(opt.dtype) + " run"));
+    };
+    run();
+    reference = repeat(device, opt.reps, run);
+    models::convert_block_linears(cm.inst.model, *cm.inst.weights, opt.format, "bench --format " + opt.format);
+  }
   const plan::Plan p = [&] {
     const auto phase = progress.phase(c.name + ": planning");
     return plan::make_plan(inst.model, reg, caps, po);
@@ -162,6 +176,10 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
     r.naive_ms = median(nms);
     r.naive_peak = npeak;
     r.rel_l2 = rel_l2(pout, nout);
+  }
+  if (reference) {
+    r.bf16_ms = reference->ms;
+    r.rel_l2_vs_bf16 = rel_l2(pout, reference->out);
   }
   return r;
 }
@@ -317,6 +335,8 @@ nlohmann::json to_json(const std::vector<BenchResult>& rs) {
                  {"planned_ms", r.planned_ms},
                  {"estimated_ms", r.estimated_ms},
                  {"rel_l2", opt(r.rel_l2)},
+                 {"bf16_ms", opt(r.bf16_ms)},
+                 {"rel_l2_vs_bf16", opt(r.rel_l2_vs_bf16)},
                  {"budget_bytes", r.budget ? nlohmann::json(r.budget) : nlohmann::json(nullptr)},
                  {"note", r.note}});
   for (size_t i = 0; i < rs.size(); ++i) {
@@ -352,6 +372,13 @@ std::string bench_table(const std::vector<BenchResult>& rs) {
                   fmt("%.3f", np ? std::optional(double(r.planned_peak) / *np) : np).c_str(), fmt("%.1f", r.naive_ms).c_str(),
                   r.planned_ms, fmt("%.3f", r.naive_ms ? std::optional(r.planned_ms / *r.naive_ms) : r.naive_ms).c_str(),
                   r.planned_ms > 0 ? r.estimated_ms / r.planned_ms : 0.0, fmt("%.2e", r.rel_l2).c_str());
+    os << line;
+  }
+  for (const auto& r : rs) {
+    if (!r.bf16_ms) continue;
+    std::snprintf(line, sizeof line, "%-21s %s %.1f ms vs %s %.1f ms (%.3fx), rel_l2 vs %s %.2e\n", r.name.c_str(),
+                  r.format.c_str(), r.planned_ms, r.dtype.c_str(), *r.bf16_ms, *r.bf16_ms / r.planned_ms, r.dtype.c_str(),
+                  r.rel_l2_vs_bf16.value_or(0.0));
     os << line;
   }
   return os.str();
