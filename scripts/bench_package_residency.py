@@ -20,6 +20,7 @@ against the all-resident one. Prints a short table last.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -78,7 +79,10 @@ def main() -> int:
                "max_allocated_bytes": torch.cuda.max_memory_allocated(),
                "max_reserved_bytes": torch.cuda.max_memory_reserved(), "fallbacks": [str(f) for f in handle.fallbacks],
                "residency": handle.residency, "out": out.float()}
-        streamplan.remove(model)
+        streamplan.remove(model)  # gives back the streamed weights' memory
+        del handle
+        gc.collect()
+        torch.cuda.empty_cache()
         print(f"[residency] {label}: {row['ms']:.1f} ms", file=sys.stderr)
         return row
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -190,9 +191,14 @@ class Handle:
         self.planned_calls = 0
         self._attach()
 
+        me = weakref.ref(self)  # no cycle: the handle goes with its last reference after remove()
+
         @functools.wraps(self._original)
         def forward(*args: Any, **kwargs: Any) -> Any:
-            return self._call(args, kwargs)
+            handle = me()
+            if handle is None:
+                raise RuntimeError("streamplan: the handle of this forward was removed")
+            return handle._call(args, kwargs)
 
         self._forward = forward
 
@@ -540,6 +546,7 @@ def remove(module: torch.nn.Module) -> None:
     if installed is not None:
         del module.__dict__["forward"]
     delattr(module, _ATTR)
+    handle._attached.release_streamed()  # streamed weights' device and pinned memory, now
 
 
 def handle_of(module: torch.nn.Module) -> Handle | None:

@@ -198,6 +198,12 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
 
 std::vector<const GeometryPlan*> Attached::plans() const { return order_; }
 
+void Attached::release_streamed() {
+  streamed_.reset();
+  streamed_as_.reset();
+  exec::release_cached(device_);
+}
+
 nlohmann::json Attached::document(const GeometryPlan& g) const {
   nlohmann::json j = report::plan_document(g.model, g.plan, reg_, dev_, true);
   if (g.residency) j["residency"] = report::to_json(*g.residency);

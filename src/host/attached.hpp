@@ -110,6 +110,9 @@ class Attached {
   // made so far in the order they were made.
   const GeometryPlan* last() const { return last_; }
   std::vector<const GeometryPlan*> plans() const;
+  // Gives back what the streamed weights hold (device slots and kept weights, pinned host
+  // buffers); a later call streams them again. The plans stay.
+  void release_streamed();
   // The JSON of `streamplan plan --explain --json` for one of them, with `residency` where
   // the weights stream.
   nlohmann::json document(const GeometryPlan& g) const;

@@ -193,6 +193,8 @@ PYBIND11_MODULE(_C, m) {
                for (const void* p : ptrs) out[name].push_back(reinterpret_cast<uintptr_t>(p));
              return out;
            })
+      .def("release_streamed", &host::Attached::release_streamed,
+           "Gives back the streamed weights' device and pinned host memory.")
       .def("copies", [](const host::Attached& a) {
         std::vector<std::pair<std::string, int64_t>> out;
         for (const auto& c : a.weights().copies()) out.emplace_back(c.name, c.bytes);

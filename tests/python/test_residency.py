@@ -4,6 +4,8 @@ or cannot stream, is an error naming it."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -91,3 +93,18 @@ def test_a_call_that_cannot_run_planned_raises_instead_of_falling_back(wan_modul
     with torch.no_grad(), pytest.raises(RuntimeError, match="lora_scale.*cannot run instead"):
         wan_module(**call)
     assert [f.code for f in handle.fallbacks] == ["lora_scale"]
+
+
+def test_remove_gives_the_handle_and_its_streamed_weights_back(wan_module: Any) -> None:
+    handle = streamplan.apply(wan_module, resident_blocks=1)
+    with torch.no_grad():
+        wan_module(**wan_call(wan_module))
+    gone = weakref.ref(handle)
+    streamplan.remove(wan_module)
+    assert handle.residency is not None  # the plans stay readable
+    gc.disable()
+    try:
+        del handle  # no reference cycle keeps it (nor its buffers) alive
+        assert gone() is None
+    finally:
+        gc.enable()
