@@ -1,0 +1,45 @@
+// "sparse": routed block-sparse INT8 attention (block_sparse.hpp's routing, the int8 kernels).
+//
+// Design note. The consumer is registered dense (budget 1); a run that chooses it registers it
+// again with its options: the budget of the step (plan::kv_budget_at) and the video rows in
+// the model's token order. Routing applies to self-attention over all `rows` tokens (K/V of
+// exactly that length); other attention (cross-attention to a context) runs dense. Q slabs
+// are routed by their position (ConsumerImpl::attend_rows), so a slab's query tiles are the
+// tiles of the full attention when slabs start at multiples of 64 (q_align). Grouped-query
+// heads (rows folded per group) are not routed by position: use kv_heads == heads models.
+// Every call records the fraction of tiles it visited; calls that share a K carrier form one
+// phase (one attention sublayer run) in sparse_phases().
+//
+// Example:
+//     sp::exec::configure_sparse(reg, {.budget = 0.3, .video = {512, 75584}, .rows = 75584});
+//     ... run ...
+//     for (const auto& ph : sp::exec::sparse_phases(reg)) std::cout << ph.density << "\n";
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "contracts/contracts.hpp"
+#include "exec/consumers/block_sparse.hpp"
+
+namespace sp::exec {
+
+struct SparseOptions {
+  double budget = 1.0;
+  VideoRows video;
+  int64_t rows = 0;  // tokens of the self-attention that is routed
+};
+
+struct SparsePhase {
+  int64_t kv_rows = 0;
+  double budget = 1.0;
+  int64_t visited = 0, tiles = 0;  // (head, query tile, key tile) triples
+  double density() const { return tiles ? double(visited) / double(tiles) : 1.0; }
+};
+
+// Registers "sparse" with these options (replacing the registered one).
+void configure_sparse(contracts::Registry& reg, const SparseOptions& o);
+// The phases the registered "sparse" consumer ran so far, in order.
+std::vector<SparsePhase> sparse_phases(const contracts::Registry& reg);
+
+}  // namespace sp::exec
