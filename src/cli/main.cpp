@@ -5,6 +5,7 @@
 //   streamplan run --checkpoint F [--frames/--height/--width | --tokens N | --inputs I] ...
 //   streamplan make-checkpoint --family NAME [--layers N] [--layout L] [--tiny] --out F
 //   streamplan bench [--cases a,b] [--reps N] [--out results.json]
+//   streamplan bench-attention [--cases wan14b,h3-10s] [--kv-budgets 0.3,1] [--out rows.json]
 //   streamplan --version
 //
 // Exit status (the table in README.md):
@@ -214,7 +215,8 @@ int main(int argc, char** argv) {
   add_model_options(plan_cmd, plan_args);
   plan_cmd->add_flag("--program", plan_args.program, "print the schedule program of every sublayer");
   const std::vector<sp::cli::Runner> runners = {sp::cli::add_run(app), sp::cli::add_make_checkpoint(app),
-                                                 sp::cli::add_bench(app), sp::cli::add_convert(app)};
+                                                 sp::cli::add_bench(app), sp::cli::add_convert(app),
+                                                 sp::cli::add_bench_attention(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --help-all, --version

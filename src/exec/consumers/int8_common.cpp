@@ -96,7 +96,7 @@ void require(const std::string& consumer, const at::Tensor& q) {
   if (!int8attn::built()) throw contracts::ContractError(who + " needs CUDA; this build has no CUDA kernels");
   if (!q.is_cuda()) {
     std::ostringstream os;
-    os << who << " needs a CUDA device; q is on " << q.device() << " (choose --consumer sdpa or a CUDA --device)";
+    os << who << " needs a CUDA device; the attention runs on " << q.device() << " (choose --consumer sdpa or a CUDA --device)";
     throw contracts::ContractError(os.str());
   }
   if (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf) {
@@ -139,6 +139,15 @@ Carrier carrier_for(const at::Tensor& k) {
     st.shape = shape;
   }
   return st.cached;
+}
+
+void drop_carrier() {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.cached = {};
+  st.sample = at::Tensor();
+  st.ptr = nullptr;
+  st.shape.clear();
 }
 
 int64_t call_bytes(const contracts::AttnShape& s) {

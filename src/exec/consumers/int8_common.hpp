@@ -36,6 +36,8 @@ struct Carrier {
 };
 // k [G, kv_rows, D]: the cached carrier of this K, or a new one.
 Carrier carrier_for(const at::Tensor& k);
+// Frees the cached carrier (the next call makes a new one; benchmarks time that too).
+void drop_carrier();
 
 // Output, Q tiles, K carrier and its sample: what an int8 call holds.
 int64_t call_bytes(const contracts::AttnShape& s);
