@@ -120,6 +120,47 @@ TEST(Int8Attention, WithoutACudaTensorTheChoiceIsAClearError) {
   }
 }
 
+// The CSR lists the sparse consumer hands the kernel, as a mask: the routed mask of
+// block_sparse.hpp, for the whole Q and for slabs starting at multiples of 64.
+at::Tensor mask_of(const exec::RoutedTiles& r, int64_t heads, int64_t q_tiles, int64_t k_tiles) {
+  at::Tensor m = at::zeros({heads * q_tiles, k_tiles}, at::kBool);
+  if (!r.offsets.defined()) return m.fill_(true).view({heads, q_tiles, k_tiles});
+  const auto off = r.offsets.accessor<int32_t, 1>();
+  const auto idx = r.indices.accessor<int32_t, 1>();
+  for (int64_t row = 0; row < heads * q_tiles; ++row)
+    for (int32_t i = off[row]; i < off[row + 1]; ++i) m[row][idx[i]] = true;
+  return m.view({heads, q_tiles, k_tiles});
+}
+
+TEST(SparseAttention, TileListsAreTheRoutedMaskWholeAndPerSlab) {
+  at::manual_seed(3);
+  for (int64_t rows : {130, 600, 1000})
+    for (double budget : {0.3, 0.75, 1.0}) {
+      const std::string what = std::to_string(rows) + " rows, budget " + std::to_string(budget);
+      const at::Tensor q = at::randn({3, rows, 64}), k = at::randn({3, rows, 64});
+      const exec::VideoRows video{77, rows};
+      const exec::SparseOptions o{.budget = budget, .video = video, .rows = rows};
+      const at::Tensor want = exec::route_tiles(q, k, video, budget);
+      const at::Tensor km = exec::tile_means(k);
+      const int64_t nk = km.size(1);
+      const auto whole = exec::route_slab(exec::tile_means(q), km, 0, rows, rows, o);
+      EXPECT_TRUE(at::equal(mask_of(whole, 3, nk, nk), want)) << what;
+      EXPECT_EQ(whole.visited, want.sum().item<int64_t>()) << what;
+      EXPECT_EQ(whole.tiles, want.numel()) << what;
+      EXPECT_EQ(whole.offsets.defined(), budget < 1 && rows > 130) << what << ": routed only where tiles are dropped";
+      for (int64_t b = 0; b < rows; b += 192) {
+        const int64_t n = std::min<int64_t>(192, rows - b);
+        const auto slab = exec::route_slab(exec::tile_means(q.narrow(1, b, n)), km, b, n, rows, o);
+        const int64_t nq = (n + 63) / 64;
+        EXPECT_TRUE(at::equal(mask_of(slab, 3, nq, nk), want.narrow(1, b / 64, nq))) << what << ", slab at " << b;
+      }
+      // Cross-attention (K/V of another length) is not routed.
+      const at::Tensor ctx = at::randn({3, 77, 64});
+      EXPECT_FALSE(exec::route_slab(exec::tile_means(q), exec::tile_means(ctx), 0, rows, 77, o).offsets.defined()) << what;
+    }
+  EXPECT_THROW(exec::route_slab(at::zeros({3, 2, 64}), at::zeros({3, 5, 64}), 0, 130, 130, {}), std::invalid_argument);
+}
+
 TEST(Int8Attention, CapsDeclareStreamingSixteenBitAndCountTheCarrier) {
   const auto reg = exec::builtin_registry();
   for (const char* name : {"int8", "sparse"}) {

@@ -19,7 +19,8 @@ std::string shape_of(const at::Tensor& t) {
 
 int64_t tiles_of(int64_t rows, int64_t tile) { return (rows + tile - 1) / tile; }
 
-// [heads, tiles, head_dim]: the mean of each tile's rows (a partial last tile: of its rows).
+}  // namespace
+
 at::Tensor tile_means(const at::Tensor& x, int64_t tile) {
   const int64_t heads = x.size(0), rows = x.size(1), n = tiles_of(rows, tile);
   at::Tensor padded = at::zeros({heads, n * tile, x.size(2)}, x.options().dtype(at::kFloat));
@@ -28,8 +29,6 @@ at::Tensor tile_means(const at::Tensor& x, int64_t tile) {
   counts[n - 1] = double(rows - (n - 1) * tile);
   return padded.view({heads, n, tile, x.size(2)}).sum(2).div_(counts.view({1, n, 1}));
 }
-
-}  // namespace
 
 at::Tensor video_tiles(int64_t first, int64_t rows, VideoRows video, int64_t tile) {
   const int64_t n = tiles_of(rows, tile);

@@ -32,6 +32,10 @@ struct VideoRows {
 // it lies wholly inside the video rows, [ceil(rows / tile)] bool on the CPU.
 at::Tensor video_tiles(int64_t first, int64_t rows, VideoRows video, int64_t tile = kSparseTile);
 
+// [heads, ceil(rows / tile), head_dim] fp32: the mean of each tile's rows of x [heads, rows,
+// head_dim] (a partial last tile: of its rows). The int8 quantization writes the same means.
+at::Tensor tile_means(const at::Tensor& x, int64_t tile = kSparseTile);
+
 // The routing itself: qm [heads, query tiles, head_dim] and km [heads, key tiles, head_dim]
 // tile means of video tiles only; per query tile the indices (into km's tiles) of the
 // plan::kept_tiles(budget, key tiles) key tiles of highest mean dot product, [heads, query

@@ -2,6 +2,7 @@
 #include "exec/consumers/sparse.hpp"
 
 #include <mutex>
+#include <sstream>
 
 #include "exec/consumers/consumer.hpp"
 #include "exec/consumers/int8_common.hpp"
@@ -30,11 +31,13 @@ struct SparseConsumer : ConsumerImpl {
     int8c::require("sparse", q3);
     const int8c::Carrier kc = int8c::carrier_for(int8c::heads_rows(k, "k", "sparse"));
     const int8attn::QTiles qt = int8attn::quantize_q(q3, scale);
+    const RoutedTiles r = route_slab(qt.tile_mean, kc.k.tile_mean, q_begin, qt.rows, kc.k.rows, opt);
+    at::Tensor o = int8attn::attend(qt, kc.k, int8c::heads_rows(v, "v", "sparse"), {r.offsets, r.indices}).unsqueeze(0);
     SparsePhase call;
     call.kv_rows = kc.k.rows;
     call.budget = opt.budget;
-    const int8attn::TileList tl = route(qt, kc.k, q_begin, call);
-    at::Tensor o = int8attn::attend(qt, kc.k, int8c::heads_rows(v, "v", "sparse"), tl).unsqueeze(0);
+    call.visited = r.visited;
+    call.tiles = r.tiles;
     std::lock_guard<std::mutex> lock(mu);
     if (phases.empty() || phase_ids.back() != kc.phase) {
       phases.push_back(call);
@@ -44,39 +47,6 @@ struct SparseConsumer : ConsumerImpl {
       phases.back().tiles += call.tiles;
     }
     return o;
-  }
-
-  // The CSR tile list of this Q slab, or an empty one (dense); counts the visited tiles.
-  int8attn::TileList route(const int8attn::QTiles& qt, const int8attn::KCarrier& kc, int64_t q_begin,
-                           SparsePhase& call) const {
-    const int64_t g = qt.q8.size(0), nq = tiles(qt.rows), nk = tiles(kc.rows);
-    call.tiles = call.visited = g * nq * nk;
-    if (opt.budget >= 1.0 || kc.rows != opt.rows || opt.video.end <= opt.video.begin) return {};
-    const at::Device d = qt.q8.device();
-    const at::Tensor vk = video_tiles(0, kc.rows, opt.video);
-    const at::Tensor qi = video_tiles(q_begin, qt.rows, opt.video).nonzero().view(-1);
-    const at::Tensor ki = vk.nonzero().view(-1), ni = vk.logical_not().nonzero().view(-1);
-    const int64_t nqv = qi.numel(), nkv = ki.numel(), nn = ni.numel();
-    const int64_t kept = plan::kept_tiles(opt.budget, std::max<int64_t>(nkv, 1));
-    if (nqv == 0 || nkv == 0 || kept == nkv) return {};
-    const at::Tensor qid = qi.to(d), kid = ki.to(d);
-    const at::Tensor top = top_tiles(qt.tile_mean.index_select(1, qid), kc.tile_mean.index_select(1, kid), opt.budget);
-    // Routed video key tiles, then every key tile outside the video rows.
-    const at::Tensor routed = kid.index_select(0, top.flatten()).view(top.sizes());
-    const at::Tensor rows = at::cat({routed, ni.to(d).view({1, 1, nn}).expand({g, nqv, nn})}, 2).to(at::kInt);
-    const auto i32 = at::TensorOptions().dtype(at::kInt).device(d);
-    at::Tensor padded = at::arange(nk, i32).view({1, 1, nk}).expand({g, nq, nk}).contiguous();
-    at::Tensor sub = padded.index_select(1, qid);
-    sub.narrow(2, 0, kept + nn).copy_(rows);
-    padded.index_copy_(1, qid, sub);
-    at::Tensor counts = at::full({g, nq}, nk, i32);
-    counts.index_fill_(1, qid, kept + nn);
-    const at::Tensor mask = at::arange(nk, i32).view({1, 1, nk}) < counts.unsqueeze(2);
-    int8attn::TileList tl;
-    tl.indices = padded.masked_select(mask).contiguous();
-    tl.offsets = at::cat({at::zeros({1}, i32), counts.flatten().cumsum(0).to(at::kInt)});
-    call.visited = g * (nq * nk - nqv * (nkv - kept));
-    return tl;
   }
 
   SparseOptions opt;
@@ -104,6 +74,46 @@ contracts::ConsumerCaps sparse_caps(const SparseOptions& o) {
 }
 
 }  // namespace
+
+RoutedTiles route_slab(const at::Tensor& qm, const at::Tensor& km, int64_t q_begin, int64_t q_rows, int64_t kv_rows,
+                       const SparseOptions& o) {
+  const int64_t nq = tiles(q_rows), nk = tiles(kv_rows);
+  if (qm.dim() != 3 || km.dim() != 3 || qm.size(1) != nq || km.size(1) != nk || km.size(0) != qm.size(0) ||
+      km.size(2) != qm.size(2)) {
+    std::ostringstream os;
+    os << "route_slab: tile means q " << qm.sizes() << " and k " << km.sizes() << " do not fit " << q_rows
+       << " query rows and " << kv_rows << " key rows in tiles of " << kSparseTile;
+    throw std::invalid_argument(os.str());
+  }
+  const int64_t g = qm.size(0);
+  RoutedTiles r;
+  r.tiles = r.visited = g * nq * nk;
+  if (o.budget >= 1.0 || kv_rows != o.rows || o.video.end <= o.video.begin) return r;
+  const at::Device d = qm.device();
+  const at::Tensor vk = video_tiles(0, kv_rows, o.video);
+  const at::Tensor qi = video_tiles(q_begin, q_rows, o.video).nonzero().view(-1);
+  const at::Tensor ki = vk.nonzero().view(-1), ni = vk.logical_not().nonzero().view(-1);
+  const int64_t nqv = qi.numel(), nkv = ki.numel(), nn = ni.numel();
+  const int64_t kept = plan::kept_tiles(o.budget, std::max<int64_t>(nkv, 1));
+  if (nqv == 0 || nkv == 0 || kept == nkv) return r;
+  const at::Tensor qid = qi.to(d), kid = ki.to(d);
+  const at::Tensor top = top_tiles(qm.index_select(1, qid), km.index_select(1, kid), o.budget);
+  // Routed video key tiles, then every key tile outside the video rows.
+  const at::Tensor routed = kid.index_select(0, top.flatten()).view(top.sizes());
+  const at::Tensor rows = at::cat({routed, ni.to(d).view({1, 1, nn}).expand({g, nqv, nn})}, 2).to(at::kInt);
+  const auto i32 = at::TensorOptions().dtype(at::kInt).device(d);
+  at::Tensor padded = at::arange(nk, i32).view({1, 1, nk}).expand({g, nq, nk}).contiguous();
+  at::Tensor sub = padded.index_select(1, qid);
+  sub.narrow(2, 0, kept + nn).copy_(rows);
+  padded.index_copy_(1, qid, sub);
+  at::Tensor counts = at::full({g, nq}, nk, i32);
+  counts.index_fill_(1, qid, kept + nn);
+  const at::Tensor mask = at::arange(nk, i32).view({1, 1, nk}) < counts.unsqueeze(2);
+  r.indices = padded.masked_select(mask).contiguous();
+  r.offsets = at::cat({at::zeros({1}, i32), counts.flatten().cumsum(0).to(at::kInt)});
+  r.visited = g * (nq * nk - nqv * (nkv - kept));
+  return r;
+}
 
 void configure_sparse(contracts::Registry& reg, const SparseOptions& o) { reg.add(sparse_caps(o)); }
 

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "contracts/contracts.hpp"
+#include <ATen/ATen.h>
+
 #include "exec/consumers/block_sparse.hpp"
 
 namespace sp::exec {
@@ -36,6 +38,17 @@ struct SparsePhase {
   int64_t visited = 0, tiles = 0;  // (head, query tile, key tile) triples
   double density() const { return tiles ? double(visited) / double(tiles) : 1.0; }
 };
+
+// The key tiles each query tile of a Q slab visits, as the CSR list the int8 kernel takes:
+// qm [G, ceil(q_rows / 64), D] and km [G, ceil(kv_rows / 64), D] the tile means of the slab
+// (first row q_begin) and of K, on any device. Dense (undefined offsets) where the options do
+// not route this call. `visited` / `tiles` count (head, query tile, key tile) triples.
+struct RoutedTiles {
+  at::Tensor offsets, indices;  // int32 [G * q tiles + 1], [visited]
+  int64_t visited = 0, tiles = 0;
+};
+RoutedTiles route_slab(const at::Tensor& qm, const at::Tensor& km, int64_t q_begin, int64_t q_rows, int64_t kv_rows,
+                       const SparseOptions& o);
 
 // Registers "sparse" with these options (replacing the registered one).
 void configure_sparse(contracts::Registry& reg, const SparseOptions& o);
