@@ -25,6 +25,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
+#include "cli/sparse_run.hpp"
 #include "exec/registry.hpp"
 #include "exec/device/device.hpp"
 #include "exec/device/memory.hpp"
@@ -76,8 +77,12 @@ void add_model_options(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("--dtype", a.dtype, "activation dtype")
       ->check(CLI::IsMember(ir::activation_dtype_names()))
       ->capture_default_str();
-  cmd->add_option("--consumer", a.consumer, "attention consumer")
-      ->check(CLI::IsMember(reg_names->consumer_names()))
+  cmd->add_option("--consumer", a.consumer, "attention consumer (auto: the fastest exact one)")
+      ->check(CLI::IsMember([&] {
+        auto names = reg_names->consumer_names();
+        names.push_back("auto");
+        return names;
+      }()))
       ->capture_default_str();
   cmd->add_option("--format", a.format, "weight format of the block linears")
       ->check(CLI::IsMember(reg_names->format_names()))
@@ -97,7 +102,7 @@ models::ModelConfig config_from(const ModelArgs& a, const contracts::Registry& r
   models::ModelConfig c = models::demo_config();
   c.layers = a.layers;
   c.dtype = ir::parse_dtype(a.dtype, "--dtype");
-  c.consumer = a.consumer;
+  c.consumer = cli::resolve_consumer(a.consumer);
   c.format = a.format;
   c.seed = a.seed;
   models::set_total_tokens(c, a.tokens);

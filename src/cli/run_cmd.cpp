@@ -58,7 +58,7 @@ int run(const Args& a) {
   const auto sidecar = a.sidecar.empty() ? models::sidecar_of(file) : recognize::load_sidecar(a.sidecar);
   const auto rec = recognize::recognize(file, sidecar);
   const ir::DType dtype = pick_dtype(a.dtype, d);
-  const std::string consumer = a.consumer == "auto" ? "sdpa" : a.consumer;  // the fastest exact consumer
+  const std::string consumer = resolve_consumer(a.consumer);
   require_consumer_device(consumer, d, dtype);
   // Under a device-memory budget the weights are read into host memory; the residency moves
   // what stays on the device there once it is planned.

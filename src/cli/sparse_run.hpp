@@ -28,6 +28,9 @@ struct SparseRun {
   std::string text(const contracts::Registry& reg) const;
 };
 
+// --consumer auto: the fastest exact consumer (sdpa); any other name as given.
+inline std::string resolve_consumer(const std::string& name) { return name == "auto" ? "sdpa" : name; }
+
 // For int8/sparse: throws unless they run on `device` in `dtype` (the consumers' own check
 // and self-test), before anything is loaded; other consumers pass.
 void require_consumer_device(const std::string& consumer, const at::Device& device, ir::DType dtype);
