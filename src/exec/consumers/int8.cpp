@@ -14,6 +14,12 @@ struct Int8Consumer : ConsumerImpl {
     const int8c::Carrier kc = int8c::carrier_for(int8c::heads_rows(k, "k", "int8"));
     return int8attn::attend(int8attn::quantize_q(q3, scale), kc.k, int8c::heads_rows(v, "v", "int8"), {}).unsqueeze(0);
   }
+  at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                         int64_t q_begin) const override {
+    at::Tensor o = attend(q, k, v, scale);
+    int8c::after_slab(q_begin, q.size(2), k.size(2));
+    return o;
+  }
 };
 
 }  // namespace

@@ -163,6 +163,10 @@ void drop_carrier() {
   st.shape.clear();
 }
 
+void after_slab(int64_t q_begin, int64_t q_rows, int64_t kv_rows) {
+  if (q_begin + q_rows >= kv_rows) drop_carrier();
+}
+
 int64_t call_bytes(const contracts::AttnShape& s) {
   // Grouped-query heads arrive as kv_heads groups of rep x q_rows rows.
   const int64_t esz = static_cast<int64_t>(ir::dtype_size(s.dtype));

@@ -10,8 +10,9 @@
 // (kernels/int8_attn.hpp) is cached for the most recent K: the streamed Q slabs of one phase
 // reuse it. The arena's buffers share one version counter, so the key is K's pointer, shape,
 // strides and a sample of 64 of its rows compared on the device; a different K at the same
-// place (the next layer) misses. The carrier stays allocated until the next K: call_bytes
-// counts it in every call of the phase.
+// place (the next layer) misses. The carrier is freed after the slab that ends the phase
+// (after_slab) or when the next K replaces it; call_bytes counts it in every call of the
+// phase (the steps between the phase's attend calls run beside it uncounted).
 //
 // Example:
 //     sp::exec::int8c::require("int8", q3);
@@ -38,6 +39,11 @@ struct Carrier {
 Carrier carrier_for(const at::Tensor& k);
 // Frees the cached carrier (the next call makes a new one; benchmarks time that too).
 void drop_carrier();
+// After a Q slab of rows [q_begin, q_begin + q_rows): frees the carrier once the slab reaches
+// row kv_rows, the end of a self-attention over rows [0, kv_rows), so the carrier lives for
+// its phase only. Elsewhere (cross-attention, attention over later rows) it may free it early,
+// which only costs a new carrier.
+void after_slab(int64_t q_begin, int64_t q_rows, int64_t kv_rows);
 
 // Output, Q tiles, K carrier and its sample: what an int8 call holds.
 int64_t call_bytes(const contracts::AttnShape& s);

@@ -46,6 +46,7 @@ struct SparseConsumer : ConsumerImpl {
       phases.back().visited += call.visited;
       phases.back().tiles += call.tiles;
     }
+    int8c::after_slab(q_begin, qt.rows, kc.k.rows);
     return o;
   }
 
