@@ -266,11 +266,18 @@ class Handle:
         tensors = list(m.state_dict().items())
         hook = self._hook_now()
         self._attached = _C.Attached(tensors, sidecar, consumer, budget, chunk, fslice, self._python_consumers,
-                                     hook.fn if hook else None, list(hook.names) if hook else [], self._loras)
+                                     hook.fn if hook else None, list(hook.names) if hook else [], self._loras,
+                                     getattr(self, "_kv_budget", 1.0))
         _lora.warn(self._attached.lora, self._lora_warned)
         device = torch.device(self._attached.device)
         self._adapter = self._adapter_type(m, self._original, _DTYPES[self._attached.dtype], device)
         self._fingerprint = self._fingerprint_now()
+
+    def set_kv_budget(self, budget: float) -> None:
+        """The fraction of video key tiles each video query tile keeps from the next call on
+        (consumer ``"sparse"`` only; 1 is dense). Per denoising step: :func:`kv_budget_at`."""
+        self._attached.set_kv_budget(float(budget))
+        self._kv_budget = float(budget)
 
     def _hook_now(self) -> WeightHook | None:
         """The caller's weight hook, else the host's for the module as it is now."""
@@ -367,6 +374,7 @@ def apply(
     hooked: Sequence[str] | None = None,
     install: bool = True,
     lora: Sequence[Any] | None = None,
+    kv_budget: float | None = None,
 ) -> Handle:
     """Attaches the planner to `module` and replaces its forward; returns the handle.
 
@@ -398,6 +406,9 @@ def apply(
             safetensors path or a state dict in kohya, diffusers/PEFT or trainer naming. The
             scale is strength * alpha / rank where the file has an alpha. Keys that match no
             weight are warned about and listed in :attr:`Handle.lora`.
+        kv_budget: with ``consumer="sparse"``: the fraction of video key tiles each video query
+            tile keeps (default 1: dense); :meth:`Handle.set_kv_budget` changes it per step
+            (:func:`kv_budget_at` gives a step's budget of an early/late schedule).
         install: False leaves the module's forward as it is: the host calls
             :meth:`Handle.call` from its own hook around the module instead (ComfyUI's
             diffusion-model wrappers: streamplan.comfy_nodes).
@@ -446,10 +457,22 @@ def apply(
         hook,
         _lora.inputs(lora),
     )
+    if kv_budget is not None:
+        handle.set_kv_budget(kv_budget)
     if install:
         module.forward = handle._forward
     setattr(module, _ATTR, handle)
     return handle
+
+
+def kv_budget_at(
+    step: int, steps: int, budget: float = 1.0, *, early_steps: int = 0, early_kv: float = 1.0,
+    late_steps: int = 0, late_kv: float = 1.0,
+) -> float:
+    """The sparse attention budget of denoising step `step` of `steps`: the densest of `budget`
+    and the windows covering the step (the first `early_steps` use `early_kv`, the last
+    `late_steps` use `late_kv`). Raises ValueError naming a bad value."""
+    return _C.kv_budget_at(step, steps, budget, early_steps, early_kv, late_steps, late_kv)
 
 
 def remove(module: torch.nn.Module) -> None:

@@ -17,16 +17,7 @@ SparseRun prepare_sparse(contracts::Registry& reg, const std::string& consumer, 
   if (consumer != "sparse") return r;
   r.active = true;
   r.kv = kv;
-  r.options.budget = kv_budget(kv);
-  const auto video = std::find_if(m.segments.begin(), m.segments.end(), [](const ir::Segment& s) { return s.name == "video"; });
-  if (video == m.segments.end()) {
-    std::string names;
-    for (const auto& s : m.segments) names += (names.empty() ? "" : ", ") + s.name;
-    throw std::invalid_argument("--consumer sparse: the model has no 'video' segment to route (segments: " + names + ")");
-  }
-  r.options.video.begin = m.segment_begin("video");
-  r.options.video.end = r.options.video.begin + video->length;
-  r.options.rows = m.tokens();
+  r.options = exec::sparse_options(m, kv_budget(kv));
   exec::configure_sparse(reg, r.options);
   return r;
 }

@@ -1,6 +1,7 @@
 // "sparse": routed block-sparse INT8 attention (see sparse.hpp).
 #include "exec/consumers/sparse.hpp"
 
+#include <algorithm>
 #include <mutex>
 #include <sstream>
 
@@ -29,6 +30,7 @@ struct SparseConsumer : ConsumerImpl {
                          int64_t q_begin) const override {
     const at::Tensor q3 = int8c::heads_rows(q, "q", "sparse");
     int8c::require("sparse", q3);
+    const SparseOptions opt = options();
     const int8c::Carrier kc = int8c::carrier_for(int8c::heads_rows(k, "k", "sparse"));
     const int8attn::QTiles qt = int8attn::quantize_q(q3, scale);
     const RoutedTiles r = route_slab(qt.tile_mean, kc.k.tile_mean, q_begin, qt.rows, kc.k.rows, opt);
@@ -50,7 +52,12 @@ struct SparseConsumer : ConsumerImpl {
     return o;
   }
 
-  SparseOptions opt;
+  SparseOptions options() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return opt;
+  }
+
+  mutable SparseOptions opt;  // guarded by mu
   mutable std::mutex mu;
   mutable std::vector<SparsePhase> phases;
   mutable std::vector<uint64_t> phase_ids;
@@ -116,7 +123,44 @@ RoutedTiles route_slab(const at::Tensor& qm, const at::Tensor& km, int64_t q_beg
   return r;
 }
 
+SparseOptions sparse_options(const ir::Model& m, double budget) {
+  const auto video = std::find_if(m.segments.begin(), m.segments.end(), [](const ir::Segment& s) { return s.name == "video"; });
+  if (video == m.segments.end()) {
+    std::string names;
+    for (const auto& s : m.segments) names += (names.empty() ? "" : ", ") + s.name;
+    throw std::invalid_argument("consumer 'sparse': the model has no 'video' segment to route (segments: " + names + ")");
+  }
+  SparseOptions o;
+  o.budget = budget;
+  o.video.begin = m.segment_begin("video");
+  o.video.end = o.video.begin + video->length;
+  o.rows = m.tokens();
+  return o;
+}
+
 void configure_sparse(contracts::Registry& reg, const SparseOptions& o) { reg.add(sparse_caps(o)); }
+
+namespace {
+const SparseConsumer& sparse_impl(const contracts::ConsumerCaps& sparse) {
+  auto* impl = dynamic_cast<const SparseConsumer*>(sparse.impl.get());
+  if (!impl) throw contracts::ContractError("consumer '" + sparse.name + "' is not the sparse attention consumer");
+  return *impl;
+}
+}  // namespace
+
+void set_sparse_budget(const contracts::ConsumerCaps& sparse, double budget) {
+  if (!(budget > 0.0 && budget <= 1.0))
+    throw std::invalid_argument("kv_budget: a fraction in (0, 1], got " + std::to_string(budget));
+  const SparseConsumer& c = sparse_impl(sparse);
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.opt.budget = budget;
+}
+
+void set_sparse_model(const contracts::ConsumerCaps& sparse, const ir::Model& m) {
+  const SparseConsumer& c = sparse_impl(sparse);
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.opt = sparse_options(m, c.opt.budget);
+}
 
 std::vector<SparsePhase> sparse_phases(const contracts::Registry& reg) {
   const auto* impl = dynamic_cast<const SparseConsumer*>(reg.consumer("sparse").impl.get());

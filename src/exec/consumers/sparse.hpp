@@ -23,6 +23,7 @@
 #include <ATen/ATen.h>
 
 #include "exec/consumers/block_sparse.hpp"
+#include "ir/model.hpp"
 
 namespace sp::exec {
 
@@ -50,8 +51,17 @@ struct RoutedTiles {
 RoutedTiles route_slab(const at::Tensor& qm, const at::Tensor& km, int64_t q_begin, int64_t q_rows, int64_t kv_rows,
                        const SparseOptions& o);
 
+// The options of a run of model `m`: its "video" segment's rows and all its tokens; throws
+// std::invalid_argument naming the segments when it has no "video" segment.
+SparseOptions sparse_options(const ir::Model& m, double budget);
+
 // Registers "sparse" with these options (replacing the registered one).
 void configure_sparse(contracts::Registry& reg, const SparseOptions& o);
+// For hosts that keep one registry over runs of several geometries: the registered sparse
+// consumer's (caps from Registry::consumer("sparse")) budget, checked to lie in (0, 1], and
+// its rows from the model of the next run (sparse_options).
+void set_sparse_budget(const contracts::ConsumerCaps& sparse, double budget);
+void set_sparse_model(const contracts::ConsumerCaps& sparse, const ir::Model& m);
 // The phases the registered "sparse" consumer ran so far, in order.
 std::vector<SparsePhase> sparse_phases(const contracts::Registry& reg);
 
