@@ -168,11 +168,12 @@ void after_slab(int64_t q_begin, int64_t q_rows, int64_t kv_rows) {
 }
 
 int64_t call_bytes(const contracts::AttnShape& s) {
-  // Grouped-query heads arrive as kv_heads groups of rep x q_rows rows.
+  // Grouped-query heads arrive as kv_heads groups of rep x q_rows rows. Two K samples: the
+  // cached one and the call's.
   const int64_t esz = static_cast<int64_t>(ir::dtype_size(s.dtype));
   const int64_t g = s.kv_heads > 0 ? s.kv_heads : s.heads, rows = s.q_rows * (s.heads / g);
   return g * rows * s.head_dim * esz + int8attn::q_tiles_bytes(g, rows, s.head_dim) +
-         int8attn::k_carrier_bytes(g, s.kv_rows, s.head_dim) + g * std::min<int64_t>(s.kv_rows, kSampleRows) * s.head_dim * esz;
+         int8attn::k_carrier_bytes(g, s.kv_rows, s.head_dim) + 2 * g * std::min<int64_t>(s.kv_rows, kSampleRows) * s.head_dim * esz;
 }
 
 }  // namespace sp::exec::int8c
