@@ -39,6 +39,9 @@
 #                                    at 1024^2 under 10, 16 and 24 GiB, each against the same plan with
 #                                    every weight resident (bench --device-memory); builds first where
 #                                    build-gpu/streamplan is missing
+#   scripts/device.sh OUT attention  streamplan bench-attention (cuDNN SDPA vs int8 and sparse at the
+#                                    Wan 14B and H3 10 s shapes) into OUT/attention.json; builds first
+#                                    where build-gpu/streamplan is missing
 #   scripts/device.sh OUT formats    the block cases with their linears in each weight format (dense,
 #                                    fp8-e4m3, convrot-int8, int8; FORMATS overrides), each with a
 #                                    profiled run (the projections' time alone); then a rank-64 LoRA on
@@ -82,6 +85,15 @@ if [ "$mode" = policy ]; then
   exit 0
 fi
 
+if [ "$mode" = attention ]; then
+  build_bin
+  $bin bench-attention --device cuda --out "$out/attention.json" 2>>"$out/logs.txt" >"$out/attention.txt" \
+    || summary+=("bench-attention failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
+  grep -hE "budget" "$out/logs.txt" | tail -8
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+
 if [ "$mode" = residency ]; then
   build_bin
   for spec in ${RESIDENCY_CASES:-wan14b-model-81f:8GiB minimax-h3-model-10s:12GiB flux-dev-1024:10GiB,16GiB,24GiB}; do
@@ -115,9 +127,9 @@ if [ "$mode" = gpu-tests ]; then
   { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTREAMPLAN_TESTS=ON \
       -DSTREAMPLAN_GTEST_SRC="$PWD/.deps/googletest" -DCMAKE_INCLUDE_PATH="$PWD/.deps/include" \
       -DCMAKE_PREFIX_PATH="$prefix;$PWD/.deps" &&
-    cmake --build build-gpu --parallel "$(nproc)" --target streamplan exec_test lora_test; } >>"$out/logs.txt" 2>&1 \
+    cmake --build build-gpu --parallel "$(nproc)" --target streamplan exec_test lora_test attention_test; } >>"$out/logs.txt" 2>&1 \
     || { tail -30 "$out/logs.txt"; exit 1; }
-  for t in exec_test lora_test; do
+  for t in exec_test lora_test attention_test; do
     build-gpu/tests/$t --gtest_filter="${GTEST_FILTER:-Gpu*}" 2>&1 | grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|rel_l2|Failure|error" \
       | tee -a "$out/gpu_tests.txt"
   done

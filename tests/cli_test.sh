@@ -58,6 +58,14 @@ grep -qF "streamplan: error: --tokens: must be >= 1, got 0" <<<"$err" || fail "u
 rc=0; err=$("$bin" plan --no-such-option 2>&1) || rc=$?
 [ "$rc" -eq 1 ] || fail "unknown option: exit $rc, expected 1"
 grep -q "^streamplan: error: .*--no-such-option" <<<"$err" || fail "unexpected error: $err"
+# The int8 attention consumers are explicit choices: no CUDA device is an error, never a fallback.
+for c in int8 sparse; do
+  rc=0; err=$("$bin" demo --device cpu --tokens 300 --layers 1 --dtype bf16 --consumer $c 2>&1) || rc=$?
+  [ "$rc" -eq 1 ] || fail "--consumer $c on the CPU: exit $rc, expected 1"
+  grep -qF "streamplan: error: consumer '$c' (int8 attention kernels) needs a CUDA device" <<<"$err" || fail "unexpected error: $err"
+done
+rc=0; err=$("$bin" bench-attention --device cpu 2>&1) || rc=$?
+[ "$rc" -eq 1 ] || fail "bench-attention on the CPU: exit $rc, expected 1"
 out=$("$bin" demo --help) || fail "demo --help failed"
 # CLI11 versions print a default as "INT=3200" or "INT [3200]".
 grep -qE -- "--tokens INT( \[|=)3200" <<<"$out" && grep -qE -- "--consumer .*(=| \[)sdpa" <<<"$out" || fail "demo --help shows no defaults: $out"

@@ -319,11 +319,17 @@ class Handle:
         device_memory, resident_blocks, device = self._residency
         self._attached = _C.Attached(tensors, sidecar, consumer, budget, chunk, fslice, self._python_consumers,
                                      hook.fn if hook else None, list(hook.names) if hook else [], self._loras,
-                                     device_memory, resident_blocks, device)
+                                     device_memory, resident_blocks, device, getattr(self, "_kv_budget", 1.0))
         _lora.warn(self._attached.lora, self._lora_warned)
         device = torch.device(self._attached.device)
         self._adapter = self._adapter_type(m, self._original, _DTYPES[self._attached.dtype], device)
         self._fingerprint = self._fingerprint_now()
+
+    def set_kv_budget(self, budget: float) -> None:
+        """The fraction of video key tiles each video query tile keeps from the next call on
+        (consumer ``"sparse"`` only; 1 is dense). Per denoising step: :func:`kv_budget_at`."""
+        self._attached.set_kv_budget(float(budget))
+        self._kv_budget = float(budget)
 
     def _hook_now(self) -> WeightHook | None:
         """The caller's weight hook, else the host's for the module as it is now."""
@@ -429,6 +435,7 @@ def apply(
     device_memory: str | int | None = None,
     resident_blocks: int | str | None = None,
     device: str | torch.device | None = None,
+    kv_budget: float | None = None,
 ) -> Handle:
     """Attaches the planner to `module` and replaces its forward; returns the handle.
 
@@ -475,6 +482,9 @@ def apply(
             chosen under `device_memory`); streams the weights like `device_memory`.
         device: where the calls run when the weights stream (e.g. ``"cuda"``); default: the
             module's device.
+        kv_budget: with ``consumer="sparse"``: the fraction of video key tiles each video query
+            tile keeps (default 1: dense); :meth:`Handle.set_kv_budget` changes it per step
+            (:func:`kv_budget_at` gives a step's budget of an early/late schedule).
         install: False leaves the module's forward as it is: the host calls
             :meth:`Handle.call` from its own hook around the module instead (ComfyUI's
             diffusion-model wrappers: streamplan.comfy_nodes).
@@ -524,10 +534,22 @@ def apply(
         _lora.inputs(lora),
         (_device_memory_bytes(device_memory), _resident_blocks(resident_blocks), "" if device is None else str(device)),
     )
+    if kv_budget is not None:
+        handle.set_kv_budget(kv_budget)
     if install:
         module.forward = handle._forward
     setattr(module, _ATTR, handle)
     return handle
+
+
+def kv_budget_at(
+    step: int, steps: int, budget: float = 1.0, *, early_steps: int = 0, early_kv: float = 1.0,
+    late_steps: int = 0, late_kv: float = 1.0,
+) -> float:
+    """The sparse attention budget of denoising step `step` of `steps`: the densest of `budget`
+    and the windows covering the step (the first `early_steps` use `early_kv`, the last
+    `late_steps` use `late_kv`). Raises ValueError naming a bad value."""
+    return _C.kv_budget_at(step, steps, budget, early_steps, early_kv, late_steps, late_kv)
 
 
 def remove(module: torch.nn.Module) -> None:

@@ -5,7 +5,9 @@
 #include <sstream>
 
 #include "cli/commands.hpp"
+#include "cli/kv_options.hpp"
 #include "cli/options.hpp"
+#include "cli/sparse_run.hpp"
 #include "exec/registry.hpp"
 #include "exec/device/device.hpp"
 #include "exec/device/memory.hpp"
@@ -29,6 +31,8 @@ struct Args {
   bool tiny = false, list = false, estimate = false, quiet = false, profile_steps = false, policies = false;
   std::string row_kernels = "fused";
   std::string device_memory, resident_blocks, format;
+  std::string consumer = "sdpa";
+  KvArgs kv;
 };
 
 // "45 s", "12 min", "3.5 h", "2.1 days".
@@ -73,6 +77,10 @@ int bench(const Args& a) {
   opt.lora_rank = a.lora_rank;
   if (!a.format.empty()) reg.format(a.format);  // an unknown name is an error listing the known ones
   opt.format = a.format;
+  opt.consumer = resolve_consumer(a.consumer);
+  reg.consumer(opt.consumer);  // an unknown name is an error listing the known ones
+  require_consumer_device(opt.consumer, d, opt.dtype);
+  if (opt.consumer == "sparse") exec::set_sparse_budget(reg.consumer("sparse"), kv_budget(a.kv));
   std::vector<int64_t> memories;
   std::stringstream list(a.device_memory);
   for (std::string item; std::getline(list, item, ',');) memories.push_back(plan::parse_budget(item));
@@ -175,6 +183,10 @@ Runner add_bench(CLI::App& app) {
   cmd->add_flag("--tiny", a->tiny, "tiny widths and shapes (tests)");
   cmd->add_option("--format", a->format,
                   "store the block linears in this weight format (fp8-e4m3, int8, convrot-int8, ...) before running");
+  cmd->add_option("--consumer", a->consumer,
+                  "attention consumer: sdpa, math, int8, sparse (CUDA; sparse follows --kv-budget and its step options), auto")
+      ->capture_default_str();
+  add_kv_options(cmd, a->kv);
   cmd->add_option("--lora-rank", a->lora_rank, "a random LoRA of this rank on every linear (its overhead)")
       ->check(at_least(1));
   cmd->add_option("--reps", a->reps, "timed repetitions of each schedule")

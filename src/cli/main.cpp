@@ -5,6 +5,7 @@
 //   streamplan run --checkpoint F [--frames/--height/--width | --tokens N | --inputs I] ...
 //   streamplan make-checkpoint --family NAME [--layers N] [--layout L] [--tiny] --out F
 //   streamplan bench [--cases a,b] [--reps N] [--out results.json]
+//   streamplan bench-attention [--cases wan14b,h3-10s] [--kv-budgets 0.3,1] [--out rows.json]
 //   streamplan --version
 //
 // Exit status (the table in README.md):
@@ -24,6 +25,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
+#include "cli/sparse_run.hpp"
 #include "exec/registry.hpp"
 #include "exec/device/device.hpp"
 #include "exec/device/memory.hpp"
@@ -75,8 +77,12 @@ void add_model_options(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("--dtype", a.dtype, "activation dtype")
       ->check(CLI::IsMember(ir::activation_dtype_names()))
       ->capture_default_str();
-  cmd->add_option("--consumer", a.consumer, "attention consumer")
-      ->check(CLI::IsMember(reg_names->consumer_names()))
+  cmd->add_option("--consumer", a.consumer, "attention consumer (auto: the fastest exact one)")
+      ->check(CLI::IsMember([&] {
+        auto names = reg_names->consumer_names();
+        names.push_back("auto");
+        return names;
+      }()))
       ->capture_default_str();
   cmd->add_option("--format", a.format, "weight format of the block linears")
       ->check(CLI::IsMember(reg_names->format_names()))
@@ -96,7 +102,7 @@ models::ModelConfig config_from(const ModelArgs& a, const contracts::Registry& r
   models::ModelConfig c = models::demo_config();
   c.layers = a.layers;
   c.dtype = ir::parse_dtype(a.dtype, "--dtype");
-  c.consumer = a.consumer;
+  c.consumer = cli::resolve_consumer(a.consumer);
   c.format = a.format;
   c.seed = a.seed;
   models::set_total_tokens(c, a.tokens);
@@ -214,7 +220,8 @@ int main(int argc, char** argv) {
   add_model_options(plan_cmd, plan_args);
   plan_cmd->add_flag("--program", plan_args.program, "print the schedule program of every sublayer");
   const std::vector<sp::cli::Runner> runners = {sp::cli::add_run(app), sp::cli::add_make_checkpoint(app),
-                                                 sp::cli::add_bench(app), sp::cli::add_convert(app)};
+                                                 sp::cli::add_bench(app), sp::cli::add_convert(app),
+                                                 sp::cli::add_bench_attention(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --help-all, --version

@@ -2,7 +2,9 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/kv_options.hpp"
 #include "cli/options.hpp"
+#include "cli/sparse_run.hpp"
 #include "exec/registry.hpp"
 #include "exec/device/device.hpp"
 #include "exec/device/memory.hpp"
@@ -29,6 +31,7 @@ struct Args {
   int64_t chunk = 0, feature_slice = 0;
   uint64_t seed = 0;
   bool planned_only = false, json = false, explain = false, quiet = false;
+  KvArgs kv;
 };
 
 ir::DType pick_dtype(const std::string& s, const at::Device& d) {
@@ -46,7 +49,7 @@ plan::ResidencyRequest residency_request(const models::Instance& inst, const con
 }
 
 int run(const Args& a) {
-  const auto reg = exec::builtin_registry();
+  auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
   auto dev = exec::describe_device(d);
   exec::install_cpu_meter();
@@ -55,6 +58,8 @@ int run(const Args& a) {
   const auto sidecar = a.sidecar.empty() ? models::sidecar_of(file) : recognize::load_sidecar(a.sidecar);
   const auto rec = recognize::recognize(file, sidecar);
   const ir::DType dtype = pick_dtype(a.dtype, d);
+  const std::string consumer = resolve_consumer(a.consumer);
+  require_consumer_device(consumer, d, dtype);
   // Under a device-memory budget the weights are read into host memory; the residency moves
   // what stays on the device there once it is planned.
   const bool residency = !a.device_memory.empty() || !a.resident_blocks.empty();
@@ -70,7 +75,8 @@ int run(const Args& a) {
       throw std::invalid_argument("run: give --inputs, --tokens, or the geometry (--frames/--height/--width)");
     raw = models::random_raw_inputs(rec.config, a.geom, a.seed);
   }
-  models::FamilyRun fr = models::prepare(rec.config, *weights, raw, dtype, a.consumer);
+  models::FamilyRun fr = models::prepare(rec.config, *weights, raw, dtype, consumer);
+  const SparseRun sparse = prepare_sparse(reg, consumer, fr.model, a.kv);
   if (residency)
     for (auto* group : {&fr.inputs.tokens, &fr.inputs.tables})
       for (auto& [name, t] : *group) t = t.to(d);
@@ -136,9 +142,12 @@ int run(const Args& a) {
     if (res) j["residency"] = report::to_json(*res);
     if (!a.loras.empty()) j["lora"] = {{"adapters", lora.adapter_count()}, {"unmatched", lora.unmatched}, {"unapplied", lora.unapplied}};
     j["formats"] = models::formats_json(models::format_lines(inst.model, *weights));
+    if (sparse.active) j["sparse_attention"] = sparse.json(reg);
     std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << report::to_table(r);
+    if (sparse.active) std::cout << sparse.text(reg);
   }
-  else std::cout << report::to_table(r);
   return 0;
 }
 
@@ -168,7 +177,11 @@ Runner add_run(CLI::App& app) {
       }()))
       ->capture_default_str();
   cmd->add_option("--device", a->device, "cpu, cuda, cuda:N or auto")->capture_default_str();
-  cmd->add_option("--consumer", a->consumer, "attention consumer")->capture_default_str();
+  cmd->add_option("--consumer", a->consumer,
+                  "attention consumer: sdpa, math, int8, sparse (CUDA only; sparse follows the --kv-budget options), or "
+                  "auto (the fastest exact one)")
+      ->capture_default_str();
+  add_kv_options(cmd, a->kv);
   cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(at_least(1));
   cmd->add_option("--feature-slice", a->feature_slice, "MLP feature slice (default: automatic; -1: off)");
   cmd->add_option("--lora", a->loras, "LoRA file, FILE or FILE:STRENGTH (repeatable)");

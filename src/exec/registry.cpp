@@ -6,6 +6,8 @@ namespace sp::exec {
 namespace consumers {
 void register_sdpa(contracts::Registry& reg);
 void register_math(contracts::Registry& reg);
+void register_int8_attention(contracts::Registry& reg);
+void register_sparse(contracts::Registry& reg);
 }  // namespace consumers
 namespace formats {
 void register_dense(contracts::Registry& reg);
@@ -23,6 +25,8 @@ contracts::Registry builtin_registry() {
   contracts::Registry r;
   consumers::register_sdpa(r);
   consumers::register_math(r);
+  consumers::register_int8_attention(r);
+  consumers::register_sparse(r);
   formats::register_dense(r);
   formats::register_int8_rowwise(r);
   formats::register_fp8(r);

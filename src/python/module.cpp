@@ -4,11 +4,13 @@
 #include <torch/extension.h>
 #include <torch/headeronly/version.h>
 
+#include "exec/consumers/sparse.hpp"
 #include "exec/registry.hpp"
 #include "host/attached.hpp"
 #include "python/callbacks.hpp"
 #include "python/consumers.hpp"
 #include "plan/budget.hpp"
+#include "plan/kv_budget.hpp"
 #include "recognize/sidecar.hpp"
 #include "report/report.hpp"
 #include "report/retry.hpp"
@@ -61,7 +63,8 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
                                        const std::vector<std::tuple<std::string, py::function, py::dict>>& python_consumers,
                                        const std::optional<py::function>& weight_hook, const std::vector<std::string>& hooked,
                                        const std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>& loras,
-                                       int64_t device_memory, int resident_blocks, const std::string& device) {
+                                       int64_t device_memory, int resident_blocks, const std::string& device,
+                                       double kv_budget) {
   std::optional<recognize::Sidecar> sidecar;
   if (sidecar_json) sidecar = recognize::parse_sidecar(*sidecar_json, "<module config>");
   host::AttachOptions o;
@@ -93,6 +96,14 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
       for (const auto& p : positions) p->finish();
     };
   }
+  if (consumer == "sparse") {  // routed by the video rows of each run's model
+    const contracts::ConsumerCaps sparse = reg.consumer("sparse");
+    exec::set_sparse_budget(sparse, kv_budget);
+    o.before_run = [sparse, then = o.before_run](const ir::Model& m) {
+      exec::set_sparse_model(sparse, m);
+      if (then) then(m);
+    };
+  }
   return std::make_unique<host::Attached>(tensors, sidecar, o, std::move(reg));
 }
 
@@ -116,6 +127,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("consumers", [] { return exec::builtin_registry().consumer_names(); },
         "Names of the registered attention consumers.");
   m.def("parse_budget", &plan::parse_budget, py::arg("text"), "Bytes of a budget such as '12GiB'.");
+  m.def(
+      "kv_budget_at",
+      [](int step, int steps, double budget, int early_steps, double early_kv, int late_steps, double late_kv) {
+        const plan::KvSchedule s{budget, early_steps, early_kv, late_steps, late_kv};
+        plan::validate(s);
+        return plan::kv_budget_at(s, step, steps);
+      },
+      py::arg("step"), py::arg("steps"), py::arg("budget") = 1.0, py::arg("early_steps") = 0, py::arg("early_kv") = 1.0,
+      py::arg("late_steps") = 0, py::arg("late_kv") = 1.0, "The sparse attention budget of a denoising step.");
 
   py::class_<host::Attached>(m, "Attached")
       .def(py::init(&python::attach), py::arg("tensors"), py::arg("sidecar_json"), py::arg("consumer"),
@@ -123,7 +143,16 @@ PYBIND11_MODULE(_C, m) {
            py::arg("python_consumers") = std::vector<std::tuple<std::string, py::function, py::dict>>{},
            py::arg("weight_hook") = std::nullopt, py::arg("hooked") = std::vector<std::string>{},
            py::arg("loras") = std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>{},
-           py::arg("device_memory") = 0, py::arg("resident_blocks") = -1, py::arg("device") = "")
+           py::arg("device_memory") = 0, py::arg("resident_blocks") = -1, py::arg("device") = "",
+           py::arg("kv_budget") = 1.0)
+      .def(
+          "set_kv_budget",
+          [](host::Attached& a, double budget) {
+            if (a.options().consumer != "sparse")
+              throw std::invalid_argument("kv_budget: the module runs consumer '" + a.options().consumer + "', not 'sparse'");
+            exec::set_sparse_budget(a.registry().consumer("sparse"), budget);
+          },
+          py::arg("budget"))
       .def_property_readonly("lora",
                              [](const host::Attached& a) {
                                const auto& l = a.lora();

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "exec/consumers/sparse.hpp"
 #include "exec/device/device.hpp"
 #include "exec/device/memory.hpp"
 #include "models/builder.hpp"
@@ -50,7 +51,8 @@ CaseModel build_case(const BenchCase& c, const contracts::Registry& reg, const a
   CaseModel cm{recognize::preset(c.variant, c.layers, opt.tiny), {}};
   auto weights = models::random_weights_on(cm.cfg, device, exec::to_aten(opt.dtype), opt.seed, reg);
   const models::FamilyRun fr =
-      models::prepare(cm.cfg, *weights, models::random_raw_inputs(cm.cfg, c.geom, opt.seed), opt.dtype, "sdpa");
+      models::prepare(cm.cfg, *weights, models::random_raw_inputs(cm.cfg, c.geom, opt.seed), opt.dtype, opt.consumer);
+  if (opt.consumer == "sparse") exec::set_sparse_model(reg.consumer("sparse"), fr.model);
   cm.inst = {fr.model, weights, fr.inputs};
   if (!opt.format.empty() && device.type() != at::kMeta)
     models::convert_block_linears(cm.inst.model, *weights, opt.format, "bench --format " + opt.format);
@@ -120,6 +122,7 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
   r.device = caps.name;
   r.dtype = ir::to_string(opt.dtype);
   if (!opt.format.empty()) r.format = opt.format;
+  r.consumer = opt.consumer;
   r.tokens = inst.model.tokens();
   r.layers = int64_t(inst.model.blocks.size());
   r.floor = p.floor_bytes;
@@ -325,6 +328,7 @@ nlohmann::json to_json(const std::vector<BenchResult>& rs) {
                  {"device", r.device},
                  {"dtype", r.dtype},
                  {"format", r.format},
+                 {"consumer", r.consumer},
                  {"tokens", r.tokens},
                  {"layers", r.layers},
                  {"naive_peak_bytes", opt(r.naive_peak)},

@@ -43,11 +43,13 @@ struct BenchOptions {
   bool profile_steps = false;  // one more planned run, every step timed (BenchResult::steps)
   int64_t lora_rank = 0;  // > 0: a random LoRA of this rank on every linear (models/lora_file.hpp)
   std::string format;     // non-empty: the block linears stored in this weight format
+  std::string consumer = "sdpa";  // attention consumer (sparse: routed by each case's video rows)
 };
 
 struct BenchResult {
   std::string name, variant, device, dtype;
   std::string format = "dense";  // of the block linears (BenchOptions::format)
+  std::string consumer = "sdpa";
   int64_t tokens = 0, layers = 0;
   std::optional<int64_t> naive_peak;
   std::optional<double> naive_ms, rel_l2;

@@ -19,16 +19,8 @@ std::string shape_of(const at::Tensor& t) {
 
 int64_t tiles_of(int64_t rows, int64_t tile) { return (rows + tile - 1) / tile; }
 
-// Per tile of `rows` rows: whether it lies wholly inside the video rows.
-at::Tensor video_tiles(int64_t rows, VideoRows video, int64_t tile) {
-  const int64_t n = tiles_of(rows, tile);
-  at::Tensor inside = at::zeros({n}, at::TensorOptions().dtype(at::kBool));
-  auto a = inside.accessor<bool, 1>();
-  for (int64_t t = 0; t < n; ++t) a[t] = t * tile >= video.begin && std::min(rows, (t + 1) * tile) <= video.end;
-  return inside;
-}
+}  // namespace
 
-// [heads, tiles, head_dim]: the mean of each tile's rows (a partial last tile: of its rows).
 at::Tensor tile_means(const at::Tensor& x, int64_t tile) {
   const int64_t heads = x.size(0), rows = x.size(1), n = tiles_of(rows, tile);
   at::Tensor padded = at::zeros({heads, n * tile, x.size(2)}, x.options().dtype(at::kFloat));
@@ -38,7 +30,20 @@ at::Tensor tile_means(const at::Tensor& x, int64_t tile) {
   return padded.view({heads, n, tile, x.size(2)}).sum(2).div_(counts.view({1, n, 1}));
 }
 
-}  // namespace
+at::Tensor video_tiles(int64_t first, int64_t rows, VideoRows video, int64_t tile) {
+  const int64_t n = tiles_of(rows, tile);
+  at::Tensor inside = at::zeros({n}, at::TensorOptions().dtype(at::kBool));
+  auto a = inside.accessor<bool, 1>();
+  for (int64_t t = 0; t < n; ++t)
+    a[t] = first + t * tile >= video.begin && first + std::min(rows, (t + 1) * tile) <= video.end;
+  return inside;
+}
+
+at::Tensor top_tiles(const at::Tensor& qm, const at::Tensor& km, double budget) {
+  const int64_t kept = plan::kept_tiles(budget, km.size(1));
+  const at::Tensor scores = at::bmm(qm, km.transpose(1, 2));  // [heads, query tiles, key tiles]
+  return std::get<0>(std::get<1>(scores.topk(kept, 2)).sort(2));
+}
 
 at::Tensor route_tiles(const at::Tensor& q, const at::Tensor& k, VideoRows video, double budget, int64_t tile) {
   if (q.dim() != 3 || k.dim() != 3 || q.sizes() != k.sizes())
@@ -51,7 +56,7 @@ at::Tensor route_tiles(const at::Tensor& q, const at::Tensor& k, VideoRows video
   if (!(budget > 0 && budget <= 1)) throw std::invalid_argument("route_tiles: budget in (0, 1], got " + std::to_string(budget));
   if (tile < 1) throw std::invalid_argument("route_tiles: tile must be >= 1, got " + std::to_string(tile));
   const int64_t heads = q.size(0), n = tiles_of(rows, tile);
-  const at::Tensor vid = video_tiles(rows, video, tile).to(q.device());
+  const at::Tensor vid = video_tiles(0, rows, video, tile).to(q.device());
   at::Tensor keep = at::ones({heads, n, n}, at::TensorOptions().dtype(at::kBool).device(q.device()));
   const at::Tensor vidx = vid.nonzero().view(-1);
   const int64_t vt = vidx.numel();
@@ -59,8 +64,7 @@ at::Tensor route_tiles(const at::Tensor& q, const at::Tensor& k, VideoRows video
   if (vt == 0 || kept == vt) return keep;
   // Scores of video query tiles against video key tiles; the top `kept` per row stay.
   const at::Tensor qm = tile_means(q, tile).index_select(1, vidx), km = tile_means(k, tile).index_select(1, vidx);
-  const at::Tensor scores = at::bmm(qm, km.transpose(1, 2));  // [heads, vt, vt]
-  const at::Tensor top = std::get<1>(scores.topk(kept, 2));
+  const at::Tensor top = top_tiles(qm, km, budget);
   at::Tensor routed = at::zeros({heads, vt, vt}, keep.options()).scatter_(2, top, true);
   // Into the video x video block of the mask; every other pair stays dense.
   at::Tensor block = keep.index_select(1, vidx);

@@ -28,6 +28,20 @@ struct VideoRows {
   int64_t begin = 0, end = 0;
 };
 
+// Per tile of the `rows` rows that start at row `first` (tiles counted from `first`): whether
+// it lies wholly inside the video rows, [ceil(rows / tile)] bool on the CPU.
+at::Tensor video_tiles(int64_t first, int64_t rows, VideoRows video, int64_t tile = kSparseTile);
+
+// [heads, ceil(rows / tile), head_dim] fp32: the mean of each tile's rows of x [heads, rows,
+// head_dim] (a partial last tile: of its rows). The int8 quantization writes the same means.
+at::Tensor tile_means(const at::Tensor& x, int64_t tile = kSparseTile);
+
+// The routing itself: qm [heads, query tiles, head_dim] and km [heads, key tiles, head_dim]
+// tile means of video tiles only; per query tile the indices (into km's tiles) of the
+// plan::kept_tiles(budget, key tiles) key tiles of highest mean dot product, [heads, query
+// tiles, kept] int64, ascending.
+at::Tensor top_tiles(const at::Tensor& qm, const at::Tensor& km, double budget);
+
 // q, k [heads, rows, head_dim] (self-attention over the same rows): the tiles each query
 // tile keeps, [heads, ceil(rows / tile), ceil(rows / tile)] bool. Throws std::invalid_argument
 // naming the shapes, the video rows or the budget where they do not fit.

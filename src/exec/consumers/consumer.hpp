@@ -26,6 +26,12 @@ namespace sp::exec {
 
 struct ConsumerImpl : contracts::Impl {
   virtual at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const = 0;
+  // The same for a Q slab whose first row is the model's token row `q_begin` (the
+  // executors call this; consumers whose result depends on the position override it).
+  virtual at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                 int64_t q_begin) const {
+    return attend(q, k, v, scale);
+  }
 };
 
 // A consumer from a function (tests, hosts).

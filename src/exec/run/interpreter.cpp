@@ -277,7 +277,7 @@ class Interpreter {
     const at::Tensor qf = operand(s.q), out = operand(s.out);
     const int64_t n = out.size(0);
     at::Tensor o4 = impl_of<ConsumerImpl>(reg_.consumer(s.consumer))
-                        .attend(qf.unsqueeze(0), operand(s.k).unsqueeze(0), operand(s.v).unsqueeze(0), s.scale);
+                        .attend_rows(qf.unsqueeze(0), operand(s.k).unsqueeze(0), operand(s.v).unsqueeze(0), s.scale, row0());
     out.view({n, s.kv_heads, s.rep, s.head_dim}).copy_(o4.view({s.kv_heads, s.rep, n, s.head_dim}).permute({2, 0, 1, 3}));
   }
   void step(const LoraStep& s) {

@@ -171,7 +171,7 @@ at::Tensor attention(const Ctx& c, const Span& sp, const ir::Attention& a, const
     vv = vv.repeat_interleave(a.heads / a.kv_heads, 1);
   }
   (void)L;
-  at::Tensor o = impl_of<ConsumerImpl>(c.reg.consumer(a.consumer)).attend(qp.transpose(0, 1).unsqueeze(0), kk, vv, 1.0 / std::sqrt(double(a.head_dim)));
+  at::Tensor o = impl_of<ConsumerImpl>(c.reg.consumer(a.consumer)).attend_rows(qp.transpose(0, 1).unsqueeze(0), kk, vv, 1.0 / std::sqrt(double(a.head_dim)), sp.begin);
   at::Tensor out = o.squeeze(0).transpose(0, 1).reshape({T, wq});
   apply_patches(c.reg, a.patches, contracts::TensorRole::AttnOut, out);
   if (a.parallel) {

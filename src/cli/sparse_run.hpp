@@ -1,0 +1,42 @@
+// What `run` does for the int8 attention consumers: the early device check (before any weight
+// is read), the sparse consumer's options for this step, and its report.
+//
+// Example:
+//     sp::cli::require_consumer_device("sparse", device, ir::DType::BF16);
+//     const sp::cli::SparseRun s = sp::cli::prepare_sparse(reg, "sparse", model, kv);
+//     ... run ...
+//     j["sparse_attention"] = s.json(reg);
+#pragma once
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "cli/kv_options.hpp"
+#include "contracts/contracts.hpp"
+#include "exec/consumers/sparse.hpp"
+#include "ir/model.hpp"
+
+namespace sp::cli {
+
+struct SparseRun {
+  bool active = false;  // consumer "sparse"
+  KvArgs kv;
+  exec::SparseOptions options;
+  nlohmann::json json(const contracts::Registry& reg) const;  // budget, step and the density per phase
+  std::string text(const contracts::Registry& reg) const;
+};
+
+// --consumer auto: the fastest exact consumer (sdpa); any other name as given.
+inline std::string resolve_consumer(const std::string& name) { return name == "auto" ? "sdpa" : name; }
+
+// For int8/sparse: throws unless they run on `device` in `dtype` (the consumers' own check
+// and self-test), before anything is loaded; other consumers pass.
+void require_consumer_device(const std::string& consumer, const at::Device& device, ir::DType dtype);
+
+// For sparse: registers it with the budget of --step and the model's video rows (its "video"
+// segment; an error naming the segments when it has none). Other consumers: inactive.
+SparseRun prepare_sparse(contracts::Registry& reg, const std::string& consumer, const ir::Model& m, const KvArgs& kv);
+
+}  // namespace sp::cli

@@ -1,0 +1,160 @@
+#include "exec/kernels/int8_attn.hpp"
+
+#ifdef STREAMPLAN_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "exec/kernels/elem.hpp"
+#include "exec/kernels/int8_attention.cuh"
+#endif
+
+namespace sp::exec::int8attn {
+
+namespace {
+int64_t tiles(int64_t rows) { return (rows + kTile - 1) / kTile; }
+}  // namespace
+
+int64_t k_carrier_bytes(int64_t heads, int64_t rows, int64_t head_dim) {
+  const int64_t t = tiles(rows);
+  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4 + head_dim * 4);
+}
+int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim) {
+  const int64_t t = tiles(rows);
+  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4);
+}
+
+#ifdef STREAMPLAN_WITH_CUDA
+
+bool built() { return true; }
+
+namespace {
+
+void check_input(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.defined() && t.dim() == 3, "int8 attention: ", what, " must be [heads, rows, head_dim], got ",
+              t.defined() ? t.sizes() : at::IntArrayRef{});
+  TORCH_CHECK(t.is_cuda(), "int8 attention: ", what, " is on ", t.device(), "; the int8 kernels need a CUDA device");
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf, "int8 attention: ", what,
+              " has dtype ", t.scalar_type(), "; expected bf16 or fp16");
+  TORCH_CHECK(t.size(2) == 64 || t.size(2) == 128, "int8 attention: ", what, " has head_dim ", t.size(2),
+              "; the kernels take 64 or 128");
+  TORCH_CHECK(t.stride(2) == 1, "int8 attention: ", what, " needs a unit last stride, got strides ", t.strides());
+}
+
+void check_launch(cudaError_t e, const char* what) {
+  TORCH_CHECK(e == cudaSuccess, "int8 attention ", what, ": ", cudaGetErrorString(e));
+}
+
+kernels::AttnQuantParams quant_params(const at::Tensor& x) {
+  kernels::AttnQuantParams p;
+  p.x = x.data_ptr();
+  p.head_stride = x.stride(0);
+  p.row_stride = x.stride(1);
+  p.type = *kernels::elem_of(x.scalar_type());
+  p.heads = static_cast<int>(x.size(0));
+  p.rows = static_cast<int>(x.size(1));
+  p.head_dim = static_cast<int>(x.size(2));
+  return p;
+}
+
+}  // namespace
+
+KCarrier quantize_k(const at::Tensor& k) {
+  check_input(k, "k");
+  TORCH_CHECK(k.size(1) > 0, "int8 attention: k has no rows, shape ", k.sizes());
+  const c10::cuda::CUDAGuard guard(k.device());
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t g = k.size(0), d = k.size(2), t = tiles(k.size(1));
+  const auto f32 = k.options().dtype(at::kFloat);
+  KCarrier c;
+  c.rows = k.size(1);
+  c.k8 = at::empty({g, t * kTile, d}, k.options().dtype(at::kChar));
+  c.scale = at::empty({g, t}, f32);
+  c.tile_mean = at::empty({g, t, d}, f32);
+  c.head_mean = at::empty({g, d}, f32);
+  kernels::AttnQuantParams p = quant_params(k);
+  p.tile_mean = c.tile_mean.data_ptr<float>();
+  check_launch(kernels::attn_quantize(p, stream), "(K tile means)");
+  check_launch(kernels::attn_head_mean(p.tile_mean, p.heads, p.rows, p.head_dim, c.head_mean.data_ptr<float>(), stream),
+               "(K head means)");
+  p.tile_mean = nullptr;
+  p.subtract = c.head_mean.data_ptr<float>();
+  p.out = c.k8.data_ptr<int8_t>();
+  p.scale = c.scale.data_ptr<float>();
+  check_launch(kernels::attn_quantize(p, stream), "(K quantization)");
+  return c;
+}
+
+QTiles quantize_q(const at::Tensor& q, double softmax_scale) {
+  check_input(q, "q");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int64_t g = q.size(0), d = q.size(2), t = tiles(q.size(1));
+  const auto f32 = q.options().dtype(at::kFloat);
+  QTiles r;
+  r.rows = q.size(1);
+  r.q8 = at::empty({g, t * kTile, d}, q.options().dtype(at::kChar));
+  r.scale = at::empty({g, t}, f32);
+  r.tile_mean = at::empty({g, t, d}, f32);
+  kernels::AttnQuantParams p = quant_params(q);
+  p.extra_scale = static_cast<float>(softmax_scale * 1.4426950408889634);  // exp -> exp2
+  p.out = r.q8.data_ptr<int8_t>();
+  p.scale = r.scale.data_ptr<float>();
+  p.tile_mean = r.tile_mean.data_ptr<float>();
+  check_launch(kernels::attn_quantize(p, c10::cuda::getCurrentCUDAStream()), "(Q quantization)");
+  return r;
+}
+
+at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles_) {
+  check_input(v, "v");
+  const int64_t g = q.q8.size(0), d = q.q8.size(2);
+  TORCH_CHECK(k.k8.size(0) == g && k.k8.size(2) == d && v.size(0) == g && v.size(2) == d && v.size(1) == k.rows,
+              "int8 attention: q tiles ", q.q8.sizes(), ", k carrier ", k.k8.sizes(), " (", k.rows, " rows) and v ",
+              v.sizes(), " do not fit");
+  TORCH_CHECK(v.device() == q.q8.device() && k.k8.device() == v.device(), "int8 attention: q on ", q.q8.device(),
+              ", k on ", k.k8.device(), ", v on ", v.device());
+  TORCH_CHECK(v.stride(1) % 8 == 0 && v.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0,
+              "int8 attention: v needs 16-byte aligned rows, strides ", v.strides());
+  const c10::cuda::CUDAGuard guard(v.device());
+  at::Tensor o = at::empty({g, q.rows, d}, v.options());
+  kernels::Int8AttnParams p;
+  p.q = q.q8.data_ptr<int8_t>();
+  p.q_scale = q.scale.data_ptr<float>();
+  p.k = k.k8.data_ptr<int8_t>();
+  p.k_scale = k.scale.data_ptr<float>();
+  p.v = v.data_ptr();
+  p.v_head_stride = v.stride(0);
+  p.v_row_stride = v.stride(1);
+  p.o = o.data_ptr();
+  p.o_head_stride = o.stride(0);
+  p.o_row_stride = o.stride(1);
+  p.type = *kernels::elem_of(v.scalar_type());
+  p.heads = static_cast<int>(g);
+  p.q_rows = static_cast<int>(q.rows);
+  p.kv_rows = static_cast<int>(k.rows);
+  p.head_dim = static_cast<int>(d);
+  if (tiles_.offsets.defined()) {
+    const int64_t qt = tiles(q.rows);
+    TORCH_CHECK(tiles_.offsets.scalar_type() == at::kInt && tiles_.indices.scalar_type() == at::kInt &&
+                    tiles_.offsets.numel() == g * qt + 1 && tiles_.offsets.is_contiguous() &&
+                    tiles_.indices.is_contiguous() && tiles_.offsets.device() == v.device() &&
+                    tiles_.indices.device() == v.device(),
+                "int8 attention: tile list offsets ", tiles_.offsets.sizes(), " (", tiles_.offsets.scalar_type(),
+                ") do not fit ", g, " heads x ", qt, " query tiles (int32, contiguous, on ", v.device(), ")");
+    p.offsets = tiles_.offsets.data_ptr<int32_t>();
+    p.indices = tiles_.indices.data_ptr<int32_t>();
+  }
+  check_launch(kernels::int8_attention(p, c10::cuda::getCurrentCUDAStream()), "(attention)");
+  return o;
+}
+
+#else
+
+bool built() { return false; }
+KCarrier quantize_k(const at::Tensor&) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
+QTiles quantize_q(const at::Tensor&, double) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
+at::Tensor attend(const QTiles&, const KCarrier&, const at::Tensor&, const TileList&) {
+  TORCH_CHECK(false, "int8 attention: built without CUDA");
+}
+
+#endif
+
+}  // namespace sp::exec::int8attn

@@ -1,0 +1,49 @@
+// ATen adapter of the INT8 attention kernels (kernels/int8_attention.cuh).
+//
+// Design note. Attention over a K/V phase is split in two: the K carrier (int8 K per 64-row
+// tile after subtracting K's per-head mean, the tile scales, and the fp32 tile means the
+// routing needs) is made once and reused by every streamed Q slab; each Q slab is quantized
+// per tile (its scales carry softmax scale x log2 e) with its tile means, then attends against
+// the carrier and V. A TileList (CSR over (head, query tile)) restricts the key tiles; an
+// empty one is dense. Every check names the tensor and its shape, dtype or device
+// (c10::Error). Without CUDA (built()) all entry points throw.
+//
+// Example:
+//     auto kc = sp::exec::int8attn::quantize_k(k);           // k [G, kv_rows, D] on CUDA
+//     auto qt = sp::exec::int8attn::quantize_q(q, scale);    // q [G, q_rows, D]
+//     at::Tensor o = sp::exec::int8attn::attend(qt, kc, v, {});   // [G, q_rows, D]
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace sp::exec::int8attn {
+
+inline constexpr int64_t kTile = 64;
+
+bool built();
+
+struct KCarrier {
+  at::Tensor k8, scale, tile_mean, head_mean;  // [G, kt*64, D] int8, [G, kt], [G, kt, D], [G, D]
+  int64_t rows = 0;
+};
+struct QTiles {
+  at::Tensor q8, scale, tile_mean;  // [G, qt*64, D] int8, [G, qt], [G, qt, D]
+  int64_t rows = 0;
+};
+struct TileList {
+  at::Tensor offsets, indices;  // int32 [G*qt + 1], [nnz]; undefined: dense
+};
+
+// Bytes the carrier and the Q tiles of these shapes hold.
+int64_t k_carrier_bytes(int64_t heads, int64_t rows, int64_t head_dim);
+int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim);
+
+// k, q, v: [G, rows, D] bf16 or fp16 on one CUDA device, unit last stride, D 64 or 128.
+KCarrier quantize_k(const at::Tensor& k);
+QTiles quantize_q(const at::Tensor& q, double softmax_scale);
+// [G, q rows, D] in v's dtype.
+at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles);
+
+}  // namespace sp::exec::int8attn

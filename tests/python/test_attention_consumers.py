@@ -1,0 +1,45 @@
+"""The int8 and sparse attention consumers from Python: the KV budget options and the errors
+where they cannot run (a CPU module). Their numerics are the GPU tests of tests/attention_test.cpp."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from conftest import wan_call
+
+import streamplan
+
+
+def test_consumers_are_listed() -> None:
+    assert {"int8", "sparse"} <= set(streamplan.consumers())
+
+
+def test_kv_budget_at_follows_the_schedule() -> None:
+    assert streamplan.kv_budget_at(0, 10, 0.3, early_steps=2, early_kv=0.5) == 0.5
+    assert streamplan.kv_budget_at(5, 10, 0.3, early_steps=2, early_kv=0.5, late_steps=2, late_kv=0.7) == 0.3
+    assert streamplan.kv_budget_at(9, 10, 0.3, late_steps=2, late_kv=0.7) == 0.7
+    with pytest.raises(ValueError, match="--kv-budget"):
+        streamplan.kv_budget_at(0, 10, 1.5)
+    with pytest.raises(ValueError, match="--step"):
+        streamplan.kv_budget_at(10, 10, 0.3)
+
+
+def test_kv_budget_is_checked_and_only_for_sparse(wan_module: Any) -> None:
+    with pytest.raises(ValueError, match="kv_budget.*1.5"):
+        streamplan.apply(wan_module, consumer="sparse", kv_budget=1.5)
+    assert streamplan.handle_of(wan_module) is None and "forward" not in wan_module.__dict__
+    handle = streamplan.apply(wan_module, consumer="sdpa")
+    with pytest.raises(ValueError, match="runs consumer 'sdpa', not 'sparse'"):
+        handle.set_kv_budget(0.3)
+    handle.remove()
+
+
+@pytest.mark.parametrize("consumer", ["int8", "sparse"])
+def test_on_the_cpu_the_choice_is_an_error_not_a_fallback(wan_module: Any, consumer: str) -> None:
+    handle = streamplan.apply(wan_module, consumer=consumer, kv_budget=0.5 if consumer == "sparse" else None)
+    with torch.no_grad(), pytest.raises(ValueError, match=f"consumer '{consumer}'.*needs a CUDA device"):
+        wan_module(**wan_call(wan_module))
+    assert handle.fallbacks == []
+    handle.remove()
