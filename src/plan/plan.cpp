@@ -189,16 +189,17 @@ using Survey = std::vector<std::vector<Candidate>>;
 // Picks one candidate schedule per sublayer (and for the final layer): the fastest whose
 // need fits what is available: under a budget the budget less the residual stream, without
 // one the default's cap (lean_cap), and while surveying (`survey` given: every part's
-// candidates recorded) anything.
+// candidates recorded) anything. `replay`: the survey of the same model and options, whose
+// candidates' costs are taken instead of compiling and costing them again.
 class Chooser {
  public:
   Chooser(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev, const Options& opt,
-          int64_t residual, int64_t cap, Survey* survey)
+          int64_t residual, int64_t cap, Survey* survey, const Survey* replay)
       : m_(m), reg_(reg), dev_(dev), opt_(opt), residual_(residual),
         available_(opt.budget_bytes > 0 ? opt.budget_bytes - residual
                    : cap > 0            ? cap
                                         : std::numeric_limits<int64_t>::max()),
-        survey_(survey) {}
+        survey_(survey), replay_(replay) {}
 
   SublayerPlan attention(const ir::Block& b, const ir::Sublayer& s, const ir::Attention& a, const Verdict& v) {
     const int64_t T = m_.rows(s.segments).size(), L = m_.kv_rows(s);
@@ -256,13 +257,16 @@ class Chooser {
       if (opt_.token_chunk > 0) chunks = {std::min(rows, opt_.token_chunk)};
       else for (int64_t c : chunk_candidates(rows, 1)) chunks.push_back(c);
     }
-    std::vector<Candidate> cands;
-    for (int64_t c : chunks) {
-      FinalPlan k = f;
-      k.chunk = c;
-      for (auto& d : k.decisions) d.chosen = d.rejections.empty() && c < rows;
-      cands.push_back({strategy_of(k), c, 0, 0, final_cost(m_, c, reg_, dev_), allocator_reserve(dev_)});
-    }
+    const std::vector<Candidate> cands = costed(chunks.size(), [&] {
+      std::vector<Candidate> cs;
+      for (int64_t c : chunks) {
+        FinalPlan k = f;
+        k.chunk = c;
+        for (auto& d : k.decisions) d.chosen = d.rejections.empty() && c < rows;
+        cs.push_back({strategy_of(k), c, 0, 0, final_cost(m_, c, reg_, dev_), allocator_reserve(dev_)});
+      }
+      return cs;
+    });
     const Choice ch = decide_among(cands);
     if (!ch.chosen) {
       const Candidate& k = cands[ch.smallest];
@@ -311,17 +315,28 @@ class Chooser {
     return opt_.budget_bytes > 0 ? "the budget's fastest fitting schedule" : "the default's fastest schedule under its cap";
   }
 
+  // The next part's `n` candidates with their costs: replayed from the survey (the parts come
+  // in the same order with the same candidates), or computed.
+  template <typename F>
+  std::vector<Candidate> costed(size_t n, F&& compute) {
+    if (replay_ && next_ < replay_->size() && (*replay_)[next_].size() == n) return (*replay_)[next_++];
+    return compute();
+  }
+
   Choice decide_among(const std::vector<Candidate>& cands) const {
     if (survey_) survey_->push_back(cands);
     return choose(cands, available_, opt_.budget_bytes > 0 ? "budget" : "the default's cap");
   }
 
   SublayerPlan pick(const ir::Block& b, const ir::Sublayer& s, std::vector<SublayerPlan> plans) {
-    std::vector<Candidate> cands;
-    cands.reserve(plans.size());
-    for (const auto& p : plans)
-      cands.push_back({p.strategy, p.token_chunk, p.q_chunk, p.feature_slice, sublayer_cost(m_, b, s, p, reg_, dev_),
-                       allocator_reserve(dev_)});
+    const std::vector<Candidate> cands = costed(plans.size(), [&] {
+      std::vector<Candidate> cs;
+      cs.reserve(plans.size());
+      for (const auto& p : plans)
+        cs.push_back({p.strategy, p.token_chunk, p.q_chunk, p.feature_slice, sublayer_cost(m_, b, s, p, reg_, dev_),
+                      allocator_reserve(dev_)});
+      return cs;
+    });
     const Choice ch = decide_among(cands);
     if (!ch.chosen) {
       const SublayerPlan& k = plans[ch.smallest];
@@ -369,6 +384,8 @@ class Chooser {
   const Options& opt_;
   int64_t residual_, available_;
   Survey* survey_;
+  const Survey* replay_;
+  size_t next_ = 0;  // the next part of replay_
   Bottleneck worst_;
 };
 
@@ -382,7 +399,7 @@ namespace {
 
 // The plan whose parts take their fastest candidate within the Chooser's limit (see Chooser).
 Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
-                const Options& opt, int64_t cap, Survey* survey) {
+                const Options& opt, int64_t cap, Survey* survey, const Survey* replay = nullptr) {
   legality::Context ctx{&m, &reg, &dev};
   Plan p;
   p.model = m.name;
@@ -395,7 +412,7 @@ Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contra
   p.row_kernels = row_kernels_note(m, reg, dev);
   if (opt.budget_bytes > 0)
     p.policy = "budget " + human_bytes(opt.budget_bytes) + ": the fastest schedule whose estimated peak fits";
-  Chooser chooser(m, reg, dev, opt, p.residual_bytes, cap, survey);
+  Chooser chooser(m, reg, dev, opt, p.residual_bytes, cap, survey, replay);
   const Cost embed = chooser.embedding();
   int64_t worst = embed.peak_bytes;
   double seconds = embed.seconds;
@@ -462,7 +479,7 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
     chosen += best;
   }
   const int64_t cap = lean_cap(parts, std::max(fastest.estimated_ms / 1e3 - chosen, 0.0), kLeanTolerance);
-  Plan p = build_plan(m, reg, dev, opt, cap, nullptr);
+  Plan p = build_plan(m, reg, dev, opt, cap, nullptr, &parts);
   p.policy = "default: the smallest peak whose schedule's estimated time is within " +
              std::to_string(int(kLeanTolerance * 100 + 0.5)) + "% of the fastest schedule's (" +
              human_ms(p.estimated_ms) + " vs " + human_ms(fastest.estimated_ms) + "; peak " +
