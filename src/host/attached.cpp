@@ -124,9 +124,11 @@ std::shared_ptr<exec::TensorWeights> Attached::host_weights() const {
   return w;
 }
 
-plan::ResidencyRequest Attached::residency_request(const models::FamilyRun& fr) {
+plan::ResidencyRequest Attached::residency_request(const models::FamilyRun& fr,
+                                                   std::shared_ptr<exec::TensorWeights>& host) {
   if (!weight_request_) {
-    weight_request_ = exec::residency_request(fr.model, *host_weights(), {}, reg_, dev_, exec::Prologue::Device);
+    host = host_weights();
+    weight_request_ = exec::residency_request(fr.model, *host, {}, reg_, dev_, exec::Prologue::Device);
     weight_request_->device_memory = options_.device_memory;
     weight_request_->resident_blocks = std::max(options_.resident_blocks, 0);
   }
@@ -135,11 +137,13 @@ plan::ResidencyRequest Attached::residency_request(const models::FamilyRun& fr) 
   return rq;
 }
 
-void Attached::stream_as(const plan::Residency& r, models::FamilyRun& fr, const models::TensorMap& raw) {
+void Attached::stream_as(const plan::Residency& r, models::FamilyRun& fr, const models::TensorMap& raw,
+                         std::shared_ptr<exec::TensorWeights> host) {
   if (streamed_as_ && streamed_as_->streamed == r.streamed && streamed_as_->slots == r.slots) return;
   streamed_.reset();  // its device memory goes before the next arrangement takes its own
   exec::release_cached(device_);
-  streamed_ = std::make_unique<exec::StreamedWeights>(fr.model, host_weights(), r, reg_, device_, exec::Prologue::Device);
+  streamed_ = std::make_unique<exec::StreamedWeights>(fr.model, host ? std::move(host) : host_weights(), r, reg_, device_,
+                                                      exec::Prologue::Device);
   streamed_as_ = r;
   fr = prepare(raw);  // the inputs again, from the weights where the calls run
 }
@@ -150,6 +154,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   models::FamilyRun fr = prepare(raw);
   const std::string key = geometry_key(fr.model);
   std::unique_ptr<GeometryPlan>& slot = cache_[key];
+  std::shared_ptr<exec::TensorWeights> host;  // the module's tensors, where planning read them
   if (!slot) {
     plan::Options po;
     po.token_chunk = options_.token_chunk;
@@ -163,7 +168,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
     g->key = key;
     g->model = fr.model;
     if (options_.streams()) {
-      plan::ResidentPlan rp = plan::plan_with_residency(fr.model, reg_, dev_, po, residency_request(fr));
+      plan::ResidentPlan rp = plan::plan_with_residency(fr.model, reg_, dev_, po, residency_request(fr, host));
       g->plan = std::move(rp.plan);
       g->residency = rp.residency;
     } else {
@@ -174,7 +179,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   }
   std::shared_ptr<void> cap;
   if (slot->residency) {
-    stream_as(*slot->residency, fr, raw);
+    stream_as(*slot->residency, fr, raw, std::move(host));
     if (options_.device_memory > 0)
       cap = exec::cap_device_memory_beside(device_, streamed_->device_bytes() + exec::input_bytes(fr.inputs, dev_),
                                            options_.device_memory);

@@ -132,10 +132,14 @@ class Attached {
   std::optional<plan::Residency> streamed_as_;
   std::optional<plan::ResidencyRequest> weight_request_;
   std::shared_ptr<exec::TensorWeights> host_weights() const;  // the module's tensors, canonical, with the LoRA's
-  plan::ResidencyRequest residency_request(const models::FamilyRun& fr);
-  // Streams the weights as `r` arranges them, unless they stream so already; `fr` is then
-  // prepared again (from `raw`) on the weights where the calls run.
-  void stream_as(const plan::Residency& r, models::FamilyRun& fr, const models::TensorMap& raw);
+  // The request of this call; `host` gets the module's tensors where it read them to count
+  // their bytes (the first time), for stream_as to take.
+  plan::ResidencyRequest residency_request(const models::FamilyRun& fr, std::shared_ptr<exec::TensorWeights>& host);
+  // Streams the weights as `r` arranges them, unless they stream so already (from `host`
+  // where this call read them already); `fr` is then prepared again (from `raw`) on the
+  // weights where the calls run.
+  void stream_as(const plan::Residency& r, models::FamilyRun& fr, const models::TensorMap& raw,
+                 std::shared_ptr<exec::TensorWeights> host);
   models::FamilyRun prepare(const models::TensorMap& raw);  // the call's IR and inputs
   std::map<std::string, std::unique_ptr<GeometryPlan>> cache_;
   std::vector<const GeometryPlan*> order_;
