@@ -17,6 +17,28 @@ WAN14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=1
               rope_max_seq_len=1024)
 
 
+def add_wan_run_args(ap, layers: int, reps: int) -> None:
+    """The options of a benchmark of the Wan 14B transformer: --layers, the video geometry
+    (--frames, --height, --width; 81 x 1280 x 720 by default), --reps and --out."""
+    ap.add_argument("--layers", type=int, default=layers)
+    ap.add_argument("--frames", type=int, default=81)
+    ap.add_argument("--height", type=int, default=720)
+    ap.add_argument("--width", type=int, default=1280)
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--out", help="write the results as JSON")
+
+
+def wan14b_transformer(layers: int) -> torch.nn.Module:
+    """diffusers' WanTransformer3DModel at WAN14B widths with seeded random fp32 weights
+    (tests/reference/make_reference.py's randomization), in eval mode on the CPU."""
+    import make_reference
+    from diffusers import WanTransformer3DModel
+
+    model = WanTransformer3DModel(**WAN14B, num_layers=layers)
+    make_reference.randomize(model, torch.Generator().manual_seed(0))
+    return model.eval()
+
+
 def metered(module: torch.nn.Module, call, reps: int):
     """call() once (a warm-up, and a planned module's plan of this geometry), then `reps` times,
     each call of module's forward metered: (the last call's result, [(ms, peak bytes)])."""

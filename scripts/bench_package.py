@@ -33,28 +33,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main() -> int:
+    from bench_meter import add_wan_run_args
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--frames", type=int, default=81)
-    ap.add_argument("--height", type=int, default=720)
-    ap.add_argument("--width", type=int, default=1280)
-    ap.add_argument("--reps", type=int, default=3)
+    add_wan_run_args(ap, layers=2, reps=3)
     ap.add_argument("--budget", default=None, help="streamplan.apply budget (default: none, the lean default)")
-    ap.add_argument("--out", help="write the results as JSON")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_package: needs a CUDA device", file=sys.stderr)
         return 1
 
-    import make_reference
     import streamplan
-    from bench_meter import WAN14B, metered, write_json
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from bench_meter import metered, wan14b_transformer, write_json
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
 
     t0 = time.time()
-    model = WanTransformer3DModel(**WAN14B, num_layers=a.layers)
-    make_reference.randomize(model, torch.Generator().manual_seed(0))
-    model = model.eval().to("cuda")  # fp32: the reference run
+    model = wan14b_transformer(a.layers).to("cuda")  # fp32: the reference run
     vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
                            temperal_downsample=[False, True, True]).to("cuda")
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,

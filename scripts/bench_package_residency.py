@@ -35,28 +35,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main() -> int:
+    from bench_meter import add_wan_run_args
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--frames", type=int, default=81)
-    ap.add_argument("--height", type=int, default=720)
-    ap.add_argument("--width", type=int, default=1280)
-    ap.add_argument("--reps", type=int, default=2)
+    add_wan_run_args(ap, layers=8, reps=2)
     ap.add_argument("--device-memory", default="5GiB,8GiB", help="comma-separated sizes")
-    ap.add_argument("--out", help="write the results as JSON")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_package_residency: needs a CUDA device", file=sys.stderr)
         return 1
 
-    import make_reference
     import streamplan
-    from bench_meter import WAN14B, metered, write_json
-    from diffusers import WanTransformer3DModel
+    from bench_meter import metered, wan14b_transformer, write_json
 
     t0 = time.time()
-    model = WanTransformer3DModel(**WAN14B, num_layers=a.layers)
-    make_reference.randomize(model, torch.Generator().manual_seed(0))
-    model = model.eval().to(torch.bfloat16)
+    model = wan14b_transformer(a.layers).to(torch.bfloat16)
     block_bytes = sum(p.numel() * p.element_size() for p in model.blocks.parameters())
     print(f"[residency] {a.layers} layers ({block_bytes / 2**30:.2f} GiB of block weights) built in "
           f"{time.time() - t0:.0f} s", file=sys.stderr)
