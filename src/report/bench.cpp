@@ -44,6 +44,15 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+namespace {
+
+// The case's block linears stored in opt.format.
+void convert_case(CaseModel& cm, const BenchOptions& opt) {
+  models::convert_block_linears(cm.inst.model, *cm.inst.weights, opt.format, "bench --format " + opt.format);
+}
+
+}  // namespace
+
 CaseModel build_case(const BenchCase& c, const contracts::Registry& reg, const at::Device& device,
                      const BenchOptions& opt, Progress* progress) {
   std::optional<Progress::Phase> phase;
@@ -54,8 +63,7 @@ CaseModel build_case(const BenchCase& c, const contracts::Registry& reg, const a
       models::prepare(cm.cfg, *weights, models::random_raw_inputs(cm.cfg, c.geom, opt.seed), opt.dtype, opt.consumer);
   if (opt.consumer == "sparse") exec::set_sparse_model(reg.consumer("sparse"), fr.model);
   cm.inst = {fr.model, weights, fr.inputs};
-  if (!opt.format.empty() && device.type() != at::kMeta)
-    models::convert_block_linears(cm.inst.model, *weights, opt.format, "bench --format " + opt.format);
+  if (!opt.format.empty() && device.type() != at::kMeta) convert_case(cm, opt);
   if (opt.lora_rank > 0)
     models::add_random_loras(cm.inst.model, *weights, opt.lora_rank, exec::to_aten(opt.dtype), device, opt.seed + 1);
   return cm;
@@ -109,7 +117,7 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
     };
     run();
     reference = repeat(device, opt.reps, run);
-    models::convert_block_linears(cm.inst.model, *cm.inst.weights, opt.format, "bench --format " + opt.format);
+    convert_case(cm, opt);
   }
   const plan::Plan p = [&] {
     const auto phase = progress.phase(c.name + ": planning");
