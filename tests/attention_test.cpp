@@ -7,7 +7,12 @@
 #include "exec/consumers/block_sparse.hpp"
 #include "exec/consumers/consumer.hpp"
 #include "exec/consumers/sparse.hpp"
+#include "exec/device/device.hpp"
+#include "exec/kernels/int8_attn.hpp"
 #include "exec/registry.hpp"
+#include "models/builder.hpp"
+#include "plan/program.hpp"
+#include "report/report.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -106,6 +111,126 @@ TEST(GpuSparseAttention, MatchesTheMaskedReferenceWholeAndInSlabs) {
         // keeps ceil(0.3 x 8) = 3 video key tiles besides them: (2 x 10 + 8 x 5) / 100.
         if (rows == 600 && budget < 1) EXPECT_DOUBLE_EQ(kept, 0.6) << what << ": the routing keeps fewer tiles";
       }
+}
+
+// K quantized slab by slab into a carrier (as a K/V phase fills it), then attended: the first
+// slab's mean is the one subtracted, which leaves softmax unchanged.
+TEST(GpuInt8Attention, KCarrierFilledSlabBySlabMatchesTheReferences) {
+  SKIP_WITHOUT_CUDA();
+  auto reg = exec::builtin_registry();
+  for (int64_t rows : {77, 200, 600})
+    for (int64_t dim : {64, 128})
+      for (const char* name : {"int8", "sparse"}) {
+        const std::string what = std::string(name) + ", " + std::to_string(rows) + " rows, head_dim " + std::to_string(dim);
+        const exec::VideoRows video{std::min<int64_t>(77, rows - 1), rows};
+        const double budget = 0.3;
+        exec::configure_sparse(reg, {.budget = budget, .video = video, .rows = rows});
+        const Qkv x = random_qkv(3, rows, rows, dim, at::kBFloat16, uint64_t(rows * 7 + dim));
+        const auto& caps = reg.consumer(name);
+        ASSERT_TRUE(bool(caps.k_carrier_bytes)) << what;
+        const int64_t bytes = caps.k_carrier_bytes(3, rows, dim);
+        EXPECT_EQ(bytes, exec::int8attn::k_carrier_bytes(3, rows, dim));
+        // One byte per K element in whole tiles, and the tiles' statistics besides.
+        EXPECT_LT(bytes, 3 * rows * dim * 2) << what << ": the carrier is smaller than 16-bit K";
+        const at::Tensor carrier = at::full({3, bytes / 3}, 77, x.k.options().dtype(at::kChar));
+        const auto& impl = exec::impl_of<exec::ConsumerImpl>(caps);
+        const int64_t slab = 128;
+        for (int64_t b = 0; b < rows; b += slab)
+          impl.carry_k(x.k.narrow(1, b, std::min(slab, rows - b)).unsqueeze(0), carrier, b, rows);
+        const double scale = 1.0 / std::sqrt(double(dim));
+        const at::Tensor o = impl.attend_carried(x.q.unsqueeze(0), carrier, x.v.unsqueeze(0), scale, 0, rows).squeeze(0);
+        const at::Tensor qf = x.q.cpu().to(at::kFloat), kf = x.k.cpu().to(at::kFloat), vf = x.v.cpu().to(at::kFloat);
+        const at::Tensor keep = std::string(name) == "int8" ? at::ones({3, (rows + 63) / 64, (rows + 63) / 64}, at::kBool)
+                                                             : exec::route_tiles(qf, kf, video, budget);
+        const double e = rel_l2(o, exec::block_sparse_reference(qf, kf, vf, keep, scale));
+        EXPECT_LE(e, 2e-2) << what;
+        EXPECT_GT(e, 0.0) << what;
+        // A slab that does not start at a tile is refused with the rows named.
+        EXPECT_THROW(impl.carry_k(x.k.narrow(1, 0, 10).unsqueeze(0), carrier, 10, rows), c10::Error) << what;
+      }
+}
+
+// A planned run whose K/V phase fills the carrier, against the naive run of the same consumer
+// (K quantized at once), and its measured peak against the estimate.
+TEST(GpuInt8Attention, PlannedWithTheKCarrierMatchesNaiveAndTheEstimatedPeak) {
+  SKIP_WITHOUT_CUDA();
+  const auto reg = exec::builtin_registry();
+  const at::Device d = exec::pick_device("cuda");
+  const auto dev = exec::describe_device(d);
+  auto cfg = models::demo_config();
+  cfg.dtype = ir::DType::BF16;
+  cfg.consumer = "int8";
+  cfg.layers = 1;
+  cfg.dim = 1536;
+  cfg.heads = 12;
+  cfg.kv_heads = 4;
+  cfg.head_dim = 128;
+  cfg.rotary_dim = 96;
+  cfg.hidden = 4096;
+  models::set_total_tokens(cfg, 8193);
+  const auto inst = models::instantiate(cfg, reg, d);
+  const auto p = plan::make_plan(inst.model, reg, dev, {1000, 0});
+  const auto r = report::compare(inst, p, reg, dev, {true, false});
+  const at::Tensor naive = exec::run_naive(inst.model, *inst.weights, inst.inputs, reg).cpu();
+  const at::Tensor planned = exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev).cpu();
+  const double e = test::rel_l2(planned, naive);
+  std::cout << "int8 planned (K carrier) vs naive rel_l2 " << e << ", peak " << r.planned.peak_bytes << " estimated "
+            << r.estimated_peak_bytes << "\n";
+  EXPECT_LE(e, 2e-2);
+  EXPECT_LE(std::abs(double(r.estimated_peak_bytes - r.planned.peak_bytes)), 0.05 * double(r.planned.peak_bytes));
+  // The same plan with 16-bit K needs more.
+  auto sdpa = cfg;
+  sdpa.consumer = "sdpa";
+  const auto inst16 = models::instantiate(sdpa, reg, d);
+  EXPECT_LT(p.estimated_peak_bytes, plan::make_plan(inst16.model, reg, dev, {1000, 0}).estimated_peak_bytes);
+}
+
+// The K/V phase of a consumer with a carrier fills it in slabs of whole tiles, and no 16-bit
+// global K exists (planning only: runs on the CPU).
+TEST(Int8Attention, TheKvPhaseFillsTheCarrierInSlabsOfWholeTiles) {
+  const auto reg = exec::builtin_registry();
+  contracts::DeviceCaps dev = exec::describe_device(at::Device(at::kCPU));
+  auto cfg = models::demo_config();
+  cfg.dtype = ir::DType::BF16;
+  cfg.consumer = "int8";
+  cfg.layers = 1;
+  models::set_total_tokens(cfg, 1001);
+  const auto inst = models::instantiate(cfg, reg, at::kCPU);
+  for (int64_t chunk : {100, 64, 1001}) {
+    const auto p = plan::make_plan(inst.model, reg, dev, {chunk, 0});
+    const auto& b = inst.model.blocks[0];
+    const auto& s = b.sublayers[0];
+    ASSERT_TRUE(s.is_attention());
+    const plan::Program prog = plan::compile_sublayer(inst.model, b, s, p.blocks[0].sublayers[0], reg, dev);
+    const auto& a = std::get<ir::Attention>(s.body);
+    int carrier = -1;
+    for (size_t i = 0; i < prog.buffers.size(); ++i)
+      if (prog.buffers[i].role == plan::BufRole::GlobalK) {
+        EXPECT_EQ(carrier, -1) << "one K";
+        carrier = int(i);
+        EXPECT_EQ(prog.buffers[i].dtype, ir::DType::I8);
+        EXPECT_EQ(prog.buffers[i].bytes(), exec::int8attn::k_carrier_bytes(a.kv_heads, 1001, a.head_dim));
+      }
+    ASSERT_GE(carrier, 0);
+    int64_t covered = 0, carries = 0;
+    for (const auto& st : prog.steps) {
+      if (const auto* l = std::get_if<plan::LoopStep>(&st.body)) {
+        const bool kv = std::any_of(prog.steps.begin() + (&st - prog.steps.data()), prog.steps.begin() + l->end,
+                                    [](const plan::Step& x) { return std::holds_alternative<plan::CarryKStep>(x.body); });
+        if (!kv) continue;
+        EXPECT_EQ(l->begin, covered) << "chunk " << chunk;
+        if (l->begin + l->rows * l->count < 1001) EXPECT_EQ(l->rows % 64, 0) << "chunk " << chunk;
+        covered += l->rows * l->count;
+      }
+      if (std::holds_alternative<plan::CarryKStep>(st.body)) ++carries;
+      if (const auto* at = std::get_if<plan::AttendStep>(&st.body)) {
+        EXPECT_TRUE(at->carried);
+        EXPECT_EQ(at->k.buf, carrier);
+      }
+    }
+    EXPECT_EQ(covered, 1001) << "chunk " << chunk;
+    EXPECT_GT(carries, 0);
+  }
 }
 
 TEST(Int8Attention, WithoutACudaTensorTheChoiceIsAClearError) {

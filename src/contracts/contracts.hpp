@@ -47,6 +47,7 @@ struct AttnShape {
   ir::DType dtype = ir::DType::F32;
   DeviceKind device = DeviceKind::CPU;
   int threads = 1;  // CPU worker threads (per-thread scratch)
+  bool k_carried = false;  // K arrives as the consumer's own carrier (ConsumerCaps::k_carrier_bytes)
 };
 
 struct ConsumerCaps {
@@ -61,6 +62,12 @@ struct ConsumerCaps {
   int64_t kv_align = 1;                  // global K/V length must be a multiple
   // Bytes the consumer allocates for one call (output + scratch), by shape.
   std::function<int64_t(const AttnShape&)> call_bytes;
+  // Set: the consumer takes K as a carrier of its own (e.g. quantized K), which the K/V phase
+  // fills slab by slab in place of K in the activation dtype; its bytes for kv_heads groups of
+  // kv_rows rows of head_dim. Every slab but the last starts and ends at a multiple of
+  // k_carrier_align rows.
+  std::function<int64_t(int64_t kv_heads, int64_t kv_rows, int64_t head_dim)> k_carrier_bytes;
+  int64_t k_carrier_align = 1;
   std::shared_ptr<const Impl> impl;
 };
 

@@ -312,7 +312,8 @@ std::string dominant_terms(const Program& p, const Placement& pl) {
     if (p.buffers[i].role == BufRole::GlobalK) k = int(i);
     if (p.buffers[i].role == BufRole::GlobalV) v = int(i);
   }
-  if (k >= 0 && v >= 0 && p.buffers[size_t(k)].shape.size() == 3) {
+  if (k >= 0 && v >= 0 && p.buffers[size_t(k)].shape.size() != 3) k = v = -1;  // a consumer's K carrier: its own term
+  if (k >= 0 && v >= 0) {
     const Buffer& kb = p.buffers[size_t(k)];
     const int64_t kx = kb.bytes(), vx = p.buffers[size_t(v)].bytes();
     terms.push_back({"global K/V for " + std::to_string(kb.shape[1]) + " tokens at " + std::to_string(kb.shape[0]) +

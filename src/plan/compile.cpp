@@ -71,8 +71,15 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     c.patches(a.patches, role, s32);
     c.copy(s32, dst, layout, groups, rep, hd);
   };
-  const int K = c.buffer(BufRole::GlobalK, "K", {G, L, hd}, dt);
+  // K as it is, or the consumer's carrier of it, filled slab by slab at its row alignment.
+  const int carrier = c.k_carrier(a.consumer, G, L, hd);
+  const int K = carrier >= 0 ? carrier : c.buffer(BufRole::GlobalK, "K", {G, L, hd}, dt);
   const int V = c.buffer(BufRole::GlobalV, "V", {G, L, hd}, dt);
+  int64_t kv_chunk = p.token_chunk;
+  if (carrier >= 0) {
+    const int64_t align = c.reg().consumer(a.consumer).k_carrier_align;
+    kv_chunk = std::max(align, kv_chunk / align * align);
+  }
 
   // K/V: every row (or context row) projected, normed and rotated into the global buffers.
   {
@@ -84,15 +91,17 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     });
     // Cross-attention projects the context rows as they are, with the default projections.
     auto only_default = [&](const Held& h) { return std::vector<SegWeight>{h.ws.front()}; };
-    c.token_loop(rr.begin, L, p.token_chunk, !cross, [&](int64_t n, int64_t pieces) {
+    c.token_loop(rr.begin, L, kv_chunk, !cross, [&](int64_t n, int64_t pieces) {
       const Operand h = cross ? Operand{Src::Context, -1, a.context, -1, {n, kv_in}}
                               : c.normed(s.norm, b.modulation, s.mod, n, pieces);
       const Operand k = c.whole(c.buffer(BufRole::KV, "k", {n, wkv}, dt));
       const Operand v = c.whole(c.buffer(BufRole::KV, "v", {n, wkv}, dt));
       c.project(h, k, cross ? only_default(wk) : wk.ws, kv_in, wkv, n, pieces);
       c.project(h, v, cross ? only_default(wv) : wv.ws, kv_in, wkv, n, pieces);
-      const Operand kdst = c.slab_of(K, 1, n), vdst = c.slab_of(V, 1, n);
+      const Operand kdst = carrier >= 0 ? c.whole(c.buffer(BufRole::KSlab, "KS", {G, n, hd}, dt)) : c.slab_of(K, 1, n);
+      const Operand vdst = c.slab_of(V, 1, n);
       qk_rows(k, kdst, Layout::HeadMajor, cross ? only_default(wk) : wk.ws, G, 1, TensorRole::K, n, pieces);
+      if (carrier >= 0) c.carry_k(a.consumer, kdst, carrier, L);
       c.patches(a.patches, TensorRole::V, v);
       c.copy(v, vdst, Layout::HeadMajor, G, 1, hd);
     });

@@ -268,17 +268,35 @@ class Compiler {
   }
   void attend(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L) {
     const int64_t G = a.kv_heads, rep = a.heads / a.kv_heads, hd = a.head_dim;
-    const contracts::AttnShape sh{rep * n, L, G, G, hd, dt_, dev_.kind, dev_.threads};
+    const bool carried = p_.buffers[size_t(k)].role == BufRole::GlobalK && p_.buffers[size_t(k)].dtype == DType::I8;
+    contracts::AttnShape sh{rep * n, L, G, G, hd, dt_, dev_.kind, dev_.threads};
+    sh.k_carried = carried;
     const int64_t scratch = reg_.consumer(a.consumer).call_bytes(sh);
     const double q_rows = double(rep * n);
-    // The consumer reads Q, K, V and writes its output (and scratch); its output is then
-    // copied token-major into `out`.
+    // The consumer reads Q, K (or its carrier), V and writes its output (and scratch); its
+    // output is then copied token-major into `out`.
+    const double k_bytes = carried ? double(p_.buffers[size_t(k)].bytes()) : double(L) * double(G * hd) * esz_;
     Terms t{4.0 * q_rows * double(L) * double(G) * double(hd),
-            (2.0 * q_rows + 2.0 * double(L)) * double(G * hd) * esz_ + 2.0 * double(scratch) +
+            (2.0 * q_rows + double(L)) * double(G * hd) * esz_ + k_bytes + 2.0 * double(scratch) +
                 2.0 * double(n) * double(a.heads * hd) * esz_,
             2, rep * n, dt_, true, G, L};
-    emit(AttendStep{a.consumer, qf, whole(k), whole(v), out, G, rep, hd, 1.0 / std::sqrt(double(hd))},
-         "attend (consumer '" + a.consumer + "')", t, dev_.round_alloc(scratch));
+    emit(AttendStep{a.consumer, qf, whole(k), whole(v), out, G, rep, hd, 1.0 / std::sqrt(double(hd)), carried, L},
+         "attend (consumer '" + a.consumer + "'" + (carried ? ", K carrier" : "") + ")", t, dev_.round_alloc(scratch));
+  }
+  // The K carrier of `consumer` for L rows, or -1 where the consumer takes K as it is.
+  int k_carrier(const std::string& consumer, int64_t G, int64_t L, int64_t hd) {
+    const auto& c = reg_.consumer(consumer);
+    if (!c.k_carrier_bytes) return -1;
+    const int64_t bytes = c.k_carrier_bytes(G, L, hd);
+    return buffer(BufRole::GlobalK, "K carrier ('" + consumer + "')", {G, bytes / G}, DType::I8);
+  }
+  // One K slab [G, n, hd] into the carrier: read once (twice for the first slab, whose
+  // statistics the carrier keeps), written at one byte per element.
+  void carry_k(const std::string& consumer, const Operand& k, int carrier, int64_t L) {
+    const double e = elems(k);
+    emit(CarryKStep{consumer, k, carrier, L}, "K slab into the carrier of '" + consumer + "'",
+         {0, e * (2 * esz_ + 1), 3});
+    p_.steps.back().writes.push_back(carrier);
   }
   void activate(const Operand& t, ir::ActKind act) {
     emit(ActivateStep{t, act}, std::string("activation ") + ir::to_string(act), {0, 2 * elems(t) * esz_, 1});
@@ -385,6 +403,7 @@ class Compiler {
           else if constexpr (std::is_same_v<T, AddStep>) r(b.src), r(b.dst), w(b.dst);
           else if constexpr (std::is_same_v<T, AddBiasStep>) r(b.t), w(b.t);
           else if constexpr (std::is_same_v<T, ResidualAddStep>) r(b.y);
+          else if constexpr (std::is_same_v<T, CarryKStep>) r(b.k);
           else if constexpr (std::is_same_v<T, LoraStep>) {
             r(b.in), r(b.out), w(b.out);
             s.writes.push_back(b.ax);

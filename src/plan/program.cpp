@@ -33,6 +33,7 @@ const char* to_string(BufRole r) {
     case BufRole::Output: return "Out";
     case BufRole::Weight: return "W";
     case BufRole::LoraAx: return "LoraAx";
+    case BufRole::KSlab: return "KSlab";
   }
   return "?";
 }
@@ -57,6 +58,7 @@ const char* describe(BufRole r) {
     case BufRole::Output: return "model output";
     case BufRole::Weight: return "acquired weight";
     case BufRole::LoraAx: return "LoRA A·x slab";
+    case BufRole::KSlab: return "K slab for the consumer's carrier";
   }
   return "?";
 }
@@ -79,7 +81,8 @@ Terms& Terms::operator+=(const Terms& o) {
 const char* step_name(const StepBody& b) {
   static const char* names[] = {"loop",    "end",     "acquire", "release", "zero",     "norm",
                                 "copy",    "project", "qk-norm", "rope",    "qk-fused", "patch",
-                                "attend",  "activate", "mul",    "add",     "add-bias", "residual-add", "lora"};
+                                "attend",  "activate", "mul",    "add",     "add-bias", "residual-add", "lora",
+                                "carry-k"};
   static_assert(std::size(names) == std::variant_size_v<StepBody>, "a name for every step kind");
   return names[b.index()];
 }

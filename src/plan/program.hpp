@@ -43,7 +43,7 @@ struct SublayerPlan;
 
 // What a buffer holds (for printing and for the budget error's terms).
 enum class BufRole {
-  GlobalK,      // [kv_heads, L, head_dim]      every key of the sublayer
+  GlobalK,      // [kv_heads, L, head_dim]      every key of the sublayer (or the consumer's K carrier)
   GlobalV,      // [kv_heads, L, head_dim]
   Normed32,     // [c, dim] fp32                normalized + modulated rows (staged path)
   Normed,       // [c, dim]                     the same in the activation dtype
@@ -61,6 +61,7 @@ enum class BufRole {
   Output,       // [T, out] fp32                the model output
   Weight,       // an acquired weight (slice), converted where its format is not a view
   LoraAx,       // [c, rank]                    A·x of a LoRA adapter (one slab)
+  KSlab,        // [kv_heads, c, head_dim]      one slab of K on its way into a consumer's carrier
 };
 const char* to_string(BufRole);
 const char* describe(BufRole);
@@ -209,12 +210,23 @@ struct PatchStep {
   contracts::TensorRole role;
   Operand t;
 };
-// out [n, heads*hd] token-major := consumer(q folded, K, V).
+// The K slab [kv_heads, n, hd] of the current token slab into the consumer's K carrier
+// (ConsumerCaps::k_carrier_bytes), at the slab's rows of kv_rows.
+struct CarryKStep {
+  std::string consumer;
+  Operand k;
+  int carrier = -1;
+  int64_t kv_rows = 0;
+};
+// out [n, heads*hd] token-major := consumer(q folded, K, V); `carried`: k is the consumer's
+// K carrier of kv_rows rows.
 struct AttendStep {
   std::string consumer;
   Operand q, k, v, out;
   int64_t kv_heads = 0, rep = 1, head_dim = 0;
   double scale = 1.0;
+  bool carried = false;
+  int64_t kv_rows = 0;
 };
 struct ActivateStep {
   Operand t;
@@ -257,7 +269,7 @@ struct LoraStep {
 
 using StepBody = std::variant<LoopStep, EndLoopStep, AcquireStep, ReleaseStep, ZeroStep, NormStep, CopyStep,
                               ProjectStep, QkNormStep, RopeStep, QkNormRopeStep, PatchStep, AttendStep, ActivateStep,
-                              MulStep, AddStep, AddBiasStep, ResidualAddStep, LoraStep>;
+                              MulStep, AddStep, AddBiasStep, ResidualAddStep, LoraStep, CarryKStep>;
 const char* step_name(const StepBody&);
 
 struct Step {

@@ -32,6 +32,17 @@ struct ConsumerImpl : contracts::Impl {
                                  int64_t q_begin) const {
     return attend(q, k, v, scale);
   }
+  // Consumers that declare a K carrier (ConsumerCaps::k_carrier_bytes): the K slab
+  // [1, G, n, head_dim] of rows [row0, row0 + n) of kv_rows into `carrier` (the declared bytes,
+  // int8), and attention against the filled carrier.
+  virtual void carry_k(const at::Tensor& /*k*/, const at::Tensor& /*carrier*/, int64_t /*row0*/,
+                       int64_t /*kv_rows*/) const {
+    throw contracts::ContractError("this consumer declares no K carrier");
+  }
+  virtual at::Tensor attend_carried(const at::Tensor& /*q*/, const at::Tensor& /*carrier*/, const at::Tensor& /*v*/,
+                                    double /*scale*/, int64_t /*q_begin*/, int64_t /*kv_rows*/) const {
+    throw contracts::ContractError("this consumer declares no K carrier");
+  }
 };
 
 // A consumer from a function (tests, hosts).

@@ -20,6 +20,16 @@ struct Int8Consumer : ConsumerImpl {
     int8c::after_slab(q_begin, q.size(2), k.size(2));
     return o;
   }
+  void carry_k(const at::Tensor& k, const at::Tensor& carrier, int64_t row0, int64_t kv_rows) const override {
+    int8c::carry_k("int8", k, carrier, row0, kv_rows);
+  }
+  at::Tensor attend_carried(const at::Tensor& q, const at::Tensor& carrier, const at::Tensor& v, double scale,
+                            int64_t, int64_t kv_rows) const override {
+    const at::Tensor q3 = int8c::heads_rows(q, "q", "int8");
+    int8c::require("int8", q3);
+    const int8c::Carrier kc = int8c::carried(carrier, kv_rows, q3.size(2));
+    return int8attn::attend(int8attn::quantize_q(q3, scale), kc.k, int8c::heads_rows(v, "v", "int8"), {}).unsqueeze(0);
+  }
 };
 
 }  // namespace
@@ -32,6 +42,7 @@ void register_int8_attention(contracts::Registry& reg) {
   c.accepts_bounded_q = c.requires_global_k = c.requires_global_v = c.slab_output = Cap::Yes;
   c.dtypes = {ir::DType::BF16, ir::DType::F16};
   c.call_bytes = int8c::call_bytes;
+  int8c::declare_carrier(c);
   c.impl = std::make_shared<Int8Consumer>();
   reg.add(c);
 }

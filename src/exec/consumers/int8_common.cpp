@@ -81,6 +81,7 @@ struct State {
   const void* ptr = nullptr;
   std::vector<int64_t> shape;
   uint64_t phases = 0;
+  uint64_t carried_phase = 0;  // the phase of the carrier a K/V phase filled last
 };
 State& state() {
   static State* s = new State;
@@ -167,13 +168,45 @@ void after_slab(int64_t q_begin, int64_t q_rows, int64_t kv_rows) {
   if (q_begin + q_rows >= kv_rows) drop_carrier();
 }
 
+void carry_k(const std::string& consumer, const at::Tensor& k, const at::Tensor& bytes, int64_t row0, int64_t kv_rows) {
+  const at::Tensor k3 = heads_rows(k, "k", consumer);
+  require(consumer, k3);
+  const int8attn::KCarrier c = int8attn::carrier_view(bytes, k3.size(0), kv_rows, k3.size(2));
+  int8attn::quantize_k_rows(k3, c, row0);
+  if (row0 == 0) {
+    State& st = state();
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.carried_phase = ++st.phases;
+  }
+}
+
+Carrier carried(const at::Tensor& bytes, int64_t kv_rows, int64_t head_dim) {
+  Carrier c;
+  c.k = int8attn::carrier_view(bytes, bytes.size(0), kv_rows, head_dim);
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  c.phase = st.carried_phase;
+  return c;
+}
+
+int64_t carrier_bytes(int64_t kv_heads, int64_t kv_rows, int64_t head_dim) {
+  return int8attn::k_carrier_bytes(kv_heads, kv_rows, head_dim);
+}
+
+void declare_carrier(contracts::ConsumerCaps& c) {
+  c.k_carrier_bytes = carrier_bytes;
+  c.k_carrier_align = int8attn::kTile;
+}
+
 int64_t call_bytes(const contracts::AttnShape& s) {
-  // Grouped-query heads arrive as kv_heads groups of rep x q_rows rows. Two K samples: the
-  // cached one and the call's.
+  // Grouped-query heads arrive as kv_heads groups of rep x q_rows rows. Uncarried K: the
+  // cached carrier and two K samples (the cached one and the call's).
   const int64_t esz = static_cast<int64_t>(ir::dtype_size(s.dtype));
   const int64_t g = s.kv_heads > 0 ? s.kv_heads : s.heads, rows = s.q_rows * (s.heads / g);
-  return g * rows * s.head_dim * esz + int8attn::q_tiles_bytes(g, rows, s.head_dim) +
-         int8attn::k_carrier_bytes(g, s.kv_rows, s.head_dim) + 2 * g * std::min<int64_t>(s.kv_rows, kSampleRows) * s.head_dim * esz;
+  const int64_t own = g * rows * s.head_dim * esz + int8attn::q_tiles_bytes(g, rows, s.head_dim);
+  if (s.k_carried) return own;
+  return own + int8attn::k_carrier_bytes(g, s.kv_rows, s.head_dim) +
+         2 * g * std::min<int64_t>(s.kv_rows, kSampleRows) * s.head_dim * esz;
 }
 
 }  // namespace sp::exec::int8c

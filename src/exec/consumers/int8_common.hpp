@@ -6,9 +6,11 @@
 // CUDA, a CPU tensor, an SM below 8.0, a dtype or head_dim the kernels do not take, or a
 // failed self-test). The self-test runs once per device and process: small awkward shapes
 // (130 query rows against 200 key rows, 3 heads, head_dim 64 and 128), dense against fp32
-// attention and block-sparse against the masked reference, rel L2 <= 2e-2. The K carrier
-// (kernels/int8_attn.hpp) is cached for the most recent K: the streamed Q slabs of one phase
-// reuse it. The arena's buffers share one version counter, so the key is K's pointer, shape,
+// attention and block-sparse against the masked reference, rel L2 <= 2e-2. Both declare the
+// K carrier (kernels/int8_attn.hpp) in their capabilities: a planned run's K/V phase fills it
+// slab by slab in the program's arena (carry_k), in place of 16-bit K, and the attend steps
+// read it (carried). Calls that hand over 16-bit K (the naive schedule, hosts) get a carrier
+// made at once and cached for the most recent K: the streamed Q slabs of one phase reuse it. The arena's buffers share one version counter, so the key is K's pointer, shape,
 // strides and a sample of 64 of its rows compared on the device; a different K at the same
 // place (the next layer) misses. The carrier is freed after the slab that ends the phase
 // (after_slab) or when the next K replaces it; call_bytes counts it in every call of the
@@ -45,7 +47,18 @@ void drop_carrier();
 // which only costs a new carrier.
 void after_slab(int64_t q_begin, int64_t q_rows, int64_t kv_rows);
 
-// Output, Q tiles, K carrier and its sample: what an int8 call holds.
+// The K carrier a K/V phase fills slab by slab (ConsumerCaps::k_carrier_bytes): `bytes`
+// [G, n] int8 from the program's arena. carry_k quantizes the slab k [1, G, rows, D] at row0
+// (the first slab also starts a new phase); carried views the filled carrier with the phase
+// of its last first slab.
+void carry_k(const std::string& consumer, const at::Tensor& k, const at::Tensor& bytes, int64_t row0, int64_t kv_rows);
+Carrier carried(const at::Tensor& bytes, int64_t kv_rows, int64_t head_dim);
+int64_t carrier_bytes(int64_t kv_heads, int64_t kv_rows, int64_t head_dim);
+// Declares the carrier in a consumer's capabilities.
+void declare_carrier(contracts::ConsumerCaps& c);
+
+// Output and Q tiles, and where K is not carried the cached K carrier and its samples: what an
+// int8 call holds.
 int64_t call_bytes(const contracts::AttnShape& s);
 
 // The [G, rows, D] views of the consumer interface's [1, G, rows, D] tensors.

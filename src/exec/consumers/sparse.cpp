@@ -30,8 +30,25 @@ struct SparseConsumer : ConsumerImpl {
                          int64_t q_begin) const override {
     const at::Tensor q3 = int8c::heads_rows(q, "q", "sparse");
     int8c::require("sparse", q3);
-    const SparseOptions opt = options();
     const int8c::Carrier kc = int8c::carrier_for(int8c::heads_rows(k, "k", "sparse"));
+    at::Tensor o = attend_with(q3, kc, v, scale, q_begin);
+    int8c::after_slab(q_begin, q3.size(1), kc.k.rows);
+    return o;
+  }
+  void carry_k(const at::Tensor& k, const at::Tensor& carrier, int64_t row0, int64_t kv_rows) const override {
+    int8c::carry_k("sparse", k, carrier, row0, kv_rows);
+  }
+  at::Tensor attend_carried(const at::Tensor& q, const at::Tensor& carrier, const at::Tensor& v, double scale,
+                            int64_t q_begin, int64_t kv_rows) const override {
+    const at::Tensor q3 = int8c::heads_rows(q, "q", "sparse");
+    int8c::require("sparse", q3);
+    return attend_with(q3, int8c::carried(carrier, kv_rows, q3.size(2)), v, scale, q_begin);
+  }
+
+  // The routed attention of q3 [G, rows, D] against a K carrier, its phase's figures counted.
+  at::Tensor attend_with(const at::Tensor& q3, const int8c::Carrier& kc, const at::Tensor& v, double scale,
+                         int64_t q_begin) const {
+    const SparseOptions opt = options();
     const int8attn::QTiles qt = int8attn::quantize_q(q3, scale);
     const RoutedTiles r = route_slab(qt.tile_mean, kc.k.tile_mean, q_begin, qt.rows, kc.k.rows, opt);
     at::Tensor o = int8attn::attend(qt, kc.k, int8c::heads_rows(v, "v", "sparse"), {r.offsets, r.indices}).unsqueeze(0);
@@ -48,7 +65,6 @@ struct SparseConsumer : ConsumerImpl {
       phases.back().visited += call.visited;
       phases.back().tiles += call.tiles;
     }
-    int8c::after_slab(q_begin, qt.rows, kc.k.rows);
     return o;
   }
 
@@ -77,6 +93,7 @@ contracts::ConsumerCaps sparse_caps(const SparseOptions& o) {
   c.dtypes = {ir::DType::BF16, ir::DType::F16};
   c.q_align = kSparseTile;
   c.call_bytes = sparse_call_bytes;
+  int8c::declare_carrier(c);
   c.impl = std::make_shared<SparseConsumer>(o);
   return c;
 }

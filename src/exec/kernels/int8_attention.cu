@@ -24,6 +24,7 @@ __global__ void quantize_tiles(AttnQuantParams p) {
   const int t = blockIdx.x, h = blockIdx.y, D = p.head_dim;
   const int tiles = (p.rows + kTile - 1) / kTile;
   const int rows = min(kTile, p.rows - t * kTile);
+  const int64_t slot = int64_t(h) * (p.out_tiles > 0 ? p.out_tiles : tiles) + p.tile_offset + t;
   const T* x = static_cast<const T*>(p.x) + h * p.head_stride + int64_t(t) * kTile * p.row_stride;
   const float* sub = p.subtract ? p.subtract + int64_t(h) * D : nullptr;
   float amax = 0.0f;
@@ -38,7 +39,7 @@ __global__ void quantize_tiles(AttnQuantParams p) {
     for (int c = threadIdx.x; c < D; c += blockDim.x) {
       float s = 0.0f;
       for (int r = 0; r < rows; ++r) s += tile[r * D + c];
-      p.tile_mean[(int64_t(h) * tiles + t) * D + c] = s / float(rows);
+      p.tile_mean[slot * D + c] = s / float(rows);
     }
   }
   if (!p.out) return;
@@ -49,8 +50,8 @@ __global__ void quantize_tiles(AttnQuantParams p) {
   for (int w = 0; w < int(blockDim.x >> 5); ++w) amax = fmaxf(amax, red[w]);
   const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
   const float inv = 1.0f / s;
-  if (threadIdx.x == 0) p.scale[int64_t(h) * tiles + t] = s * p.extra_scale;
-  int8_t* out = p.out + (int64_t(h) * tiles + t) * kTile * D;
+  if (threadIdx.x == 0) p.scale[slot] = s * p.extra_scale;
+  int8_t* out = p.out + slot * kTile * D;
   // Four values per thread and store.
   for (int i = threadIdx.x * 4; i < kTile * D; i += blockDim.x * 4) {
     const int r = i / D, c = i - r * D;

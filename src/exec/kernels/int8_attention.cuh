@@ -50,6 +50,9 @@ struct AttnQuantParams {
   int8_t* out = nullptr;            // [heads, tiles * 64, head_dim], or null: means only
   float* scale = nullptr;           // [heads, tiles]
   float* tile_mean = nullptr;       // [heads, tiles, head_dim] fp32 means of x, or null
+  // Tiles per head of out, scale and tile_mean (0: the tiles of `rows`), and the first tile
+  // written: rows of a longer carrier quantized slab by slab.
+  int out_tiles = 0, tile_offset = 0;
 };
 cudaError_t attn_quantize(const AttnQuantParams& p, cudaStream_t stream);
 

@@ -84,6 +84,51 @@ KCarrier quantize_k(const at::Tensor& k) {
   return c;
 }
 
+KCarrier carrier_view(const at::Tensor& bytes, int64_t heads, int64_t rows, int64_t head_dim) {
+  const int64_t t = tiles(rows), total = k_carrier_bytes(heads, rows, head_dim);
+  TORCH_CHECK(bytes.scalar_type() == at::kChar && bytes.is_contiguous() && bytes.numel() == total,
+              "int8 attention: a K carrier of ", heads, " x ", rows, " x ", head_dim, " needs ", total,
+              " contiguous int8 bytes, got ", bytes.sizes(), " ", bytes.scalar_type());
+  const at::Tensor flat = bytes.view(-1);
+  int64_t off = 0;
+  auto take = [&](int64_t n, at::ScalarType type, std::vector<int64_t> shape) {
+    const int64_t size = n * int64_t(c10::elementSize(type));
+    at::Tensor r = flat.narrow(0, off, size).view(type).view(shape);
+    off += size;
+    return r;
+  };
+  KCarrier c;
+  c.rows = rows;
+  c.k8 = take(heads * t * kTile * head_dim, at::kChar, {heads, t * kTile, head_dim});
+  c.scale = take(heads * t, at::kFloat, {heads, t});
+  c.tile_mean = take(heads * t * head_dim, at::kFloat, {heads, t, head_dim});
+  c.head_mean = take(heads * head_dim, at::kFloat, {heads, head_dim});
+  return c;
+}
+
+void quantize_k_rows(const at::Tensor& k, const KCarrier& c, int64_t row0) {
+  check_input(k, "k");
+  const int64_t g = c.k8.size(0), d = c.k8.size(2), t = tiles(c.rows);
+  TORCH_CHECK(k.size(0) == g && k.size(2) == d && row0 % kTile == 0 && row0 >= 0 && row0 + k.size(1) <= c.rows,
+              "int8 attention: k rows ", k.sizes(), " at row ", row0, " do not fit a carrier of ", g, " x ", c.rows,
+              " x ", d, " (slabs start at multiples of ", kTile, ")");
+  if (k.size(1) == 0) return;
+  const c10::cuda::CUDAGuard guard(k.device());
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  if (row0 == 0) {  // the subtracted means: this slab's, summed in fp32 by the reduction
+    at::Tensor hm = c.head_mean;
+    at::sum_out(hm, k, {1}, false, at::kFloat).div_(double(k.size(1)));
+  }
+  kernels::AttnQuantParams p = quant_params(k);
+  p.subtract = c.head_mean.data_ptr<float>();
+  p.out = c.k8.data_ptr<int8_t>();
+  p.scale = c.scale.data_ptr<float>();
+  p.tile_mean = c.tile_mean.data_ptr<float>();
+  p.out_tiles = static_cast<int>(t);
+  p.tile_offset = static_cast<int>(row0 / kTile);
+  check_launch(kernels::attn_quantize(p, stream), "(K slab quantization)");
+}
+
 QTiles quantize_q(const at::Tensor& q, double softmax_scale) {
   check_input(q, "q");
   const c10::cuda::CUDAGuard guard(q.device());
@@ -150,6 +195,8 @@ at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const
 
 bool built() { return false; }
 KCarrier quantize_k(const at::Tensor&) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
+KCarrier carrier_view(const at::Tensor&, int64_t, int64_t, int64_t) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
+void quantize_k_rows(const at::Tensor&, const KCarrier&, int64_t) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
 QTiles quantize_q(const at::Tensor&, double) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
 at::Tensor attend(const QTiles&, const KCarrier&, const at::Tensor&, const TileList&) {
   TORCH_CHECK(false, "int8 attention: built without CUDA");

@@ -42,6 +42,13 @@ int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim);
 
 // k, q, v: [G, rows, D] bf16 or fp16 on one CUDA device, unit last stride, D 64 or 128.
 KCarrier quantize_k(const at::Tensor& k);
+// The carrier of G x rows x D laid out in `bytes` (a contiguous int8 tensor of
+// k_carrier_bytes elements): int8 K, then the tile scales, the tile means and the head means.
+KCarrier carrier_view(const at::Tensor& bytes, int64_t heads, int64_t rows, int64_t head_dim);
+// K rows [row0, row0 + k.size(1)) into the carrier, row0 a multiple of kTile. The first slab
+// (row0 0) sets the per-head means every slab subtracts: softmax is invariant to any vector
+// subtracted from every key, and a slab's mean removes K's common offset as well as all rows'.
+void quantize_k_rows(const at::Tensor& k, const KCarrier& c, int64_t row0);
 QTiles quantize_q(const at::Tensor& q, double softmax_scale);
 // [G, q rows, D] in v's dtype.
 at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles);
