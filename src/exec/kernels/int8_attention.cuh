@@ -57,6 +57,11 @@ cudaError_t attn_quantize(const AttnQuantParams& p, cudaStream_t stream);
 cudaError_t attn_head_mean(const float* tile_mean, int heads, int rows, int head_dim, float* head_mean,
                            cudaStream_t stream);
 
+// Which kernel int8_attention runs: Auto takes the sm_90a (wgmma) kernel for head_dim 128
+// where int8_attention_sm90_ready(), else the portable one; the others force one (Sm90 fails
+// with cudaErrorNotSupported where it cannot run).
+enum class AttnPath { Auto, Portable, Sm90 };
+
 struct Int8AttnParams {
   const int8_t* q = nullptr;      // [heads, q_tiles * 64, head_dim] (attn_quantize)
   const float* q_scale = nullptr; // [heads, q_tiles], including softmax scale * log2(e)
@@ -70,6 +75,7 @@ struct Int8AttnParams {
   int heads = 0, q_rows = 0, kv_rows = 0, head_dim = 0;  // head_dim 64 or 128
   const int32_t* offsets = nullptr;  // [heads * q_tiles + 1], or null: dense
   const int32_t* indices = nullptr;  // key tiles, ascending or not
+  AttnPath path = AttnPath::Auto;
 };
 cudaError_t int8_attention(const Int8AttnParams& p, cudaStream_t stream);
 
