@@ -4,7 +4,8 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90a -Isrc src/exec/kernels/int8_attention.cu \
 //        src/exec/kernels/int8_attention_sm90.cu tests/standalone/int8_attention_main.cu \
 //        -o int8_attention_check
-//   ./int8_attention_check [tokens heads ...]   (default: 75600 40 75072 56; 0: no timings)
+//   ./int8_attention_check [--sm90-only] [tokens heads ...]
+//   (default shapes 75600 40 75072 56; tokens 0: no timings; --sm90-only: no portable timings)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "exec/kernels/int8_attention.cuh"
@@ -199,7 +201,7 @@ static double head0_rel_l2(const __nv_bfloat16* q, const __nv_bfloat16* k, const
 }
 
 // Both kernels at one shape: dense, the list of every key tile (budget 1.0) and 30% of them.
-static void bench(int tokens, int heads, int D, bool sm90) {
+static void bench(int tokens, int heads, int D, bool sm90, bool portable) {
   const size_t n = size_t(tokens) * heads * D;
   __nv_bfloat16 *q, *k, *v, *o;
   CK(cudaMalloc(&q, n * 2)); CK(cudaMalloc(&k, n * 2)); CK(cudaMalloc(&v, n * 2)); CK(cudaMalloc(&o, n * 2));
@@ -236,7 +238,7 @@ static void bench(int tokens, int heads, int D, bool sm90) {
       CK(cudaMemcpy(didx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
     }
     for (const AttnPath path : {AttnPath::Portable, AttnPath::Sm90}) {
-      if (path == AttnPath::Sm90 && !sm90) continue;
+      if (path == AttnPath::Sm90 ? !sm90 : !portable) continue;
       Int8AttnParams p;
       p.q = cq.q; p.q_scale = cq.scale; p.k = ck.q; p.k_scale = ck.scale; p.v = v;
       p.v_head_stride = int64_t(tokens) * D; p.v_row_stride = D; p.o = o;
@@ -288,10 +290,14 @@ int main(int argc, char** argv) {
     ++seed;
   }
   std::vector<int> shapes;
-  for (int i = 1; i < argc; ++i) shapes.push_back(std::atoi(argv[i]));
+  bool portable = true;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--sm90-only") portable = false;
+    else shapes.push_back(std::atoi(argv[i]));
+  }
   if (shapes.empty()) shapes = {75600, 40, 75072, 56};
   for (size_t i = 0; i + 1 < shapes.size(); i += 2)
-    if (shapes[i] > 0) bench(shapes[i], shapes[i + 1], 128, sm90);
+    if (shapes[i] > 0) bench(shapes[i], shapes[i + 1], 128, sm90, portable || !sm90);
   std::printf("%s\n", fails ? "SOME FAILED" : "ALL PASSED");
   return fails ? 1 : 0;
 }

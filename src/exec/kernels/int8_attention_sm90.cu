@@ -15,14 +15,18 @@ using namespace attn;
 
 constexpr int kTile = kAttnTile;  // 64 query rows per warpgroup, 64 keys per tile
 constexpr int kD = 128;           // head_dim: one int8 row is one 128-byte swizzle row
-constexpr int kStages = 4;        // K/V tiles in flight
-constexpr int kQBytes = kTile * kD;       // int8
-constexpr int kKBytes = kTile * kD;       // int8
-constexpr int kVBytes = kTile * kD * 2;   // 16-bit, two 64-column halves of 8 KiB
-constexpr int kStageBytes = kKBytes + kVBytes;
+constexpr int kQBytes = kTile * kD;      // int8
+constexpr int kKBytes = kTile * kD;      // int8
+constexpr int kVBytes = kTile * kD * 2;  // 16-bit, two 64-column halves of 8 KiB
 
-template <int WG>
-constexpr int smem_bytes() { return WG * kQBytes + kStages * kStageBytes + 1024; }  // + alignment
+// A configuration: WG warpgroups of 64 query rows share each step's NT key tiles (QK^T is one
+// m64n(64 NT)k32 chain, P·V 4 NT k-steps); Stages steps of K/V in flight.
+template <int WG, int NT, int Stages>
+struct Cfg {
+  static constexpr int kThreads = WG * 128;
+  static constexpr int kStageBytes = NT * (kKBytes + kVBytes);  // NT K tiles, then NT V tiles
+  static constexpr int kSmem = WG * kQBytes + Stages * kStageBytes + 1024;  // + alignment
+};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -45,8 +49,11 @@ template <typename R>
 __device__ __forceinline__ void pin(R& r) { asm volatile("" : "+r"(r)::"memory"); }
 __device__ __forceinline__ void pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
-// D[64x64] (+)= A[64x32] * B[32x64], s8 x s8 -> s32, A and B in shared memory (K-major).
-__device__ __forceinline__ void wgmma_s8_64x64(int (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+// D[64xN] (+)= A[64x32] * B[32xN], s8 x s8 -> s32, A and B in shared memory (K-major).
+template <int N>
+__device__ __forceinline__ void wgmma_s8(int (&d)[N / 2], uint64_t a, uint64_t b, int accumulate);
+template <>
+__device__ __forceinline__ void wgmma_s8<64>(int (&d)[32], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
@@ -57,6 +64,26 @@ __device__ __forceinline__ void wgmma_s8_64x64(int (&d)[32], uint64_t a, uint64_
         "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
         "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
         "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void wgmma_s8<128>(int (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
@@ -108,11 +135,13 @@ __device__ __forceinline__ void wgmma_pv<__half>(float (&d)[64], const uint32_t 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // One CTA: WG warpgroups, each 64 query rows (query tiles blockIdx.x * WG + wg), sharing the
-// key tiles of the CTA's list. Dense runs WG = 2 (the K/V tiles read once per 128 query rows),
-// the block-sparse path WG = 1 (one list per 64-row query tile).
-template <int WG, typename T>
+// key tiles of the CTA's list, NT of them per step. Dense runs WG = 2 (the K/V tiles read once
+// per 128 query rows), the block-sparse path WG = 1 (one list per 64-row query tile).
+template <int WG, int NT, int Stages, typename T>
 __global__ void __launch_bounds__(WG * 128, WG == 1 ? 2 : 1) attention_sm90(Int8AttnParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = Cfg<WG, NT, Stages>;
+  constexpr int kN = 64 * NT;  // keys per step
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem =
       smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // swizzle atoms are 1024-byte aligned
@@ -129,41 +158,56 @@ __global__ void __launch_bounds__(WG * 128, WG == 1 ? 2 : 1) attention_sm90(Int8
     count = p.offsets[int64_t(h) * q_tiles + blockIdx.x + 1] - begin;
     list = p.indices + begin;
   }
+  const int steps = (count + NT - 1) / NT;
+  auto tile_of = [&](int j) { return list ? list[j] : j; };  // j < count
   unsigned char* qs = smem + wg * kQBytes;
   unsigned char* stages = smem + WG * kQBytes;
 
-  const int8_t* kbase = p.k + int64_t(h) * kv_tiles * kTile * kD;
+  // Each thread's share of a step's loads: K rows of 128 bytes in 16-byte chunks, V rows of
+  // 16 chunks (two 64-column halves); the chunk of a thread is the same in every row group.
+  constexpr int kKRows = C::kThreads / 8, kVRows = C::kThreads / 16;  // rows per pass
+  const int k_row = tid >> 3, k_chunk = tid & 7, v_row = tid >> 4, v_chunk = tid & 15;
+  const int k_smem = sw128(k_row, k_chunk);
+  const int v_smem = (v_chunk >> 3) * (kVBytes / 2) + sw128(v_row, v_chunk & 7);
+  const int8_t* kbase = p.k + int64_t(h) * kv_tiles * kTile * kD + k_row * kD + k_chunk * 16;
   const T* vbase = static_cast<const T*>(p.v) + h * p.v_head_stride;
-  // K tile: 64 rows of 128 bytes, swizzled. V tile: two 64-column halves, each 64 rows of
-  // 128 bytes, swizzled (N-major B operand); rows past kv_rows zero-filled.
-  auto load_kv = [&](int it) {
-    const int tile = list ? list[it] : it;
-    unsigned char* ks = stages + (it % kStages) * kStageBytes;
-    unsigned char* vs = ks + kKBytes;
-    const int8_t* kg = kbase + int64_t(tile) * kTile * kD;
-    for (int i = tid; i < kTile * 8; i += WG * 128) {
-      const int r = i >> 3, c = i & 7;
-      cp_async16(ks + sw128(r, c), kg + r * kD + c * 16, true);
-    }
-    for (int i = tid; i < kTile * 16; i += WG * 128) {
-      const int r = i >> 4, c = i & 15;
-      const int row = tile * kTile + r;
-      const bool ok = row < p.kv_rows;
-      const T* src = ok ? vbase + int64_t(row) * p.v_row_stride + c * 8 : vbase;
-      cp_async16(vs + (c >> 3) * (kVBytes / 2) + sw128(r, c & 7), src, ok);
+  // K tiles: 64 rows of 128 bytes, swizzled, NT of them contiguous. V tiles: two 64-column
+  // halves, each 64 rows of 128 bytes, swizzled (N-major B operand); rows past kv_rows and
+  // tiles past the list zero-filled (their keys are masked).
+  auto load_step = [&](int step) {
+    unsigned char* ks = stages + (step % Stages) * C::kStageBytes;
+    unsigned char* vs = ks + NT * kKBytes;
+#pragma unroll
+    for (int b = 0; b < NT; ++b) {
+      const int j = step * NT + b;
+      const bool present = j < count;
+      const int tile = present ? tile_of(j) : 0;
+      const int8_t* kg = kbase + int64_t(tile) * kTile * kD;
+#pragma unroll
+      for (int n = 0; n < kTile / kKRows; ++n)
+        cp_async16(ks + b * kKBytes + n * kKRows * 128 + k_smem, kg + n * kKRows * kD, present);
+      const int rows = present ? min(kTile, p.kv_rows - tile * kTile) : 0;
+      const T* vg = vbase + (int64_t(tile) * kTile + v_row) * p.v_row_stride + v_chunk * 8;
+#pragma unroll
+      for (int n = 0; n < kTile / kVRows; ++n) {
+        const bool ok = v_row + n * kVRows < rows;
+        cp_async16(vs + b * kVBytes + n * kVRows * 128 + v_smem, ok ? vg + int64_t(n) * kVRows * p.v_row_stride : vbase,
+                   ok);
+      }
     }
   };
 
-  // Q tiles (zero where the CTA's second tile is past the end) with the first K/V tile.
-  for (int i = tid; i < WG * kTile * 8; i += WG * 128) {
+  // Q tiles (zero where the CTA's second tile is past the end) with the first K/V step.
+  for (int i = tid; i < WG * kTile * 8; i += C::kThreads) {
     const int w = i / (kTile * 8), r = (i >> 3) & (kTile - 1), c = i & 7;
     const int t = blockIdx.x * WG + w;
     const bool ok = t < q_tiles;
     const int8_t* src = ok ? p.q + ((int64_t(h) * q_tiles + t) * kTile + r) * kD + c * 16 : p.q;
     cp_async16(smem + w * kQBytes + sw128(r, c), src, ok);
   }
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < count) load_kv(s);
+#pragma unroll
+  for (int s = 0; s < Stages - 1; ++s) {
+    if (s < steps) load_step(s);
     cp_commit();
   }
   const float q_scale = qt < q_tiles ? p.q_scale[int64_t(h) * q_tiles + qt] : 0.0f;
@@ -172,34 +216,47 @@ __global__ void __launch_bounds__(WG * 128, WG == 1 ? 2 : 1) attention_sm90(Int8
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-  uint32_t pa[16];  // P of the current tile, bf16/fp16 pairs in the A-fragment order
+  uint32_t pa[16 * NT];  // P of the current step, bf16/fp16 pairs in the A-fragment order
 
-  // S = Q K^T of tile `it` into s (issued, not waited).
-  auto issue_qk = [&](int it, int (&s)[32]) {
-    const unsigned char* ks = stages + (it % kStages) * kStageBytes;
+  // S = Q K^T of step `step` into s (issued, not waited).
+  auto issue_qk = [&](int step, int (&s)[32 * NT]) {
+    const unsigned char* ks = stages + (step % Stages) * C::kStageBytes;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kD / 32; ++k)
-      wgmma_s8_64x64(s, sw128_desc(qs + k * 32, 16, 1024), sw128_desc(ks + k * 32, 16, 1024), k > 0);
+      wgmma_s8<kN>(s, sw128_desc(qs + k * 32, 16, 1024), sw128_desc(ks + k * 32, 16, 1024), k > 0);
     wgmma_commit();
   };
-  // The online softmax of tile `it` from its (completed) S: new maxima, the factors that
-  // rescale the old sums and outputs, P into pn. Returns the two factors.
-  auto softmax = [&](int it, int (&s)[32], uint32_t (&pn)[16], float& a0, float& a1) {
-    const int tile = list ? list[it] : it;
-    const float sc = q_scale * p.k_scale[int64_t(h) * kv_tiles + tile];
-    const int valid = p.kv_rows - tile * kTile;
-    float f[32];
+  // The online softmax of step `step` from its (completed) S: new maxima, the factors that
+  // rescale the old sums and outputs, P into pn. The int32 products become floats exactly by
+  // the 1.5 * 2^23 trick (|S| <= 127 * 127 * 128 < 2^22), an add instead of a conversion; the
+  // maxima are taken before scaling (the scales are positive).
+  auto softmax = [&](int step, int (&s)[32 * NT], uint32_t (&pn)[16 * NT], float& a0, float& a1) {
+    float f[32 * NT];
+#pragma unroll
+    for (int i = 0; i < 32 * NT; ++i) f[i] = __int_as_float(s[i] + 0x4B400000) - 12582912.0f;
+    float sc[NT];
     float mx0 = m0, mx1 = m1;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int key = j * 8 + t4 * 2;
-      f[4 * j + 0] = key < valid ? float(s[4 * j + 0]) * sc : -INFINITY;
-      f[4 * j + 1] = key + 1 < valid ? float(s[4 * j + 1]) * sc : -INFINITY;
-      f[4 * j + 2] = key < valid ? float(s[4 * j + 2]) * sc : -INFINITY;
-      f[4 * j + 3] = key + 1 < valid ? float(s[4 * j + 3]) * sc : -INFINITY;
-      mx0 = fmaxf(mx0, fmaxf(f[4 * j], f[4 * j + 1]));
-      mx1 = fmaxf(mx1, fmaxf(f[4 * j + 2], f[4 * j + 3]));
+    for (int b = 0; b < NT; ++b) {
+      const int j = step * NT + b;
+      const int tile = j < count ? tile_of(j) : 0;
+      sc[b] = q_scale * p.k_scale[int64_t(h) * kv_tiles + tile];
+      const int valid = j < count ? p.kv_rows - tile * kTile : 0;
+      float* fb = f + 32 * b;
+      if (valid < kTile) {  // the last tile: keys past kv_rows; a step past the list: all
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          if ((i >> 2) * 8 + t4 * 2 + (i & 1) >= valid) fb[i] = -INFINITY;
+      }
+      float r0 = -INFINITY, r1 = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        r0 = fmaxf(r0, fmaxf(fb[4 * i], fb[4 * i + 1]));
+        r1 = fmaxf(r1, fmaxf(fb[4 * i + 2], fb[4 * i + 3]));
+      }
+      mx0 = fmaxf(mx0, r0 * sc[b]);
+      mx1 = fmaxf(mx1, r1 * sc[b]);
     }
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
@@ -212,9 +269,10 @@ __global__ void __launch_bounds__(WG * 128, WG == 1 ? 2 : 1) attention_sm90(Int8
     m1 = mx1;
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float e0 = ex2(f[4 * j] - base0), e1 = ex2(f[4 * j + 1] - base0);
-      const float e2 = ex2(f[4 * j + 2] - base1), e3 = ex2(f[4 * j + 3] - base1);
+    for (int j = 0; j < 8 * NT; ++j) {
+      const float c = sc[j / 8];
+      const float e0 = ex2(fmaf(f[4 * j], c, -base0)), e1 = ex2(fmaf(f[4 * j + 1], c, -base0));
+      const float e2 = ex2(fmaf(f[4 * j + 2], c, -base1)), e3 = ex2(fmaf(f[4 * j + 3], c, -base1));
       s0 += e0 + e1;
       s1 += e2 + e3;
       // n-tiles 2kk and 2kk+1 of S are the A fragment of k-step kk: (g, 2kk), (g+8, 2kk),
@@ -225,63 +283,63 @@ __global__ void __launch_bounds__(WG * 128, WG == 1 ? 2 : 1) attention_sm90(Int8
     l0 = l0 * a0 + s0;
     l1 = l1 * a1 + s1;
   };
-  auto issue_pv = [&](int it) {
-    const unsigned char* vs = stages + (it % kStages) * kStageBytes + kKBytes;
+  auto issue_pv = [&](int step) {
+    const unsigned char* vs = stages + (step % Stages) * C::kStageBytes + NT * kKBytes;
     wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kTile / 16; ++k) {
+    for (int k = 0; k < 4 * NT; ++k) {
       const uint32_t a[4] = {pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3]};
-      wgmma_pv<T>(o, a, sw128_desc(vs + k * 16 * 128, kVBytes / 2, 1024));
+      wgmma_pv<T>(o, a, sw128_desc(vs + (k >> 2) * kVBytes + (k & 3) * 16 * 128, kVBytes / 2, 1024));
     }
     wgmma_commit();
   };
 
-  if (count > 0) {
-    cp_wait<kStages - 2>();  // Q and the first K/V tile
+  if (steps > 0) {
+    cp_wait<Stages - 2>();  // Q and the first K/V step
     fence_async_shared();
     __syncthreads();
-    int s[32];
+    int s[32 * NT];
     issue_qk(0, s);
     wgmma_wait<0>();
 #pragma unroll
-    for (int i = 0; i < 32; ++i) pin(s[i]);
+    for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
     float a0, a1;
     softmax(0, s, pa, a0, a1);
   }
-  for (int it = 0; it < count; ++it) {
-    // Tile it+1 resident and every warpgroup past tile it-1, whose buffer is refilled.
-    cp_wait<kStages - 3>();
+  for (int it = 0; it < steps; ++it) {
+    // Step it+1 resident and every warpgroup past step it-1, whose buffer is refilled.
+    cp_wait<Stages - 3>();
     fence_async_shared();
     __syncthreads();
-    if (it + kStages - 1 < count) load_kv(it + kStages - 1);
+    if (it + Stages - 1 < steps) load_step(it + Stages - 1);
     cp_commit();
-    const bool next = it + 1 < count;
-    int s[32];
-    issue_qk(next ? it + 1 : it, s);
+    const bool next = it + 1 < steps;
+    int s[32 * NT];
+    issue_qk(next ? it + 1 : it, s);  // unconditional: the waits below stay in step
     issue_pv(it);
     float a0 = 1.0f, a1 = 1.0f;
-    uint32_t pn[16];
-    wgmma_wait<1>();  // S of tile it+1; P·V of tile it still running
+    uint32_t pn[16 * NT];
+    wgmma_wait<1>();  // S of step it+1; P·V of step it still running
 #pragma unroll
-    for (int i = 0; i < 32; ++i) pin(s[i]);
-    if (next) {
-      softmax(it + 1, s, pn, a0, a1);
-    }
+    for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
+    if (next) softmax(it + 1, s, pn, a0, a1);
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) pin(o[i]);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) pin(pa[i]);
+    for (int i = 0; i < 16 * NT; ++i) pin(pa[i]);
     if (next) {
+      if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {  // most steps leave the maxima
 #pragma unroll
-      for (int n = 0; n < 16; ++n) {
-        o[4 * n] *= a0;
-        o[4 * n + 1] *= a0;
-        o[4 * n + 2] *= a1;
-        o[4 * n + 3] *= a1;
+        for (int n = 0; n < 16; ++n) {
+          o[4 * n] *= a0;
+          o[4 * n + 1] *= a0;
+          o[4 * n + 2] *= a1;
+          o[4 * n + 3] *= a1;
+        }
       }
 #pragma unroll
-      for (int i = 0; i < 16; ++i) pa[i] = pn[i];
+      for (int i = 0; i < 16 * NT; ++i) pa[i] = pn[i];
     }
   }
   cp_wait<0>();
@@ -317,14 +375,22 @@ __global__ void sm90a_probe(int* out) {
 #endif
 }
 
-template <int WG, typename T>
+template <int WG, int NT, int Stages, typename T>
 cudaError_t launch(const Int8AttnParams& p, cudaStream_t stream) {
-  constexpr int bytes = smem_bytes<WG>();
-  cudaError_t e = cudaFuncSetAttribute(attention_sm90<WG, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  constexpr int bytes = Cfg<WG, NT, Stages>::kSmem;
+  auto* kernel = attention_sm90<WG, NT, Stages, T>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (e != cudaSuccess) return e;
   const dim3 grid((attn_tiles(p.q_rows) + WG - 1) / WG, p.heads);
-  attention_sm90<WG, T><<<grid, WG * 128, bytes, stream>>>(p);
+  kernel<<<grid, WG * 128, bytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+// Dense: 128 query rows and 128 keys per step, 4 steps in flight (209 KiB, one CTA per SM).
+// Block-sparse: 64 query rows and 64 keys per step, 4 steps in flight (105 KiB, two per SM).
+template <typename T>
+cudaError_t launch_type(const Int8AttnParams& p, cudaStream_t stream) {
+  return p.offsets ? launch<1, 1, 4, T>(p, stream) : launch<2, 2, 4, T>(p, stream);
 }
 
 }  // namespace
@@ -351,9 +417,7 @@ bool int8_attention_sm90_ready() {
 
 cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream) {
   if (p.head_dim != kD || !int8_attention_sm90_ready()) return cudaErrorNotSupported;
-  const bool bf16 = p.type == Elem::BF16;
-  if (p.offsets) return bf16 ? launch<1, __nv_bfloat16>(p, stream) : launch<1, __half>(p, stream);
-  return bf16 ? launch<2, __nv_bfloat16>(p, stream) : launch<2, __half>(p, stream);
+  return p.type == Elem::BF16 ? launch_type<__nv_bfloat16>(p, stream) : launch_type<__half>(p, stream);
 }
 
 }  // namespace sp::kernels
