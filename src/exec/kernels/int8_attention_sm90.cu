@@ -138,7 +138,7 @@ __device__ __forceinline__ void wgmma_pv<__half>(float (&d)[64], const uint32_t 
 // key tiles of the CTA's list, NT of them per step. Dense runs WG = 2 (the K/V tiles read once
 // per 128 query rows), the block-sparse path WG = 1 (one list per 64-row query tile).
 template <int WG, int NT, int Stages, typename T>
-__global__ void __launch_bounds__(WG * 128, WG == 1 ? 2 : 1) attention_sm90(Int8AttnParams p) {
+__global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1) attention_sm90(Int8AttnParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<WG, NT, Stages>;
   constexpr int kN = 64 * NT;  // keys per step
@@ -377,12 +377,12 @@ __global__ void sm90a_probe(int* out) {
 
 template <int WG, int NT, int Stages, typename T>
 cudaError_t launch(const Int8AttnParams& p, cudaStream_t stream) {
-  constexpr int bytes = Cfg<WG, NT, Stages>::kSmem;
+  using C = Cfg<WG, NT, Stages>;
   auto* kernel = attention_sm90<WG, NT, Stages, T>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
   if (e != cudaSuccess) return e;
   const dim3 grid((attn_tiles(p.q_rows) + WG - 1) / WG, p.heads);
-  kernel<<<grid, WG * 128, bytes, stream>>>(p);
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
