@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
     list = p.indices + begin;
   }
   const int steps = (count + NT - 1) / NT;
-  auto tile_of = [&](int j) { return list ? list[j] : j; };  // j < count
+  auto tile_at = [&](int j) { return j < count ? (list ? list[j] : j) : -1; };  // -1: past the list
   unsigned char* qs = smem + wg * kQBytes;
   unsigned char* stages = smem + WG * kQBytes;
 
@@ -174,25 +174,25 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
   // K tiles: 64 rows of 128 bytes, swizzled, NT of them contiguous. V tiles: two 64-column
   // halves, each 64 rows of 128 bytes, swizzled (N-major B operand); rows past kv_rows and
   // tiles past the list zero-filled (their keys are masked).
-  auto load_step = [&](int step) {
-    unsigned char* ks = stages + (step % Stages) * C::kStageBytes;
-    unsigned char* vs = ks + NT * kKBytes;
+  const int64_t v_pass = int64_t(kVRows) * p.v_row_stride;  // elements between a thread's V rows
+  const uint32_t stages_s = smem_addr(stages);
+  auto load_step = [&](int step, const int (&ids)[NT]) {
+    const uint32_t ks = stages_s + (step % Stages) * C::kStageBytes + k_smem;
+    const uint32_t vs = stages_s + (step % Stages) * C::kStageBytes + NT * kKBytes + v_smem;
 #pragma unroll
     for (int b = 0; b < NT; ++b) {
-      const int j = step * NT + b;
-      const bool present = j < count;
-      const int tile = present ? tile_of(j) : 0;
+      const bool present = ids[b] >= 0;
+      const int tile = present ? ids[b] : 0;
       const int8_t* kg = kbase + int64_t(tile) * kTile * kD;
 #pragma unroll
       for (int n = 0; n < kTile / kKRows; ++n)
-        cp_async16(ks + b * kKBytes + n * kKRows * 128 + k_smem, kg + n * kKRows * kD, present);
-      const int rows = present ? min(kTile, p.kv_rows - tile * kTile) : 0;
+        cp_async16(ks + b * kKBytes + n * kKRows * 128, kg + n * kKRows * kD, present);
+      const int rows = present ? min(kTile, p.kv_rows - tile * kTile) - v_row : 0;  // this thread's rows
       const T* vg = vbase + (int64_t(tile) * kTile + v_row) * p.v_row_stride + v_chunk * 8;
 #pragma unroll
       for (int n = 0; n < kTile / kVRows; ++n) {
-        const bool ok = v_row + n * kVRows < rows;
-        cp_async16(vs + b * kVBytes + n * kVRows * 128 + v_smem, ok ? vg + int64_t(n) * kVRows * p.v_row_stride : vbase,
-                   ok);
+        const bool ok = n * kVRows < rows;
+        cp_async16(vs + b * kVBytes + n * kVRows * 128, ok ? vg + n * v_pass : vbase, ok);
       }
     }
   };
@@ -205,18 +205,34 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
     const int8_t* src = ok ? p.q + ((int64_t(h) * q_tiles + t) * kTile + r) * kD + c * 16 : p.q;
     cp_async16(smem + w * kQBytes + sw128(r, c), src, ok);
   }
+  const float q_scale = qt < q_tiles ? p.q_scale[int64_t(h) * q_tiles + qt] : 0.0f;
+  // Tile ids of the steps ahead: at the top of step it those of it+1 .. it+Stages-1, so that
+  // neither the loads nor the scales wait on the list.
+  int ring[Stages - 1][NT];
 #pragma unroll
   for (int s = 0; s < Stages - 1; ++s) {
-    if (s < steps) load_step(s);
+    int ids[NT];
+#pragma unroll
+    for (int b = 0; b < NT; ++b) ids[b] = tile_at(s * NT + b);
+    if (s < steps) load_step(s, ids);
     cp_commit();
   }
-  const float q_scale = qt < q_tiles ? p.q_scale[int64_t(h) * q_tiles + qt] : 0.0f;
+#pragma unroll
+  for (int s = 0; s < Stages - 1; ++s)
+#pragma unroll
+    for (int b = 0; b < NT; ++b) ring[s][b] = tile_at((s + 1) * NT + b);
+  // The scales of a step's tiles, q_scale * k_scale (1 past the list).
+  auto scales = [&](const int (&ids)[NT], float (&sc)[NT]) {
+#pragma unroll
+    for (int b = 0; b < NT; ++b) sc[b] = q_scale * (ids[b] >= 0 ? p.k_scale[int64_t(h) * kv_tiles + ids[b]] : 1.0f);
+  };
 
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-  uint32_t pa[16 * NT];  // P of the current step, bf16/fp16 pairs in the A-fragment order
+  // P of a step, bf16/fp16 pairs in the A-fragment order: steps alternate between the two.
+  uint32_t pa[16 * NT], pb[16 * NT];
 
   // S = Q K^T of step `step` into s (issued, not waited).
   auto issue_qk = [&](int step, int (&s)[32 * NT]) {
@@ -228,21 +244,20 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
     wgmma_commit();
   };
   // The online softmax of step `step` from its (completed) S: new maxima, the factors that
-  // rescale the old sums and outputs, P into pn. The int32 products become floats exactly by
-  // the 1.5 * 2^23 trick (|S| <= 127 * 127 * 128 < 2^22), an add instead of a conversion; the
-  // maxima are taken before scaling (the scales are positive).
-  auto softmax = [&](int step, int (&s)[32 * NT], uint32_t (&pn)[16 * NT], float& a0, float& a1) {
+  // rescale the old sums and outputs, P into pn. An int32 product x is read as the float
+  // 1.5 * 2^23 + x (exact: |x| <= 127 * 127 * 128 < 2^22), an add instead of a conversion; the
+  // maxima are taken on those (the scales are positive) and the offset folds into the exponent
+  // fma, whose only rounding beyond the product is that of the per-row constant.
+  auto softmax = [&](const int (&ids)[NT], const float (&sc)[NT], int (&s)[32 * NT], uint32_t (&pn)[16 * NT],
+                     float& a0, float& a1) {
+    constexpr float kMagic = 12582912.0f;
     float f[32 * NT];
 #pragma unroll
-    for (int i = 0; i < 32 * NT; ++i) f[i] = __int_as_float(s[i] + 0x4B400000) - 12582912.0f;
-    float sc[NT];
+    for (int i = 0; i < 32 * NT; ++i) f[i] = __int_as_float(s[i] + 0x4B400000);
     float mx0 = m0, mx1 = m1;
 #pragma unroll
     for (int b = 0; b < NT; ++b) {
-      const int j = step * NT + b;
-      const int tile = j < count ? tile_of(j) : 0;
-      sc[b] = q_scale * p.k_scale[int64_t(h) * kv_tiles + tile];
-      const int valid = j < count ? p.kv_rows - tile * kTile : 0;
+      const int valid = ids[b] >= 0 ? p.kv_rows - ids[b] * kTile : 0;
       float* fb = f + 32 * b;
       if (valid < kTile) {  // the last tile: keys past kv_rows; a step past the list: all
 #pragma unroll
@@ -255,8 +270,8 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
         r0 = fmaxf(r0, fmaxf(fb[4 * i], fb[4 * i + 1]));
         r1 = fmaxf(r1, fmaxf(fb[4 * i + 2], fb[4 * i + 3]));
       }
-      mx0 = fmaxf(mx0, r0 * sc[b]);
-      mx1 = fmaxf(mx1, r1 * sc[b]);
+      mx0 = fmaxf(mx0, (r0 - kMagic) * sc[b]);
+      mx1 = fmaxf(mx1, (r1 - kMagic) * sc[b]);
     }
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
@@ -270,9 +285,9 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8 * NT; ++j) {
-      const float c = sc[j / 8];
-      const float e0 = ex2(fmaf(f[4 * j], c, -base0)), e1 = ex2(fmaf(f[4 * j + 1], c, -base0));
-      const float e2 = ex2(fmaf(f[4 * j + 2], c, -base1)), e3 = ex2(fmaf(f[4 * j + 3], c, -base1));
+      const float c = sc[j / 8], n0 = -fmaf(kMagic, c, base0), n1 = -fmaf(kMagic, c, base1);
+      const float e0 = ex2(fmaf(f[4 * j], c, n0)), e1 = ex2(fmaf(f[4 * j + 1], c, n0));
+      const float e2 = ex2(fmaf(f[4 * j + 2], c, n1)), e3 = ex2(fmaf(f[4 * j + 3], c, n1));
       s0 += e0 + e1;
       s1 += e2 + e3;
       // n-tiles 2kk and 2kk+1 of S are the A fragment of k-step kk: (g, 2kk), (g+8, 2kk),
@@ -283,12 +298,12 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
     l0 = l0 * a0 + s0;
     l1 = l1 * a1 + s1;
   };
-  auto issue_pv = [&](int step) {
+  auto issue_pv = [&](int step, const uint32_t (&pc)[16 * NT]) {
     const unsigned char* vs = stages + (step % Stages) * C::kStageBytes + NT * kKBytes;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < 4 * NT; ++k) {
-      const uint32_t a[4] = {pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3]};
+      const uint32_t a[4] = {pc[4 * k], pc[4 * k + 1], pc[4 * k + 2], pc[4 * k + 3]};
       wgmma_pv<T>(o, a, sw128_desc(vs + (k >> 2) * kVBytes + (k & 3) * 16 * 128, kVBytes / 2, 1024));
     }
     wgmma_commit();
@@ -298,49 +313,65 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
     cp_wait<Stages - 2>();  // Q and the first K/V step
     fence_async_shared();
     __syncthreads();
+    int ids[NT];
+    float sc[NT];
+#pragma unroll
+    for (int b = 0; b < NT; ++b) ids[b] = tile_at(b);
+    scales(ids, sc);
     int s[32 * NT];
     issue_qk(0, s);
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
     float a0, a1;
-    softmax(0, s, pa, a0, a1);
+    softmax(ids, sc, s, pa, a0, a1);
   }
-  for (int it = 0; it < steps; ++it) {
+  // Step it: P·V of step it (its P in pc) overlaps the softmax of step it+1 (into pn).
+  auto run_step = [&](int it, uint32_t (&pc)[16 * NT], uint32_t (&pn)[16 * NT]) {
     // Step it+1 resident and every warpgroup past step it-1, whose buffer is refilled.
     cp_wait<Stages - 3>();
     fence_async_shared();
     __syncthreads();
-    if (it + Stages - 1 < steps) load_step(it + Stages - 1);
+    if (it + Stages - 1 < steps) load_step(it + Stages - 1, ring[Stages - 2]);
     cp_commit();
     const bool next = it + 1 < steps;
+    int ids[NT];  // step it+1
+    float sc[NT];
+#pragma unroll
+    for (int b = 0; b < NT; ++b) ids[b] = ring[0][b];
+    scales(ids, sc);  // read while QK^T runs
+#pragma unroll
+    for (int s = 0; s < Stages - 2; ++s)
+#pragma unroll
+      for (int b = 0; b < NT; ++b) ring[s][b] = ring[s + 1][b];
+#pragma unroll
+    for (int b = 0; b < NT; ++b) ring[Stages - 2][b] = tile_at((it + Stages) * NT + b);  // used a step on
     int s[32 * NT];
     issue_qk(next ? it + 1 : it, s);  // unconditional: the waits below stay in step
-    issue_pv(it);
+    issue_pv(it, pc);
     float a0 = 1.0f, a1 = 1.0f;
-    uint32_t pn[16 * NT];
     wgmma_wait<1>();  // S of step it+1; P·V of step it still running
 #pragma unroll
     for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
-    if (next) softmax(it + 1, s, pn, a0, a1);
+    if (next) softmax(ids, sc, s, pn, a0, a1);
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) pin(o[i]);
 #pragma unroll
-    for (int i = 0; i < 16 * NT; ++i) pin(pa[i]);
-    if (next) {
-      if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {  // most steps leave the maxima
+    for (int i = 0; i < 16 * NT; ++i) pin(pc[i]);
+    if (next && __any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {  // most steps leave the maxima
 #pragma unroll
-        for (int n = 0; n < 16; ++n) {
-          o[4 * n] *= a0;
-          o[4 * n + 1] *= a0;
-          o[4 * n + 2] *= a1;
-          o[4 * n + 3] *= a1;
-        }
+      for (int n = 0; n < 16; ++n) {
+        o[4 * n] *= a0;
+        o[4 * n + 1] *= a0;
+        o[4 * n + 2] *= a1;
+        o[4 * n + 3] *= a1;
       }
-#pragma unroll
-      for (int i = 0; i < 16 * NT; ++i) pa[i] = pn[i];
     }
+  };
+  for (int it = 0; it < steps; it += 2) {
+    run_step(it, pa, pb);
+    if (it + 1 < steps) run_step(it + 1, pb, pa);
   }
   cp_wait<0>();
 
