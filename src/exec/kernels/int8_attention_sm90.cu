@@ -42,7 +42,9 @@ __device__ __forceinline__ int sw128(int r, int c) { return r * 128 + ((c ^ (r &
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Orders the compiler's uses of an asynchronous operand after the wait that completes it.
 template <typename R>
@@ -387,7 +389,8 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
   for (int n = 0; n < 16; ++n) {
     const int col = n * 8 + t4 * 2;
     if (r0 < p.q_rows)
-      *reinterpret_cast<uint32_t*>(out + int64_t(r0) * p.o_row_stride + col) = pack2<T>(o[4 * n] * i0, o[4 * n + 1] * i0);
+      *reinterpret_cast<uint32_t*>(out + int64_t(r0) * p.o_row_stride + col) =
+          pack2<T>(o[4 * n] * i0, o[4 * n + 1] * i0);
     if (r1 < p.q_rows)
       *reinterpret_cast<uint32_t*>(out + int64_t(r1) * p.o_row_stride + col) =
           pack2<T>(o[4 * n + 2] * i1, o[4 * n + 3] * i1);

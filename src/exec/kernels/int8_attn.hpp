@@ -35,6 +35,9 @@ struct QTiles {
 struct TileList {
   at::Tensor offsets, indices;  // int32 [G*qt + 1], [nnz]; undefined: dense
 };
+// The attention kernel: Auto is Sm90 (wgmma) for head_dim 128 on a compute capability 9.0
+// device when the sm_90a image was built, else Portable (mma.sync, sm_80 and later).
+enum class Kernel { Auto, Portable, Sm90 };
 
 // Bytes the carrier and the Q tiles of these shapes hold.
 int64_t k_carrier_bytes(int64_t heads, int64_t rows, int64_t head_dim);
@@ -43,7 +46,10 @@ int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim);
 // k, q, v: [G, rows, D] bf16 or fp16 on one CUDA device, unit last stride, D 64 or 128.
 KCarrier quantize_k(const at::Tensor& k);
 QTiles quantize_q(const at::Tensor& q, double softmax_scale);
-// [G, q rows, D] in v's dtype.
-at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles);
+// [G, q rows, D] in v's dtype. A forced Sm90 where it cannot run is an error naming why.
+at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles,
+                  Kernel kernel = Kernel::Auto);
+// The kernel Auto picks for head_dim on the current CUDA device (Portable without CUDA).
+Kernel auto_kernel(int64_t head_dim);
 
 }  // namespace sp::exec::int8attn
