@@ -15,6 +15,10 @@
 #include "report/report.hpp"
 #include "test_util.hpp"
 
+#ifdef STREAMPLAN_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
 namespace {
 
 using namespace sp;
@@ -81,6 +85,65 @@ TEST(GpuInt8Attention, TheKCarrierIsRenewedWhenKChangesInPlace) {
   x.k.copy_(y.k);
   EXPECT_LE(rel_l2(attend(reg, "int8", x), dense_reference(x)), 2e-2);
 }
+
+#ifdef STREAMPLAN_WITH_CUDA
+// Both kernels (the portable one and, on compute capability 9.0, the sm90 one) against fp32
+// attention, dense and with random tile lists, on awkward shapes; Auto picks sm90 exactly on
+// 9.0 devices for head_dim 128, and a forced sm90 elsewhere is an error naming why.
+TEST(GpuInt8Attention, BothKernelsMatchFp32AttentionDenseAndWithTileLists) {
+  SKIP_WITHOUT_CUDA();
+  namespace ia = exec::int8attn;
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  const bool hopper = prop->major == 9 && prop->minor == 0;
+  EXPECT_EQ(ia::auto_kernel(128) == ia::Kernel::Sm90, hopper)
+      << "compute capability " << prop->major << "." << prop->minor << ": the sm90 kernel is picked exactly on 9.0";
+  EXPECT_EQ(ia::auto_kernel(64), ia::Kernel::Portable);
+  struct Case { int64_t q_rows, kv_rows; at::ScalarType dt; };
+  for (const Case& c : {Case{130, 130, at::kBFloat16}, Case{200, 200, at::kBFloat16}, Case{77, 200, at::kBFloat16},
+                        Case{577, 77, at::kBFloat16}, Case{1, 130, at::kHalf}, Case{200, 333, at::kHalf}})
+    for (double budget : {1.0, 0.3}) {
+      const std::string what = std::to_string(c.q_rows) + " x " + std::to_string(c.kv_rows) + ", budget " +
+                               std::to_string(budget) + (c.dt == at::kHalf ? ", fp16" : ", bf16");
+      const uint64_t seed = uint64_t(c.q_rows * 1000 + c.kv_rows) + (budget < 1 ? 7 : 0);
+      const Qkv x = random_qkv(3, c.q_rows, c.kv_rows, 128, c.dt, seed);
+      const int64_t qt = (c.q_rows + 63) / 64, kt = (c.kv_rows + 63) / 64;
+      at::Tensor keep = at::ones({3, qt, kt}, at::kBool);
+      ia::TileList list;
+      if (budget < 1) {  // a random subset of the key tiles, at least one per query tile
+        at::Generator gen = at::detail::createCPUGenerator(seed);
+        keep = at::rand({3, qt, kt}, gen) < budget;
+        keep.select(2, kt / 2).fill_(true);
+        const at::Tensor flat = keep.view({3 * qt, kt});
+        list.offsets = at::cat({at::zeros({1}, at::kInt), flat.sum(1).cumsum(0).to(at::kInt)}).to(x.v.device());
+        list.indices = flat.nonzero().select(1, 1).to(at::kInt).contiguous().to(x.v.device());
+      }
+      const double scale = 1.0 / std::sqrt(128.0);
+      const at::Tensor want = exec::block_sparse_reference(x.q.cpu().to(at::kFloat), x.k.cpu().to(at::kFloat),
+                                                           x.v.cpu().to(at::kFloat), keep, scale);
+      const ia::QTiles q = ia::quantize_q(x.q, scale);
+      const ia::KCarrier k = ia::quantize_k(x.k);
+      const at::Tensor portable = ia::attend(q, k, x.v, list, ia::Kernel::Portable);
+      EXPECT_LE(rel_l2(portable, want), 2e-2) << what << ", portable kernel";
+      if (!hopper) {
+        EXPECT_THROW(ia::attend(q, k, x.v, list, ia::Kernel::Sm90), c10::Error) << what;
+        continue;
+      }
+      const at::Tensor sm90 = ia::attend(q, k, x.v, list, ia::Kernel::Sm90);
+      EXPECT_LE(rel_l2(sm90, want), 2e-2) << what << ", sm90 kernel";
+      // The same quantized inputs and arithmetic: only the order of sums and roundings differ.
+      EXPECT_LE(rel_l2(sm90, portable), 5e-3) << what << ", sm90 against portable";
+      EXPECT_TRUE(at::equal(ia::attend(q, k, x.v, list), sm90)) << what << ": Auto runs the sm90 kernel";
+    }
+  // head_dim 64 keeps the portable kernel; forcing sm90 is an error that names head_dim.
+  const Qkv x = random_qkv(3, 130, 130, 64, at::kBFloat16, 5);
+  try {
+    ia::attend(ia::quantize_q(x.q, 0.125), ia::quantize_k(x.k), x.v, {}, ia::Kernel::Sm90);
+    ADD_FAILURE() << "the sm90 kernel ran with head_dim 64";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim is 64"), std::string::npos) << e.what();
+  }
+}
+#endif
 
 // Sparse against the routed mask of block_sparse.hpp: text rows first, then video rows.
 TEST(GpuSparseAttention, MatchesTheMaskedReferenceWholeAndInSlabs) {

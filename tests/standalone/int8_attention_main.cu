@@ -1,8 +1,12 @@
 // Standalone check of the INT8 attention kernels (no ATen): small awkward shapes against a
-// CPU fp32 reference (dense and block-sparse), then timings at a video model's shape.
+// CPU fp32 reference (dense and block-sparse, bf16 and fp16), each on the portable kernel and,
+// where the device runs it, the sm_90a one; then timings of both at video models' shapes.
 //   nvcc -O3 -std=c++17 -arch=sm_90a -Isrc src/exec/kernels/int8_attention.cu \
-//        tests/standalone/int8_attention_main.cu -o int8_attention_check
-//   ./int8_attention_check [tokens heads [text_rows]]
+//        src/exec/kernels/int8_attention_sm90.cu tests/standalone/int8_attention_main.cu \
+//        -o int8_attention_check
+//   ./int8_attention_check [--no-check] [--sm90-only] [tokens heads ...]
+//   (default shapes 75600 40 75072 56; tokens 0: no timings; --sm90-only: no portable timings;
+//   --no-check, first: timings only)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -11,9 +15,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "exec/kernels/int8_attention.cuh"
+#include "exec/kernels/int8_attention_sm90.cuh"
 
 using namespace sp::kernels;
 
@@ -33,7 +39,7 @@ struct Carrier {  // quantized Q or K on the device
   float* head_mean = nullptr;
 };
 
-static Carrier quantize(const __nv_bfloat16* x, int heads, int rows, int D, bool smooth, float extra) {
+static Carrier quantize(const void* x, Elem type, int heads, int rows, int D, bool smooth, float extra) {
   Carrier c;
   const int64_t tiles = attn_tiles(rows);
   CK(cudaMalloc(&c.q, heads * tiles * 64 * D));
@@ -41,7 +47,7 @@ static Carrier quantize(const __nv_bfloat16* x, int heads, int rows, int D, bool
   CK(cudaMalloc(&c.mean, heads * tiles * D * 4));
   CK(cudaMalloc(&c.head_mean, heads * D * 4));
   AttnQuantParams p;
-  p.x = x; p.head_stride = int64_t(rows) * D; p.row_stride = D; p.type = Elem::BF16;
+  p.x = x; p.head_stride = int64_t(rows) * D; p.row_stride = D; p.type = type;
   p.heads = heads; p.rows = rows; p.head_dim = D; p.extra_scale = extra;
   p.tile_mean = c.mean;
   if (smooth) {
@@ -57,20 +63,25 @@ static Carrier quantize(const __nv_bfloat16* x, int heads, int rows, int D, bool
 static void release(Carrier& c) { cudaFree(c.q); cudaFree(c.scale); cudaFree(c.mean); cudaFree(c.head_mean); }
 
 // keep[h][qt][kt]; empty: dense. Returns rel L2 of the kernel vs fp32 reference.
-static double check(int heads, int qrows, int kvrows, int D, double budget, unsigned seed) {
+static const char* path_name(AttnPath path) { return path == AttnPath::Sm90 ? "sm90" : "portable"; }
+
+static double check(int heads, int qrows, int kvrows, int D, double budget, bool f16, AttnPath path, unsigned seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   const int qt = attn_tiles(qrows), kt = attn_tiles(kvrows);
   std::vector<float> q(size_t(heads) * qrows * D), k(size_t(heads) * kvrows * D), v(size_t(heads) * kvrows * D);
   std::vector<float> bias(D);
   for (auto& b : bias) b = 2.0f * nd(rng);
-  for (auto& x : q) x = __bfloat162float(__float2bfloat16(nd(rng)));
-  for (size_t i = 0; i < k.size(); ++i) k[i] = __bfloat162float(__float2bfloat16(nd(rng) + bias[i % D]));
-  for (auto& x : v) x = __bfloat162float(__float2bfloat16(nd(rng)));
-  std::vector<__nv_bfloat16> qb(q.size()), kb(k.size()), vb(v.size());
-  for (size_t i = 0; i < q.size(); ++i) qb[i] = __float2bfloat16(q[i]);
-  for (size_t i = 0; i < k.size(); ++i) kb[i] = __float2bfloat16(k[i]);
-  for (size_t i = 0; i < v.size(); ++i) vb[i] = __float2bfloat16(v[i]);
+  // 16-bit inputs (bf16 or fp16 bits), the reference from the same rounded values.
+  auto round16 = [&](float x, uint16_t& bits) {
+    if (f16) { const __half h = __float2half(x); bits = *reinterpret_cast<const uint16_t*>(&h); return __half2float(h); }
+    const __nv_bfloat16 b = __float2bfloat16(x); bits = *reinterpret_cast<const uint16_t*>(&b); return __bfloat162float(b);
+  };
+  std::vector<uint16_t> qb(q.size()), kb(k.size()), vb(v.size());
+  for (size_t i = 0; i < q.size(); ++i) q[i] = round16(nd(rng), qb[i]);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = round16(nd(rng) + bias[i % D], kb[i]);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = round16(nd(rng), vb[i]);
+  const Elem type = f16 ? Elem::F16 : Elem::BF16;
   // routing: random subset of ceil(budget*kt) tiles per (h, qtile)
   std::vector<char> keep(size_t(heads) * qt * kt, 1);
   std::vector<int32_t> off(1, 0), idx;
@@ -91,14 +102,14 @@ static double check(int heads, int qrows, int kvrows, int D, double budget, unsi
       off.push_back(int32_t(idx.size()));
     }
   const float scale = 1.0f / std::sqrt(float(D));
-  __nv_bfloat16 *dq, *dk, *dv, *dout;
+  uint16_t *dq, *dk, *dv, *dout;
   CK(cudaMalloc(&dq, qb.size() * 2)); CK(cudaMalloc(&dk, kb.size() * 2)); CK(cudaMalloc(&dv, vb.size() * 2));
   CK(cudaMalloc(&dout, qb.size() * 2));
   CK(cudaMemcpy(dq, qb.data(), qb.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dk, kb.data(), kb.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dv, vb.data(), vb.size() * 2, cudaMemcpyHostToDevice));
-  Carrier cq = quantize(dq, heads, qrows, D, false, scale * 1.4426950408889634f);
-  Carrier ck = quantize(dk, heads, kvrows, D, true, 1.0f);
+  Carrier cq = quantize(dq, type, heads, qrows, D, false, scale * 1.4426950408889634f);
+  Carrier ck = quantize(dk, type, heads, kvrows, D, true, 1.0f);
   int32_t *doff = nullptr, *didx = nullptr;
   if (sparse) {
     CK(cudaMalloc(&doff, off.size() * 4)); CK(cudaMalloc(&didx, idx.size() * 4));
@@ -108,12 +119,17 @@ static double check(int heads, int qrows, int kvrows, int D, double budget, unsi
   Int8AttnParams p;
   p.q = cq.q; p.q_scale = cq.scale; p.k = ck.q; p.k_scale = ck.scale; p.v = dv;
   p.v_head_stride = int64_t(kvrows) * D; p.v_row_stride = D; p.o = dout;
-  p.o_head_stride = int64_t(qrows) * D; p.o_row_stride = D; p.type = Elem::BF16;
+  p.o_head_stride = int64_t(qrows) * D; p.o_row_stride = D; p.type = type;
   p.heads = heads; p.q_rows = qrows; p.kv_rows = kvrows; p.head_dim = D; p.offsets = doff; p.indices = didx;
+  p.path = path;
+  CK(cudaMemset(dout, 0xff, qb.size() * 2));  // NaN: rows the kernel leaves unwritten fail
   CK(int8_attention(p, 0));
   CK(cudaDeviceSynchronize());
-  std::vector<__nv_bfloat16> ob(qb.size());
+  std::vector<uint16_t> ob(qb.size());
   CK(cudaMemcpy(ob.data(), dout, ob.size() * 2, cudaMemcpyDeviceToHost));
+  auto value = [&](uint16_t bits) {
+    return f16 ? __half2float(*reinterpret_cast<const __half*>(&bits)) : __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(&bits));
+  };
   // Also check the tile means of K against the host.
   double num = 0, den = 0;
   std::vector<float> s(kvrows);
@@ -133,14 +149,14 @@ static double check(int heads, int qrows, int kvrows, int D, double budget, unsi
         double o = 0;
         for (int j = 0; j < kvrows; ++j) o += s[j] * v[(size_t(h) * kvrows + j) * D + d];
         o /= l;
-        const double got = __bfloat162float(ob[(size_t(h) * qrows + r) * D + d]);
+        const double got = value(ob[(size_t(h) * qrows + r) * D + d]);
         num += (got - o) * (got - o);
         den += o * o;
       }
     }
   release(cq); release(ck);
   cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(doff); cudaFree(didx);
-  return std::sqrt(num / den);
+  return num == num ? std::sqrt(num / den) : INFINITY;
 }
 
 __global__ void fill(__nv_bfloat16* x, size_t n, unsigned seed, float bias_amp, int D) {
@@ -154,7 +170,39 @@ __global__ void fill(__nv_bfloat16* x, size_t n, unsigned seed, float bias_amp, 
   }
 }
 
-static void bench(int tokens, int heads, int D) {
+// rel L2 of the first 64 rows of head 0 against attention in fp64 on the host.
+static double head0_rel_l2(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                           const __nv_bfloat16* o, int tokens, int D) {
+  std::vector<__nv_bfloat16> hq(size_t(64) * D), hk(size_t(tokens) * D), hv(size_t(tokens) * D), ho(size_t(64) * D);
+  CK(cudaMemcpy(hq.data(), q, hq.size() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hk.data(), k, hk.size() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hv.data(), v, hv.size() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(ho.data(), o, ho.size() * 2, cudaMemcpyDeviceToHost));
+  const double scale = 1.0 / std::sqrt(double(D));
+  double num = 0, den = 0;
+  std::vector<double> s(tokens);
+  for (int r = 0; r < 64; ++r) {
+    double mx = -1e30;
+    for (int j = 0; j < tokens; ++j) {
+      double a = 0;
+      for (int d = 0; d < D; ++d) a += double(__bfloat162float(hq[r * D + d])) * __bfloat162float(hk[size_t(j) * D + d]);
+      s[j] = a * scale; mx = std::max(mx, s[j]);
+    }
+    double l = 0;
+    for (int j = 0; j < tokens; ++j) { s[j] = std::exp(s[j] - mx); l += s[j]; }
+    for (int d = 0; d < D; ++d) {
+      double acc = 0;
+      for (int j = 0; j < tokens; ++j) acc += s[j] * __bfloat162float(hv[size_t(j) * D + d]);
+      acc /= l;
+      const double got = __bfloat162float(ho[r * D + d]);
+      num += (got - acc) * (got - acc); den += acc * acc;
+    }
+  }
+  return std::sqrt(num / den);
+}
+
+// Both kernels at one shape: dense, the list of every key tile (budget 1.0) and 30% of them.
+static void bench(int tokens, int heads, int D, bool sm90, bool portable) {
   const size_t n = size_t(tokens) * heads * D;
   __nv_bfloat16 *q, *k, *v, *o;
   CK(cudaMalloc(&q, n * 2)); CK(cudaMalloc(&k, n * 2)); CK(cudaMalloc(&v, n * 2)); CK(cudaMalloc(&o, n * 2));
@@ -162,17 +210,19 @@ static void bench(int tokens, int heads, int D) {
   const float scale = 1.0f / std::sqrt(float(D));
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0); cudaEventCreate(&e1);
-  // quantization timing
   cudaEventRecord(e0);
-  Carrier cq = quantize(q, heads, tokens, D, false, scale * 1.4426950408889634f);
-  Carrier ck = quantize(k, heads, tokens, D, true, 1.0f);
+  Carrier cq = quantize(q, Elem::BF16, heads, tokens, D, false, scale * 1.4426950408889634f);
+  Carrier ck = quantize(k, Elem::BF16, heads, tokens, D, true, 1.0f);
   cudaEventRecord(e1); CK(cudaEventSynchronize(e1));
   float qms = 0; cudaEventElapsedTime(&qms, e0, e1);
+  std::printf("bench tokens=%d heads=%d D=%d: quantize Q+K %.2f ms\n", tokens, heads, D, qms);
   const int qt = attn_tiles(tokens), kt = qt;
-  for (double budget : {1.0, 0.3}) {
+  const double dense_flops = 4.0 * tokens * double(tokens) * heads * D;
+  struct Run { double budget; bool list; };
+  for (const Run run : {Run{1.0, false}, Run{1.0, true}, Run{0.3, true}}) {
     int32_t *doff = nullptr, *didx = nullptr;
-    const int keep = std::max(1, int(std::ceil(budget * kt)));
-    if (budget < 1.0) {
+    const int keep = std::max(1, int(std::ceil(run.budget * kt)));
+    if (run.list) {
       std::vector<int32_t> off(size_t(heads) * qt + 1), idx(size_t(heads) * qt * keep);
       std::mt19937 rng(7);
       std::vector<int> perm(kt);
@@ -188,49 +238,27 @@ static void bench(int tokens, int heads, int D) {
       CK(cudaMemcpy(doff, off.data(), off.size() * 4, cudaMemcpyHostToDevice));
       CK(cudaMemcpy(didx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
     }
-    Int8AttnParams p;
-    p.q = cq.q; p.q_scale = cq.scale; p.k = ck.q; p.k_scale = ck.scale; p.v = v;
-    p.v_head_stride = int64_t(tokens) * D; p.v_row_stride = D; p.o = o;
-    p.o_head_stride = int64_t(tokens) * D; p.o_row_stride = D; p.type = Elem::BF16;
-    p.heads = heads; p.q_rows = tokens; p.kv_rows = tokens; p.head_dim = D; p.offsets = doff; p.indices = didx;
-    CK(int8_attention(p, 0));
-    CK(cudaDeviceSynchronize());
-    const int reps = 3;
-    cudaEventRecord(e0);
-    for (int i = 0; i < reps; ++i) int8_attention(p, 0);
-    cudaEventRecord(e1); CK(cudaEventSynchronize(e1));
-    float ms = 0; cudaEventElapsedTime(&ms, e0, e1); ms /= reps;
-    const double flops = 4.0 * tokens * double(tokens) * heads * D * (budget < 1.0 ? double(keep) / kt : 1.0);
-    std::printf("bench tokens=%d heads=%d D=%d budget=%.2f: attention %.2f ms, %.1f TFLOP/s (of visited tiles), "
-                "%.1f dense-equivalent TFLOP/s; quantize Q+K %.2f ms\n",
-                tokens, heads, D, budget, ms, flops / ms / 1e9, 4.0 * tokens * double(tokens) * heads * D / ms / 1e9, qms);
-    // accuracy of the dense run: first 64 rows of head 0 vs fp32 on the host
-    if (budget == 1.0) {
-      std::vector<__nv_bfloat16> hq(size_t(64) * D), hk(size_t(tokens) * D), hv(size_t(tokens) * D), ho(size_t(64) * D);
-      CK(cudaMemcpy(hq.data(), q, hq.size() * 2, cudaMemcpyDeviceToHost));
-      CK(cudaMemcpy(hk.data(), k, hk.size() * 2, cudaMemcpyDeviceToHost));
-      CK(cudaMemcpy(hv.data(), v, hv.size() * 2, cudaMemcpyDeviceToHost));
-      CK(cudaMemcpy(ho.data(), o, ho.size() * 2, cudaMemcpyDeviceToHost));
-      double num = 0, den = 0;
-      std::vector<double> s(tokens);
-      for (int r = 0; r < 64; ++r) {
-        double mx = -1e30;
-        for (int j = 0; j < tokens; ++j) {
-          double a = 0;
-          for (int d = 0; d < D; ++d) a += double(__bfloat162float(hq[r * D + d])) * __bfloat162float(hk[size_t(j) * D + d]);
-          s[j] = a * scale; mx = std::max(mx, s[j]);
-        }
-        double l = 0;
-        for (int j = 0; j < tokens; ++j) { s[j] = std::exp(s[j] - mx); l += s[j]; }
-        for (int d = 0; d < D; ++d) {
-          double acc = 0;
-          for (int j = 0; j < tokens; ++j) acc += s[j] * __bfloat162float(hv[size_t(j) * D + d]);
-          acc /= l;
-          const double got = __bfloat162float(ho[r * D + d]);
-          num += (got - acc) * (got - acc); den += acc * acc;
-        }
-      }
-      std::printf("bench rel_l2 (64 rows of head 0 vs fp64) = %.4g\n", std::sqrt(num / den));
+    for (const AttnPath path : {AttnPath::Portable, AttnPath::Sm90}) {
+      if (path == AttnPath::Sm90 ? !sm90 : !portable) continue;
+      Int8AttnParams p;
+      p.q = cq.q; p.q_scale = cq.scale; p.k = ck.q; p.k_scale = ck.scale; p.v = v;
+      p.v_head_stride = int64_t(tokens) * D; p.v_row_stride = D; p.o = o;
+      p.o_head_stride = int64_t(tokens) * D; p.o_row_stride = D; p.type = Elem::BF16;
+      p.heads = heads; p.q_rows = tokens; p.kv_rows = tokens; p.head_dim = D; p.offsets = doff; p.indices = didx;
+      p.path = path;
+      CK(int8_attention(p, 0));
+      CK(cudaDeviceSynchronize());
+      const int reps = 3;
+      cudaEventRecord(e0);
+      for (int i = 0; i < reps; ++i) int8_attention(p, 0);
+      cudaEventRecord(e1); CK(cudaEventSynchronize(e1));
+      float ms = 0; cudaEventElapsedTime(&ms, e0, e1); ms /= reps;
+      const double visited = run.list ? double(keep) / kt : 1.0;
+      std::printf("bench tokens=%d heads=%d D=%d %-8s %-6s budget=%.2f: %.2f ms, %.1f TFLOP/s of visited tiles, "
+                  "%.1f dense-equivalent TFLOP/s", tokens, heads, D, path_name(path), run.list ? "list" : "dense",
+                  run.budget, ms, dense_flops * visited / ms / 1e9, dense_flops / ms / 1e9);
+      if (run.budget == 1.0) std::printf(", rel_l2 %.4g (64 rows of head 0 vs fp64)", head0_rel_l2(q, k, v, o, tokens, D));
+      std::printf("\n");
     }
     cudaFree(doff); cudaFree(didx);
   }
@@ -240,20 +268,39 @@ static void bench(int tokens, int heads, int D) {
 
 int main(int argc, char** argv) {
   int fails = 0;
-  struct Case { int heads, qrows, kvrows, D; double budget; };
-  const Case cases[] = {{3, 130, 130, 64, 1.0}, {3, 200, 200, 128, 1.0}, {3, 77, 200, 128, 1.0},
-                        {3, 130, 200, 64, 0.3}, {3, 200, 200, 128, 0.3}, {3, 77, 130, 128, 0.3},
-                        {1, 64, 64, 128, 1.0}, {2, 1, 1, 64, 1.0}, {3, 257, 1000, 128, 0.3}};
+  const bool sm90 = int8_attention_sm90_ready();
+  std::printf("sm_90a kernel %s; head_dim 128 runs %s\n", sm90 ? "ready" : "not available",
+              sm90 ? "the sm90 kernel" : "the portable kernel");
+  struct Case { int heads, qrows, kvrows, D; double budget; bool f16; };
+  const Case cases[] = {{3, 130, 130, 64, 1.0, false}, {3, 200, 200, 128, 1.0, false}, {3, 77, 200, 128, 1.0, false},
+                        {3, 130, 200, 64, 0.3, false}, {3, 200, 200, 128, 0.3, false}, {3, 77, 130, 128, 0.3, false},
+                        {1, 64, 64, 128, 1.0, false}, {2, 1, 1, 64, 1.0, false}, {3, 257, 1000, 128, 0.3, false},
+                        {3, 130, 130, 128, 1.0, false}, {2, 1, 1, 128, 1.0, false}, {2, 300, 700, 128, 1.0, false},
+                        {3, 577, 77, 128, 1.0, false}, {3, 200, 333, 128, 1.0, true}, {3, 130, 257, 128, 0.3, true},
+                        {3, 130, 130, 64, 1.0, true}};
   unsigned seed = 1;
+  const bool checks = !(argc > 1 && std::string(argv[1]) == "--no-check");
   for (const Case& c : cases) {
-    const double r = check(c.heads, c.qrows, c.kvrows, c.D, c.budget, seed++);
-    const bool ok = r <= 2e-2;
-    fails += !ok;
-    std::printf("%s heads=%d q_rows=%d kv_rows=%d D=%d budget=%.1f rel_l2=%.4g\n", ok ? "PASS" : "FAIL", c.heads,
-                c.qrows, c.kvrows, c.D, c.budget, r);
+    if (!checks) break;
+    for (const AttnPath path : {AttnPath::Portable, AttnPath::Sm90}) {
+      if (path == AttnPath::Sm90 && (!sm90 || c.D != 128)) continue;
+      const double r = check(c.heads, c.qrows, c.kvrows, c.D, c.budget, c.f16, path, seed);
+      const bool ok = r <= 2e-2;
+      fails += !ok;
+      std::printf("%s %-8s heads=%d q_rows=%d kv_rows=%d D=%d budget=%.1f %s rel_l2=%.4g\n", ok ? "PASS" : "FAIL",
+                  path_name(path), c.heads, c.qrows, c.kvrows, c.D, c.budget, c.f16 ? "fp16" : "bf16", r);
+    }
+    ++seed;
   }
-  const int tokens = argc > 1 ? std::atoi(argv[1]) : 75600, heads = argc > 2 ? std::atoi(argv[2]) : 40;
-  if (tokens > 0) bench(tokens, heads, 128);
+  std::vector<int> shapes;
+  bool portable = true;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--sm90-only") portable = false;
+    else if (std::string(argv[i]) != "--no-check") shapes.push_back(std::atoi(argv[i]));
+  }
+  if (shapes.empty()) shapes = {75600, 40, 75072, 56};
+  for (size_t i = 0; i + 1 < shapes.size(); i += 2)
+    if (shapes[i] > 0) bench(shapes[i], shapes[i + 1], 128, sm90, portable || !sm90);
   std::printf("%s\n", fails ? "SOME FAILED" : "ALL PASSED");
   return fails ? 1 : 0;
 }

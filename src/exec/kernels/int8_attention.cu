@@ -1,14 +1,19 @@
 // INT8 attention kernels (see int8_attention.cuh).
 #include "exec/kernels/int8_attention.cuh"
 
+#include "exec/kernels/int8_attention_sm90.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "exec/kernels/attn_ptx.cuh"
 #include "exec/kernels/elem_io.cuh"
 
 namespace sp::kernels {
 
 namespace {
+
+using namespace attn;
 
 constexpr int kTile = kAttnTile;
 constexpr int kThreads = 128;  // 4 warps x 16 query rows
@@ -76,17 +81,6 @@ __global__ void head_mean_kernel(const float* tile_mean, int tiles, int rows, in
 
 // ---- attention ------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const int n = valid ? 16 : 0;  // 0: zero-fill
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 __device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)));
@@ -117,24 +111,6 @@ __device__ __forceinline__ void mma_16<__half>(float (&c)[4], const uint32_t (&a
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 // Shared-memory row strides in bytes, padded by 16 so the 8 rows one ldmatrix reads fall in
 // distinct banks.
 template <int D>
@@ -350,6 +326,8 @@ cudaError_t int8_attention(const Int8AttnParams& p, cudaStream_t stream) {
   if (p.kv_rows <= 0) return cudaErrorInvalidValue;
   const bool bf16 = p.type == Elem::BF16;
   if (!bf16 && p.type != Elem::F16) return cudaErrorInvalidValue;
+  if (p.path == AttnPath::Sm90 || (p.path == AttnPath::Auto && p.head_dim == 128 && int8_attention_sm90_ready()))
+    return int8_attention_sm90(p, stream);
   if (p.head_dim == 64) return bf16 ? launch_attention<64, __nv_bfloat16>(p, stream) : launch_attention<64, __half>(p, stream);
   if (p.head_dim == 128)
     return bf16 ? launch_attention<128, __nv_bfloat16>(p, stream) : launch_attention<128, __half>(p, stream);

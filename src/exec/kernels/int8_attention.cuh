@@ -17,6 +17,17 @@
 // are masked (-inf), V rows past the end are zero-filled, rows past q_rows are not written.
 // Block sparsity: per (head, query tile) a CSR list of the key tiles to visit
 // (offsets [heads * q_tiles + 1], indices); no list visits all key tiles (dense).
+// Two kernels run this, with the same parameters and arithmetic (results equal up to the
+// order of sums): the portable one above (int8_attention.cu, sm_80 and later) and, for
+// head_dim 128 on compute capability 9.0 when the sm_90a image is built
+// (int8_attention_sm90.cu), a wgmma one: Q and K tiles in shared memory with the 128-byte
+// swizzle (an int8 row of 128 is one swizzle row), QK^T on wgmma m64nNk32 s8 with both operands
+// from shared memory, P from the S accumulator registers (their layout is the A fragment's)
+// times V from shared memory (N-major, the transpose bit) on wgmma m64n128k16, 4-stage cp.async.
+// The QK^T of step i+1 is issued with the P·V of step i, so the softmax of i+1 runs while P·V
+// of i does. Dense: 2 warpgroups (128 query rows) share each step's two key tiles. Sparse: one
+// warpgroup per 64-row query tile (its own list), one key tile per step, two CTAs per SM.
+// AttnPath::Auto picks, once per device (int8_attention_sm90_ready); Portable and Sm90 force.
 //
 // Example:
 //     sp::kernels::AttnQuantParams qp;   // Q: scales carry softmax scale * log2(e)
@@ -60,6 +71,11 @@ cudaError_t attn_quantize(const AttnQuantParams& p, cudaStream_t stream);
 cudaError_t attn_head_mean(const float* tile_mean, int heads, int rows, int head_dim, float* head_mean,
                            cudaStream_t stream);
 
+// Which kernel int8_attention runs: Auto takes the sm_90a (wgmma) kernel for head_dim 128
+// where int8_attention_sm90_ready(), else the portable one; the others force one (Sm90 fails
+// with cudaErrorNotSupported where it cannot run).
+enum class AttnPath { Auto, Portable, Sm90 };
+
 struct Int8AttnParams {
   const int8_t* q = nullptr;      // [heads, q_tiles * 64, head_dim] (attn_quantize)
   const float* q_scale = nullptr; // [heads, q_tiles], including softmax scale * log2(e)
@@ -73,6 +89,7 @@ struct Int8AttnParams {
   int heads = 0, q_rows = 0, kv_rows = 0, head_dim = 0;  // head_dim 64 or 128
   const int32_t* offsets = nullptr;  // [heads * q_tiles + 1], or null: dense
   const int32_t* indices = nullptr;  // key tiles, ascending or not
+  AttnPath path = AttnPath::Auto;
 };
 cudaError_t int8_attention(const Int8AttnParams& p, cudaStream_t stream);
 

@@ -6,6 +6,7 @@
 
 #include "exec/kernels/elem.hpp"
 #include "exec/kernels/int8_attention.cuh"
+#include "exec/kernels/int8_attention_sm90.cuh"
 #endif
 
 namespace sp::exec::int8attn {
@@ -148,7 +149,11 @@ QTiles quantize_q(const at::Tensor& q, double softmax_scale) {
   return r;
 }
 
-at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles_) {
+Kernel auto_kernel(int64_t head_dim) {
+  return head_dim == 128 && kernels::int8_attention_sm90_ready() ? Kernel::Sm90 : Kernel::Portable;
+}
+
+at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles_, Kernel kernel) {
   check_input(v, "v");
   const int64_t g = q.q8.size(0), d = q.q8.size(2);
   TORCH_CHECK(k.k8.size(0) == g && k.k8.size(2) == d && v.size(0) == g && v.size(2) == d && v.size(1) == k.rows,
@@ -159,6 +164,9 @@ at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const
   TORCH_CHECK(v.stride(1) % 8 == 0 && v.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0,
               "int8 attention: v needs 16-byte aligned rows, strides ", v.strides());
   const c10::cuda::CUDAGuard guard(v.device());
+  TORCH_CHECK(kernel != Kernel::Sm90 || auto_kernel(d) == Kernel::Sm90, "int8 attention: the sm90 kernel needs ",
+              "head_dim 128 on a compute capability 9.0 device and a build for sm_90a; head_dim is ", d, " on ",
+              v.device());
   at::Tensor o = at::empty({g, q.rows, d}, v.options());
   kernels::Int8AttnParams p;
   p.q = q.q8.data_ptr<int8_t>();
@@ -187,6 +195,9 @@ at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const
     p.offsets = tiles_.offsets.data_ptr<int32_t>();
     p.indices = tiles_.indices.data_ptr<int32_t>();
   }
+  p.path = kernel == Kernel::Sm90 ? kernels::AttnPath::Sm90
+           : kernel == Kernel::Portable ? kernels::AttnPath::Portable
+                                        : kernels::AttnPath::Auto;
   check_launch(kernels::int8_attention(p, c10::cuda::getCurrentCUDAStream()), "(attention)");
   return o;
 }
@@ -198,9 +209,10 @@ KCarrier quantize_k(const at::Tensor&) { TORCH_CHECK(false, "int8 attention: bui
 KCarrier carrier_view(const at::Tensor&, int64_t, int64_t, int64_t) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
 void quantize_k_rows(const at::Tensor&, const KCarrier&, int64_t) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
 QTiles quantize_q(const at::Tensor&, double) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
-at::Tensor attend(const QTiles&, const KCarrier&, const at::Tensor&, const TileList&) {
+at::Tensor attend(const QTiles&, const KCarrier&, const at::Tensor&, const TileList&, Kernel) {
   TORCH_CHECK(false, "int8 attention: built without CUDA");
 }
+Kernel auto_kernel(int64_t) { return Kernel::Portable; }
 
 #endif
 

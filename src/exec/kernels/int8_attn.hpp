@@ -35,6 +35,9 @@ struct QTiles {
 struct TileList {
   at::Tensor offsets, indices;  // int32 [G*qt + 1], [nnz]; undefined: dense
 };
+// The attention kernel: Auto is Sm90 (wgmma) for head_dim 128 on a compute capability 9.0
+// device when the sm_90a image was built, else Portable (mma.sync, sm_80 and later).
+enum class Kernel { Auto, Portable, Sm90 };
 
 // Bytes the carrier and the Q tiles of these shapes hold.
 int64_t k_carrier_bytes(int64_t heads, int64_t rows, int64_t head_dim);
@@ -50,7 +53,10 @@ KCarrier carrier_view(const at::Tensor& bytes, int64_t heads, int64_t rows, int6
 // subtracted from every key, and a slab's mean removes K's common offset as well as all rows'.
 void quantize_k_rows(const at::Tensor& k, const KCarrier& c, int64_t row0);
 QTiles quantize_q(const at::Tensor& q, double softmax_scale);
-// [G, q rows, D] in v's dtype.
-at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles);
+// [G, q rows, D] in v's dtype. A forced Sm90 where it cannot run is an error naming why.
+at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles,
+                  Kernel kernel = Kernel::Auto);
+// The kernel Auto picks for head_dim on the current CUDA device (Portable without CUDA).
+Kernel auto_kernel(int64_t head_dim);
 
 }  // namespace sp::exec::int8attn

@@ -1,0 +1,457 @@
+// The sm_90a path of int8_attention (see int8_attention.cuh for the design): wgmma instead of
+// mma.sync, head_dim 128. Compiled for sm_90a only; on any other architecture the kernels are
+// empty and int8_attention_sm90_ready() is false, so int8_attention keeps the portable path.
+#include "exec/kernels/int8_attention_sm90.cuh"
+
+#include <atomic>
+
+#include "exec/kernels/attn_ptx.cuh"
+
+namespace sp::kernels {
+
+namespace {
+
+using namespace attn;
+
+constexpr int kTile = kAttnTile;  // 64 query rows per warpgroup, 64 keys per tile
+constexpr int kD = 128;           // head_dim: one int8 row is one 128-byte swizzle row
+constexpr int kQBytes = kTile * kD;      // int8
+constexpr int kKBytes = kTile * kD;      // int8
+constexpr int kVBytes = kTile * kD * 2;  // 16-bit, two 64-column halves of 8 KiB
+
+// A configuration: WG warpgroups of 64 query rows share each step's NT key tiles (QK^T is one
+// m64n(64 NT)k32 chain, P·V 4 NT k-steps); Stages steps of K/V in flight.
+template <int WG, int NT, int Stages>
+struct Cfg {
+  static constexpr int kThreads = WG * 128;
+  static constexpr int kStageBytes = NT * (kKBytes + kVBytes);  // NT K tiles, then NT V tiles
+  static constexpr int kSmem = WG * kQBytes + Stages * kStageBytes + 1024;  // + alignment
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Shared-memory matrix descriptor, 128-byte swizzle; offsets in bytes.
+__device__ __forceinline__ uint64_t sw128_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  const uint64_t a = smem_addr(p);
+  return ((a & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);
+}
+// Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile of 128-byte rows
+// (the tile 1024-byte aligned): the chunk index XOR the row within its group of 8.
+__device__ __forceinline__ int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Orders the compiler's uses of an asynchronous operand after the wait that completes it.
+template <typename R>
+__device__ __forceinline__ void pin(R& r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// D[64xN] (+)= A[64x32] * B[32xN], s8 x s8 -> s32, A and B in shared memory (K-major).
+template <int N>
+__device__ __forceinline__ void wgmma_s8(int (&d)[N / 2], uint64_t a, uint64_t b, int accumulate);
+template <>
+__device__ __forceinline__ void wgmma_s8<64>(int (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void wgmma_s8<128>(int (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D[64x128] += A[64x16] * B[16x128], 16-bit x 16-bit -> f32, A in registers (the layout of an
+// accumulator fragment), B in shared memory (N-major: the transpose bit set).
+template <typename T>
+__device__ __forceinline__ void wgmma_pv(float (&d)[64], const uint32_t (&a)[4], uint64_t b);
+template <>
+__device__ __forceinline__ void wgmma_pv<__nv_bfloat16>(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_pv<__half>(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// One CTA: WG warpgroups, each 64 query rows (query tiles blockIdx.x * WG + wg), sharing the
+// key tiles of the CTA's list, NT of them per step. Dense runs WG = 2 (the K/V tiles read once
+// per 128 query rows), the block-sparse path WG = 1 (one list per 64-row query tile).
+template <int WG, int NT, int Stages, typename T>
+__global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1) attention_sm90(Int8AttnParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = Cfg<WG, NT, Stages>;
+  constexpr int kN = 64 * NT;  // keys per step
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem =
+      smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // swizzle atoms are 1024-byte aligned
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int h = blockIdx.y;
+  const int q_tiles = (p.q_rows + kTile - 1) / kTile, kv_tiles = (p.kv_rows + kTile - 1) / kTile;
+  const int qt = blockIdx.x * WG + wg;
+
+  int count = kv_tiles;
+  const int32_t* list = nullptr;
+  if (p.offsets) {  // WG == 1
+    const int begin = p.offsets[int64_t(h) * q_tiles + blockIdx.x];
+    count = p.offsets[int64_t(h) * q_tiles + blockIdx.x + 1] - begin;
+    list = p.indices + begin;
+  }
+  const int steps = (count + NT - 1) / NT;
+  auto tile_at = [&](int j) { return j < count ? (list ? list[j] : j) : -1; };  // -1: past the list
+  unsigned char* qs = smem + wg * kQBytes;
+  unsigned char* stages = smem + WG * kQBytes;
+
+  // Each thread's share of a step's loads: K rows of 128 bytes in 16-byte chunks, V rows of
+  // 16 chunks (two 64-column halves); the chunk of a thread is the same in every row group.
+  constexpr int kKRows = C::kThreads / 8, kVRows = C::kThreads / 16;  // rows per pass
+  const int k_row = tid >> 3, k_chunk = tid & 7, v_row = tid >> 4, v_chunk = tid & 15;
+  const int k_smem = sw128(k_row, k_chunk);
+  const int v_smem = (v_chunk >> 3) * (kVBytes / 2) + sw128(v_row, v_chunk & 7);
+  const int8_t* kbase = p.k + int64_t(h) * kv_tiles * kTile * kD + k_row * kD + k_chunk * 16;
+  const T* vbase = static_cast<const T*>(p.v) + h * p.v_head_stride;
+  // K tiles: 64 rows of 128 bytes, swizzled, NT of them contiguous. V tiles: two 64-column
+  // halves, each 64 rows of 128 bytes, swizzled (N-major B operand); rows past kv_rows and
+  // tiles past the list zero-filled (their keys are masked).
+  const int64_t v_pass = int64_t(kVRows) * p.v_row_stride;  // elements between a thread's V rows
+  const uint32_t stages_s = smem_addr(stages);
+  auto load_step = [&](int step, const int (&ids)[NT]) {
+    const uint32_t ks = stages_s + (step % Stages) * C::kStageBytes + k_smem;
+    const uint32_t vs = stages_s + (step % Stages) * C::kStageBytes + NT * kKBytes + v_smem;
+#pragma unroll
+    for (int b = 0; b < NT; ++b) {
+      const bool present = ids[b] >= 0;
+      const int tile = present ? ids[b] : 0;
+      const int8_t* kg = kbase + int64_t(tile) * kTile * kD;
+#pragma unroll
+      for (int n = 0; n < kTile / kKRows; ++n)
+        cp_async16(ks + b * kKBytes + n * kKRows * 128, kg + n * kKRows * kD, present);
+      const int rows = present ? min(kTile, p.kv_rows - tile * kTile) - v_row : 0;  // this thread's rows
+      const T* vg = vbase + (int64_t(tile) * kTile + v_row) * p.v_row_stride + v_chunk * 8;
+#pragma unroll
+      for (int n = 0; n < kTile / kVRows; ++n) {
+        const bool ok = n * kVRows < rows;
+        cp_async16(vs + b * kVBytes + n * kVRows * 128, ok ? vg + n * v_pass : vbase, ok);
+      }
+    }
+  };
+
+  // Q tiles (zero where the CTA's second tile is past the end) with the first K/V step.
+  for (int i = tid; i < WG * kTile * 8; i += C::kThreads) {
+    const int w = i / (kTile * 8), r = (i >> 3) & (kTile - 1), c = i & 7;
+    const int t = blockIdx.x * WG + w;
+    const bool ok = t < q_tiles;
+    const int8_t* src = ok ? p.q + ((int64_t(h) * q_tiles + t) * kTile + r) * kD + c * 16 : p.q;
+    cp_async16(smem + w * kQBytes + sw128(r, c), src, ok);
+  }
+  const float q_scale = qt < q_tiles ? p.q_scale[int64_t(h) * q_tiles + qt] : 0.0f;
+  // Tile ids of the steps ahead: at the top of step it those of it+1 .. it+Stages-1, so that
+  // neither the loads nor the scales wait on the list.
+  int ring[Stages - 1][NT];
+#pragma unroll
+  for (int s = 0; s < Stages - 1; ++s) {
+    int ids[NT];
+#pragma unroll
+    for (int b = 0; b < NT; ++b) ids[b] = tile_at(s * NT + b);
+    if (s < steps) load_step(s, ids);
+    cp_commit();
+  }
+#pragma unroll
+  for (int s = 0; s < Stages - 1; ++s)
+#pragma unroll
+    for (int b = 0; b < NT; ++b) ring[s][b] = tile_at((s + 1) * NT + b);
+  // The scales of a step's tiles, q_scale * k_scale (1 past the list).
+  auto scales = [&](const int (&ids)[NT], float (&sc)[NT]) {
+#pragma unroll
+    for (int b = 0; b < NT; ++b) sc[b] = q_scale * (ids[b] >= 0 ? p.k_scale[int64_t(h) * kv_tiles + ids[b]] : 1.0f);
+  };
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  // P of a step, bf16/fp16 pairs in the A-fragment order: steps alternate between the two.
+  uint32_t pa[16 * NT], pb[16 * NT];
+
+  // S = Q K^T of step `step` into s (issued, not waited).
+  auto issue_qk = [&](int step, int (&s)[32 * NT]) {
+    const unsigned char* ks = stages + (step % Stages) * C::kStageBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kD / 32; ++k)
+      wgmma_s8<kN>(s, sw128_desc(qs + k * 32, 16, 1024), sw128_desc(ks + k * 32, 16, 1024), k > 0);
+    wgmma_commit();
+  };
+  // The online softmax of step `step` from its (completed) S: new maxima, the factors that
+  // rescale the old sums and outputs, P into pn. An int32 product x is read as the float
+  // 1.5 * 2^23 + x (exact: |x| <= 127 * 127 * 128 < 2^22), an add instead of a conversion; the
+  // maxima are taken on those (the scales are positive) and the offset folds into the exponent
+  // fma, whose only rounding beyond the product is that of the per-row constant.
+  auto softmax = [&](const int (&ids)[NT], const float (&sc)[NT], int (&s)[32 * NT], uint32_t (&pn)[16 * NT],
+                     float& a0, float& a1) {
+    constexpr float kMagic = 12582912.0f;
+    float f[32 * NT];
+#pragma unroll
+    for (int i = 0; i < 32 * NT; ++i) f[i] = __int_as_float(s[i] + 0x4B400000);
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int b = 0; b < NT; ++b) {
+      const int valid = ids[b] >= 0 ? p.kv_rows - ids[b] * kTile : 0;
+      float* fb = f + 32 * b;
+      if (valid < kTile) {  // the last tile: keys past kv_rows; a step past the list: all
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          if ((i >> 2) * 8 + t4 * 2 + (i & 1) >= valid) fb[i] = -INFINITY;
+      }
+      float r0 = -INFINITY, r1 = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        r0 = fmaxf(r0, fmaxf(fb[4 * i], fb[4 * i + 1]));
+        r1 = fmaxf(r1, fmaxf(fb[4 * i + 2], fb[4 * i + 3]));
+      }
+      mx0 = fmaxf(mx0, (r0 - kMagic) * sc[b]);
+      mx1 = fmaxf(mx1, (r1 - kMagic) * sc[b]);
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
+    a0 = ex2(m0 - base0);
+    a1 = ex2(m1 - base1);
+    m0 = mx0;
+    m1 = mx1;
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8 * NT; ++j) {
+      const float c = sc[j / 8], n0 = -fmaf(kMagic, c, base0), n1 = -fmaf(kMagic, c, base1);
+      const float e0 = ex2(fmaf(f[4 * j], c, n0)), e1 = ex2(fmaf(f[4 * j + 1], c, n0));
+      const float e2 = ex2(fmaf(f[4 * j + 2], c, n1)), e3 = ex2(fmaf(f[4 * j + 3], c, n1));
+      s0 += e0 + e1;
+      s1 += e2 + e3;
+      // n-tiles 2kk and 2kk+1 of S are the A fragment of k-step kk: (g, 2kk), (g+8, 2kk),
+      // (g, 2kk+1), (g+8, 2kk+1).
+      pn[(j >> 1) * 4 + (j & 1) * 2 + 0] = pack2<T>(e0, e1);
+      pn[(j >> 1) * 4 + (j & 1) * 2 + 1] = pack2<T>(e2, e3);
+    }
+    l0 = l0 * a0 + s0;
+    l1 = l1 * a1 + s1;
+  };
+  auto issue_pv = [&](int step, const uint32_t (&pc)[16 * NT]) {
+    const unsigned char* vs = stages + (step % Stages) * C::kStageBytes + NT * kKBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < 4 * NT; ++k) {
+      const uint32_t a[4] = {pc[4 * k], pc[4 * k + 1], pc[4 * k + 2], pc[4 * k + 3]};
+      wgmma_pv<T>(o, a, sw128_desc(vs + (k >> 2) * kVBytes + (k & 3) * 16 * 128, kVBytes / 2, 1024));
+    }
+    wgmma_commit();
+  };
+
+  if (steps > 0) {
+    cp_wait<Stages - 2>();  // Q and the first K/V step
+    fence_async_shared();
+    __syncthreads();
+    int ids[NT];
+    float sc[NT];
+#pragma unroll
+    for (int b = 0; b < NT; ++b) ids[b] = tile_at(b);
+    scales(ids, sc);
+    int s[32 * NT];
+    issue_qk(0, s);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
+    float a0, a1;
+    softmax(ids, sc, s, pa, a0, a1);
+  }
+  // Step it: P·V of step it (its P in pc) overlaps the softmax of step it+1 (into pn).
+  auto run_step = [&](int it, uint32_t (&pc)[16 * NT], uint32_t (&pn)[16 * NT]) {
+    // Step it+1 resident and every warpgroup past step it-1, whose buffer is refilled.
+    cp_wait<Stages - 3>();
+    fence_async_shared();
+    __syncthreads();
+    if (it + Stages - 1 < steps) load_step(it + Stages - 1, ring[Stages - 2]);
+    cp_commit();
+    const bool next = it + 1 < steps;
+    int ids[NT];  // step it+1
+    float sc[NT];
+#pragma unroll
+    for (int b = 0; b < NT; ++b) ids[b] = ring[0][b];
+    scales(ids, sc);  // read while QK^T runs
+#pragma unroll
+    for (int s = 0; s < Stages - 2; ++s)
+#pragma unroll
+      for (int b = 0; b < NT; ++b) ring[s][b] = ring[s + 1][b];
+#pragma unroll
+    for (int b = 0; b < NT; ++b) ring[Stages - 2][b] = tile_at((it + Stages) * NT + b);  // used a step on
+    int s[32 * NT];
+    issue_qk(next ? it + 1 : it, s);  // unconditional: the waits below stay in step
+    issue_pv(it, pc);
+    float a0 = 1.0f, a1 = 1.0f;
+    wgmma_wait<1>();  // S of step it+1; P·V of step it still running
+#pragma unroll
+    for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
+    if (next) softmax(ids, sc, s, pn, a0, a1);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) pin(o[i]);
+#pragma unroll
+    for (int i = 0; i < 16 * NT; ++i) pin(pc[i]);
+    if (next && __any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {  // most steps leave the maxima
+#pragma unroll
+      for (int n = 0; n < 16; ++n) {
+        o[4 * n] *= a0;
+        o[4 * n + 1] *= a0;
+        o[4 * n + 2] *= a1;
+        o[4 * n + 3] *= a1;
+      }
+    }
+  };
+  for (int it = 0; it < steps; it += 2) {
+    run_step(it, pa, pb);
+    if (it + 1 < steps) run_step(it + 1, pb, pa);
+  }
+  cp_wait<0>();
+
+  if (qt >= q_tiles) return;
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+  T* out = static_cast<T*>(p.o) + h * p.o_head_stride;
+  const int r0 = qt * kTile + warp * 16 + g, r1 = r0 + 8;
+#pragma unroll
+  for (int n = 0; n < 16; ++n) {
+    const int col = n * 8 + t4 * 2;
+    if (r0 < p.q_rows)
+      *reinterpret_cast<uint32_t*>(out + int64_t(r0) * p.o_row_stride + col) =
+          pack2<T>(o[4 * n] * i0, o[4 * n + 1] * i0);
+    if (r1 < p.q_rows)
+      *reinterpret_cast<uint32_t*>(out + int64_t(r1) * p.o_row_stride + col) =
+          pack2<T>(o[4 * n + 2] * i1, o[4 * n + 3] * i1);
+  }
+#endif
+}
+
+// Never launched: the sm_90a image has static shared memory, any other none, so its
+// attributes tell which image the device loaded.
+__global__ void sm90a_probe(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __shared__ int mark[32];
+  mark[threadIdx.x & 31] = int(threadIdx.x);
+  __syncthreads();
+  out[threadIdx.x] = mark[(threadIdx.x + 1) & 31];
+#endif
+}
+
+template <int WG, int NT, int Stages, typename T>
+cudaError_t launch(const Int8AttnParams& p, cudaStream_t stream) {
+  using C = Cfg<WG, NT, Stages>;
+  auto* kernel = attention_sm90<WG, NT, Stages, T>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+  if (e != cudaSuccess) return e;
+  const dim3 grid((attn_tiles(p.q_rows) + WG - 1) / WG, p.heads);
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Dense: 128 query rows and 128 keys per step, 4 steps in flight (209 KiB, one CTA per SM).
+// Block-sparse: 64 query rows and 64 keys per step, 4 steps in flight (105 KiB, two per SM).
+template <typename T>
+cudaError_t launch_type(const Int8AttnParams& p, cudaStream_t stream) {
+  return p.offsets ? launch<1, 1, 4, T>(p, stream) : launch<2, 2, 4, T>(p, stream);
+}
+
+}  // namespace
+
+bool int8_attention_sm90_ready() {
+  constexpr int kDevices = 64;
+  static std::atomic<int> state[kDevices];  // 0 unknown, 1 ready, 2 not
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) return false;
+  int s = state[dev].load(std::memory_order_relaxed);
+  if (s == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    cudaFuncAttributes a{};
+    const bool image = major == 9 && minor == 0 && cudaFuncGetAttributes(&a, sm90a_probe) == cudaSuccess &&
+                       a.sharedSizeBytes > 0;
+    cudaGetLastError();  // a missing image is an answer, not an error to keep
+    s = image ? 1 : 2;
+    state[dev].store(s, std::memory_order_relaxed);
+  }
+  return s == 1;
+}
+
+cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream) {
+  if (p.head_dim != kD || !int8_attention_sm90_ready()) return cudaErrorNotSupported;
+  return p.type == Elem::BF16 ? launch_type<__nv_bfloat16>(p, stream) : launch_type<__half>(p, stream);
+}
+
+}  // namespace sp::kernels
