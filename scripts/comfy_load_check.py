@@ -232,7 +232,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     rel = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
-    print(f"{'file':38} {'ComfyUI class':14} {'quantized Linears (ComfyUI)':34} {'dense':>5} {'weight rel':>10} "
+    print(f"{'file':40} {'ComfyUI class':14} {'quantized Linears (ComfyUI)':34} {'dense':>5} {'weight rel':>10} "
           f"{'!=comfy q':>11} {'out rel L2':>10} {'quantized ops ComfyUI ran':40} status")
     failed = 0
     for r in rows:
@@ -240,7 +240,7 @@ def main() -> int:
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(r["ops"].items())) or "-"
         status = "ok" if r["error"] is None else f"FAIL {r['error']}"
         failed += r["error"] is not None
-        print(f"{r['file']:38} {r['class']:14} {q:34} {r['dense_linears']:5d} {rel(r['weight_rel_l2']):>10} "
+        print(f"{r['file']:40} {r['class']:14} {q:34} {r['dense_linears']:5d} {rel(r['weight_rel_l2']):>10} "
               f"{r['not_as_comfy_quantizes']:>11} {rel(r['rel_l2']):>10} {ops:40} {status}")
     print(f"{len(rows) - failed} passed, {failed} failed")
     return 1 if failed else 0
