@@ -12,6 +12,8 @@ checkpoint loaded the same way:
   wan   wan2.1-1.3b widths, 1 block (ComfyUI reads the head count as dim/128 and a fixed
         256-wide time embedding, so the tiny preset's widths are not detectable)
   flux  flux1-dev widths, 1 double and 2 single blocks (ComfyUI fixes axes 16/56/56)
+  minimax  minimax-h3 widths, 1 block and the 2 token-refiner blocks (the tiny preset's widths
+        convert nothing to convrot-int8: no input width is a multiple of 256)
 
 Printed per file: ComfyUI's model class; the quantization ComfyUI made of each Linear (count
 per comfy_quant format, ConvRot group size where rotated) and the Linears it kept dense; the
@@ -24,7 +26,7 @@ or run is a failure row with ComfyUI's error; so is an output further than --max
 unconverted one.
 
     COMFYUI_PATH=/path/to/ComfyUI python3 scripts/comfy_load_check.py [--streamplan BIN]
-        [--families wan,flux] [--formats fp8,int8,convrot-int8] [--layouts original,diffusers]
+        [--families wan,flux,minimax] [--formats fp8,int8,convrot-int8] [--layouts original,diffusers]
         [--device cpu] [--out FILE.json]
 
 Exit status 1 when any row failed.
@@ -53,19 +55,40 @@ from comfy_check import comfy_import  # noqa: E402
 FAMILIES = {  # make-checkpoint arguments: widths ComfyUI's model detection reads correctly
     "wan": ["--family", "wan2.1-1.3b", "--layers", "1"],
     "flux": ["--family", "flux1-dev", "--layers", "1"],
+    "minimax": ["--family", "minimax-h3", "--layers", "1"],
 }
+LAYOUTS = {"minimax": ["original"]}  # the layouts a family has, where not all of --layouts
 
 
-def inputs(family: str, dm: torch.nn.Module, gen: torch.Generator) -> tuple[tuple, dict]:
-    """The forward's arguments: latents, timestep, text states (and Flux's pooled vector, guidance)."""
+def inputs(family: str, dm: torch.nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random inputs of the forward: latents, timestep, text states (Flux: pooled vector, guidance)."""
+    if family == "wan":  # 2 latent frames of 8x8 patches
+        return {"x": torch.randn(1, 16, 2, 16, 16, generator=gen), "t": torch.tensor([700.0]),
+                "context": torch.randn(1, 24, dm.text_embedding[0].in_features, generator=gen)}
+    if family == "flux":  # 16x16 packed tokens
+        return {"x": torch.randn(1, 16, 32, 32, generator=gen), "t": torch.tensor([0.7]),
+                "context": torch.randn(1, 24, dm.txt_in.in_features, generator=gen),
+                "y": torch.randn(1, dm.vector_in.in_layer.in_features, generator=gen),
+                "guidance": torch.tensor([3.5])}
+    # MiniMax H3: 2 latent frames of 4x4 patches, 8 audio rows per channel, text states
+    return {"x": torch.randn(1, dm.video_patch_proj.in_features // 4, 2, 8, 8, generator=gen),
+            "audio": torch.randn(1, dm.audio_patch_proj.in_features, 2, 8, generator=gen),
+            "t": torch.tensor([700.0]),  # sigma * 1000, as ComfyUI's model_base passes it
+            "context": torch.randn(1, 24, dm.condition_proj.in_features, generator=gen)}
+
+
+def forward(family: str, dm: torch.nn.Module, args: dict[str, torch.Tensor], dev, dtype) -> torch.Tensor:
+    """The diffusion model's forward as ComfyUI's model_base calls it (latents and text in the
+    inference dtype, the timestep in fp32); the output flattened to one fp64 vector."""
+    a = {k: v.to(dev, dtype if k != "t" else torch.float32) for k, v in args.items()}
     if family == "wan":
-        x = torch.randn(1, 16, 2, 16, 16, generator=gen)  # 2 latent frames, 8x8 patches each
-        ctx = torch.randn(1, 24, dm.text_embedding[0].in_features, generator=gen)
-        return (x, torch.tensor([700.0]), ctx), {}
-    x = torch.randn(1, 16, 32, 32, generator=gen)  # 16x16 packed tokens
-    ctx = torch.randn(1, 24, dm.txt_in.in_features, generator=gen)
-    y = torch.randn(1, dm.vector_in.in_layer.in_features, generator=gen)
-    return (x, torch.tensor([0.7]), ctx), {"y": y, "guidance": torch.tensor([3.5])}
+        y = dm(a["x"], a["t"], a["context"])
+    elif family == "flux":
+        y = dm(a["x"], a["t"], a["context"], y=a["y"], guidance=a["guidance"])
+    else:  # ComfyUI refines the text once per sampling run (model_base.MiniMaxH3.extra_conds)
+        y = dm([a["x"], a["audio"]], a["t"], dm.preprocess_text_embeds(a["context"]))
+    parts = y if isinstance(y, (list, tuple)) else [y]
+    return torch.cat([p.reshape(-1).double().cpu() for p in parts])
 
 
 def quant_of(module: torch.nn.Module) -> str | None:
@@ -130,11 +153,12 @@ class Check:
                 row["dense_linears"] += 1
             else:
                 quant[q] += 1
-            dq = (w.dequantize() if hasattr(w, "dequantize") else w).double().cpu()
-            if self.ref_out is None:
-                self.ref_weights[name] = dq
+            dq = (w.dequantize() if hasattr(w, "dequantize") else w).detach().cpu()
+            if self.ref_out is None:  # kept in bf16 where that is exact (bf16 checkpoints): half the memory
+                half = dq.to(torch.bfloat16)
+                self.ref_weights[name] = half if torch.equal(half.to(dq.dtype), dq) else dq.clone()
             elif q is not None and name in self.ref_weights:
-                r = self.ref_weights[name]
+                r, dq = self.ref_weights[name].double(), dq.double()
                 worst = max(worst, float((dq - r).norm() / r.norm()))
                 cq, cs = comfy_quantized(self.qo, m, r.float().to(w.device))
                 stored, scale = w._qdata, w._params.scale
@@ -166,13 +190,11 @@ class Check:
             stage = "run"
             if self.args is None:
                 self.args = inputs(family, dm, torch.Generator().manual_seed(0))
-            pos, kw = self.args
             dtype, dev = model.get_dtype_inference(), self.mm.get_torch_device()
             self.fused.clear()
             cpu = torch.profiler.ProfilerActivity.CPU
             with torch.inference_mode(), torch.profiler.profile(activities=[cpu]) as prof:
-                y = dm(*[t.to(dev, dtype if t.is_floating_point() and t.dim() > 1 else t.dtype) for t in pos],
-                       **{k: v.to(dev, dtype) for k, v in kw.items()}).double().cpu()
+                y = forward(family, dm, self.args, dev, dtype)
             row["ops"] = {e.key.split("::")[1]: e.count for e in prof.key_averages()
                           if e.key.startswith("comfy_kitchen::") and ("quant" in e.key or "int8" in e.key)
                           or e.key == "aten::_scaled_mm"}
@@ -197,7 +219,7 @@ class Check:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--streamplan", default=shutil.which("streamplan") or os.path.join(HERE, "..", "build", "streamplan"))
-    ap.add_argument("--families", default="wan,flux")
+    ap.add_argument("--families", default="wan,flux,minimax")
     ap.add_argument("--formats", default="fp8,int8,convrot-int8")
     ap.add_argument("--layouts", default="original,diffusers", help="layouts of the checkpoints converted")
     ap.add_argument("--device", default="cpu")
@@ -212,7 +234,8 @@ def main() -> int:
     try:
         for family in [f for f in a.families.split(",") if f]:
             check = Check(comfy, a.max_rel)
-            for layout in ["original"] + [x for x in a.layouts.split(",") if x and x != "original"]:
+            wanted = ["original"] + [x for x in a.layouts.split(",") if x and x != "original"]
+            for layout in [x for x in wanted if x in LAYOUTS.get(family, wanted)]:
                 src = os.path.join(work, f"{family}_{layout}.safetensors")  # same seed: same weights
                 run_streamplan(a.streamplan, ["make-checkpoint", *FAMILIES[family], "--layout", layout,
                                               "--seed", "1", "--out", src, "--quiet"])
@@ -232,7 +255,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     rel = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
-    print(f"{'file':40} {'ComfyUI class':14} {'quantized Linears (ComfyUI)':34} {'dense':>5} {'weight rel':>10} "
+    print(f"{'file':40} {'ComfyUI class':24} {'quantized Linears (ComfyUI)':34} {'dense':>5} {'weight rel':>10} "
           f"{'!=comfy q':>11} {'out rel L2':>10} {'quantized ops ComfyUI ran':40} status")
     failed = 0
     for r in rows:
@@ -240,7 +263,7 @@ def main() -> int:
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(r["ops"].items())) or "-"
         status = "ok" if r["error"] is None else f"FAIL {r['error']}"
         failed += r["error"] is not None
-        print(f"{r['file']:40} {r['class']:14} {q:34} {r['dense_linears']:5d} {rel(r['weight_rel_l2']):>10} "
+        print(f"{r['file']:40} {r['class']:24} {q:34} {r['dense_linears']:5d} {rel(r['weight_rel_l2']):>10} "
               f"{r['not_as_comfy_quantizes']:>11} {rel(r['rel_l2']):>10} {ops:40} {status}")
     print(f"{len(rows) - failed} passed, {failed} failed")
     return 1 if failed else 0
