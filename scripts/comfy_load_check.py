@@ -218,7 +218,8 @@ class Check:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--streamplan", default=shutil.which("streamplan") or os.path.join(HERE, "..", "build", "streamplan"))
+    ap.add_argument("--streamplan", help="the streamplan binary (default: on PATH, else build/streamplan)",
+                    default=shutil.which("streamplan") or os.path.join(HERE, "..", "build", "streamplan"))
     ap.add_argument("--families", default="wan,flux,minimax")
     ap.add_argument("--formats", default="fp8,int8,convrot-int8")
     ap.add_argument("--layouts", default="original,diffusers", help="layouts of the checkpoints converted")

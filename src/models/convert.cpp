@@ -34,7 +34,8 @@ bool has_block_index(const std::string& name) {
 }
 
 bool convertible(const std::string& name, const at::Tensor& t, const std::string& format) {
-  const bool floating = t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+  const auto d = t.scalar_type();
+  const bool floating = d == at::kFloat || d == at::kBFloat16 || d == at::kHalf;
   const std::string tail = ".weight";
   const bool weight = name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   if (!floating || !weight || t.dim() != 2 || !has_block_index(name)) return false;
