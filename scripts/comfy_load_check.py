@@ -20,10 +20,12 @@ per comfy_quant format, ConvRot group size where rotated) and the Linears it kep
 largest rel L2 of a quantized weight as ComfyUI dequantizes it against the unconverted weight;
 how many stored values and scales differ from what ComfyUI's own quantizer (its layout's
 quantize, as when ComfyUI quantizes a model itself) makes of the unconverted weight in fp32
-("!=comfy q", differing/total); the rel L2 of the output against the unconverted model; the
-quantized ops ComfyUI ran (comfy_kitchen ops seen by the profiler). A file ComfyUI cannot load
-or run is a failure row with ComfyUI's error; so is an output further than --max-rel from the
-unconverted one.
+("!=comfy q", differing/total); whether ComfyUI, saving the loaded model, writes the quantized
+layers' tensors exactly as the file holds them ("ComfyUI saves"); the rel L2 of the output
+against the unconverted model; the quantized ops ComfyUI ran (comfy_kitchen ops seen by the
+profiler). A file ComfyUI cannot load or run is a failure row with ComfyUI's error; so is a
+file ComfyUI would save otherwise, and an output further than --max-rel from the unconverted
+one.
 
     COMFYUI_PATH=/path/to/ComfyUI python3 scripts/comfy_load_check.py [--streamplan BIN]
         [--families wan,flux,minimax] [--formats fp8,int8,convrot-int8] [--layouts original,diffusers]
@@ -174,10 +176,44 @@ class Check:
             row["weight_rel_l2"] = worst
             row["not_as_comfy_quantizes"] = f"{differ}/{total}"
 
+    @staticmethod
+    def resaved(dm: torch.nn.Module, path: str) -> str:
+        """Quantized layers' weight, weight_scale, comfy_quant (and input_scale) as ComfyUI saves the
+        loaded model (its state_dict) against the file's: "same (n)", or what differs (names,
+        dtype, shape, bytes, the comfy_quant JSON). Biases are left out: ComfyUI holds them in
+        its compute dtype."""
+        from safetensors import safe_open
+
+        sd = dm.state_dict()
+        differ, n = [], 0
+        with safe_open(path, "pt") as f:
+            names = {k.removeprefix("model.diffusion_model."): k for k in f.keys()}
+            layers = {k[: -len(".comfy_quant")] for k in sd if k.endswith(".comfy_quant")}
+            for layer in sorted(layers):
+                quant = [f"{layer}.{x}" for x in ("weight", "weight_scale", "comfy_quant", "input_scale")]
+                saved, stored = {k for k in quant if k in sd}, {k for k in quant if k in names}
+                if saved != stored:
+                    differ.append(f"{layer}: saved {sorted(saved ^ stored)}")
+                for k in sorted(saved & stored):
+                    n += 1
+                    a, b = sd[k], f.get_tensor(names[k])
+                    a = getattr(a, "_qdata", a).detach().cpu()
+                    if k.endswith(".comfy_quant"):
+                        same = json.loads(bytes(a.tolist())) == json.loads(bytes(b.tolist()))
+                    else:
+                        same = a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+                            a.view(torch.uint8) if a.element_size() == 1 else a,
+                            b.view(torch.uint8) if b.element_size() == 1 else b)
+                    if not same:
+                        differ.append(k)
+        if not layers:
+            return "-"
+        return f"same ({n})" if not differ else f"{len(differ)} differ: {', '.join(differ[:3])}"
+
     def file(self, family: str, path: str, fmt: str, layout: str) -> dict:
         row = {"family": family, "layout": layout, "file": os.path.basename(path), "format": fmt, "class": "-",
                "quant": {}, "dense_linears": 0, "weight_rel_l2": None, "not_as_comfy_quantizes": "-",
-               "rel_l2": None, "ops": {}, "error": None}
+               "resaved": "-", "rel_l2": None, "ops": {}, "error": None}
         stage = "load"
         try:
             t0 = time.time()
@@ -187,6 +223,9 @@ class Check:
             dm = model.diffusion_model
             row["class"] = f"{type(model).__name__}/{type(dm).__name__}"
             self.linears(dm, row)
+            row["resaved"] = self.resaved(dm, path)
+            if "differ" in row["resaved"]:
+                row["error"] = f"ComfyUI saves the quantized layers otherwise: {row['resaved']}"
             stage = "run"
             if self.args is None:
                 self.args = inputs(family, dm, torch.Generator().manual_seed(0))
@@ -205,7 +244,7 @@ class Check:
                 self.ref_out = y
             else:
                 row["rel_l2"] = float((y - self.ref_out).norm() / self.ref_out.norm())
-                if row["rel_l2"] > self.max_rel:
+                if row["rel_l2"] > self.max_rel and row["error"] is None:
                     row["error"] = f"output rel L2 {row['rel_l2']:.3g} > {self.max_rel}: ComfyUI misreads the file"
             row["seconds"] = time.time() - t0
         except Exception as e:  # a failure row with ComfyUI's own error
@@ -257,7 +296,7 @@ def main() -> int:
 
     rel = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
     print(f"{'file':40} {'ComfyUI class':24} {'quantized Linears (ComfyUI)':34} {'dense':>5} {'weight rel':>10} "
-          f"{'!=comfy q':>11} {'out rel L2':>10} {'quantized ops ComfyUI ran':40} status")
+          f"{'!=comfy q':>13} {'ComfyUI saves':>13} {'out rel L2':>10} {'quantized ops ComfyUI ran':40} status")
     failed = 0
     for r in rows:
         q = ", ".join(f"{k} x{v}" for k, v in sorted(r["quant"].items())) or "-"
@@ -265,7 +304,7 @@ def main() -> int:
         status = "ok" if r["error"] is None else f"FAIL {r['error']}"
         failed += r["error"] is not None
         print(f"{r['file']:40} {r['class']:24} {q:34} {r['dense_linears']:5d} {rel(r['weight_rel_l2']):>10} "
-              f"{r['not_as_comfy_quantizes']:>11} {rel(r['rel_l2']):>10} {ops:40} {status}")
+              f"{r['not_as_comfy_quantizes']:>13} {r['resaved']:>13} {rel(r['rel_l2']):>10} {ops:40} {status}")
     print(f"{len(rows) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
