@@ -8,6 +8,9 @@
 #                                    (scripts/bench_minimax.py; ComfyUI's H3 attention needs it)
 #   .whl-comfy/                      wheels of what ComfyUI's sampling imports beyond torch
 #                                    (scripts/comfy_check.py; installed there where missing)
+#   .deps/comfyui-src/               where .deps/comfyui-master holds a ComfyUI master checkout:
+#                                    its Python sources and small JSON configs (no tokenizer
+#                                    data, no .git; ~7 MB), what scripts/comfy_load_check.py imports
 # Run scripts/setup.sh first. DEVICE_PYTHON is the GPU machine's Python version (default 3.12).
 # ComfyUI's own tree (.deps/comfyui, for scripts/bench_minimax.py) is not on PyPI; its
 # README.md says what it holds.
@@ -32,5 +35,10 @@ rm -rf .deps/ck312/comfy_kitchen/backends/hip  # 150 MB of ROCm code the H200 do
 rm -rf .whl-comfy && mkdir -p .whl-comfy
 .venv/bin/pip download -q --no-deps --only-binary=:all: --python-version "$py" --platform manylinux_2_28_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl-comfy \
-  einops psutil torchsde trampoline scipy torchvision==0.26.0
-du -sh .deps/include .deps/googletest .whl .deps/ck312 .whl-comfy
+  einops psutil torchsde trampoline scipy torchvision==0.26.0 torchaudio==2.11.0 comfy-aimdo==0.4.13
+if [ -d .deps/comfyui-master/comfy ]; then
+  rm -rf .deps/comfyui-src && mkdir -p .deps/comfyui-src
+  (cd .deps/comfyui-master && find comfy comfy_api comfy_execution comfy_config utils -type f \
+     \( -name "*.py" -o -name "*.json" -size -200k \) -exec cp --parents {} ../comfyui-src/ \; && cp ./*.py ../comfyui-src/)
+fi
+du -sh .deps/include .deps/googletest .whl .deps/ck312 .whl-comfy .deps/comfyui-src 2>/dev/null

@@ -29,6 +29,10 @@
 #                                    the Python package built here, then ComfyUI's own sampling
 #                                    of Wan 14B (2 layers) and Flux-dev (2 + 4 blocks) with and
 #                                    without the node, and with a LoRA (scripts/comfy_check.py)
+#   scripts/device.sh OUT comfy-load  ComfyUI master's own loader and forward on the files
+#                                    `streamplan convert` writes (fp8, int8, convrot-int8 of Wan 2.1
+#                                    and Flux-dev checkpoints, both layouts; scripts/comfy_load_check.py);
+#                                    builds first where build-gpu/streamplan is missing
 #   scripts/device.sh OUT policy     the bench cases three ways, in turn in one process: the
 #                                    default policy (no flags), --budget auto (the fastest plan)
 #                                    and --budget-floor 1.1 (bench --policies); builds first
@@ -186,12 +190,10 @@ if [ "$mode" = minimax ]; then
   exit 0
 fi
 
-if [ "$mode" = comfy-check ]; then
-  # ComfyUI's own sampling with and without the node (scripts/comfy_check.py): a ComfyUI tree
-  # in .deps/comfyui-full (or COMFYUI_PATH), and wheels of what it imports that this machine
-  # lacks in .whl-comfy/ (scripts/device-deps.sh); each is installed only where its import fails.
-  build_package
-  site=/tmp/streamplan-comfy-site
+# Wheels of what ComfyUI imports that this machine lacks, from .whl-comfy/ (scripts/device-deps.sh),
+# each installed into $site only where its import fails.
+site=/tmp/streamplan-comfy-site
+comfy_wheels() {
   mkdir -p "$site"
   for w in .whl-comfy/*.whl; do
     [ -e "$w" ] || continue
@@ -199,6 +201,23 @@ if [ "$mode" = comfy-check ]; then
     $py -c "import $mod" 2>/dev/null && continue
     $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$w" >>"$out/logs.txt" 2>&1
   done
+}
+
+if [ "$mode" = comfy-load ]; then
+  # A ComfyUI master tree in .deps/comfyui-src (or COMFYUI_PATH) and comfy_kitchen in .deps/ck312.
+  build_bin
+  comfy_wheels
+  PYTHONPATH=$PWD/.deps/ck312${PYTHONPATH:+:$PYTHONPATH} COMFY_SITE=$site \
+    COMFYUI_PATH=${COMFYUI_PATH:-$PWD/.deps/comfyui-src} $py scripts/comfy_load_check.py --device cuda \
+    --streamplan "$bin" --out "$out/comfy_load.json" 2>>"$out/logs.txt" | tee "$out/comfy_load.txt"
+  exit "${PIPESTATUS[0]}"
+fi
+
+if [ "$mode" = comfy-check ]; then
+  # ComfyUI's own sampling with and without the node (scripts/comfy_check.py): a ComfyUI tree
+  # in .deps/comfyui-full (or COMFYUI_PATH).
+  build_package
+  comfy_wheels
   COMFY_SITE=$site COMFYUI_PATH=${COMFYUI_PATH:-$PWD/.deps/comfyui-full} $py scripts/comfy_check.py ${BENCH_ARGS:-} \
     --out "$out/comfy_check.json" 2>>"$out/logs.txt" || { tail -30 "$out/logs.txt"; exit 1; }
   exit 0

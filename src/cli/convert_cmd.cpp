@@ -18,7 +18,8 @@ int convert(const Args& a) {
   const std::string format = a.to == "fp8" ? "fp8-e4m3" : a.to;
   const auto r = models::convert_checkpoint(a.in, a.out, format, reg);
   std::cout << a.out << ": " << r.converted.size() << " linears in " << format << ", " << r.kept.size()
-            << " other 2-D tensors kept as stored\n";
+            << " other 2-D tensors kept as stored; original layout"
+            << (r.layout == "original" ? "" : " (read " + r.layout + ")") << "\n";
   return 0;
 }
 
@@ -26,7 +27,7 @@ int convert(const Args& a) {
 
 Runner add_convert(CLI::App& app) {
   auto a = std::make_shared<Args>();
-  auto* cmd = app.add_subcommand("convert", "write a checkpoint with its block linears quantized (ComfyUI comfy_quant)");
+  auto* cmd = app.add_subcommand("convert", "write a checkpoint with its block linears quantized, in the original layout ComfyUI loads (comfy_quant)");
   cmd->add_option("--to", a->to, "format: fp8 (float8_e4m3fn), int8 (int8_tensorwise, per-row scales) or "
                                   "convrot-int8 (int8_tensorwise with ConvRot rotation, groups of 256)")
       ->required()

@@ -38,13 +38,18 @@ at::Tensor as_linear(const std::string& canonical, at::Tensor t) {
 
 }  // namespace
 
-at::Tensor assemble(const std::string& canonical, const recognize::Source& src, const std::vector<at::Tensor>& parts) {
+at::Tensor assemble_stored(const std::string& canonical, const recognize::Source& src,
+                           const std::vector<at::Tensor>& parts) {
   if (parts.empty() || parts.size() != src.tensors.size())
     throw std::invalid_argument("tensor '" + canonical + "': " + std::to_string(parts.size()) + " parts given, its source names " +
                                 std::to_string(src.tensors.size()));
   at::Tensor t = src.op == Source::Op::Concat0 ? at::cat(parts, 0) : parts.front();
   if (src.op == Source::Op::SwapHalves0) t = swap_halves(t, src.tensors.front());
-  return as_linear(canonical, t);
+  return t;
+}
+
+at::Tensor assemble(const std::string& canonical, const recognize::Source& src, const std::vector<at::Tensor>& parts) {
+  return as_linear(canonical, assemble_stored(canonical, src, parts));
 }
 
 std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f, const recognize::Recognized& r,

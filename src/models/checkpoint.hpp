@@ -38,6 +38,9 @@ std::optional<recognize::Sidecar> sidecar_of(const io::SafetensorsFile& f);
 // exchanged; a convolution kernel that acts as a linear (a patch embedding with stride ==
 // kernel) comes flattened to [out, in]. A Copy of a contiguous tensor is a view of it.
 at::Tensor assemble(const std::string& canonical, const recognize::Source& src, const std::vector<at::Tensor>& parts);
+// The same tensor in the shape the original layout stores it (a convolution kernel stays a kernel).
+at::Tensor assemble_stored(const std::string& canonical, const recognize::Source& src,
+                           const std::vector<at::Tensor>& parts);
 
 std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f, const recognize::Recognized& r,
                                                     at::ScalarType dtype, const at::Device& device,

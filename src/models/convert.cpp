@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <set>
 #include <stdexcept>
 
 #include "exec/formats/quantized.hpp"
@@ -12,6 +13,8 @@
 namespace sp::models {
 
 namespace {
+
+constexpr const char* kComfyPrefix = "model.diffusion_model.";
 
 bool has_block_index(const std::string& name) {
   size_t start = 0;
@@ -30,12 +33,13 @@ bool has_block_index(const std::string& name) {
   return false;
 }
 
-bool convertible(const io::TensorInfo& t, const std::string& format) {
-  const bool floating = t.dtype == io::DType::F32 || t.dtype == io::DType::BF16 || t.dtype == io::DType::F16;
+bool convertible(const std::string& name, const at::Tensor& t, const std::string& format) {
+  const auto d = t.scalar_type();
+  const bool floating = d == at::kFloat || d == at::kBFloat16 || d == at::kHalf;
   const std::string tail = ".weight";
-  const bool weight = t.name.size() > tail.size() && t.name.compare(t.name.size() - tail.size(), tail.size(), tail) == 0;
-  if (!floating || !weight || t.shape.size() != 2 || !has_block_index(t.name)) return false;
-  return format != "convrot-int8" || t.shape[1] % 256 == 0;
+  const bool weight = name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  if (!floating || !weight || t.dim() != 2 || !has_block_index(name)) return false;
+  return format != "convrot-int8" || t.size(1) % 256 == 0;
 }
 
 }  // namespace
@@ -50,20 +54,32 @@ ConvertReport convert_checkpoint(const std::string& in, const std::string& out, 
     throw std::invalid_argument(in + " already holds quantized weights (e.g. '" + rec.quant.begin()->first +
                                 "', " + rec.quant.begin()->second.origin + "); convert reads 16/32-bit checkpoints");
   ConvertReport report;
+  report.layout = rec.layout;
+  // ComfyUI reads the original layout, with no prefix or the one it strips itself.
+  const std::string prefix = rec.prefix == kComfyPrefix ? rec.prefix : "";
+  const auto stored = file.names();
+  std::set<std::string> unread(stored.begin(), stored.end());
+  for (const auto& [canonical, src] : rec.tensors)
+    for (const auto& n : src.tensors) unread.erase(n);
+  if (!unread.empty())  // recognition explains every tensor; nothing may be dropped silently
+    throw std::logic_error("convert: tensor '" + *unread.begin() + "' of " + in + " maps onto no tensor of the " +
+                           rec.config.family + " original layout");
   TensorMap tensors;
   exec::TensorWeights scratch(&reg);
-  for (const auto& name : file.names()) {
-    const io::TensorInfo& info = file.info(name);
-    at::Tensor t = read_tensor(file, name);
-    if (!convertible(info, format)) {
+  for (const auto& [canonical, src] : rec.tensors) {
+    std::vector<at::Tensor> parts;
+    for (const auto& n : src.tensors) parts.push_back(read_tensor(file, n));
+    const at::Tensor t = assemble_stored(canonical, src, parts);
+    const std::string name = prefix + canonical;
+    if (!convertible(canonical, t, format)) {
       tensors[name] = t;
-      if (info.shape.size() == 2) report.kept.push_back(name);
+      if (t.dim() == 2) report.kept.push_back(name);
       continue;
     }
     ir::Linear l;
     l.weight = name;
-    l.out_features = info.shape[0];
-    l.in_features = info.shape[1];
+    l.out_features = t.size(0);
+    l.in_features = t.size(1);
     l.format = caps.name;
     scratch.store(l, t.to(at::kFloat), t.scalar_type());
     const std::string layer = name.substr(0, name.size() - std::string("weight").size());

@@ -19,7 +19,8 @@ struct Fp8 : FormatImpl {
   std::vector<std::string> companions(const ir::Linear& l) const override { return quant::companions(l); }
   void store(TensorWeights& into, const ir::Linear& l, const at::Tensor& w, at::ScalarType) const override {
     const at::Tensor s = w.abs().max().to(at::kFloat).div(kMax).clamp_min(1e-12);
-    into.add(l.weight, w.to(at::kFloat).div(s).clamp_(-kMax, kMax).to(at::kFloat8_e4m3fn));
+    // w * (1/s), as ComfyUI quantizes: a converted file holds the bytes ComfyUI itself writes.
+    into.add(l.weight, w.to(at::kFloat).mul(s.reciprocal()).clamp_(-kMax, kMax).to(at::kFloat8_e4m3fn));
     into.add(quant::scale_name(l.weight), s);
   }
   at::Tensor acquire(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
