@@ -16,9 +16,11 @@ namespace {
 
 int64_t tiles(int64_t rows) { return (rows + kSparseTile - 1) / kSparseTile; }
 
-// Scratch per (head, query tile, key tile) triple the routing may hold at once: the scores
-// (fp32), top-k values and indices (fp32 + int64) and their sort, the padded tile list
-// (int32), its mask (bool) and the selected indices (int32).
+// Scratch per (head, query tile, key tile) triple the routing may hold at once, an upper
+// bound: the scores (fp32), top-k values and indices (fp32 + int64), the kept mask (bool),
+// masked_select's positions (int64) and the ascending lists (int32) and their concatenation
+// (int32) take 4 + 12 + 1 + 8 + 4 + 4 = 33; the bound stays that of the earlier routing, which
+// also sorted and padded.
 constexpr int64_t kRouteBytesPerTriple = 4 + 12 + 16 + 4 + 1 + 4;
 
 struct SparseConsumer : ConsumerImpl {
