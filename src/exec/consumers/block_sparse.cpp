@@ -39,10 +39,20 @@ at::Tensor video_tiles(int64_t first, int64_t rows, VideoRows video, int64_t til
   return inside;
 }
 
-at::Tensor top_tiles(const at::Tensor& qm, const at::Tensor& km, double budget) {
+at::Tensor top_mask(const at::Tensor& qm, const at::Tensor& km, double budget) {
   const int64_t kept = plan::kept_tiles(budget, km.size(1));
   const at::Tensor scores = at::bmm(qm, km.transpose(1, 2));  // [heads, query tiles, key tiles]
-  return std::get<0>(std::get<1>(scores.topk(kept, 2)).sort(2));
+  // Which tiles, in no order: sorting the top values and then their indices cost more than
+  // the rest of the routing.
+  const at::Tensor top = std::get<1>(scores.topk(kept, 2, /*largest=*/true, /*sorted=*/false));
+  return at::zeros(scores.sizes(), scores.options().dtype(at::kBool)).scatter_(2, top, true);
+}
+
+at::Tensor top_tiles(const at::Tensor& qm, const at::Tensor& km, double budget) {
+  const at::Tensor mask = top_mask(qm, km, budget);
+  const int64_t kept = plan::kept_tiles(budget, km.size(1));
+  const at::Tensor cols = at::arange(km.size(1), mask.options().dtype(at::kInt)).view({1, 1, -1});
+  return cols.expand(mask.sizes()).masked_select(mask).view({mask.size(0), mask.size(1), kept});
 }
 
 at::Tensor route_tiles(const at::Tensor& q, const at::Tensor& k, VideoRows video, double budget, int64_t tile) {
@@ -64,8 +74,7 @@ at::Tensor route_tiles(const at::Tensor& q, const at::Tensor& k, VideoRows video
   if (vt == 0 || kept == vt) return keep;
   // Scores of video query tiles against video key tiles; the top `kept` per row stay.
   const at::Tensor qm = tile_means(q, tile).index_select(1, vidx), km = tile_means(k, tile).index_select(1, vidx);
-  const at::Tensor top = top_tiles(qm, km, budget);
-  at::Tensor routed = at::zeros({heads, vt, vt}, keep.options()).scatter_(2, top, true);
+  const at::Tensor routed = top_mask(qm, km, budget);
   // Into the video x video block of the mask; every other pair stays dense.
   at::Tensor block = keep.index_select(1, vidx);
   block.index_copy_(2, vidx, routed);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 
 #include "exec/consumers/consumer.hpp"
 #include "exec/consumers/int8_common.hpp"
@@ -15,9 +16,11 @@ namespace {
 
 int64_t tiles(int64_t rows) { return (rows + kSparseTile - 1) / kSparseTile; }
 
-// Scratch per (head, query tile, key tile) triple the routing may hold at once: the scores
-// (fp32), top-k values and indices (fp32 + int64) and their sort, the padded tile list
-// (int32), its mask (bool) and the selected indices (int32).
+// Scratch per (head, query tile, key tile) triple the routing may hold at once, an upper
+// bound: the scores (fp32), top-k values and indices (fp32 + int64), the kept mask (bool),
+// masked_select's positions (int64) and the ascending lists (int32) and their concatenation
+// (int32) take 4 + 12 + 1 + 8 + 4 + 4 = 33; the bound stays that of the earlier routing, which
+// also sorted and padded.
 constexpr int64_t kRouteBytesPerTriple = 4 + 12 + 16 + 4 + 1 + 4;
 
 struct SparseConsumer : ConsumerImpl {
@@ -123,19 +126,25 @@ RoutedTiles route_slab(const at::Tensor& qm, const at::Tensor& km, int64_t q_beg
   if (nqv == 0 || nkv == 0 || kept == nkv) return r;
   const at::Tensor qid = qi.to(d), kid = ki.to(d);
   const at::Tensor top = top_tiles(qm.index_select(1, qid), km.index_select(1, kid), o.budget);
-  // Routed video key tiles, then every key tile outside the video rows.
-  const at::Tensor routed = kid.index_select(0, top.flatten()).view(top.sizes());
-  const at::Tensor rows = at::cat({routed, ni.to(d).view({1, 1, nn}).expand({g, nqv, nn})}, 2).to(at::kInt);
   const auto i32 = at::TensorOptions().dtype(at::kInt).device(d);
-  at::Tensor padded = at::arange(nk, i32).view({1, 1, nk}).expand({g, nq, nk}).contiguous();
-  at::Tensor sub = padded.index_select(1, qid);
-  sub.narrow(2, 0, kept + nn).copy_(rows);
-  padded.index_copy_(1, qid, sub);
-  at::Tensor counts = at::full({g, nq}, nk, i32);
-  counts.index_fill_(1, qid, kept + nn);
-  const at::Tensor mask = at::arange(nk, i32).view({1, 1, nk}) < counts.unsqueeze(2);
-  r.indices = padded.masked_select(mask).contiguous();
-  r.offsets = at::cat({at::zeros({1}, i32), counts.flatten().cumsum(0).to(at::kInt)});
+  // Per video query tile its routed video key tiles, then every key tile outside the video rows.
+  const at::Tensor routed = kid.to(at::kInt).index_select(0, top.flatten()).view(top.sizes());
+  const at::Tensor video_lists = at::cat({routed, ni.to(i32).view({1, 1, nn}).expand({g, nqv, nn})}, 2);
+  // The video query tiles are one run [qa, qb) (the video rows are); the tiles before and after
+  // it visit every key tile. The lists of a head: before, video, after; heads one after another.
+  const int64_t qa = qi[0].item<int64_t>(), qb = qa + nqv;
+  if (qi[nqv - 1].item<int64_t>() != qb - 1)
+    throw std::logic_error("route_slab: the video query tiles are not one run of tiles");
+  const at::Tensor all = at::arange(nk, i32);
+  r.indices = at::cat({all.repeat({qa}).view({1, qa * nk}).expand({g, qa * nk}), video_lists.view({g, nqv * (kept + nn)}),
+                       all.repeat({nq - qb}).view({1, (nq - qb) * nk}).expand({g, (nq - qb) * nk})},
+                      1)
+                  .flatten();
+  at::Tensor counts = at::full({nq}, nk, i32);
+  counts.narrow(0, qa, nqv).fill_(kept + nn);
+  const int64_t per_head = (nq - nqv) * nk + nqv * (kept + nn);
+  const at::Tensor ends = at::arange(g, i32).mul_(per_head).view({g, 1}) + counts.cumsum(0).to(at::kInt).view({1, nq});
+  r.offsets = at::cat({at::zeros({1}, i32), ends.flatten()});
   r.visited = g * (nq * nk - nqv * (nkv - kept));
   return r;
 }

@@ -20,9 +20,41 @@ constexpr int kThreads = 128;  // 4 warps x 16 query rows
 
 // ---- quantization ---------------------------------------------------------------------------
 
-// One block per (tile, head): the tile's rows into shared memory as fp32, their column means,
-// the absmax after the optional per-head subtraction, then the int8 rows.
+// kVec elements of T (16 bytes) as fp32.
 template <typename T>
+struct Vec16;
+template <>
+struct Vec16<float> {
+  static constexpr int kVec = 4;
+  static __device__ void load(const float* p, float (&v)[4]) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  }
+};
+template <typename H, typename H2, float2 (*ToFloat2)(H2)>
+struct Vec16Half {
+  static constexpr int kVec = 8;
+  static __device__ void load(const H* p, float (&v)[8]) {
+    const uint4 x = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = ToFloat2(*reinterpret_cast<const H2*>(&w[i]));
+      v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+  }
+};
+__device__ inline float2 bf2_to_f2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
+__device__ inline float2 h2_to_f2(__half2 x) { return __half22float2(x); }
+template <>
+struct Vec16<__nv_bfloat16> : Vec16Half<__nv_bfloat16, __nv_bfloat162, bf2_to_f2> {};
+template <>
+struct Vec16<__half> : Vec16Half<__half, __half2, h2_to_f2> {};
+
+// One block per (tile, head): the tile's rows into shared memory as fp32, their column means,
+// the absmax after the optional per-head subtraction, then the int8 rows, 16 per store. Vec:
+// the rows read 16 bytes at a time (x, its strides and head_dim multiples of 16 bytes).
+template <typename T, bool Vec>
 __global__ void quantize_tiles(AttnQuantParams p) {
   extern __shared__ float tile[];  // [64][head_dim]
   __shared__ float red[kThreads / 32];
@@ -33,17 +65,50 @@ __global__ void quantize_tiles(AttnQuantParams p) {
   const T* x = static_cast<const T*>(p.x) + h * p.head_stride + int64_t(t) * kTile * p.row_stride;
   const float* sub = p.subtract ? p.subtract + int64_t(h) * D : nullptr;
   float amax = 0.0f;
-  for (int i = threadIdx.x; i < kTile * D; i += blockDim.x) {
-    const int r = i / D, c = i - r * D;
-    const float v = r < rows ? Io<T>::load(x + int64_t(r) * p.row_stride + c) : 0.0f;
-    tile[i] = v;
-    if (r < rows) amax = fmaxf(amax, fabsf(sub ? v - sub[c] : v));
+  if constexpr (Vec) {
+    // kBatch loads of 16 bytes in flight per thread before their values are used.
+    constexpr int kVec = Vec16<T>::kVec, kBatch = 8;
+    const int per_row = D / kVec, total = kTile * per_row;
+    for (int i0 = threadIdx.x; i0 < total; i0 += kThreads * kBatch) {
+      float v[kBatch][kVec];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = i0 + b * kThreads, r = i / per_row, c = (i - r * per_row) * kVec;
+        if (i < total && r < rows) {
+          Vec16<T>::load(x + int64_t(r) * p.row_stride + c, v[b]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) v[b][j] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = i0 + b * kThreads, r = i / per_row, c = (i - r * per_row) * kVec;
+        if (i >= total) break;
+#pragma unroll
+        for (int j = 0; j < kVec; j += 4) {
+          *reinterpret_cast<float4*>(tile + r * D + c + j) =
+              make_float4(v[b][j], v[b][j + 1], v[b][j + 2], v[b][j + 3]);
+#pragma unroll
+          for (int u = j; u < j + 4; ++u)
+            if (r < rows) amax = fmaxf(amax, fabsf(sub ? v[b][u] - sub[c + u] : v[b][u]));
+        }
+      }
+    }
+  } else {
+    for (int i = threadIdx.x; i < kTile * D; i += blockDim.x) {
+      const int r = i / D, c = i - r * D;
+      const float v = r < rows ? Io<T>::load(x + int64_t(r) * p.row_stride + c) : 0.0f;
+      tile[i] = v;
+      if (r < rows) amax = fmaxf(amax, fabsf(sub ? v - sub[c] : v));
+    }
   }
   __syncthreads();
   if (p.tile_mean) {
     for (int c = threadIdx.x; c < D; c += blockDim.x) {
-      float s = 0.0f;
-      for (int r = 0; r < rows; ++r) s += tile[r * D + c];
+      float s = 0.0f;  // rows past `rows` are zeros
+#pragma unroll 16
+      for (int r = 0; r < kTile; ++r) s += tile[r * D + c];
       p.tile_mean[slot * D + c] = s / float(rows);
     }
   }
@@ -57,16 +122,24 @@ __global__ void quantize_tiles(AttnQuantParams p) {
   const float inv = 1.0f / s;
   if (threadIdx.x == 0) p.scale[slot] = s * p.extra_scale;
   int8_t* out = p.out + slot * kTile * D;
-  // Four values per thread and store.
-  for (int i = threadIdx.x * 4; i < kTile * D; i += blockDim.x * 4) {
+  // Sixteen values of one row per thread and store (head_dim is a multiple of 16).
+  for (int i = threadIdx.x * 16; i < kTile * D; i += blockDim.x * 16) {
     const int r = i / D, c = i - r * D;
-    char4 q;
-    signed char* qs = reinterpret_cast<signed char*>(&q);
-    for (int j = 0; j < 4; ++j) {
-      const float v = r < rows ? (sub ? tile[i + j] - sub[c + j] : tile[i + j]) : 0.0f;
-      qs[j] = static_cast<signed char>(__float2int_rn(fminf(fmaxf(v * inv, -127.0f), 127.0f)));
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 f = *reinterpret_cast<const float4*>(tile + i + 4 * k);
+      const float v[4] = {f.x, f.y, f.z, f.w};
+      uint32_t packed = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float y = r < rows ? (sub ? v[j] - sub[c + 4 * k + j] : v[j]) : 0.0f;
+        const int q = __float2int_rn(fminf(fmaxf(y * inv, -127.0f), 127.0f));
+        packed |= uint32_t(q & 0xff) << (8 * j);
+      }
+      w[k] = packed;
     }
-    *reinterpret_cast<char4*>(out + i) = q;
+    *reinterpret_cast<uint4*>(out + i) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
@@ -292,6 +365,20 @@ cudaError_t launch_attention(const Int8AttnParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+namespace {
+template <typename T>
+cudaError_t launch_quantize(const AttnQuantParams& p, dim3 grid, size_t bytes, cudaStream_t stream) {
+  constexpr int kVec = 16 / int(sizeof(T));
+  const bool vec = reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && p.row_stride % kVec == 0 &&
+                   p.head_stride % kVec == 0 && p.head_dim % kVec == 0;
+  auto* kernel = vec ? quantize_tiles<T, true> : quantize_tiles<T, false>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  kernel<<<grid, kThreads, bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
 cudaError_t attn_quantize(const AttnQuantParams& p, cudaStream_t stream) {
   if (p.rows <= 0 || p.heads <= 0) return cudaSuccess;
   if (p.head_dim <= 0 || p.head_dim % 16 || p.head_dim > 256) return cudaErrorInvalidValue;
@@ -299,19 +386,13 @@ cudaError_t attn_quantize(const AttnQuantParams& p, cudaStream_t stream) {
   const size_t bytes = size_t(kTile) * p.head_dim * sizeof(float);
   switch (p.type) {
     case Elem::BF16:
-      cudaFuncSetAttribute(quantize_tiles<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-      quantize_tiles<__nv_bfloat16><<<grid, kThreads, bytes, stream>>>(p);
-      break;
+      return launch_quantize<__nv_bfloat16>(p, grid, bytes, stream);
     case Elem::F16:
-      cudaFuncSetAttribute(quantize_tiles<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-      quantize_tiles<__half><<<grid, kThreads, bytes, stream>>>(p);
-      break;
+      return launch_quantize<__half>(p, grid, bytes, stream);
     case Elem::F32:
-      cudaFuncSetAttribute(quantize_tiles<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-      quantize_tiles<float><<<grid, kThreads, bytes, stream>>>(p);
-      break;
+      return launch_quantize<float>(p, grid, bytes, stream);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t attn_head_mean(const float* tile_mean, int heads, int rows, int head_dim, float* head_mean,

@@ -25,8 +25,10 @@
 // from shared memory, P from the S accumulator registers (their layout is the A fragment's)
 // times V from shared memory (N-major, the transpose bit) on wgmma m64n128k16, 4-stage cp.async.
 // The QK^T of step i+1 is issued with the P·V of step i, so the softmax of i+1 runs while P·V
-// of i does. Dense: 2 warpgroups (128 query rows) share each step's two key tiles. Sparse: one
-// warpgroup per 64-row query tile (its own list), one key tile per step, two CTAs per SM.
+// of i does. Dense: 2 warpgroups (128 query rows) share each step's two key tiles. Sparse (a
+// kernel of its own): one warpgroup per 64-row query tile (its own list), Q in registers as
+// QK^T's A operand, two listed key tiles per step, K and V in rings of their own loaded a step
+// ahead, two CTAs per SM.
 // AttnPath::Auto picks, once per device (int8_attention_sm90_ready); Portable and Sm90 force.
 //
 // Example:
