@@ -296,6 +296,33 @@ TEST(Int8Attention, TheKvPhaseFillsTheCarrierInSlabsOfWholeTiles) {
   }
 }
 
+// The cost model's share of dense work for the sparse consumer is the density of the routed
+// mask (every tile pair of a self-attention over the routed rows), and follows the budget.
+TEST(SparseAttention, WorkFractionIsTheRoutedMasksDensity) {
+  auto reg = exec::builtin_registry();
+  at::manual_seed(5);
+  for (int64_t rows : {200, 600, 1001})
+    for (double budget : {0.3, 0.5}) {
+      const exec::VideoRows video{77, rows};
+      exec::configure_sparse(reg, {.budget = budget, .video = video, .rows = rows});
+      const auto& caps = reg.consumer("sparse");
+      ASSERT_TRUE(bool(caps.work_fraction));
+      const at::Tensor q = at::randn({3, rows, 64}), k = at::randn({3, rows, 64});
+      const double density = exec::route_tiles(q, k, video, budget).to(at::kDouble).mean().item<double>();
+      contracts::AttnShape s{.q_rows = rows, .kv_rows = rows, .heads = 3, .kv_heads = 3, .head_dim = 64,
+                             .dtype = ir::DType::BF16, .device = contracts::DeviceKind::CUDA};
+      const std::string what = std::to_string(rows) + " rows, budget " + std::to_string(budget);
+      EXPECT_NEAR(caps.work_fraction(s), density, 1e-12) << what;
+      EXPECT_LT(caps.work_fraction(s), 1.0) << what;
+      // Attention over other rows (cross-attention) is not routed; budget 1 is dense.
+      s.kv_rows = 77;
+      EXPECT_EQ(caps.work_fraction(s), 1.0) << what;
+      s.kv_rows = rows;
+      exec::set_sparse_budget(caps, 1.0);
+      EXPECT_EQ(caps.work_fraction(s), 1.0) << what;
+    }
+}
+
 TEST(Int8Attention, WithoutACudaTensorTheChoiceIsAClearError) {
   const auto reg = exec::builtin_registry();
   const auto opt = at::TensorOptions().dtype(at::kBFloat16);

@@ -68,6 +68,9 @@ struct ConsumerCaps {
   // k_carrier_align rows.
   std::function<int64_t(int64_t kv_heads, int64_t kv_rows, int64_t head_dim)> k_carrier_bytes;
   int64_t k_carrier_align = 1;
+  // The share of dense attention's work a call does (a block-sparse consumer's visited tiles),
+  // for the cost model. Unset: 1.
+  std::function<double(const AttnShape&)> work_fraction;
   std::shared_ptr<const Impl> impl;
 };
 

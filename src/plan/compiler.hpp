@@ -271,12 +271,14 @@ class Compiler {
     const bool carried = p_.buffers[size_t(k)].role == BufRole::GlobalK && p_.buffers[size_t(k)].dtype == DType::I8;
     contracts::AttnShape sh{rep * n, L, G, G, hd, dt_, dev_.kind, dev_.threads};
     sh.k_carried = carried;
-    const int64_t scratch = reg_.consumer(a.consumer).call_bytes(sh);
+    const auto& consumer = reg_.consumer(a.consumer);
+    const int64_t scratch = consumer.call_bytes(sh);
+    const double work = consumer.work_fraction ? std::clamp(consumer.work_fraction(sh), 0.0, 1.0) : 1.0;
     const double q_rows = double(rep * n);
     // The consumer reads Q, K (or its carrier), V and writes its output (and scratch); its
     // output is then copied token-major into `out`.
     const double k_bytes = carried ? double(p_.buffers[size_t(k)].bytes()) : double(L) * double(G * hd) * esz_;
-    Terms t{4.0 * q_rows * double(L) * double(G) * double(hd),
+    Terms t{4.0 * q_rows * double(L) * double(G) * double(hd) * work,
             (2.0 * q_rows + double(L)) * double(G * hd) * esz_ + k_bytes + 2.0 * double(scratch) +
                 2.0 * double(n) * double(a.heads * hd) * esz_,
             2, rep * n, dt_, true, G, L};

@@ -87,6 +87,18 @@ int64_t sparse_call_bytes(const contracts::AttnShape& s) {
   return int8c::call_bytes(s) + g * tiles(rows) * tiles(s.kv_rows) * kRouteBytesPerTriple;
 }
 
+// The share of the dense work of a self-attention over o.rows that routing leaves, over the
+// whole sequence: a video query tile visits its kept video key tiles and every other key tile,
+// any other query tile every key tile (route_slab). Other attentions are not routed.
+double routed_share(const SparseOptions& o, const contracts::AttnShape& s) {
+  if (o.budget >= 1.0 || s.kv_rows != o.rows || o.video.end <= o.video.begin) return 1.0;
+  const int64_t nk = tiles(s.kv_rows);
+  const int64_t nkv = video_tiles(0, s.kv_rows, o.video).sum().item<int64_t>();
+  if (nk == 0 || nkv == 0) return 1.0;
+  const int64_t dropped = nkv - plan::kept_tiles(o.budget, nkv);
+  return 1.0 - double(nkv) / double(nk) * double(dropped) / double(nk);
+}
+
 contracts::ConsumerCaps sparse_caps(const SparseOptions& o) {
   using contracts::Cap;
   contracts::ConsumerCaps c;
@@ -97,7 +109,14 @@ contracts::ConsumerCaps sparse_caps(const SparseOptions& o) {
   c.q_align = kSparseTile;
   c.call_bytes = sparse_call_bytes;
   int8c::declare_carrier(c);
-  c.impl = std::make_shared<SparseConsumer>(o);
+  const auto impl = std::make_shared<SparseConsumer>(o);
+  // The budget of the call's time (set_sparse_budget changes it after registration).
+  const std::weak_ptr<SparseConsumer> weak = impl;
+  c.work_fraction = [weak](const contracts::AttnShape& s) {
+    const auto live = weak.lock();
+    return live ? routed_share(live->options(), s) : 1.0;
+  };
+  c.impl = impl;
   return c;
 }
 
