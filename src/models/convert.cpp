@@ -36,8 +36,7 @@ bool has_block_index(const std::string& name) {
 bool convertible(const std::string& name, const at::Tensor& t, const std::string& format) {
   const auto d = t.scalar_type();
   const bool floating = d == at::kFloat || d == at::kBFloat16 || d == at::kHalf;
-  const std::string tail = ".weight";
-  const bool weight = name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  const bool weight = name.size() > 7 && name.ends_with(".weight");
   if (!floating || !weight || t.dim() != 2 || !has_block_index(name)) return false;
   return format != "convrot-int8" || t.size(1) % 256 == 0;
 }

@@ -268,10 +268,10 @@ class Compiler {
   }
   void attend(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L) {
     const int64_t G = a.kv_heads, rep = a.heads / a.kv_heads, hd = a.head_dim;
-    const bool carried = p_.buffers[size_t(k)].role == BufRole::GlobalK && p_.buffers[size_t(k)].dtype == DType::I8;
+    const auto& consumer = reg_.consumer(a.consumer);
+    const bool carried = bool(consumer.k_carrier_bytes);  // k is the carrier k_carrier() made
     contracts::AttnShape sh{rep * n, L, G, G, hd, dt_, dev_.kind, dev_.threads};
     sh.k_carried = carried;
-    const auto& consumer = reg_.consumer(a.consumer);
     const int64_t scratch = consumer.call_bytes(sh);
     const double work = consumer.work_fraction ? std::clamp(consumer.work_fraction(sh), 0.0, 1.0) : 1.0;
     const double q_rows = double(rep * n);
