@@ -229,15 +229,20 @@ TEST(MeasuredBudget, ProbeMeasuresAndCachesPerDevice) {
   EXPECT_FALSE(a.from_cache);
   EXPECT_EQ(a.cache_path, path);
   for (double v : {a.flops_per_s, a.flops_per_s_f32, a.bytes_per_s, a.launch_s}) EXPECT_GT(v, 0);
+  EXPECT_DOUBLE_EQ(a.launch_gap_s, a.launch_s);  // a CPU's operations run as they are dispatched
   EXPECT_GE(a.gemm_half_rows, 0);
 
   const exec::ProbeResult b = exec::probe_device(d, caps);
   EXPECT_TRUE(b.from_cache);
   EXPECT_DOUBLE_EQ(b.flops_per_s_f32, a.flops_per_s_f32);
   EXPECT_DOUBLE_EQ(b.launch_s, a.launch_s);
+  EXPECT_DOUBLE_EQ(b.launch_gap_s, a.launch_gap_s);
   exec::apply_rates(b, caps);
   EXPECT_DOUBLE_EQ(caps.bytes_per_s, a.bytes_per_s);
   EXPECT_DOUBLE_EQ(plan::rates_of(caps).gemm_half_rows, a.gemm_half_rows);
+  EXPECT_GT(a.gemm_cols, 0);
+  EXPECT_DOUBLE_EQ(b.gemm_cols, a.gemm_cols);
+  EXPECT_DOUBLE_EQ(plan::rates_of(caps).gemm_probe_cols, a.gemm_cols);
 
   // A damaged cache is measured again and rewritten.
   std::ofstream(path) << "{\"version\": 1, \"key\": ";

@@ -150,7 +150,9 @@ struct DeviceCaps {
   double flops_per_s_f32 = 0;  // dense matmul throughput in fp32 (fp64 is taken as half)
   double bytes_per_s = 0;      // memory bandwidth: bytes read + written per second by a large copy
   double launch_s = 0;         // fixed cost of one small operation: dispatch and kernel launch
+  double launch_gap_s = 0;     // the device's own cost of one, with the host ahead of it (a GPU)
   double gemm_half_rows = 0;   // rows at which a matmul reaches half its peak (efficiency rows/(rows+k))
+  double gemm_probe_cols = 0;  // output features of the matmuls that curve was taken at (0: rows alone)
   double attention_ratio = 0;  // attention (SDPA) throughput as a fraction of the matmul peak
   double attention_ratio_ragged = 0;  // the same for a K/V length that is not a multiple of 128
   double row_bytes_per_s = 0;  // bandwidth of the fused norm + modulation kernel (bytes read + written)

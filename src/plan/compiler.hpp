@@ -208,6 +208,7 @@ class Compiler {
     Terms t{2.0 * double(n) * double(in_features) * double(out_features),
             (double(n) * in_features + double(in_features) * out_features + double(n) * out_features) * e, launches,
             n, cd};
+    t.gemm_cols = out_features;
     const bool nat = std::find(native_.begin(), native_.end(), ws.front().weight) != native_.end();
     int64_t workspace = 0;
     if (nat) {  // 8-bit weights read, the activations quantized in one more pass per piece

@@ -21,9 +21,17 @@ double Rates::flops(DType dt) const {
 }
 
 Rates default_rates(contracts::DeviceKind kind) {
-  Rates r = kind == contracts::DeviceKind::CUDA ? Rates{700e12, 50e12, 3.5e12, 8e-6, 256, 0.7}
-                                                 : Rates{50e9, 50e9, 10e9, 5e-6, 32, 0.5};
-  r.host_bytes_per_s = kind == contracts::DeviceKind::CUDA ? 25e9 : 5e9;
+  Rates r;
+  const bool gpu = kind == contracts::DeviceKind::CUDA;
+  r.flops_f16 = gpu ? 700e12 : 50e9;
+  r.flops_f32 = gpu ? 50e12 : 50e9;
+  r.bytes_per_s = gpu ? 3.5e12 : 10e9;
+  r.launch_s = gpu ? 8e-6 : 5e-6;
+  r.launch_gap_s = gpu ? 2e-6 : r.launch_s;
+  r.gemm_half_rows = gpu ? 256 : 32;
+  r.gemm_probe_cols = gpu ? 4096 : 512;
+  r.attention_ratio = gpu ? 0.7 : 0.5;
+  r.host_bytes_per_s = gpu ? 25e9 : 5e9;
   return r;
 }
 
@@ -36,7 +44,9 @@ Rates rates_of(const contracts::DeviceCaps& dev) {
   take(dev.flops_per_s_f32, r.flops_f32);
   take(dev.bytes_per_s, r.bytes_per_s);
   take(dev.launch_s, r.launch_s);
+  take(dev.launch_gap_s, r.launch_gap_s);
   take(dev.gemm_half_rows, r.gemm_half_rows);
+  take(dev.gemm_probe_cols, r.gemm_probe_cols);
   take(dev.attention_ratio, r.attention_ratio);
   take(dev.attention_ratio_ragged, r.attention_ratio_ragged);
   take(dev.row_bytes_per_s, r.row_bytes_per_s);
@@ -46,9 +56,10 @@ Rates rates_of(const contracts::DeviceCaps& dev) {
   return r;
 }
 
-double gemm_efficiency(int64_t rows, double half_rows) {
-  if (half_rows <= 0 || rows <= 0) return 1.0;
-  return double(rows) / (double(rows) + half_rows);
+double gemm_efficiency(int64_t rows, int64_t cols, const Rates& r) {
+  if (r.gemm_half_rows <= 0 || rows <= 0) return 1.0;
+  const double eq = cols > 0 && r.gemm_probe_cols > 0 ? double(rows) * double(cols) / r.gemm_probe_cols : double(rows);
+  return eq / (eq + r.gemm_half_rows);
 }
 
 double attention_efficiency(int64_t rows_per_head, int64_t heads, int units) {
@@ -66,19 +77,22 @@ double step_seconds(const Terms& t, const Rates& r) {
       ratio = t.attention_kv % kAttentionTileRows != 0 && r.attention_ratio_ragged > 0 ? r.attention_ratio_ragged
                                                                                          : r.attention_ratio;
     const double peak = r.flops(t.dtype) * ratio;
-    double eff = t.gemm_rows > 0 ? gemm_efficiency(t.gemm_rows, r.gemm_half_rows) : 1.0;
+    double eff = t.gemm_rows > 0 ? gemm_efficiency(t.gemm_rows, t.gemm_cols, r) : 1.0;
     if (t.attention && r.compute_units > 0) eff = attention_efficiency(t.gemm_rows, t.attention_heads, r.compute_units);
     compute = t.flops / (peak * eff);
   }
   double bw = r.bytes_per_s;
   if (t.mover == Mover::NormKernel && r.row_bytes_per_s > 0) bw = r.row_bytes_per_s;
   if (t.mover == Mover::QkKernel && r.qk_bytes_per_s > 0) bw = r.qk_bytes_per_s;
-  return std::max(compute, t.bytes / bw) + double(t.launches) * r.launch_s;
+  return std::max(compute, t.bytes / bw) + double(t.launches) * r.launch_gap_s;
 }
+
+double step_host_seconds(const Terms& t, const Rates& r) { return double(t.launches) * r.launch_s; }
 
 Cost program_cost(const Program& p, const contracts::DeviceCaps& dev) {
   const Rates r = rates_of(dev);
   Cost c;
+  double host = 0;
   std::vector<int64_t> times = {1};  // slabs of each enclosing loop, multiplied
   for (const Step& s : p.steps) {
     if (const auto* l = std::get_if<LoopStep>(&s.body)) {
@@ -90,8 +104,10 @@ Cost program_cost(const Program& p, const contracts::DeviceCaps& dev) {
       continue;
     }
     c.seconds += double(times.back()) * step_seconds(s.terms, r);
+    host += double(times.back()) * step_host_seconds(s.terms, r);
     c.launches += times.back() * s.terms.launches;
   }
+  c.seconds = std::max(c.seconds, host);
   c.peak_bytes = place(p, dev).peak_bytes;
   return c;
 }

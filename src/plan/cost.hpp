@@ -3,10 +3,14 @@
 // Design note. Both come from the program (plan/program.hpp) and nothing else. Memory is
 // exact accounting: the arena that plan/arena.hpp places by liveness (the executor
 // allocates exactly it), the buffers allocated on their own, and the largest transient a
-// step declares. Time is the sum, over the steps (loop bodies times their slab counts), of
+// step declares. Time is the larger of the device's and the host's, each summed over the
+// steps (loop bodies times their slab counts): the host queues work ahead of a GPU, so a
+// program takes its device time unless dispatching its operations takes longer.
 //
-//   max(FLOPs / (peak(dtype) · efficiency(rows)),  bytes moved / bandwidth)  +  launches · launch cost
+//   device: max(FLOPs / (peak(dtype) · efficiency(rows)),  bytes moved / bandwidth)  +  launches · launch gap
+//   host:   launches · launch cost
 //
+// (on a CPU the host is the device: the gap is the launch cost and the device time counts).
 // where efficiency is rows/(rows + k) for a matmul over `rows` rows, and for attention on a
 // GPU the fill of its last wave of tiles (attention_efficiency; on a CPU rows/(rows + k) of
 // the query rows per K/V head), with the peak scaled by the measured attention ratio; the
@@ -35,8 +39,10 @@ struct Rates {
   double flops_f16 = 0;       // matmul FLOP/s in bf16 / fp16
   double flops_f32 = 0;       // matmul FLOP/s in fp32 (fp64: half)
   double bytes_per_s = 0;     // bandwidth (bytes read + written)
-  double launch_s = 0;        // per operation
+  double launch_s = 0;        // per operation, on the host (dispatch and launch)
+  double launch_gap_s = 0;    // per operation, on the device with the host ahead of it
   double gemm_half_rows = 0;  // k of the efficiency rows/(rows + k)
+  double gemm_probe_cols = 0;  // output features k was measured at (0: k is in rows whatever the width)
   double attention_ratio = 1;  // attention FLOP/s as a fraction of the matmul's
   double attention_ratio_ragged = 0;  // ... with a K/V length not a multiple of 128 (0: attention_ratio)
   double row_bytes_per_s = 0;  // bandwidth of the fused norm kernel (0: bytes_per_s)
@@ -47,19 +53,23 @@ struct Rates {
 };
 
 // Defaults when no probe ran (documented figures, not measurements):
-//   CPU:  50 GFLOP/s (fp32 and 16-bit), 10 GB/s, 5 us per operation, k = 32 rows
+//   CPU:  50 GFLOP/s (fp32 and 16-bit), 10 GB/s, 5 us per operation (host and device alike), k = 32 rows of 512 outputs
 //         (a few cores of a server CPU; its matmuls are near peak from a few dozen rows),
 //         attention at half the matmul rate; host copies at 5 GB/s.
 //   CUDA: an H200: 700 TFLOP/s bf16/fp16 (achieved, of ~990 peak), 50 TFLOP/s fp32 (ATen's
-//         default disables TF32), 3.5 TB/s, 8 us per operation, k = 256 rows (a bf16 matmul
+//         default disables TF32), 3.5 TB/s, 8 us per operation on the host and 2 us on the device,
+//         k = 256 rows of 4096 outputs (a bf16 matmul
 //         of 4096 x 4096 weights is bound by reading its weight below ~300 rows), flash
 //         attention at 70% of the matmul rate, pinned host-to-device copies at 25 GB/s.
 Rates default_rates(contracts::DeviceKind kind);
 // The device's measured rates, each missing (0) one from default_rates().
 Rates rates_of(const contracts::DeviceCaps& dev);
 
-// Fraction of peak a matmul of `rows` rows reaches: rows / (rows + k); 1 when k <= 0.
-double gemm_efficiency(int64_t rows, double half_rows);
+// Fraction of peak a matmul of `rows` rows and `cols` output features reaches: r / (r + k),
+// r its rows at the width the curve was measured at (rows x cols / probe_cols: a matmul's
+// output tiles fill the device, not its rows alone; rows where either width is unknown);
+// 1 when k <= 0.
+double gemm_efficiency(int64_t rows, int64_t cols, const Rates& r);
 
 // Fraction of peak an attention call reaches on a GPU of `units` multiprocessors: its tiles
 // (kAttentionTileRows query rows of one K/V head each) run in waves of `units`, and a last,
@@ -77,9 +87,10 @@ struct Cost {
   double ms() const { return seconds * 1e3; }
 };
 
-// Time of one execution of a step at the given rates.
+// Device time of one execution of a step at the given rates, and the host's (its dispatch).
 double step_seconds(const Terms& t, const Rates& r);
-// Peak (plan/arena.hpp) and summed time of a program.
+double step_host_seconds(const Terms& t, const Rates& r);
+// Peak (plan/arena.hpp) and time of a program: the larger of its summed device and host times.
 Cost program_cost(const Program& p, const contracts::DeviceCaps& dev);
 
 // compile_* (plan/program.hpp), then program_cost.

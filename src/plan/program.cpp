@@ -75,6 +75,7 @@ Terms& Terms::operator+=(const Terms& o) {
   bytes += o.bytes;
   launches += o.launches;
   gemm_rows = std::max(gemm_rows, o.gemm_rows);
+  gemm_cols = std::max(gemm_cols, o.gemm_cols);
   return *this;
 }
 

@@ -114,6 +114,7 @@ struct Terms {
   int64_t attention_heads = 0;       // attention: the K/V heads of one call (its tiles per query tile)
   int64_t attention_kv = 0;          // attention: the K/V length
   Mover mover = Mover::Memory;
+  int64_t gemm_cols = 0;  // a matmul: its output features (with gemm_rows, its efficiency)
   Terms& operator+=(const Terms& o);
 };
 

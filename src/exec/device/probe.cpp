@@ -23,7 +23,7 @@ namespace sp::exec {
 
 namespace {
 
-constexpr int kCacheVersion = 6;
+constexpr int kCacheVersion = 8;
 
 using Clock = std::chrono::steady_clock;
 
@@ -97,8 +97,9 @@ std::pair<double, double> fit_efficiency(const std::vector<std::pair<int64_t, do
 nlohmann::json to_json(const ProbeResult& r) {
   return {{"version", kCacheVersion},        {"key", r.key},
           {"flops_per_s", r.flops_per_s},    {"flops_per_s_f32", r.flops_per_s_f32},
-          {"bytes_per_s", r.bytes_per_s},    {"launch_s", r.launch_s},
-          {"gemm_half_rows", r.gemm_half_rows}, {"attention_ratio", r.attention_ratio},
+          {"bytes_per_s", r.bytes_per_s},    {"launch_s", r.launch_s}, {"launch_gap_s", r.launch_gap_s},
+          {"gemm_half_rows", r.gemm_half_rows}, {"gemm_cols", r.gemm_cols},
+          {"attention_ratio", r.attention_ratio},
           {"attention_ratio_ragged", r.attention_ratio_ragged},
           {"row_bytes_per_s", r.row_bytes_per_s}, {"qk_bytes_per_s", r.qk_bytes_per_s},
           {"host_bytes_per_s", r.host_bytes_per_s}, {"probe_ms", r.probe_ms}};
@@ -117,7 +118,9 @@ bool read_cache(const std::string& path, const std::string& key, ProbeResult& r)
     r.flops_per_s_f32 = j.at("flops_per_s_f32").get<double>();
     r.bytes_per_s = j.at("bytes_per_s").get<double>();
     r.launch_s = j.at("launch_s").get<double>();
+    r.launch_gap_s = j.at("launch_gap_s").get<double>();
     r.gemm_half_rows = j.at("gemm_half_rows").get<double>();
+    r.gemm_cols = j.at("gemm_cols").get<double>();
     r.attention_ratio = j.at("attention_ratio").get<double>();
     r.attention_ratio_ragged = j.at("attention_ratio_ragged").get<double>();
     r.row_bytes_per_s = j.at("row_bytes_per_s").get<double>();
@@ -127,7 +130,7 @@ bool read_cache(const std::string& path, const std::string& key, ProbeResult& r)
   } catch (const nlohmann::json::exception&) {
     return false;
   }
-  return r.flops_per_s > 0 && r.flops_per_s_f32 > 0 && r.bytes_per_s > 0 && r.launch_s > 0 && r.gemm_half_rows >= 0 &&
+  return r.flops_per_s > 0 && r.flops_per_s_f32 > 0 && r.bytes_per_s > 0 && r.launch_s > 0 && r.launch_gap_s > 0 && r.gemm_half_rows >= 0 && r.gemm_cols > 0 &&
          r.attention_ratio > 0 && r.host_bytes_per_s > 0;
 }
 
@@ -187,12 +190,23 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
   const bool bf16 = caps.dtypes.count(ir::DType::BF16) != 0;
   const at::ScalarType half = bf16 ? at::kBFloat16 : at::kHalf;
 
+  // Bandwidth: a copy reads and writes every byte.
+  const int64_t bytes = gpu ? (int64_t{512} << 20) : (int64_t{64} << 20);
+  {
+    const auto o = at::TensorOptions().dtype(at::kByte).device(d);
+    at::Tensor src = at::zeros({bytes}, o), dst = at::empty({bytes}, o);
+    r.bytes_per_s = 2.0 * double(bytes) / best_seconds(d, 3, 1, [&] { dst.copy_(src); });
+    // Host to device (weights streamed from host memory): from pinned memory, asynchronously,
+    // as the residency's loads copy. On the CPU the same copy within host memory.
+    at::Tensor host = at::zeros({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(gpu));
+    r.host_bytes_per_s = double(bytes) / best_seconds(d, 3, 1, [&] { dst.copy_(host, /*non_blocking=*/true); });
+  }
   // Matmuls. A GPU needs wide weights to reach its peak, and its efficiency curve is taken
   // in the 16-bit dtype large models run in. A CPU is near its peak early and slow, so its
   // curve is taken in fp32 on narrower weights, and its (often emulated, slow) 16-bit
   // matmul at one size, scaled to the peak by the same curve.
   const int64_t n = gpu ? 4096 : 512;
-  const std::vector<int64_t> rows = gpu ? std::vector<int64_t>{64, 256, 1024, 4096}
+  const std::vector<int64_t> rows = gpu ? std::vector<int64_t>{256, 512, 1024, 2048, 8192}
                                         : std::vector<int64_t>{16, 64, 256, 1024};
   const double per_timing = gpu ? 2e11 : 1e8;
   const at::ScalarType curve = gpu ? half : at::kFloat;
@@ -203,9 +217,18 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
     synchronize(d);
   }
   std::vector<std::pair<int64_t, double>> pts;
-  for (int64_t r0 : rows) pts.push_back({r0, gemm_rate(d, curve, r0, n, per_timing)});
+  for (int64_t r0 : rows) {
+    const double rate = gemm_rate(d, curve, r0, n, per_timing);
+    // On a GPU a product that takes little longer than reading and writing its operands says
+    // nothing of its compute efficiency (the cost model bounds it by the bandwidth term): left
+    // out. A CPU's matmuls work from its caches.
+    const double flops = 2.0 * double(r0) * double(n) * double(n);
+    const double moved = double(2 * r0 * n + n * n) * double(at::elementSize(curve));
+    if (!gpu || moved / r.bytes_per_s < 0.5 * flops / rate || r0 == rows.back()) pts.push_back({r0, rate});
+  }
   const auto [peak, k] = fit_efficiency(pts);
   r.gemm_half_rows = k;
+  r.gemm_cols = double(n);
   auto scaled = [k = k](double rate, int64_t at_rows) { return rate * (double(at_rows) + k) / double(at_rows); };
   if (gpu) {
     r.flops_per_s = peak;
@@ -253,21 +276,27 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
       fused::qk_norm_rope(qk, dst.transpose(0, 1), ir::QkNormKind::PerHead, 1e-6, qw, {ir::RopeStyle::SplitHalf, rot, cs, sn});
     });
   }
-  // Bandwidth: a copy reads and writes every byte.
-  const int64_t bytes = gpu ? (int64_t{512} << 20) : (int64_t{64} << 20);
-  {
-    const auto o = at::TensorOptions().dtype(at::kByte).device(d);
-    at::Tensor src = at::zeros({bytes}, o), dst = at::empty({bytes}, o);
-    r.bytes_per_s = 2.0 * double(bytes) / best_seconds(d, 3, 1, [&] { dst.copy_(src); });
-    // Host to device (weights streamed from host memory): from pinned memory, asynchronously,
-    // as the residency's loads copy. On the CPU the same copy within host memory.
-    at::Tensor host = at::zeros({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(gpu));
-    r.host_bytes_per_s = double(bytes) / best_seconds(d, 3, 1, [&] { dst.copy_(host, /*non_blocking=*/true); });
-  }
-  // Fixed cost of an operation: a run of one-element in-place additions.
+  // Fixed cost of an operation: a run of one-element in-place additions. On a GPU also the
+  // device's own share, with the host ahead of it (queued behind ~10 ms of matmuls, the
+  // additions timed between marks in the device's queue): a program whose dispatch keeps
+  // ahead of its kernels costs its device time (plan/cost.hpp).
   {
     at::Tensor t = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(d));
     r.launch_s = best_seconds(d, 3, 200, [&] { t.add_(1.0); });
+    r.launch_gap_s = r.launch_s;
+    if (gpu) {
+      const auto o = at::TensorOptions().dtype(half).device(d);
+      at::Tensor a = at::randn({8192, 4096}, o), w = at::randn({4096, 4096}, o), out = at::empty({8192, 4096}, o);
+      constexpr int kOps = 500;
+      for (int rep = 0; rep < 3; ++rep) {
+        for (int i = 0; i < 25; ++i) at::mm_out(out, a, w);
+        const Mark start(d);
+        for (int i = 0; i < kOps; ++i) t.add_(1.0);
+        const Mark stop(d);
+        synchronize(d);
+        r.launch_gap_s = std::min(r.launch_gap_s, std::max(start.ms_until(stop) / 1e3 / kOps, 1e-9));
+      }
+    }
   }
   r.probe_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   return r;
@@ -294,7 +323,9 @@ void apply_rates(const ProbeResult& r, contracts::DeviceCaps& caps) {
   caps.flops_per_s_f32 = r.flops_per_s_f32;
   caps.bytes_per_s = r.bytes_per_s;
   caps.launch_s = r.launch_s;
+  caps.launch_gap_s = r.launch_gap_s;
   caps.gemm_half_rows = r.gemm_half_rows;
+  caps.gemm_probe_cols = r.gemm_cols;
   caps.attention_ratio = r.attention_ratio;
   caps.attention_ratio_ragged = r.attention_ratio_ragged;
   caps.row_bytes_per_s = r.row_bytes_per_s;

@@ -29,8 +29,10 @@ struct ProbeResult {
   double flops_per_s = 0;        // bf16 (fp16 where bf16 is unsupported) matmul peak
   double flops_per_s_f32 = 0;    // fp32 matmul peak
   double bytes_per_s = 0;        // copy bandwidth, bytes read + written
-  double launch_s = 0;           // per small operation
+  double launch_s = 0;           // per small operation, dispatched and run
+  double launch_gap_s = 0;       // per small operation on the device, the host ahead (CPU: launch_s)
   double gemm_half_rows = 0;     // k of rows / (rows + k)
+  double gemm_cols = 0;          // output features of the matmuls k was measured at
   double attention_ratio = 0;    // SDPA FLOP/s over the matmul peak, in the probe's dtype
   double attention_ratio_ragged = 0;  // the same with a K/V length not a multiple of 128
   double row_bytes_per_s = 0;    // fused norm kernel bandwidth (0: none built / not a GPU)
