@@ -7,6 +7,7 @@
 
 #include "exec/kernels/attn_ptx.cuh"
 #include "exec/kernels/int8_attention_sm90_dev.cuh"
+#include "exec/kernels/int8_attention_sm90_ws.cuh"
 
 namespace sp::kernels {
 
@@ -428,9 +429,17 @@ bool int8_attention_sm90_ready() {
   return s == 1;
 }
 
-cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream) {
+cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel) {
   if (p.head_dim != kD || !int8_attention_sm90_ready()) return cudaErrorNotSupported;
+  if (kernel != Sm90Kernel::CpAsync) {
+    const cudaError_t e = int8_attention_sm90_ws(p, stream);
+    if (e != cudaErrorNotSupported || kernel == Sm90Kernel::WarpSpecialized) return e;
+  }
   return p.type == Elem::BF16 ? launch_type<__nv_bfloat16>(p, stream) : launch_type<__half>(p, stream);
+}
+
+cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream) {
+  return int8_attention_sm90(p, stream, Sm90Kernel::Auto);
 }
 
 }  // namespace sp::kernels

@@ -9,6 +9,9 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#ifdef SP_ATTN_WATCHDOG
+#include <cstdio>
+#endif
 
 #include "exec/kernels/attn_ptx.cuh"
 #include "exec/kernels/int8_attention.cuh"
@@ -255,14 +258,25 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+// Built with SP_ATTN_WATCHDOG (tests), a wait of more than about 2^32 cycles traps.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
+#ifdef SP_ATTN_WATCHDOG
+  const long long t0 = clock64();
+#endif
   do {
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
+#ifdef SP_ATTN_WATCHDOG
+    if (!done && clock64() - t0 > (1ll << 32)) {
+      printf("mbarrier wait timed out: block (%d, %d) thread %d barrier %u parity %u\n", int(blockIdx.x),
+             int(blockIdx.y), int(threadIdx.x), bar, parity);
+      __trap();
+    }
+#endif
   } while (!done);
 }
 // A box of a 2D / 3D tensor map (coordinates in elements, innermost first) into shared memory
