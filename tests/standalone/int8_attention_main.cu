@@ -74,33 +74,25 @@ static Carrier quantize(const void* x, Elem type, int heads, int rows, int D, bo
 static void release(Carrier& c) { cudaFree(c.q); cudaFree(c.scale); cudaFree(c.mean); cudaFree(c.head_mean); }
 
 // The kernels a check or a timing runs: the portable one, the sm_90a cp.async one, the sm_90a
-// warp-specialized one as int8_attention runs it, and its variants (Sm90WsOptions: the dense
-// kernel without ping-pong, S accumulators started biased).
-enum class Kern { Portable, CpAsync, Ws, WsNoPingPong, WsBiased, WsBiasedNoPingPong };
+// warp-specialized one (its dense kernel with and without ping-pong).
+enum class Kern { Portable, CpAsync, Ws, WsNoPingPong };
 static const char* kern_name(Kern k) {
   switch (k) {
     case Kern::Portable: return "portable";
     case Kern::CpAsync: return "sm90";
     case Kern::Ws: return "sm90-ws";
     case Kern::WsNoPingPong: return "ws-nopp";
-    case Kern::WsBiased: return "ws-bias";
-    case Kern::WsBiasedNoPingPong: return "ws-bias-nopp";
   }
   return "?";
 }
-static bool is_ws(Kern k) { return k != Kern::Portable && k != Kern::CpAsync; }
-static bool dense_only(Kern k) { return k == Kern::WsNoPingPong || k == Kern::WsBiasedNoPingPong; }
 static cudaError_t run_kernel(Kern k, Int8AttnParams p, cudaStream_t stream) {
   switch (k) {
     case Kern::Portable: p.path = AttnPath::Portable; return int8_attention(p, stream);
     case Kern::CpAsync: return int8_attention_sm90(p, stream, Sm90Kernel::CpAsync);
     case Kern::Ws: return int8_attention_sm90(p, stream, Sm90Kernel::WarpSpecialized);
-    case Kern::WsNoPingPong:
-    case Kern::WsBiased:
-    case Kern::WsBiasedNoPingPong: {
+    case Kern::WsNoPingPong: {
       Sm90WsOptions o;
-      o.ping_pong = k == Kern::WsBiased;
-      o.biased_s = k != Kern::WsNoPingPong;
+      o.ping_pong = false;
       return int8_attention_sm90_ws(p, stream, o);
     }
   }
@@ -217,10 +209,9 @@ static int check(const Case& c, bool sm90, unsigned seed) {
   int fails = 0;
   std::vector<uint16_t> ob(qb.size()), cp_async_bits;
   std::vector<Kern> kerns = {Kern::Portable};
-  if (sm90 && D == 128)
-    kerns.insert(kerns.end(), {Kern::CpAsync, Kern::Ws, Kern::WsNoPingPong, Kern::WsBiased, Kern::WsBiasedNoPingPong});
+  if (sm90 && D == 128) kerns.insert(kerns.end(), {Kern::CpAsync, Kern::Ws, Kern::WsNoPingPong});
   for (const Kern kern : kerns) {
-    if (dense_only(kern) && sparse) continue;  // ping-pong is an option of the dense kernel
+    if (kern == Kern::WsNoPingPong && sparse) continue;  // the option is the dense kernel's
     CK(cudaMemset(dout, 0xff, qb.size() * 2));  // NaN: rows the kernel leaves unwritten fail
     const cudaError_t e = run_kernel(kern, p, 0);
     if (e == cudaErrorNotSupported) {  // e.g. the tensor maps refused: a failure, but not the end
@@ -246,7 +237,7 @@ static int check(const Case& c, bool sm90, unsigned seed) {
     bool ok = rel <= 2e-2;
     char bits[64] = "";
     if (kern == Kern::CpAsync) cp_async_bits = ob;
-    if (is_ws(kern) && !cp_async_bits.empty()) {
+    if ((kern == Kern::Ws || kern == Kern::WsNoPingPong) && !cp_async_bits.empty()) {
       size_t differ = 0;
       for (size_t i = 0; i < ob.size(); ++i) differ += ob[i] != cp_async_bits[i];
       ok = ok && differ == 0;
@@ -366,8 +357,8 @@ static void bench(int tokens, int heads, int D, bool sm90, bool portable, bool s
     }
     std::vector<Kern> kerns;
     if (portable) kerns.push_back(Kern::Portable);
-    if (sm90) kerns.insert(kerns.end(), {Kern::CpAsync, Kern::Ws, Kern::WsBiased});
-    if (sm90 && !run.list) kerns.insert(kerns.end(), {Kern::WsNoPingPong, Kern::WsBiasedNoPingPong});
+    if (sm90) kerns.insert(kerns.end(), {Kern::CpAsync, Kern::Ws});
+    if (sm90 && !run.list) kerns.push_back(Kern::WsNoPingPong);
     for (const Kern kern : kerns) {
       Int8AttnParams p;
       p.q = cq.q; p.q_scale = cq.scale; p.k = ck.q; p.k_scale = ck.scale; p.v = v;
@@ -379,7 +370,7 @@ static void bench(int tokens, int heads, int D, bool sm90, bool portable, bool s
       CK(cudaDeviceSynchronize());
       char bits[64] = "";
       if (kern == Kern::CpAsync) CK(cudaMemcpy(o_ref, o, n * 2, cudaMemcpyDeviceToDevice));
-      if (sm90 && is_ws(kern)) {
+      if (sm90 && (kern == Kern::Ws || kern == Kern::WsNoPingPong)) {
         CK(cudaMemset(differ, 0, 8));
         count_differ<<<1024, 256>>>(reinterpret_cast<const uint16_t*>(o), reinterpret_cast<const uint16_t*>(o_ref), n,
                                     differ);
@@ -399,10 +390,10 @@ static void bench(int tokens, int heads, int D, bool sm90, bool portable, bool s
       CK(cudaGetLastError());
       const float ms = total / reps;
       const double visited = run.list ? double(keep) / kt : 1.0;
-      std::printf("bench tokens=%d heads=%d D=%d %-12s %-6s budget=%.2f: %.2f ms (best %.2f), %.1f TFLOP/s of visited "
+      std::printf("bench tokens=%d heads=%d D=%d %-8s %-6s budget=%.2f: %.2f ms (best %.2f), %.1f TFLOP/s of visited "
                   "tiles, %.1f dense-equivalent TFLOP/s%s", tokens, heads, D, kern_name(kern), run.list ? "list" : "dense",
                   run.budget, ms, best, dense_flops * visited / ms / 1e9, dense_flops / ms / 1e9, bits);
-      if (!run.list && (kern == Kern::CpAsync || kern == Kern::Ws || kern == Kern::Portable))
+      if (!run.list && kern != Kern::WsNoPingPong)
         std::printf(", rel_l2 %.4g (64 rows of head 0 vs fp64)", head0_rel_l2(q, k, v, o, tokens, D));
       std::printf("\n");
       std::fflush(stdout);

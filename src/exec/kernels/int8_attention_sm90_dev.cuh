@@ -128,17 +128,15 @@ struct RowState {
 // as the float 1.5 * 2^23 + x (exact: |x| <= 127 * 127 * 128 < 2^22), an add instead of a
 // conversion; the maxima are taken on those (the scales are positive) and the offset folds into
 // the exponent fma, whose only rounding beyond the product is that of the per-row constant.
-// Biased: s already holds x + 0x4B400000 (the QK^T accumulators started from kMagicBits).
 // ids[b] < 0: a tile past the list (all keys masked); keys past kv_rows are masked.
-constexpr int kMagicBits = 0x4B400000;  // the bits of 1.5 * 2^23
-template <int NT, typename T, bool Biased = false>
+template <int NT, typename T>
 __device__ __forceinline__ void online_softmax(RowState& st, const int (&ids)[NT], const float (&sc)[NT],
                                                int kv_rows, int t4, const int (&s)[32 * NT],
                                                uint32_t (&pn)[16 * NT], float& a0, float& a1) {
   constexpr float kMagic = 12582912.0f;
   float f[32 * NT];
 #pragma unroll
-  for (int i = 0; i < 32 * NT; ++i) f[i] = __int_as_float(Biased ? s[i] : s[i] + kMagicBits);
+  for (int i = 0; i < 32 * NT; ++i) f[i] = __int_as_float(s[i] + 0x4B400000);
   float mx0 = st.m0, mx1 = st.m1;
 #pragma unroll
   for (int b = 0; b < NT; ++b) {

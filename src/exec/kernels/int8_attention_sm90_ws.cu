@@ -56,7 +56,7 @@ struct WsCfg {
   static_assert(kSmem <= 227 * 1024, "shared memory");
 };
 
-template <int WG, int NT, int Stages, bool PingPong, bool Biased, typename T>
+template <int WG, int NT, int Stages, bool PingPong, typename T>
 __global__ void __launch_bounds__(WsCfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1)
     attention_sm90_ws(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v, const Int8AttnParams p) {
@@ -181,29 +181,17 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 :
   if constexpr (!C::kQSmem) load_q_fragments(p, h, q_tiles, qt, warp, g, t4, qa);
   const unsigned char* qs = smem + C::kQOff + wg * kQBytes;
 
-  // Biased: the QK^T accumulators start from kMagicBits (set before the waits of a step, off
-  // its critical path), so that the softmax reads S as floats without an add per score.
-  auto init_s = [&](int (&s)[32 * NT]) {
-    if constexpr (Biased) {
-#pragma unroll
-      for (int i = 0; i < 32 * NT; ++i) {
-        s[i] = kMagicBits;
-        pin(s[i]);
-      }
-    }
-  };
   // S = Q K^T of the K tiles in slot (issued, not waited).
   auto issue_qk = [&](int slot, int (&s)[32 * NT]) {
     const unsigned char* ks = smem + C::kKOff + slot * C::kKSlot;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kD / 32; ++k) {
-      const int accumulate = Biased || k > 0;
       if constexpr (C::kQSmem) {
-        wgmma_s8<64 * NT>(s, sw128_desc(qs + k * 32, 16, 1024), sw128_desc(ks + k * 32, 16, 1024), accumulate);
+        wgmma_s8<64 * NT>(s, sw128_desc(qs + k * 32, 16, 1024), sw128_desc(ks + k * 32, 16, 1024), k > 0);
       } else {
         const uint32_t a[4] = {qa[4 * k], qa[4 * k + 1], qa[4 * k + 2], qa[4 * k + 3]};
-        wgmma_s8_ra<64 * NT>(s, a, sw128_desc(ks + k * 32, 16, 1024), accumulate);
+        wgmma_s8_ra<64 * NT>(s, a, sw128_desc(ks + k * 32, 16, 1024), k > 0);
       }
     }
     wgmma_commit();
@@ -235,14 +223,13 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 :
   uint32_t pa[16 * NT], pb[16 * NT];
 
   if (steps > 0) {
-    int s[32 * NT];
-    init_s(s);
     if constexpr (C::kQSmem) mbar_wait(q_full, 0);
     if (PingPong && wg == 1) named_arrive(1, 256);  // warpgroup 0 issues first
     mbar_wait(k_full(0), 0);
     int ids[NT];
     float sc[NT];
     read_slot(0, ids, sc);
+    int s[32 * NT];
     turn_begin();
     issue_qk(0, s);
     turn_end();
@@ -251,18 +238,17 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 :
     for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
     release(k_empty(0));
     float a0, a1;
-    online_softmax<NT, T, Biased>(st, ids, sc, p.kv_rows, t4, s, pa, a0, a1);
+    online_softmax<NT, T>(st, ids, sc, p.kv_rows, t4, s, pa, a0, a1);
   }
   // Step it (it + 1 < steps): P·V of step it (its P in pc) overlaps the softmax of it+1 (into pn).
   auto run_step = [&](int it, uint32_t (&pc)[16 * NT], uint32_t (&pn)[16 * NT]) {
     const int cs = it % Stages, ns = (it + 1) % Stages;
-    int s[32 * NT];
-    init_s(s);
     mbar_wait(k_full(ns), ((it + 1) / Stages) & 1);
     int ids[NT];
     float sc[NT];
     read_slot(ns, ids, sc);
     mbar_wait(v_full(cs), (it / Stages) & 1);
+    int s[32 * NT];
     turn_begin();
     issue_qk(ns, s);
     issue_pv<NT, T>(o, pc, smem + C::kVOff + cs * C::kVSlot);
@@ -272,7 +258,7 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 :
     for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
     release(k_empty(ns));
     float a0, a1;
-    online_softmax<NT, T, Biased>(st, ids, sc, p.kv_rows, t4, s, pn, a0, a1);
+    online_softmax<NT, T>(st, ids, sc, p.kv_rows, t4, s, pn, a0, a1);
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) pin(o[i]);
@@ -363,11 +349,11 @@ bool encode_v(EncodeTiled enc, CUtensorMap* map, const Int8AttnParams& p) {
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int WG, int NT, int Stages, bool PingPong, bool Biased, typename T>
+template <int WG, int NT, int Stages, bool PingPong, typename T>
 cudaError_t launch_ws(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, const Int8AttnParams& p,
                       cudaStream_t stream) {
   using C = WsCfg<WG, NT, Stages>;
-  auto* kernel = attention_sm90_ws<WG, NT, Stages, PingPong, Biased, T>;
+  auto* kernel = attention_sm90_ws<WG, NT, Stages, PingPong, T>;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
   if (e != cudaSuccess) return e;
   const dim3 grid((attn_tiles(p.q_rows) + WG - 1) / WG, p.heads);
@@ -378,14 +364,9 @@ cudaError_t launch_ws(const CUtensorMap& tq, const CUtensorMap& tk, const CUtens
 template <typename T>
 cudaError_t launch_type(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, const Int8AttnParams& p,
                         cudaStream_t stream, const Sm90WsOptions& o) {
-  if (p.offsets)
-    return o.biased_s ? launch_ws<1, 2, 2, false, true, T>(tq, tk, tv, p, stream)
-                      : launch_ws<1, 2, 2, false, false, T>(tq, tk, tv, p, stream);
-  if (o.biased_s)
-    return o.ping_pong ? launch_ws<2, 2, 4, true, true, T>(tq, tk, tv, p, stream)
-                       : launch_ws<2, 2, 4, false, true, T>(tq, tk, tv, p, stream);
-  return o.ping_pong ? launch_ws<2, 2, 4, true, false, T>(tq, tk, tv, p, stream)
-                     : launch_ws<2, 2, 4, false, false, T>(tq, tk, tv, p, stream);
+  if (p.offsets) return launch_ws<1, 2, 2, false, T>(tq, tk, tv, p, stream);
+  return o.ping_pong ? launch_ws<2, 2, 4, true, T>(tq, tk, tv, p, stream)
+                     : launch_ws<2, 2, 4, false, T>(tq, tk, tv, p, stream);
 }
 
 }  // namespace

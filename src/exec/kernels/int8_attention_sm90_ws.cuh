@@ -14,9 +14,6 @@ struct Sm90WsOptions {
   // Dense kernel: the two consumer warpgroups take turns issuing their wgmma (a named barrier
   // pair), so that one's softmax runs while the other's products do.
   bool ping_pong = true;
-  // The QK^T accumulators start from the bits of 1.5 * 2^23 instead of zero, so that the
-  // softmax reads each product as a float without an add (the same values).
-  bool biased_s = false;
 };
 
 // cudaErrorNotSupported, before launching anything, when the kernel cannot run these
