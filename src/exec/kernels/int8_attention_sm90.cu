@@ -6,18 +6,15 @@
 #include <atomic>
 
 #include "exec/kernels/attn_ptx.cuh"
+#include "exec/kernels/int8_attention_sm90_dev.cuh"
+#include "exec/kernels/int8_attention_sm90_ws.cuh"
 
 namespace sp::kernels {
 
 namespace {
 
 using namespace attn;
-
-constexpr int kTile = kAttnTile;  // 64 query rows per warpgroup, 64 keys per tile
-constexpr int kD = 128;           // head_dim: one int8 row is one 128-byte swizzle row
-constexpr int kQBytes = kTile * kD;      // int8
-constexpr int kKBytes = kTile * kD;      // int8
-constexpr int kVBytes = kTile * kD * 2;  // 16-bit, two 64-column halves of 8 KiB
+using namespace sm90;
 
 // A configuration: WG warpgroups of 64 query rows share each step's NT key tiles (QK^T is one
 // m64n(64 NT)k32 chain, P·V 4 NT k-steps); Stages steps of K/V in flight.
@@ -27,224 +24,6 @@ struct Cfg {
   static constexpr int kStageBytes = NT * (kKBytes + kVBytes);  // NT K tiles, then NT V tiles
   static constexpr int kSmem = WG * kQBytes + Stages * kStageBytes + 1024;  // + alignment
 };
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-// Shared-memory matrix descriptor, 128-byte swizzle; offsets in bytes.
-__device__ __forceinline__ uint64_t sw128_desc(const void* p, uint32_t lbo, uint32_t sbo) {
-  const uint64_t a = smem_addr(p);
-  return ((a & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);
-}
-// Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile of 128-byte rows
-// (the tile 1024-byte aligned): the chunk index XOR the row within its group of 8.
-__device__ __forceinline__ int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Orders the compiler's uses of an asynchronous operand after the wait that completes it.
-template <typename R>
-__device__ __forceinline__ void pin(R& r) { asm volatile("" : "+r"(r)::"memory"); }
-__device__ __forceinline__ void pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-
-// The 64 accumulator registers of an m64n128 wgmma: their operand numbers in the instruction
-// text, and the operand list (constraint c, array d).
-#define SP_ACC64_REGS                                                                              \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "               \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define SP_ACC8(c, d, i) \
-  c(d[i]), c(d[i + 1]), c(d[i + 2]), c(d[i + 3]), c(d[i + 4]), c(d[i + 5]), c(d[i + 6]), c(d[i + 7])
-#define SP_ACC64(c, d)                                                                             \
-  SP_ACC8(c, d, 0), SP_ACC8(c, d, 8), SP_ACC8(c, d, 16), SP_ACC8(c, d, 24), SP_ACC8(c, d, 32),      \
-      SP_ACC8(c, d, 40), SP_ACC8(c, d, 48), SP_ACC8(c, d, 56)
-
-// D[64xN] (+)= A[64x32] * B[32xN], s8 x s8 -> s32, A and B in shared memory (K-major).
-template <int N>
-__device__ __forceinline__ void wgmma_s8(int (&d)[N / 2], uint64_t a, uint64_t b, int accumulate);
-template <>
-__device__ __forceinline__ void wgmma_s8<128>(int (&d)[64], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
-      SP_ACC64_REGS
-      "}, %64, %65, p;\n}\n"
-      : SP_ACC64("+r", d)
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-
-// D[64x128] += A[64x16] * B[16x128], 16-bit x 16-bit -> f32, A in registers (the layout of an
-// accumulator fragment), B in shared memory (N-major: the transpose bit set).
-template <typename T>
-__device__ __forceinline__ void wgmma_pv(float (&d)[64], const uint32_t (&a)[4], uint64_t b);
-template <>
-__device__ __forceinline__ void wgmma_pv<__nv_bfloat16>(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      SP_ACC64_REGS
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : SP_ACC64("+f", d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-template <>
-__device__ __forceinline__ void wgmma_pv<__half>(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-      SP_ACC64_REGS
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : SP_ACC64("+f", d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-
-// D[64xN] (+)= A[64x32] * B[32xN], s8 x s8 -> s32, A in registers (each warp's 16 rows: rows
-// g and g+8, bytes 4 t4 .. 4 t4 + 3 and 16 + 4 t4 ..), B in shared memory (K-major).
-template <int N>
-__device__ __forceinline__ void wgmma_s8_ra(int (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, int accumulate);
-template <>
-__device__ __forceinline__ void wgmma_s8_ra<128>(int (&d)[64], const uint32_t (&a)[4], uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
-      SP_ACC64_REGS
-      "}, {%64, %65, %66, %67}, %68, p;\n}\n"
-      : SP_ACC64("+r", d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-
-// The online softmax state of a thread's two rows (g and g + 8 of its warp's 16).
-struct RowState {
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-};
-
-// The online softmax of one step of NT key tiles from its (completed) S: new maxima, the
-// factors a0, a1 that rescale the old sums and outputs, P into pn. An int32 product x is read
-// as the float 1.5 * 2^23 + x (exact: |x| <= 127 * 127 * 128 < 2^22), an add instead of a
-// conversion; the maxima are taken on those (the scales are positive) and the offset folds into
-// the exponent fma, whose only rounding beyond the product is that of the per-row constant.
-// ids[b] < 0: a tile past the list (all keys masked); keys past kv_rows are masked.
-template <int NT, typename T>
-__device__ __forceinline__ void online_softmax(RowState& st, const int (&ids)[NT], const float (&sc)[NT],
-                                               int kv_rows, int t4, const int (&s)[32 * NT],
-                                               uint32_t (&pn)[16 * NT], float& a0, float& a1) {
-  constexpr float kMagic = 12582912.0f;
-  float f[32 * NT];
-#pragma unroll
-  for (int i = 0; i < 32 * NT; ++i) f[i] = __int_as_float(s[i] + 0x4B400000);
-  float mx0 = st.m0, mx1 = st.m1;
-#pragma unroll
-  for (int b = 0; b < NT; ++b) {
-    const int valid = ids[b] >= 0 ? kv_rows - ids[b] * kTile : 0;
-    float* fb = f + 32 * b;
-    if (valid < kTile) {  // the last tile: keys past kv_rows; a step past the list: all
-#pragma unroll
-      for (int i = 0; i < 32; ++i)
-        if ((i >> 2) * 8 + t4 * 2 + (i & 1) >= valid) fb[i] = -INFINITY;
-    }
-    float r0 = -INFINITY, r1 = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      r0 = fmaxf(r0, fmaxf(fb[4 * i], fb[4 * i + 1]));
-      r1 = fmaxf(r1, fmaxf(fb[4 * i + 2], fb[4 * i + 3]));
-    }
-    mx0 = fmaxf(mx0, (r0 - kMagic) * sc[b]);
-    mx1 = fmaxf(mx1, (r1 - kMagic) * sc[b]);
-  }
-  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-  const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
-  a0 = ex2(st.m0 - base0);
-  a1 = ex2(st.m1 - base1);
-  st.m0 = mx0;
-  st.m1 = mx1;
-  float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 8 * NT; ++j) {
-    const float c = sc[j / 8], n0 = -fmaf(kMagic, c, base0), n1 = -fmaf(kMagic, c, base1);
-    const float e0 = ex2(fmaf(f[4 * j], c, n0)), e1 = ex2(fmaf(f[4 * j + 1], c, n0));
-    const float e2 = ex2(fmaf(f[4 * j + 2], c, n1)), e3 = ex2(fmaf(f[4 * j + 3], c, n1));
-    s0 += e0 + e1;
-    s1 += e2 + e3;
-    // n-tiles 2kk and 2kk+1 of S are the A fragment of k-step kk: (g, 2kk), (g+8, 2kk),
-    // (g, 2kk+1), (g+8, 2kk+1).
-    pn[(j >> 1) * 4 + (j & 1) * 2 + 0] = pack2<T>(e0, e1);
-    pn[(j >> 1) * 4 + (j & 1) * 2 + 1] = pack2<T>(e2, e3);
-  }
-  st.l0 = st.l0 * a0 + s0;
-  st.l1 = st.l1 * a1 + s1;
-}
-
-// O = O * a (rows g, g + 8), skipped when no row of the warp changed its maximum.
-__device__ __forceinline__ void rescale(float (&o)[64], float a0, float a1) {
-  if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {
-#pragma unroll
-    for (int n = 0; n < 16; ++n) {
-      o[4 * n] *= a0;
-      o[4 * n + 1] *= a0;
-      o[4 * n + 2] *= a1;
-      o[4 * n + 3] *= a1;
-    }
-  }
-}
-
-// O += P V for NT key tiles of V at vs (each [64 keys][128] as two 64-column halves).
-template <int NT, typename T>
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pc)[16 * NT], const unsigned char* vs) {
-  wgmma_fence();
-#pragma unroll
-  for (int k = 0; k < 4 * NT; ++k) {
-    const uint32_t a[4] = {pc[4 * k], pc[4 * k + 1], pc[4 * k + 2], pc[4 * k + 3]};
-    wgmma_pv<T>(o, a, sw128_desc(vs + (k >> 2) * kVBytes + (k & 3) * 16 * 128, kVBytes / 2, 1024));
-  }
-  wgmma_commit();
-}
-
-// Q of a warp's 16 rows of query tile qt as the A fragments of QK^T's 4 k-steps of 32 (zero
-// past the last tile).
-__device__ __forceinline__ void load_q_fragments(const Int8AttnParams& p, int h, int q_tiles, int qt, int warp,
-                                                 int g, int t4, uint32_t (&qa)[16]) {
-  const int8_t* qrow = p.q + ((int64_t(h) * q_tiles + qt) * kTile + warp * 16 + g) * kD + t4 * 4;
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)  // rows g, g+8, g, g+8; bytes 4 t4 and 16 + 4 t4 of the k-step
-      qa[4 * k + j] = qt < q_tiles ? __ldg(reinterpret_cast<const uint32_t*>(qrow + (j & 1) * 8 * kD + k * 32 +
-                                                                              (j >> 1) * 16))
-                                   : 0u;
-}
-
-// The normalized rows of a 64-row query tile into o (rows past q_rows not written).
-template <typename T>
-__device__ __forceinline__ void store_rows(const Int8AttnParams& p, int h, int qt, int warp, int g, int t4,
-                                           RowState st, const float (&o)[64]) {
-  st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, 1);
-  st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, 2);
-  st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, 1);
-  st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, 2);
-  const float i0 = st.l0 > 0.0f ? 1.0f / st.l0 : 0.0f, i1 = st.l1 > 0.0f ? 1.0f / st.l1 : 0.0f;
-  T* out = static_cast<T*>(p.o) + h * p.o_head_stride;
-  const int r0 = qt * kTile + warp * 16 + g, r1 = r0 + 8;
-#pragma unroll
-  for (int n = 0; n < 16; ++n) {
-    const int col = n * 8 + t4 * 2;
-    if (r0 < p.q_rows)
-      *reinterpret_cast<uint32_t*>(out + int64_t(r0) * p.o_row_stride + col) =
-          pack2<T>(o[4 * n] * i0, o[4 * n + 1] * i0);
-    if (r1 < p.q_rows)
-      *reinterpret_cast<uint32_t*>(out + int64_t(r1) * p.o_row_stride + col) =
-          pack2<T>(o[4 * n + 2] * i1, o[4 * n + 3] * i1);
-  }
-}
-
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // One CTA: WG warpgroups, each 64 query rows (query tiles blockIdx.x * WG + wg), sharing the
 // key tiles of the CTA's list, NT of them per step. Dense runs WG = 2 (the K/V tiles read once
@@ -650,9 +429,17 @@ bool int8_attention_sm90_ready() {
   return s == 1;
 }
 
-cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream) {
+cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel) {
   if (p.head_dim != kD || !int8_attention_sm90_ready()) return cudaErrorNotSupported;
+  if (kernel != Sm90Kernel::CpAsync) {
+    const cudaError_t e = int8_attention_sm90_ws(p, stream);
+    if (e != cudaErrorNotSupported || kernel == Sm90Kernel::WarpSpecialized) return e;
+  }
   return p.type == Elem::BF16 ? launch_type<__nv_bfloat16>(p, stream) : launch_type<__half>(p, stream);
+}
+
+cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream) {
+  return int8_attention_sm90(p, stream, Sm90Kernel::Auto);
 }
 
 }  // namespace sp::kernels

@@ -10,7 +10,14 @@ namespace sp::kernels {
 // was built and loaded (probed once per device).
 bool int8_attention_sm90_ready();
 
+// Which sm_90a kernel runs: Auto the warp-specialized TMA one where it can (the driver's
+// tensor-map encoder found, pointers and strides 16-byte aligned), else the cp.async one;
+// CpAsync and WarpSpecialized force one (WarpSpecialized: cudaErrorNotSupported where it cannot).
+// Both compute the same bits.
+enum class Sm90Kernel { Auto, CpAsync, WarpSpecialized };
+
 // cudaErrorNotSupported unless head_dim is 128 and int8_attention_sm90_ready().
-cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream);
+cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel);
+cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream);  // Sm90Kernel::Auto
 
 }  // namespace sp::kernels
