@@ -319,6 +319,33 @@ TEST(BudgetCost, ProgramTimeIsTheLargerOfDeviceAndHost) {
   EXPECT_DOUBLE_EQ(cpu_rates.launch_gap_s, cpu_rates.launch_s);  // the host is the device
 }
 
+TEST(BudgetCost, AnAttentionCallCostsItsTilesPerCall) {
+  // 1,024 query rows of 8 heads (64 tiles) on 64 units: one full wave of 1 ms tiles.
+  ct::DeviceCaps d = cpu();
+  d.kind = ct::DeviceKind::CUDA;
+  d.compute_units = 64;
+  d.flops_per_s = 64e12;
+  d.attention_ratio = 1.0;
+  d.bytes_per_s = 1e15;
+  d.launch_gap_s = 1e-9;
+  pl::Terms t;
+  t.attention = true;
+  t.dtype = ir::DType::BF16;
+  t.gemm_rows = 1024;
+  t.attention_heads = 8;
+  t.attention_kv = 4096;
+  t.flops = 64e9;  // 1 GFLOP per tile at 1 TFLOP/s per unit
+  t.launches = 1;
+  const double base = pl::step_seconds(t, pl::rates_of(d));
+  EXPECT_NEAR(base, 1e-3, 1e-8);
+  d.attention_call_tiles = 0.4;
+  EXPECT_NEAR(pl::step_seconds(t, pl::rates_of(d)), base + 0.4e-3, 1e-8);
+  // Half the rows in one call: half a wave, still one tile's time, and the same tail.
+  t.gemm_rows = 512;
+  t.flops = 32e9;
+  EXPECT_NEAR(pl::step_seconds(t, pl::rates_of(d)), base + 0.4e-3, 1e-8);
+}
+
 TEST(BudgetCost, WaveChunksFillWholeWaves) {
   // 40 K/V heads on 132 units: 33 tiles per head fill a wave set; rep 2 halves the rows.
   for (int64_t rep : {1, 2, 3}) {

@@ -243,6 +243,8 @@ TEST(MeasuredBudget, ProbeMeasuresAndCachesPerDevice) {
   EXPECT_GT(a.gemm_cols, 0);
   EXPECT_DOUBLE_EQ(b.gemm_cols, a.gemm_cols);
   EXPECT_DOUBLE_EQ(plan::rates_of(caps).gemm_probe_cols, a.gemm_cols);
+  EXPECT_EQ(a.attention_call_tiles, 0);  // measured on a GPU's waves only
+  EXPECT_DOUBLE_EQ(b.attention_call_tiles, a.attention_call_tiles);
 
   // A damaged cache is measured again and rewritten.
   std::ofstream(path) << "{\"version\": 1, \"key\": ";

@@ -155,6 +155,7 @@ struct DeviceCaps {
   double gemm_probe_cols = 0;  // output features of the matmuls that curve was taken at (0: rows alone)
   double attention_ratio = 0;  // attention (SDPA) throughput as a fraction of the matmul peak
   double attention_ratio_ragged = 0;  // the same for a K/V length that is not a multiple of 128
+  double attention_call_tiles = 0;    // time one attention call loses besides its waves, in tiles
   double row_bytes_per_s = 0;  // bandwidth of the fused norm + modulation kernel (bytes read + written)
   double qk_bytes_per_s = 0;   // bandwidth of the fused Q/K norm + RoPE kernel (bytes read + written)
   double host_bytes_per_s = 0;  // copies from pinned host memory onto the device (bytes per second)

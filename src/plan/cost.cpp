@@ -49,6 +49,7 @@ Rates rates_of(const contracts::DeviceCaps& dev) {
   take(dev.gemm_probe_cols, r.gemm_probe_cols);
   take(dev.attention_ratio, r.attention_ratio);
   take(dev.attention_ratio_ragged, r.attention_ratio_ragged);
+  take(dev.attention_call_tiles, r.attention_call_tiles);
   take(dev.row_bytes_per_s, r.row_bytes_per_s);
   take(dev.qk_bytes_per_s, r.qk_bytes_per_s);
   take(dev.host_bytes_per_s, r.host_bytes_per_s);
@@ -69,6 +70,12 @@ double attention_efficiency(int64_t rows_per_head, int64_t heads, int units) {
   return double(tiles) / double(waves * units);
 }
 
+double attention_tile_seconds(double flops, int64_t rows_per_head, int64_t heads, double peak, int units) {
+  if (units <= 0 || rows_per_head <= 0 || heads <= 0 || peak <= 0) return 0;
+  const int64_t tiles = (rows_per_head + kAttentionTileRows - 1) / kAttentionTileRows * heads;
+  return flops / double(tiles) / (peak / double(units));
+}
+
 double step_seconds(const Terms& t, const Rates& r) {
   double compute = 0;
   if (t.flops > 0) {
@@ -80,6 +87,8 @@ double step_seconds(const Terms& t, const Rates& r) {
     double eff = t.gemm_rows > 0 ? gemm_efficiency(t.gemm_rows, t.gemm_cols, r) : 1.0;
     if (t.attention && r.compute_units > 0) eff = attention_efficiency(t.gemm_rows, t.attention_heads, r.compute_units);
     compute = t.flops / (peak * eff);
+    if (t.attention && r.compute_units > 0)
+      compute += r.attention_call_tiles * attention_tile_seconds(t.flops, t.gemm_rows, t.attention_heads, peak, r.compute_units);
   }
   double bw = r.bytes_per_s;
   if (t.mover == Mover::NormKernel && r.row_bytes_per_s > 0) bw = r.row_bytes_per_s;

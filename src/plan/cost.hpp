@@ -13,7 +13,9 @@
 // (on a CPU the host is the device: the gap is the launch cost and the device time counts).
 // where efficiency is rows/(rows + k) for a matmul over `rows` rows, and for attention on a
 // GPU the fill of its last wave of tiles (attention_efficiency; on a CPU rows/(rows + k) of
-// the query rows per K/V head), with the peak scaled by the measured attention ratio; the
+// the query rows per K/V head), with the peak scaled by the measured attention ratio, plus
+// on a GPU the time of `attention_call_tiles` of its tiles per call (the ramp of its waves);
+// the
 // fused row kernels (Terms::mover) move their bytes at their own measured bandwidths. (k: the row count at
 // which a matmul reaches half its peak — with few rows it re-reads its whole weight for
 // little work) and 1 for everything else. The rates (peak matmul throughput per dtype,
@@ -45,6 +47,7 @@ struct Rates {
   double gemm_probe_cols = 0;  // output features k was measured at (0: k is in rows whatever the width)
   double attention_ratio = 1;  // attention FLOP/s as a fraction of the matmul's
   double attention_ratio_ragged = 0;  // ... with a K/V length not a multiple of 128 (0: attention_ratio)
+  double attention_call_tiles = 0;    // per attention call (GPU): the time of this many of its tiles more
   double row_bytes_per_s = 0;  // bandwidth of the fused norm kernel (0: bytes_per_s)
   double qk_bytes_per_s = 0;   // bandwidth of the fused Q/K norm + RoPE kernel (0: bytes_per_s)
   int compute_units = 0;       // GPU multiprocessors (attention_efficiency); 0: none
@@ -79,6 +82,8 @@ double gemm_efficiency(int64_t rows, int64_t cols, const Rates& r);
 // 1 when units <= 0.
 inline constexpr int64_t kAttentionTileRows = 128;
 double attention_efficiency(int64_t rows_per_head, int64_t heads, int units);
+// The time one of those tiles takes, for a call of `flops` at `peak` FLOP/s on `units`.
+double attention_tile_seconds(double flops, int64_t rows_per_head, int64_t heads, double peak, int units);
 
 struct Cost {
   int64_t peak_bytes = 0;  // above the residual stream

@@ -23,7 +23,7 @@ namespace sp::exec {
 
 namespace {
 
-constexpr int kCacheVersion = 8;
+constexpr int kCacheVersion = 9;
 
 using Clock = std::chrono::steady_clock;
 
@@ -100,7 +100,7 @@ nlohmann::json to_json(const ProbeResult& r) {
           {"bytes_per_s", r.bytes_per_s},    {"launch_s", r.launch_s}, {"launch_gap_s", r.launch_gap_s},
           {"gemm_half_rows", r.gemm_half_rows}, {"gemm_cols", r.gemm_cols},
           {"attention_ratio", r.attention_ratio},
-          {"attention_ratio_ragged", r.attention_ratio_ragged},
+          {"attention_ratio_ragged", r.attention_ratio_ragged}, {"attention_call_tiles", r.attention_call_tiles},
           {"row_bytes_per_s", r.row_bytes_per_s}, {"qk_bytes_per_s", r.qk_bytes_per_s},
           {"host_bytes_per_s", r.host_bytes_per_s}, {"probe_ms", r.probe_ms}};
 }
@@ -123,6 +123,7 @@ bool read_cache(const std::string& path, const std::string& key, ProbeResult& r)
     r.gemm_cols = j.at("gemm_cols").get<double>();
     r.attention_ratio = j.at("attention_ratio").get<double>();
     r.attention_ratio_ragged = j.at("attention_ratio_ragged").get<double>();
+    r.attention_call_tiles = j.at("attention_call_tiles").get<double>();
     r.row_bytes_per_s = j.at("row_bytes_per_s").get<double>();
     r.qk_bytes_per_s = j.at("qk_bytes_per_s").get<double>();
     r.host_bytes_per_s = j.at("host_bytes_per_s").get<double>();
@@ -131,7 +132,7 @@ bool read_cache(const std::string& path, const std::string& key, ProbeResult& r)
     return false;
   }
   return r.flops_per_s > 0 && r.flops_per_s_f32 > 0 && r.bytes_per_s > 0 && r.launch_s > 0 && r.launch_gap_s > 0 && r.gemm_half_rows >= 0 && r.gemm_cols > 0 &&
-         r.attention_ratio > 0 && r.host_bytes_per_s > 0;
+         r.attention_ratio > 0 && r.attention_call_tiles >= 0 && r.host_bytes_per_s > 0;
 }
 
 // mkdir -p; POSIX calls rather than std::filesystem, whose symbols libtorch also exports.
@@ -244,24 +245,46 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
   // K/V length that is a multiple of 128, and one that is not (on an H200 ~8% slower: the
   // kernel masks its last K/V tile). On a GPU each is timed sustained, after a second of the
   // same calls (~20 ms each, as a video model's attention runs): a GPU holds its highest
-  // clocks for short bursts only.
-  auto attention_ratio = [&](int64_t kv_extra) {
+  // clocks for short bursts only. On a GPU the same queries are also timed in 4 calls of a
+  // quarter each (both fill their last wave alike): what a call costs besides its waves (the
+  // ramp of its first and last tiles), in tiles, is the difference, and the ratio is taken
+  // without it.
+  const int64_t heads = gpu ? 40 : 2, q = gpu ? 8192 : 256, hd = gpu ? 128 : 64;
+  const int units = gpu ? caps.compute_units : 0;
+  auto attention_seconds = [&](int64_t kv, int calls) {
     const at::ScalarType adt = gpu ? half : at::kFloat;
-    const int64_t heads = gpu ? 40 : 2, q = gpu ? 8192 : 256, kv = (gpu ? 65536 : 1024) + kv_extra, hd = gpu ? 128 : 64;
     const auto o = at::TensorOptions().dtype(at::kFloat).device(d);
-    at::Tensor qt = at::randn({1, heads, q, hd}, o).to(adt), kt = at::randn({1, heads, kv, hd}, o).to(adt);
-    at::Tensor vt = at::randn({1, heads, kv, hd}, o).to(adt);
+    std::vector<at::Tensor> qs;
+    for (int i = 0; i < calls; ++i) qs.push_back(at::randn({1, heads, q / calls, hd}, o).to(adt));
+    at::Tensor kt = at::randn({1, heads, kv, hd}, o).to(adt), vt = at::randn({1, heads, kv, hd}, o).to(adt);
     const double flops = 4.0 * double(q) * double(kv) * double(heads) * double(hd);
     const int inner = gpu ? 6 : static_cast<int>(std::clamp(per_timing / flops, 1.0, 64.0));
-    auto attend = [&] { at::scaled_dot_product_attention(qt, kt, vt, {}, 0.0, false, 1.0 / std::sqrt(double(hd))); };
+    auto attend = [&] {
+      for (const at::Tensor& qt : qs)
+        at::scaled_dot_product_attention(qt, kt, vt, {}, 0.0, false, 1.0 / std::sqrt(double(hd)));
+    };
     if (gpu)
       for (int i = 0; i < 50; ++i) attend();
-    const double rate = flops / best_seconds(d, 3, inner, attend);
-    // The matmul peak of that dtype (CPU: fp32, the curve's peak).
-    return rate / ((gpu ? r.flops_per_s : r.flops_per_s_f32) * plan::attention_efficiency(q, heads, caps.compute_units));
+    return best_seconds(d, 3, inner, attend);
   };
-  r.attention_ratio = attention_ratio(0);
-  r.attention_ratio_ragged = attention_ratio(37);
+  // t(calls) = F / (peak · ratio) · (1 / eff(q / calls) + calls · c · units / tiles(q)), with
+  // c the tiles a call loses: two timings give c and the ratio.
+  const double peak16 = gpu ? r.flops_per_s : r.flops_per_s_f32;
+  const double e1 = plan::attention_efficiency(q, heads, units);
+  const double a = units > 0 ? double(units) / double((q + plan::kAttentionTileRows - 1) / plan::kAttentionTileRows * heads) : 0;
+  auto ratio_of = [&](int64_t kv, double t1, double c) {
+    const double flops = 4.0 * double(q) * double(kv) * double(heads) * double(hd);
+    return flops / (t1 * peak16) * (1.0 / e1 + c * a);
+  };
+  const int64_t kv = gpu ? 65536 : 1024;
+  const double t1 = attention_seconds(kv, 1);
+  if (gpu && units > 0) {
+    const double t4 = attention_seconds(kv, 4), ratio = t4 / t1;
+    const double e4 = plan::attention_efficiency(q / 4, heads, units);
+    if (ratio < 4.0) r.attention_call_tiles = std::max(0.0, (ratio / e1 - 1.0 / e4) / (a * (4.0 - ratio)));
+  }
+  r.attention_ratio = ratio_of(kv, t1, r.attention_call_tiles);
+  r.attention_ratio_ragged = ratio_of(kv + 37, attention_seconds(kv + 37, 1), r.attention_call_tiles);
   // The fused row kernels' bandwidth: norm + modulation of a slab of wide 16-bit rows.
   if (gpu && fused::fused_rows_built()) {
     const auto o = at::TensorOptions().dtype(half).device(d);
@@ -328,6 +351,7 @@ void apply_rates(const ProbeResult& r, contracts::DeviceCaps& caps) {
   caps.gemm_probe_cols = r.gemm_cols;
   caps.attention_ratio = r.attention_ratio;
   caps.attention_ratio_ragged = r.attention_ratio_ragged;
+  caps.attention_call_tiles = r.attention_call_tiles;
   caps.row_bytes_per_s = r.row_bytes_per_s;
   caps.qk_bytes_per_s = r.qk_bytes_per_s;
   caps.host_bytes_per_s = r.host_bytes_per_s;

@@ -35,6 +35,7 @@ struct ProbeResult {
   double gemm_cols = 0;          // output features of the matmuls k was measured at
   double attention_ratio = 0;    // SDPA FLOP/s over the matmul peak, in the probe's dtype
   double attention_ratio_ragged = 0;  // the same with a K/V length not a multiple of 128
+  double attention_call_tiles = 0;    // per call besides its waves, in its tiles (GPU; CPU: 0)
   double row_bytes_per_s = 0;    // fused norm kernel bandwidth (0: none built / not a GPU)
   double qk_bytes_per_s = 0;     // fused Q/K norm + RoPE kernel bandwidth (0: none built / not a GPU)
   double host_bytes_per_s = 0;   // pinned host memory -> device copies (CPU: a copy within memory), bytes/s
