@@ -91,9 +91,10 @@ void register_convrot_int8(contracts::Registry& reg) {
   f.out_slicing = f.in_slicing = f.held_execution = Cap::Yes;
   f.in_align = kGroup;
   f.native_gemm = [](const contracts::DeviceCaps& d) { return d.kind == contracts::DeviceKind::CUDA; };
-  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps&) {
-    return quant::int8_gemm_workspace(g.rows, g.in_features, g.out_features);
+  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps& d) {
+    return quant::int8_gemm_workspace(g, d);
   };
+  f.gemm_kernel = [](const contracts::DeviceCaps& d) { return quant::int8_gemm_kernel(d); };
   f.tolerance = 0.02;
   f.impl = std::make_shared<ConvRot>();
   reg.add(f);

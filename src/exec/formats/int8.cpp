@@ -48,9 +48,10 @@ void register_int8(contracts::Registry& reg) {
   f.dense = false;
   f.out_slicing = f.in_slicing = f.held_execution = Cap::Yes;
   f.native_gemm = [](const contracts::DeviceCaps& d) { return d.kind == contracts::DeviceKind::CUDA; };
-  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps&) {
-    return quant::int8_gemm_workspace(g.rows, g.in_features, g.out_features);
+  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps& d) {
+    return quant::int8_gemm_workspace(g, d);
   };
+  f.gemm_kernel = [](const contracts::DeviceCaps& d) { return quant::int8_gemm_kernel(d); };
   f.tolerance = 0.02;  // per-row int8 activations: ~1% relative L2 on normal data
   f.impl = std::make_shared<Int8>();
   reg.add(f);

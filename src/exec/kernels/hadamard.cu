@@ -1,7 +1,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "exec/kernels/elem_io.cuh"
 #include "exec/kernels/hadamard.cuh"
@@ -11,6 +13,153 @@ namespace sp::kernels {
 namespace {
 
 constexpr int kGroup = 256;
+
+// --- The register kernel ------------------------------------------------------------------
+
+constexpr int kRegWarps = 16;                // at most, one block per row
+constexpr int kWarpCols = 2048;              // 8 groups of 256 per warp
+constexpr int kMaxRegCols = kRegWarps * kWarpCols;
+constexpr int kChunks = 8;                   // 16-byte chunks of 8 values per lane
+
+// Eight consecutive values of a row as fp32 (p 16-byte aligned).
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float* v) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      T lo, hi;
+      const uint16_t l16 = uint16_t(w[i] & 0xffffu), h16 = uint16_t(w[i] >> 16);
+      memcpy(&lo, &l16, 2);
+      memcpy(&hi, &h16, 2);
+      v[2 * i] = Io<T>::load(&lo);
+      v[2 * i + 1] = Io<T>::load(&hi);
+    }
+  }
+}
+
+// (H4·v)_i = Σv - 2·v_{3-i}
+__device__ __forceinline__ void radix4(float& a, float& b, float& c, float& d) {
+  const float s = (a + b) + (c + d);
+  const float a0 = a, b0 = b;
+  a = fmaf(-2.f, d, s);
+  b = fmaf(-2.f, c, s);
+  c = fmaf(-2.f, b0, s);
+  d = fmaf(-2.f, a0, s);
+}
+
+// A digit split between two registers of this lane (the digit's low bit) and the lane xor
+// `mask` (its high bit): with the partner's pair (pa, pb), this lane's two outputs are
+// S - 2·pb and S - 2·pa whichever half of the digit it holds.
+__device__ __forceinline__ void radix4_pair(float& a, float& b, int mask) {
+  const float pa = __shfl_xor_sync(0xffffffffu, a, mask), pb = __shfl_xor_sync(0xffffffffu, b, mask);
+  const float s = (a + b) + (pa + pb);
+  a = fmaf(-2.f, pb, s);
+  b = fmaf(-2.f, pa, s);
+}
+
+// v[k][j]: feature k·32 + (lane%4)·8 + j of the lane's group. Digits of a feature index
+// (base 4, low first): d0 = j bits 0-1, d1 = (j bit 2, lane bit 0), d2 = (lane bit 1, k bit 0),
+// d3 = k bits 1-2. Unnormalized (x 16).
+__device__ __forceinline__ void hadamard256(float (&v)[kChunks][8]) {
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    radix4(v[k][0], v[k][1], v[k][2], v[k][3]);  // d0
+    radix4(v[k][4], v[k][5], v[k][6], v[k][7]);
+  }
+#pragma unroll
+  for (int k0 = 0; k0 < 2; ++k0)  // d3
+#pragma unroll
+    for (int j = 0; j < 8; ++j) radix4(v[k0][j], v[k0 + 2][j], v[k0 + 4][j], v[k0 + 6][j]);
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k)  // d1
+#pragma unroll
+    for (int j = 0; j < 4; ++j) radix4_pair(v[k][j], v[k][j + 4], 1);
+#pragma unroll
+  for (int k = 0; k < kChunks; k += 2)  // d2
+#pragma unroll
+    for (int j = 0; j < 8; ++j) radix4_pair(v[k][j], v[k + 1][j], 2);
+}
+
+template <typename Q>
+__device__ __forceinline__ uint8_t quantize(float v, float s) {
+  if constexpr (std::is_same_v<Q, int8_t>) {
+    return uint8_t(int8_t(fminf(fmaxf(rintf(__fdiv_rn(v, s)), -127.f), 127.f)));
+  } else {
+    const __nv_fp8_e4m3 f(__fdiv_rn(v, s));  // round to nearest, saturating to ±448
+    return *reinterpret_cast<const uint8_t*>(&f);
+  }
+}
+
+// One block per row, blockDim.x = 32 x ceil(cols / 2048).
+template <typename T, typename Q, bool Rotate>
+__global__ void __launch_bounds__(kRegWarps * 32) rows_kernel(const void* xp, int64_t x_stride, void* qp,
+                                                               float* scale, int64_t cols, float qmax) {
+  __shared__ float warp_max[kRegWarps];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x;
+  const T* x = static_cast<const T*>(xp) + r * x_stride;
+  uint8_t* q = static_cast<uint8_t*>(qp) + r * cols;
+  // This lane's chunk k starts at feature base + k * 32.
+  const int64_t base = int64_t(warp * 8 + lane / 4) * kGroup + (lane % 4) * 8;
+
+  float v[kChunks][8];
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    if (base + k * 32 < cols) {
+      load8(x + base + k * 32, v[k]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[k][j] = 0.f;
+    }
+  }
+  if constexpr (Rotate) hadamard256(v);
+
+  float m = 0.f;
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[k][j]));
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) warp_max[warp] = m;
+  __syncthreads();
+  m = 0.f;
+  for (int w = 0; w < int(blockDim.x / 32); ++w) m = fmaxf(m, warp_max[w]);
+  constexpr float norm = Rotate ? 1.f / 16.f : 1.f;  // exact: a power of two
+  const float s = fmaxf(m * norm / qmax, 1e-30f);
+  if (threadIdx.x == 0) scale[r] = s;
+
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    if (base + k * 32 >= cols) continue;
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j / 4] |= uint32_t(quantize<Q>(v[k][j] * norm, s)) << (8 * (j % 4));
+    *reinterpret_cast<uint2*>(q + base + k * 32) = make_uint2(w[0], w[1]);
+  }
+}
+
+template <typename T>
+bool rows_fit(const void* x, int64_t x_stride, int64_t cols) {
+  return cols > 0 && cols % 8 == 0 && cols <= kMaxRegCols && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         (x_stride * int64_t(sizeof(T))) % 16 == 0;
+}
+
+template <typename T, typename Q, bool Rotate>
+cudaError_t launch_rows(const void* x, int64_t x_stride, void* q, float* scale, int64_t rows, int64_t cols, float qmax,
+                        cudaStream_t stream) {
+  if (!rows_fit<T>(x, x_stride, cols)) return cudaErrorNotSupported;
+  const int warps = int((cols + kWarpCols - 1) / kWarpCols);
+  rows_kernel<T, Q, Rotate><<<dim3(unsigned(rows)), dim3(32 * warps), 0, stream>>>(x, x_stride, q, scale, cols, qmax);
+  return cudaGetLastError();
+}
+
+// --- The two-pass kernel (first version) -------------------------------------------------------
+
 constexpr int kWarps = 8;
 
 // Rotates one group of 256 values of row `x` (starting at column c0) into `buf` (shared, per
@@ -81,7 +230,7 @@ __global__ void __launch_bounds__(kWarps * 32) rotate_quantize_kernel(RotateQuan
 
 }  // namespace
 
-cudaError_t rotate_quantize_int8(const RotateQuantParams& p, cudaStream_t stream) {
+cudaError_t rotate_quantize_int8_two_pass(const RotateQuantParams& p, cudaStream_t stream) {
   if (p.group != kGroup || p.cols % kGroup != 0 || p.rows < 0) return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(p.rows)), block(kWarps * 32);
@@ -91,6 +240,44 @@ cudaError_t rotate_quantize_int8(const RotateQuantParams& p, cudaStream_t stream
     case Elem::BF16: rotate_quantize_kernel<__nv_bfloat16><<<grid, block, 0, stream>>>(p); break;
   }
   return cudaGetLastError();
+}
+
+cudaError_t rotate_quantize_int8(const RotateQuantParams& p, cudaStream_t stream) {
+  if (p.group != kGroup || p.cols % kGroup != 0 || p.rows < 0) return cudaErrorInvalidValue;
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  cudaError_t e = cudaErrorNotSupported;
+  switch (p.x_type) {
+    case Elem::F32:
+      e = launch_rows<float, int8_t, true>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, 127.f, stream);
+      break;
+    case Elem::F16:
+      e = launch_rows<__half, int8_t, true>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, 127.f, stream);
+      break;
+    case Elem::BF16:
+      e = launch_rows<__nv_bfloat16, int8_t, true>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, 127.f, stream);
+      break;
+  }
+  return e == cudaErrorNotSupported ? rotate_quantize_int8_two_pass(p, stream) : e;
+}
+
+cudaError_t quantize_rows_registers(const QuantizeParams& p, cudaStream_t stream) {
+  if (p.rows <= 0 || p.cols <= 0) return cudaSuccess;
+  const bool fp8 = p.q_type == QType::Fp8E4M3;
+  const float qmax = fp8 ? 448.f : 127.f;
+  switch (p.x_type) {
+    case Elem::F32:
+      return fp8 ? launch_rows<float, __nv_fp8_e4m3, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, qmax, stream)
+                 : launch_rows<float, int8_t, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, qmax, stream);
+    case Elem::F16:
+      return fp8 ? launch_rows<__half, __nv_fp8_e4m3, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, qmax, stream)
+                 : launch_rows<__half, int8_t, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, qmax, stream);
+    case Elem::BF16:
+      return fp8 ? launch_rows<__nv_bfloat16, __nv_fp8_e4m3, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols,
+                                                                     qmax, stream)
+                 : launch_rows<__nv_bfloat16, int8_t, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, qmax,
+                                                              stream);
+  }
+  return cudaErrorNotSupported;
 }
 
 }  // namespace sp::kernels
