@@ -3,7 +3,7 @@
 // quantized.hpp) and stored in int8 with one fp32 scale per output row. Input slices must
 // hold whole groups (in_align 256). The CPU acquires the dequantized slice rotated back
 // (W = W'·H); on CUDA the format runs its own GEMM: the activation slab is rotated and
-// quantized per row in one kernel (kernels/hadamard.cuh), then at::_int_mm.
+// quantized per row in one kernel (kernels/hadamard.cuh), then quant::int8_gemm.
 #include "exec/consumers/consumer.hpp"
 #include "exec/formats/quantized.hpp"
 

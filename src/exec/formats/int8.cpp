@@ -1,8 +1,8 @@
 // int8: symmetric int8 weights with one fp32 scale for the tensor or one per output row
 // (ComfyUI's int8_tensorwise), stored as the weight and "<weight>.scale" (quantized.hpp).
 // The CPU acquires the dequantized slice into the placed buffer; on CUDA the format runs its
-// own GEMM: activations quantized per row to int8, at::_int_mm, both scales applied to the
-// int32 product.
+// own GEMM: activations quantized per row to int8, then quant::int8_gemm (the fused sm_90a
+// kernel where it runs, else at::_int_mm and both scales applied to the int32 product).
 #include "exec/consumers/consumer.hpp"
 #include "exec/formats/quantized.hpp"
 
