@@ -580,12 +580,12 @@ TEST(Gpu, Int8GemmSm90TileConfigurations) {
 #endif
 
 // The register kernel (one read of the row) against the two-pass kernel and the ATen reference
-// (rotation by matmul), including rows of up to 16,384 features and one longer (two-pass).
+// (rotation by matmul), including rows of up to 32,768 features and one longer (two-pass).
 TEST(Gpu, RotateQuantizeRegisterKernelMatchesTwoPassAndReference) {
   if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
   const auto cuda = at::TensorOptions().device(exec::pick_device("cuda"));
   at::manual_seed(23);
-  for (const int64_t cols : {256, 1280, 5120, 13824, 16384, 16640})
+  for (const int64_t cols : {256, 1280, 5120, 13824, 32768, 33024})
     for (const at::ScalarType xt : {at::kBFloat16, at::kFloat}) {
       SCOPED_TRACE("cols " + std::to_string(cols) + (xt == at::kFloat ? " fp32" : " bf16"));
       const int64_t rows = 301;
@@ -617,12 +617,12 @@ TEST(Gpu, RotateQuantizeRegisterKernelMatchesTwoPassAndReference) {
 }
 
 // quantize_rows' register kernel (row lengths multiples of 8) and its two-read fallback, int8
-// and fp8, against the ATen formula (the same scales; the same values but for rounding ties).
+// and fp8, against the ATen formula.
 TEST(Gpu, QuantizeRowsMatchesReference) {
   if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
   const auto cuda = at::TensorOptions().device(exec::pick_device("cuda"));
   at::manual_seed(24);
-  for (const int64_t cols : {8, 1000, 5120, 13824, 16392, 1001})
+  for (const int64_t cols : {8, 1000, 5120, 13824, 32768, 32776, 1001})
     for (const at::ScalarType qt : {at::kChar, at::kFloat8_e4m3fn}) {
       SCOPED_TRACE("cols " + std::to_string(cols) + (qt == at::kChar ? " int8" : " fp8"));
       const at::Tensor x = at::randn({77, cols}, cuda).to(at::kBFloat16);
@@ -633,11 +633,11 @@ TEST(Gpu, QuantizeRowsMatchesReference) {
       if (qt == at::kChar) v.round_();
       const at::Tensor qr = v.clamp_(-qmax, qmax).to(qt);
       EXPECT_TRUE(at::equal(s.cpu(), sr));
-      // The kernels multiply by 1/s where the formula divides: a value within an ulp of a
-      // rounding boundary may land one 8-bit step away, in a few values of a million.
+      // The same values: the int8 kernel multiplies by 1/s but divides near rounding ties.
       const at::Tensor a = q.cpu().to(at::kFloat), b = qr.to(at::kFloat);
-      const at::Tensor off = (a - b).abs() > 0;
-      EXPECT_LE(off.sum().item<int64_t>(), std::max<int64_t>(1, a.numel() / 10000));
+      const int64_t off = ((a - b).abs() > 0).sum().item<int64_t>();
+      if (off) std::cout << "cols " << cols << ": " << off << " values differ\n";
+      EXPECT_LE(off, a.numel() / 1000000);
       EXPECT_TRUE(((a - b).abs() <= b.abs() * 0.13 + 1.0).all().item<bool>());
     }
 }

@@ -16,10 +16,11 @@
 // ((H4·v)_i = Σv - 2·v_{3-i}) along each digit, in any order: digits 0 and 3 lie in a lane's
 // own registers, digits 1 and 2 each across a pair of lanes (one shuffle per value and
 // stage). The row's maximum is a warp then block reduction (one barrier), the values are
-// scaled by the reciprocal of the row's scale and written 8 bytes per store. Blocks are
+// quantized (int8: times the reciprocal of the row's scale, the exact quotient near rounding
+// ties; fp8: the quotient) and written 8 bytes per store. Blocks are
 // persistent (as many as fit at once) and loop over rows; for 16-bit rows the next row's
 // loads are issued before the current row is rotated, so that a block always has a row in
-// flight. Rows of up to 16,384 features (16 warps); longer rows and rows not 16-byte aligned
+// flight. Rows of up to 32,768 features (16 warps); longer rows and rows not 16-byte aligned
 // take the two-pass kernel of the first version (rotating each group in shared memory twice).
 //
 // The same kernel without the rotation is quantize_rows (quantize.cuh) for rows whose length
@@ -59,7 +60,7 @@ cudaError_t rotate_quantize_int8(const RotateQuantParams& p, cudaStream_t stream
 cudaError_t rotate_quantize_int8_two_pass(const RotateQuantParams& p, cudaStream_t stream);
 
 // The register kernel without the rotation, for quantize_rows: cudaErrorNotSupported where it
-// does not take the rows (cols not a multiple of 8 or above 16,384, a row not 16-byte aligned).
+// does not take the rows (cols not a multiple of 8 or above 32,768, a row not 16-byte aligned).
 cudaError_t quantize_rows_registers(const QuantizeParams& p, cudaStream_t stream);
 
 }  // namespace sp::kernels

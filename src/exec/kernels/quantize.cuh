@@ -4,7 +4,7 @@
 // Design note. The quantized formats' GEMMs (exec/formats) take 8-bit activations with one
 // fp32 scale per row, s[r] = max|x[r]| / qmax (127 for int8, 448 for fp8 e4m3), and the
 // int8 GEMM returns int32 sums. quantize_rows reads each row once into registers (rows of up
-// to 16,384 values whose length is a multiple of 8: the kernel of hadamard.cuh without the
+// to 32,768 values whose length is a multiple of 8: the kernel of hadamard.cuh without the
 // rotation; other rows are read twice, the second read mostly from the cache) and writes the
 // 8-bit row and its scale: no fp32 copy of the slab. int8_epilogue turns the int32 sums into
 // the projection's output in one pass: y = acc · s_x[r] · s_w[c] (+ bias[c]) written or added
