@@ -16,8 +16,7 @@
 // ((H4·v)_i = Σv - 2·v_{3-i}) along each digit, in any order: digits 0 and 3 lie in a lane's
 // own registers, digits 1 and 2 each across a pair of lanes (one shuffle per value and
 // stage). The row's maximum is a warp then block reduction (one barrier), the values are
-// quantized (int8: times the reciprocal of the row's scale, the exact quotient near rounding
-// ties; fp8: the quotient) and written 8 bytes per store. Blocks are
+// quantized (times the reciprocal of the row's scale) and written 8 bytes per store. Blocks are
 // persistent (as many as fit at once) and loop over rows; for 16-bit rows the next row's
 // loads are issued before the current row is rotated, so that a block always has a row in
 // flight. Rows of up to 32,768 features (16 warps); longer rows and rows not 16-byte aligned
