@@ -106,7 +106,7 @@ std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x) { retu
 
 namespace {
 
-bool aten_int8_gemm_asked() {
+[[maybe_unused]] bool aten_int8_gemm_asked() {
   const char* v = std::getenv("STREAMPLAN_INT8_GEMM");
   return v && std::strcmp(v, "aten") == 0;
 }
