@@ -8,6 +8,10 @@
 #                                    (scripts/bench_minimax.py; ComfyUI's H3 attention needs it)
 #   .whl-comfy/                      wheels of what ComfyUI's sampling imports beyond torch
 #                                    (scripts/comfy_check.py; installed there where missing)
+#   .deps/cutlass-include.tar.gz     the CUTLASS headers (include/cutlass, include/cute) of the
+#                                    nvidia-cutlass wheel pinned in requirements.txt, ~2.4 MB: CMake
+#                                    unpacks them into the build folder where the machine's Python
+#                                    has no such wheel (the fused int8 GEMM for sm_90a)
 #   .deps/comfyui-src/               where .deps/comfyui-master holds a ComfyUI master checkout:
 #                                    its Python sources and small JSON configs (no tokenizer
 #                                    data, no .git; ~7 MB), what scripts/comfy_load_check.py imports
@@ -22,6 +26,18 @@ pin() { grep -E "^$1==" requirements.txt; }
 rm -rf .deps/include .deps/googletest && mkdir -p .deps/include
 cp -r /usr/include/nlohmann /usr/include/CLI .deps/include/
 cp -r /usr/src/googletest .deps/
+
+rm -rf .deps/cutlass-include.tar.gz /tmp/streamplan-cutlass && mkdir -p /tmp/streamplan-cutlass
+.venv/bin/pip download -q --no-deps --only-binary=:all: -d /tmp/streamplan-cutlass "$(pin nvidia-cutlass)"
+.venv/bin/python - /tmp/streamplan-cutlass <<'PY'
+import glob, os, sys, zipfile
+d = sys.argv[1]
+with zipfile.ZipFile(glob.glob(os.path.join(d, "nvidia_cutlass-*.whl"))[0]) as z:
+    for n in z.namelist():
+        if n.startswith("cutlass_library/source/include/"):
+            z.extract(n, d)
+PY
+tar -czf .deps/cutlass-include.tar.gz -C /tmp/streamplan-cutlass/cutlass_library/source include
 
 rm -rf .whl && mkdir -p .whl
 .venv/bin/pip download -q --no-deps --only-binary=:all: --python-version "$py" -d .whl \
@@ -41,4 +57,4 @@ if [ -d .deps/comfyui-master/comfy ]; then
   (cd .deps/comfyui-master && find comfy comfy_api comfy_execution comfy_config utils -type f \
      \( -name "*.py" -o -name "*.json" -size -200k \) -exec cp --parents {} ../comfyui-src/ \; && cp ./*.py ../comfyui-src/)
 fi
-du -sh .deps/include .deps/googletest .whl .deps/ck312 .whl-comfy .deps/comfyui-src 2>/dev/null
+du -sh .deps/include .deps/googletest .deps/cutlass-include.tar.gz .whl .deps/ck312 .whl-comfy .deps/comfyui-src 2>/dev/null

@@ -3,6 +3,7 @@
 // bad input, and the convert round trip.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <cstdio>
 #include <stdlib.h>
 #include <unistd.h>
@@ -19,6 +20,16 @@
 #include "plan/plan.hpp"
 #include "recognize/quant.hpp"
 #include "test_util.hpp"
+
+#ifdef STREAMPLAN_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include "exec/kernels/hadamard.cuh"
+#endif
+#ifdef STREAMPLAN_INT8_GEMM_SM90
+#include "exec/kernels/int8_gemm_sm90.cuh"
+#endif
 
 namespace {
 
@@ -125,6 +136,77 @@ TEST(Formats, WrongScaleShapeIsNamed) {
   const std::string e = error_of([&] { w.acquire(l, {}, {}, at::kFloat); });
   EXPECT_NE(e.find("scale 'l.weight.scale' has shape [3]"), std::string::npos) << e;
   EXPECT_NE(e.find("[8, 256]"), std::string::npos) << e;
+}
+
+// --- the int8 GEMM: semantics of int8_gemm, its workspace and kernel on each device -----------
+
+// (xq @ wq^T) * sx * sw (+ bias) (+ y0) in float64: what int8_gemm computes, up to the rounding
+// of y's dtype.
+at::Tensor int8_reference(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
+                          const at::Tensor& bias, const at::Tensor& y0) {
+  const auto dbl = [](const at::Tensor& t) { return t.to(at::kCPU).to(at::kDouble); };
+  at::Tensor r = at::matmul(dbl(xq), dbl(wq).t()).mul_(dbl(sx));
+  r.mul_(sw.dim() == 0 ? dbl(sw) : dbl(sw).t());
+  if (bias.defined()) r.add_(dbl(bias));
+  if (y0.defined()) r.add_(dbl(y0));
+  return r;
+}
+
+TEST(Formats, Int8GemmWritesOrAccumulatesScaledProductWithBias) {
+  at::manual_seed(11);
+  for (const bool per_row : {true, false})
+    for (const bool with_bias : {true, false})
+      for (const bool accumulate : {false, true}) {
+        SCOPED_TRACE(std::string(per_row ? "per-row" : "tensor-wise") + (with_bias ? ", bias" : "") +
+                     (accumulate ? ", accumulate" : ""));
+        const int64_t n = 37, k = 96, r = 40;
+        const at::Tensor xq = at::randint(-127, 128, {n, k}).to(at::kChar);
+        const at::Tensor wq = at::randint(-127, 128, {r, k}).to(at::kChar);
+        const at::Tensor sx = at::rand({n, 1}) / 100 + 1e-3;
+        const at::Tensor sw = per_row ? at::rand({r, 1}) / 100 + 1e-3 : at::tensor(0.004f).reshape({});
+        const at::Tensor bias = with_bias ? at::randn({r}) : at::Tensor();
+        const at::Tensor y0 = at::randn({n, r});
+        at::Tensor y = y0.clone();
+        exec::quant::int8_gemm(xq, sx, wq, sw, y, bias, accumulate);
+        EXPECT_LT(test::rel_l2(y, int8_reference(xq, sx, wq, sw, bias, accumulate ? y0 : at::Tensor())), 1e-6);
+      }
+}
+
+TEST(Formats, Int8GemmWorkspaceAndKernelByDevice) {
+  const auto reg = exec::builtin_registry();
+  contracts::DeviceCaps cpu;
+  cpu.kind = contracts::DeviceKind::CPU;
+  contracts::DeviceCaps ampere = cpu;
+  ampere.kind = contracts::DeviceKind::CUDA;
+  ampere.cc_major = 8;
+  contracts::DeviceCaps hopper = ampere;
+  hopper.cc_major = 9;
+  const contracts::GemmCall g{1000, 5120, 1536, ir::DType::BF16, false};
+  const int64_t activations = 1000 * 5120 + 1000 * 4, product = int64_t(1000) * 1536 * 4;
+  for (const std::string name : {"int8", "convrot-int8"}) {
+    SCOPED_TRACE(name);
+    const auto& f = reg.format(name);
+    ASSERT_TRUE(f.gemm_workspace && f.gemm_kernel);
+    // Without the fused kernel the int32 product is part of the call.
+    EXPECT_EQ(f.gemm_workspace(g, cpu), activations + product);
+    EXPECT_EQ(f.gemm_workspace(g, ampere), activations + product);
+    EXPECT_NE(f.gemm_kernel(ampere).find("_int_mm"), std::string::npos) << f.gemm_kernel(ampere);
+    EXPECT_NE(f.gemm_kernel(cpu).find("CPU"), std::string::npos) << f.gemm_kernel(cpu);
+    // On cc 9.0 it depends on the build and on this machine's device (the image must load).
+    const bool fused = exec::quant::fused_int8_gemm(hopper);
+    EXPECT_EQ(f.gemm_workspace(g, hopper), activations + (fused ? 1536 * 4 : product));
+    EXPECT_EQ(f.gemm_kernel(hopper).find("CUTLASS") != std::string::npos, fused) << f.gemm_kernel(hopper);
+    // Shapes the kernel does not take keep the product even there.
+    for (const contracts::GemmCall& odd : {contracts::GemmCall{1000, 5120, 1530, ir::DType::BF16, false},
+                                           contracts::GemmCall{1000, 5128, 1536, ir::DType::BF16, true},
+                                           contracts::GemmCall{1000, 5120, 1536, ir::DType::F32, false}})
+      EXPECT_EQ(f.gemm_workspace(odd, hopper),
+                odd.rows * odd.in_features + odd.rows * 4 + odd.rows * odd.out_features * 4);
+  }
+  EXPECT_FALSE(reg.format("fp8-e4m3").gemm_kernel);
+#ifndef STREAMPLAN_INT8_GEMM_SM90
+  EXPECT_FALSE(exec::quant::fused_int8_gemm(hopper)) << "a build without the kernel";
+#endif
 }
 
 models::ModelConfig quant_config(const std::string& format) {
@@ -379,5 +461,293 @@ TEST(Gpu, PlannedNativeFormatsWithinToleranceOfNaive) {
     EXPECT_LT(err, 2 * reg.format(name).tolerance);
   }
 }
+
+#ifdef STREAMPLAN_WITH_CUDA
+
+// Sets an environment variable for the scope (restores the earlier value).
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> old;
+  ScopedEnv(const std::string& n, const std::string& v) : name(n) {
+    if (const char* o = getenv(n.c_str())) old = o;
+    setenv(n.c_str(), v.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old) setenv(name.c_str(), old->c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+};
+
+// The fused kernel (where this build and device have it) and _int_mm + epilogue, on awkward
+// shapes: rows not multiples of the tile, bias or none, write or accumulate, bf16 and fp16,
+// per-row and tensor-wise weight scales, an output view inside a wider tensor and one that is
+// not 16-byte aligned (which falls back); each against the float64 reference of the same
+// quantized operands and against each other.
+TEST(Gpu, Int8GemmFusedAndIntMmMatchReference) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const at::Device d = exec::pick_device("cuda");
+  const auto dev = exec::describe_device(d);
+  const bool fused = exec::quant::fused_int8_gemm(dev);
+  std::cout << "int8 GEMM kernel: " << exec::quant::int8_gemm_kernel(dev) << "\n";
+#ifdef STREAMPLAN_INT8_GEMM_SM90
+  if (dev.cc_major == 9 && dev.cc_minor == 0) EXPECT_TRUE(fused) << "cc 9.0 and a build with the kernel";
+#endif
+  at::manual_seed(21);
+  const auto cuda = at::TensorOptions().device(d);
+  double worst_ref = 0, worst_pair = 0;
+  struct Shape { int64_t n, k, r; };
+  for (const Shape sh : {Shape{17, 256, 8}, Shape{200, 512, 264}, Shape{1000, 1280, 1536}, Shape{4097, 5120, 1536}})
+    for (const at::ScalarType yt : {at::kBFloat16, at::kHalf})
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool with_bias = variant & 1, accumulate = variant & 2;
+        const bool per_row = sh.n != 200;
+        SCOPED_TRACE("rows " + std::to_string(sh.n) + " k " + std::to_string(sh.k) + " cols " + std::to_string(sh.r) +
+                     (yt == at::kHalf ? " fp16" : " bf16") + (with_bias ? ", bias" : "") +
+                     (accumulate ? ", accumulate" : ""));
+        const at::Tensor xq = at::randint(-127, 128, {sh.n, sh.k}, cuda).to(at::kChar);
+        const at::Tensor wq = at::randint(-127, 128, {sh.r, sh.k}, cuda).to(at::kChar);
+        const at::Tensor sx = at::rand({sh.n, 1}, cuda) / 100 + 1e-4;
+        const at::Tensor sw = per_row ? at::rand({sh.r, 1}, cuda) / 100 + 1e-4 : at::tensor(4e-3f, cuda).reshape({});
+        const at::Tensor bias = with_bias ? at::randn({sh.r}, cuda).to(yt) : at::Tensor();
+        // y: columns [8, 8 + r) of a wider tensor (rows 16-byte aligned, stride r + 24).
+        const at::Tensor wide = at::randn({sh.n, sh.r + 24}, cuda).to(yt);
+        const at::Tensor y0 = wide.slice(1, 8, 8 + sh.r);
+        const at::Tensor ref = int8_reference(xq, sx, wq, sw, bias, accumulate ? y0 : at::Tensor());
+        at::Tensor yf = wide.clone().slice(1, 8, 8 + sh.r), ya = wide.clone().slice(1, 8, 8 + sh.r);
+        exec::quant::int8_gemm(xq, sx, wq, sw, yf, bias, accumulate);
+        {
+          ScopedEnv aten("STREAMPLAN_INT8_GEMM", "aten");
+          exec::quant::int8_gemm(xq, sx, wq, sw, ya, bias, accumulate);
+        }
+        const double ef = test::rel_l2(yf.cpu(), ref), ea = test::rel_l2(ya.cpu(), ref);
+        const double pair = test::rel_l2(yf.cpu(), ya.cpu());
+        EXPECT_LT(ef, 4e-3) << "int8_gemm vs float64 reference";
+        EXPECT_LT(ea, 4e-3) << "_int_mm + epilogue vs float64 reference";
+        EXPECT_LT(pair, 6e-3) << "int8_gemm vs _int_mm + epilogue";
+        worst_ref = std::max(worst_ref, ef);
+        worst_pair = std::max(worst_pair, pair);
+      }
+  std::cout << "int8_gemm rel_l2: worst vs float64 reference " << worst_ref << ", worst vs _int_mm + epilogue "
+            << worst_pair << (fused ? " (fused)" : " (not fused)") << "\n";
+  // An output view that is not 16-byte aligned: the _int_mm path, the same result.
+  const at::Tensor xq = at::randint(-127, 128, {300, 512}, cuda).to(at::kChar);
+  const at::Tensor wq = at::randint(-127, 128, {64, 512}, cuda).to(at::kChar);
+  const at::Tensor sx = at::rand({300, 1}, cuda) / 2000, sw = at::rand({64, 1}, cuda) / 2000;
+  at::Tensor wide = at::zeros({300, 80}, cuda.dtype(at::kBFloat16));
+  at::Tensor y = wide.slice(1, 3, 67);
+  exec::quant::int8_gemm(xq, sx, wq, sw, y, {}, false);
+  EXPECT_LT(test::rel_l2(y.cpu(), int8_reference(xq, sx, wq, sw, {}, {})), 4e-3);
+  EXPECT_EQ(wide.slice(1, 0, 3).abs().sum().item<double>(), 0.0) << "wrote outside the view";
+}
+
+#ifdef STREAMPLAN_INT8_GEMM_SM90
+// Both tile configurations of the kernel, called directly, on a few shapes.
+TEST(Gpu, Int8GemmSm90TileConfigurations) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  if (!kernels::int8_gemm_sm90_ready()) GTEST_SKIP() << "no sm_90a device";
+  const auto cuda = at::TensorOptions().device(exec::pick_device("cuda"));
+  at::manual_seed(22);
+  for (const auto tile : {kernels::Int8GemmTile::PingPong128, kernels::Int8GemmTile::Coop256})
+    for (const int64_t n : {1, 255, 513, 2000}) {
+      SCOPED_TRACE("tile " + std::to_string(int(tile)) + " rows " + std::to_string(n));
+      const int64_t k = 768, r = 392;
+      const at::Tensor xq = at::randint(-127, 128, {n, k}, cuda).to(at::kChar);
+      const at::Tensor wq = at::randint(-127, 128, {r, k}, cuda).to(at::kChar);
+      const at::Tensor sx = at::rand({n}, cuda) / 1000, sw = at::rand({r}, cuda) / 1000;
+      const at::Tensor bias = at::randn({r}, cuda).to(at::kBFloat16);
+      at::Tensor y = at::randn({n, r}, cuda).to(at::kBFloat16);
+      const at::Tensor y0 = y.clone();
+      kernels::Int8GemmParams p;
+      p.x = xq.data_ptr<int8_t>();
+      p.x_stride = k;
+      p.w = wq.data_ptr<int8_t>();
+      p.w_stride = k;
+      p.row_scale = sx.data_ptr<float>();
+      p.col_scale = sw.data_ptr<float>();
+      p.bias = bias.data_ptr();
+      p.y = y.data_ptr();
+      p.y_stride = r;
+      p.accumulate = true;
+      p.rows = n;
+      p.cols = r;
+      p.k = k;
+      p.tile = tile;
+      ASSERT_TRUE(kernels::int8_gemm_sm90_fits(p));
+      ASSERT_EQ(kernels::int8_gemm_sm90(p, c10::cuda::getCurrentCUDAStream().stream()), cudaSuccess);
+      EXPECT_LT(test::rel_l2(y.cpu(), int8_reference(xq, sx.unsqueeze(1), wq, sw.unsqueeze(1), bias, y0)), 4e-3);
+    }
+}
+#endif
+
+// The register kernel (one read of the row) against the two-pass kernel and the ATen reference
+// (rotation by matmul), including rows of up to 32,768 features and one longer (two-pass).
+TEST(Gpu, RotateQuantizeRegisterKernelMatchesTwoPassAndReference) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const auto cuda = at::TensorOptions().device(exec::pick_device("cuda"));
+  at::manual_seed(23);
+  for (const int64_t cols : {256, 1280, 5120, 13824, 32768, 33024})
+    for (const at::ScalarType xt : {at::kBFloat16, at::kFloat}) {
+      SCOPED_TRACE("cols " + std::to_string(cols) + (xt == at::kFloat ? " fp32" : " bf16"));
+      const int64_t rows = 301;
+      const at::Tensor x = (at::randn({rows, cols}, cuda) * (1 + at::rand({rows, 1}, cuda) * 5)).to(xt);
+      at::Tensor q1 = at::empty({rows, cols}, cuda.dtype(at::kChar)), q2 = at::empty_like(q1);
+      at::Tensor s1 = at::empty({rows}, cuda), s2 = at::empty({rows}, cuda);
+      kernels::RotateQuantParams p;
+      p.x = x.data_ptr();
+      p.x_stride = cols;
+      p.x_type = xt == at::kFloat ? kernels::Elem::F32 : kernels::Elem::BF16;
+      p.q = q1.data_ptr<int8_t>();
+      p.scale = s1.data_ptr<float>();
+      p.rows = rows;
+      p.cols = cols;
+      const cudaStream_t st = c10::cuda::getCurrentCUDAStream().stream();
+      ASSERT_EQ(kernels::rotate_quantize_int8(p, st), cudaSuccess);
+      p.q = q2.data_ptr<int8_t>();
+      p.scale = s2.data_ptr<float>();
+      ASSERT_EQ(kernels::rotate_quantize_int8_two_pass(p, st), cudaSuccess);
+      const auto [qr, sr] = exec::quant::quantize_rows_int8(exec::quant::rotate(x.cpu().to(at::kFloat), 256));
+      // Summation order differs: scales to fp32 rounding, values off by one only at ties.
+      EXPECT_LT(test::rel_l2(s1.cpu(), sr.reshape({rows})), 1e-6);
+      EXPECT_LT(test::rel_l2(s1.cpu(), s2.cpu()), 1e-6);
+      const at::Tensor d1 = (q1.cpu().to(at::kInt) - qr.to(at::kInt)).abs(), d2 = (q1 - q2).cpu().to(at::kInt).abs();
+      EXPECT_LE(d1.max().item<int>(), 1);
+      EXPECT_LE(d2.max().item<int>(), 1);
+      EXPECT_LT(d1.to(at::kFloat).mean().item<double>(), 1e-3);
+    }
+}
+
+// quantize_rows' register kernel (row lengths multiples of 8) and its two-read fallback, int8
+// and fp8, against the ATen formula (the same scales; the same values but for rounding ties).
+TEST(Gpu, QuantizeRowsMatchesReference) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const auto cuda = at::TensorOptions().device(exec::pick_device("cuda"));
+  at::manual_seed(24);
+  for (const int64_t cols : {8, 1000, 5120, 13824, 32768, 32776, 1001})
+    for (const at::ScalarType qt : {at::kChar, at::kFloat8_e4m3fn}) {
+      SCOPED_TRACE("cols " + std::to_string(cols) + (qt == at::kChar ? " int8" : " fp8"));
+      const at::Tensor x = at::randn({77, cols}, cuda).to(at::kBFloat16);
+      const auto [q, s] = exec::quant::quantize_rows(x, qt);
+      const double qmax = qt == at::kChar ? 127.0 : 448.0;
+      const at::Tensor sr = x.cpu().to(at::kFloat).abs().amax(1, true).div_(qmax).clamp_min_(1e-30);
+      at::Tensor v = x.cpu().to(at::kFloat).div(sr);
+      if (qt == at::kChar) v.round_();
+      const at::Tensor qr = v.clamp_(-qmax, qmax).to(qt);
+      EXPECT_TRUE(at::equal(s.cpu(), sr));
+      // The same values but for rounding ties: the register kernel multiplies by 1/s where the
+      // formula divides, which moves a tie one 8-bit step (at most 1.1e-3 of the values seen).
+      const at::Tensor a = q.cpu().to(at::kFloat), b = qr.to(at::kFloat);
+      const int64_t off = ((a - b).abs() > 0).sum().item<int64_t>();
+      if (off) std::cout << "cols " << cols << ": " << off << " values differ\n";
+      EXPECT_LE(off, std::max<int64_t>(2, a.numel() / 300));
+      EXPECT_TRUE(((a - b).abs() <= b.abs() * 0.13 + 1.0).all().item<bool>());
+    }
+}
+
+// Times at the Wan 14B block's slab (75,600 rows) where STREAMPLAN_TIME_KERNELS is set (a
+// measurement, not a check): bf16 at::mm, _int_mm, int8_epilogue, the fused kernel in both
+// tile configurations; the rotation kernels against a copy of the same bf16 slab.
+TEST(Gpu, Int8GemmAndRotationTimes) {
+  if (!getenv("STREAMPLAN_TIME_KERNELS")) GTEST_SKIP() << "set STREAMPLAN_TIME_KERNELS=1 to time";
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const at::Device d = exec::pick_device("cuda");
+  const auto cuda = at::TensorOptions().device(d);
+  const int64_t n = 75600;
+  const cudaStream_t st = c10::cuda::getCurrentCUDAStream().stream();
+  const auto time_ms = [&](const std::function<void()>& f) {
+    f();
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    const int reps = 5;
+    cudaEventRecord(a, st);
+    for (int i = 0; i < reps; ++i) f();
+    cudaEventRecord(b, st);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return double(ms) / reps;
+  };
+  struct Shape { int64_t k, r; };
+  for (const Shape sh : {Shape{5120, 5120}, Shape{5120, 13824}, Shape{13824, 5120}}) {
+    const at::Tensor x = at::randn({n, sh.k}, cuda).to(at::kBFloat16);
+    const at::Tensor w = (at::randn({sh.r, sh.k}, cuda) / 70).to(at::kBFloat16);
+    at::Tensor y = at::empty({n, sh.r}, x.options());
+    const double mm = time_ms([&] { at::mm_out(y, x, w.t()); });
+    const auto [xq, sx] = exec::quant::quantize_rows_int8(x);
+    const auto [wq, sw] = exec::quant::quantize_rows_int8(w);
+    at::Tensor acc = at::_int_mm(xq, wq.t());
+    const double int_mm = time_ms([&] { acc = at::_int_mm(xq, wq.t()); });
+    double epi = 0;
+    {
+      ScopedEnv aten("STREAMPLAN_INT8_GEMM", "aten");
+      epi = time_ms([&] { exec::quant::int8_gemm(xq, sx, wq, sw, y, {}, true); }) - int_mm;
+    }
+    const double quant = time_ms([&] { exec::quant::quantize_rows_int8(x); });
+    std::printf("int8 GEMM %ld x %ld -> %ld: bf16 mm %.2f ms, _int_mm %.2f + epilogue %.2f ms, quantize_rows %.2f ms",
+                long(n), long(sh.k), long(sh.r), mm, int_mm, epi, quant);
+#ifdef STREAMPLAN_INT8_GEMM_SM90
+    if (kernels::int8_gemm_sm90_ready()) {
+      const at::Tensor rs = sx.reshape({n}).contiguous(), cs = sw.reshape({sh.r}).contiguous();
+      for (const auto tile : {kernels::Int8GemmTile::PingPong128, kernels::Int8GemmTile::Coop256}) {
+        kernels::Int8GemmParams p;
+        p.x = xq.data_ptr<int8_t>();
+        p.x_stride = sh.k;
+        p.w = wq.data_ptr<int8_t>();
+        p.w_stride = sh.k;
+        p.row_scale = rs.data_ptr<float>();
+        p.col_scale = cs.data_ptr<float>();
+        p.y = y.data_ptr();
+        p.y_stride = sh.r;
+        p.rows = n;
+        p.cols = sh.r;
+        p.k = sh.k;
+        p.tile = tile;
+        const double t = time_ms([&] { kernels::int8_gemm_sm90(p, st); });
+        p.accumulate = true;
+        const double ta = time_ms([&] { kernels::int8_gemm_sm90(p, st); });
+        std::printf(", fused %s %.2f ms (accumulate %.2f)", tile == kernels::Int8GemmTile::Coop256 ? "coop256" : "pingpong128",
+                    t, ta);
+      }
+      const at::Tensor out = at::empty_like(y);
+      exec::quant::int8_gemm(xq, sx, wq, sw, out, {}, false);
+      at::Tensor dq = at::empty_like(y);
+      {
+        ScopedEnv aten("STREAMPLAN_INT8_GEMM", "aten");
+        exec::quant::int8_gemm(xq, sx, wq, sw, dq, {}, false);
+      }
+      const at::Tensor rows = at::arange(0, n, 997, cuda.dtype(at::kLong));
+      const at::Tensor bf = at::mm(x.index_select(0, rows).to(at::kFloat), w.to(at::kFloat).t());
+      std::printf("; rel_l2 fused vs _int_mm+epilogue %.2e, vs bf16 inputs in fp32 %.2e (sampled rows)",
+                  test::rel_l2(out.index_select(0, rows).cpu(), dq.index_select(0, rows).cpu()),
+                  test::rel_l2(out.index_select(0, rows).cpu(), bf.cpu()));
+    }
+#endif
+    std::printf("\n");
+  }
+  for (const int64_t k : {5120, 13824}) {
+    const at::Tensor x = at::randn({n, k}, cuda).to(at::kBFloat16);
+    at::Tensor q = at::empty({n, k}, cuda.dtype(at::kChar));
+    at::Tensor s = at::empty({n}, cuda);
+    kernels::RotateQuantParams p;
+    p.x = x.data_ptr();
+    p.x_stride = k;
+    p.q = q.data_ptr<int8_t>();
+    p.scale = s.data_ptr<float>();
+    p.rows = n;
+    p.cols = k;
+    at::Tensor c = at::empty_like(x);
+    const double copy = time_ms([&] { c.copy_(x); });
+    const double reg = time_ms([&] { kernels::rotate_quantize_int8(p, st); });
+    const double two = time_ms([&] { kernels::rotate_quantize_int8_two_pass(p, st); });
+    const double gb = double(n) * k * 3 / 1e9, gbc = double(n) * k * 4 / 1e9;
+    std::printf("rotate+quantize %ld x %ld: registers %.3f ms (%.0f GB/s), two-pass %.3f ms (%.0f GB/s), "
+                "copy of the bf16 slab %.3f ms (%.0f GB/s)\n",
+                long(n), long(k), reg, gb / reg * 1e3, two, gb / two * 1e3, copy, gbc / copy * 1e3);
+  }
+}
+
+#endif  // STREAMPLAN_WITH_CUDA
 
 }  // namespace gpu_formats

@@ -101,6 +101,8 @@ struct FormatCaps {
   // scales, integer accumulator) is allocated beside the arena while it runs. Null: never.
   std::function<bool(const DeviceCaps&)> native_gemm;
   std::function<int64_t(const GemmCall&, const DeviceCaps&)> gemm_workspace;
+  // The kernel the native GEMM runs on a device, in words (--explain); null: not declared.
+  std::function<std::string(const DeviceCaps&)> gemm_kernel;
   // Relative L2 error of one projection against the same projection on the dequantized weight
   // (activation quantization); 0: exact up to rounding of the compute dtype.
   double tolerance = 0;

@@ -3,7 +3,7 @@
 // quantized.hpp) and stored in int8 with one fp32 scale per output row. Input slices must
 // hold whole groups (in_align 256). The CPU acquires the dequantized slice rotated back
 // (W = W'·H); on CUDA the format runs its own GEMM: the activation slab is rotated and
-// quantized per row in one kernel (kernels/hadamard.cuh), then at::_int_mm.
+// quantized per row in one kernel (kernels/hadamard.cuh), then quant::int8_gemm.
 #include "exec/consumers/consumer.hpp"
 #include "exec/formats/quantized.hpp"
 
@@ -91,9 +91,10 @@ void register_convrot_int8(contracts::Registry& reg) {
   f.out_slicing = f.in_slicing = f.held_execution = Cap::Yes;
   f.in_align = kGroup;
   f.native_gemm = [](const contracts::DeviceCaps& d) { return d.kind == contracts::DeviceKind::CUDA; };
-  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps&) {
-    return quant::int8_gemm_workspace(g.rows, g.in_features, g.out_features);
+  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps& d) {
+    return quant::int8_gemm_workspace(g, d);
   };
+  f.gemm_kernel = [](const contracts::DeviceCaps& d) { return quant::int8_gemm_kernel(d); };
   f.tolerance = 0.02;
   f.impl = std::make_shared<ConvRot>();
   reg.add(f);

@@ -1,8 +1,8 @@
 // int8: symmetric int8 weights with one fp32 scale for the tensor or one per output row
 // (ComfyUI's int8_tensorwise), stored as the weight and "<weight>.scale" (quantized.hpp).
 // The CPU acquires the dequantized slice into the placed buffer; on CUDA the format runs its
-// own GEMM: activations quantized per row to int8, at::_int_mm, both scales applied to the
-// int32 product.
+// own GEMM: activations quantized per row to int8, then quant::int8_gemm (the fused sm_90a
+// kernel where it runs, else at::_int_mm and both scales applied to the int32 product).
 #include "exec/consumers/consumer.hpp"
 #include "exec/formats/quantized.hpp"
 
@@ -48,9 +48,10 @@ void register_int8(contracts::Registry& reg) {
   f.dense = false;
   f.out_slicing = f.in_slicing = f.held_execution = Cap::Yes;
   f.native_gemm = [](const contracts::DeviceCaps& d) { return d.kind == contracts::DeviceKind::CUDA; };
-  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps&) {
-    return quant::int8_gemm_workspace(g.rows, g.in_features, g.out_features);
+  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps& d) {
+    return quant::int8_gemm_workspace(g, d);
   };
+  f.gemm_kernel = [](const contracts::DeviceCaps& d) { return quant::int8_gemm_kernel(d); };
   f.tolerance = 0.02;  // per-row int8 activations: ~1% relative L2 on normal data
   f.impl = std::make_shared<Int8>();
   reg.add(f);

@@ -1,5 +1,7 @@
 #include "exec/formats/quantized.hpp"
 
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 #ifdef STREAMPLAN_WITH_CUDA
@@ -7,6 +9,9 @@
 
 #include "exec/kernels/elem.hpp"
 #include "exec/kernels/quantize.cuh"
+#endif
+#ifdef STREAMPLAN_INT8_GEMM_SM90
+#include "exec/kernels/int8_gemm_sm90.cuh"
 #endif
 
 namespace sp::exec::quant {
@@ -99,11 +104,66 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarT
 
 std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x) { return quantize_rows(x, at::kChar); }
 
+namespace {
+
+[[maybe_unused]] bool aten_int8_gemm_asked() {
+  const char* v = std::getenv("STREAMPLAN_INT8_GEMM");
+  return v && std::strcmp(v, "aten") == 0;
+}
+
+#ifdef STREAMPLAN_INT8_GEMM_SM90
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// A contiguous copy where t is not contiguous or not 16-byte aligned (a slice of a larger tensor).
+at::Tensor aligned(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return aligned16(c) ? c : c.clone();
+}
+
+// The fused kernel where the operands fit it; false (nothing done) where they do not.
+bool fused_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
+                const at::Tensor& y, const at::Tensor& bias, bool accumulate) {
+  if (aten_int8_gemm_asked() || !kernels::int8_gemm_sm90_ready()) return false;
+  if (y.scalar_type() != at::kBFloat16 && y.scalar_type() != at::kHalf) return false;
+  if (xq.dim() != 2 || wq.dim() != 2 || y.dim() != 2 || xq.stride(1) != 1 || wq.stride(1) != 1 || y.stride(1) != 1)
+    return false;
+  const int64_t n = xq.size(0), k = xq.size(1), r = wq.size(0);
+  const at::Tensor rs = aligned(sx.to(at::kFloat).reshape({n}));
+  at::Tensor cs = sw.to(at::kFloat).reshape({-1});
+  cs = aligned(cs.numel() == 1 ? cs.expand({r}) : cs);
+  const at::Tensor b = bias.defined() ? aligned(bias.to(y.scalar_type()).reshape({r})) : bias;
+  kernels::Int8GemmParams p;
+  p.x = xq.data_ptr<int8_t>();
+  p.x_stride = xq.stride(0);
+  p.w = wq.data_ptr<int8_t>();
+  p.w_stride = wq.stride(0);
+  p.row_scale = rs.data_ptr<float>();
+  p.col_scale = cs.data_ptr<float>();
+  p.bias = b.defined() ? b.data_ptr() : nullptr;
+  p.y = y.data_ptr();
+  p.y_stride = y.stride(0);
+  p.y_type = y.scalar_type() == at::kHalf ? kernels::Elem::F16 : kernels::Elem::BF16;
+  p.accumulate = accumulate;
+  p.rows = n;
+  p.cols = r;
+  p.k = k;
+  if (!kernels::int8_gemm_sm90_fits(p)) return false;
+  const cudaError_t e = kernels::int8_gemm_sm90(p, c10::cuda::getCurrentCUDAStream(y.get_device()).stream());
+  TORCH_CHECK(e == cudaSuccess, "int8_gemm_sm90: ", cudaGetErrorString(e));
+  return true;
+}
+#endif
+
+}  // namespace
+
 void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
                const at::Tensor& y, const at::Tensor& bias, bool accumulate) {
 #ifdef STREAMPLAN_WITH_CUDA
   if (xq.is_cuda() && y.dim() == 2 && y.stride(1) == 1 && kernels::elem_of(y.scalar_type()) &&
       (!bias.defined() || kernels::elem_of(bias.scalar_type()))) {
+#ifdef STREAMPLAN_INT8_GEMM_SM90
+    if (fused_gemm(xq, sx, wq, sw, y, bias, accumulate)) return;
+#endif
     const at::Tensor acc = at::_int_mm(xq, wq.t());
     const at::Tensor rs = sx.to(at::kFloat).contiguous(), cs = sw.to(at::kFloat).contiguous();
     const at::Tensor b = bias.defined() ? bias.contiguous() : bias;
@@ -134,8 +194,31 @@ void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq,
   else y.copy_(acc);
 }
 
-int64_t int8_gemm_workspace(int64_t rows, int64_t in_features, int64_t out_features) {
-  return rows * in_features + rows * 4 + rows * out_features * 4;
+bool fused_int8_gemm(const contracts::DeviceCaps& dev) {
+#ifdef STREAMPLAN_INT8_GEMM_SM90
+  return dev.kind == contracts::DeviceKind::CUDA && dev.cc_major == 9 && dev.cc_minor == 0 &&
+         !aten_int8_gemm_asked() && kernels::int8_gemm_sm90_ready();
+#else
+  (void)dev;
+  return false;
+#endif
+}
+
+bool fused_int8_gemm(const contracts::DeviceCaps& dev, const contracts::GemmCall& g) {
+  return (g.out == ir::DType::BF16 || g.out == ir::DType::F16) && g.in_features % 16 == 0 &&
+         g.out_features % 8 == 0 && fused_int8_gemm(dev);
+}
+
+std::string int8_gemm_kernel(const contracts::DeviceCaps& dev) {
+  if (dev.kind != contracts::DeviceKind::CUDA) return "at::_int_mm (CPU)";
+  if (fused_int8_gemm(dev)) return "CUTLASS sm_90a int8 GEMM, scales/bias/accumulate fused in its epilogue";
+  return "at::_int_mm + int8_epilogue";
+}
+
+int64_t int8_gemm_workspace(const contracts::GemmCall& g, const contracts::DeviceCaps& dev) {
+  const int64_t activations = g.rows * g.in_features + g.rows * 4;
+  if (fused_int8_gemm(dev, g)) return activations + g.out_features * 4;
+  return activations + g.rows * g.out_features * 4;
 }
 
 void reference_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const at::Tensor& bias,

@@ -17,6 +17,7 @@
 
 #include <string>
 
+#include "contracts/contracts.hpp"
 #include "exec/formats/weights.hpp"
 
 namespace sp::exec::quant {
@@ -43,14 +44,27 @@ at::Tensor rotate(const at::Tensor& x, int64_t g);
 std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarType qtype);
 std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x);
 
-// y (+)= (xq @ wq^T) * sx * sw (+ bias), int8 x int8 -> int32 (at::_int_mm), xq [n, k] int8,
-// sx [n, 1], wq [r, k] int8, sw [] or [r, 1]. On CUDA the scaling, bias and write are one
-// pass over the int32 product (kernels/quantize.cuh).
+// y (+)= (xq @ wq^T) * sx * sw (+ bias), int8 x int8, xq [n, k] int8, sx [n, 1], wq [r, k] int8,
+// sw [] or [r, 1]. On CUDA: the fused sm_90a kernel (kernels/int8_gemm_sm90.cuh: the int32
+// product never leaves the registers) where fused_int8_gemm holds for the device and the
+// operands fit it (16-bit y, k % 16, r % 8, 16-byte aligned rows); elsewhere at::_int_mm and
+// one pass over its int32 product for the scaling, bias and write (kernels/quantize.cuh).
 void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
                const at::Tensor& y, const at::Tensor& bias, bool accumulate);
-// Bytes of a quantize_rows_int8 + int8_gemm call on CUDA beside its operands: the int8
-// activations and their scales, the int32 product.
-int64_t int8_gemm_workspace(int64_t rows, int64_t in_features, int64_t out_features);
+// Whether int8_gemm runs the fused kernel on `dev`: a build with it (CMake option
+// STREAMPLAN_INT8_GEMM_SM90), a CUDA device of compute capability 9.0 whose sm_90a image
+// loads, and STREAMPLAN_INT8_GEMM not set to "aten" (which keeps _int_mm + epilogue, for
+// comparison).
+bool fused_int8_gemm(const contracts::DeviceCaps& dev);
+// ... and for a call of this shape (16-bit output, in_features % 16, out_features % 8).
+bool fused_int8_gemm(const contracts::DeviceCaps& dev, const contracts::GemmCall& g);
+// The kernel int8_gemm runs on `dev` (FormatCaps::gemm_kernel, named by --explain).
+std::string int8_gemm_kernel(const contracts::DeviceCaps& dev);
+// Bytes of a quantize_rows_int8 (or ConvRot rotation) + int8_gemm call on `dev` beside its
+// operands: the int8 activations and their scales, and the int32 product where the fused kernel
+// does not run (where it does: the weight scales as one fp32 value per output row). An output
+// view that is not 16-byte aligned falls back to _int_mm, beyond this count.
+int64_t int8_gemm_workspace(const contracts::GemmCall& g, const contracts::DeviceCaps& dev);
 
 // y (+)= dequantized: the reference a native GEMM falls back to where its kernel cannot run.
 void reference_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const at::Tensor& bias,

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "exec/kernels/elem_io.cuh"
+#include "exec/kernels/hadamard.cuh"
 #include "exec/kernels/quantize.cuh"
 
 namespace sp::kernels {
@@ -82,6 +83,9 @@ cudaError_t epilogue_as(const Int8EpilogueParams& p, cudaStream_t stream) {
 
 cudaError_t quantize_rows(const QuantizeParams& p, cudaStream_t stream) {
   if (p.rows <= 0 || p.cols <= 0) return cudaSuccess;
+  // Rows in registers, one read (hadamard.cu); the two-read kernel here for the rest.
+  const cudaError_t e = quantize_rows_registers(p, stream);
+  if (e != cudaErrorNotSupported) return e;
   switch (p.x_type) {
     case Elem::F16: return quantize_as<__half>(p, stream);
     case Elem::BF16: return quantize_as<__nv_bfloat16>(p, stream);

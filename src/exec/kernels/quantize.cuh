@@ -3,11 +3,12 @@
 //
 // Design note. The quantized formats' GEMMs (exec/formats) take 8-bit activations with one
 // fp32 scale per row, s[r] = max|x[r]| / qmax (127 for int8, 448 for fp8 e4m3), and the
-// int8 GEMM returns int32 sums. quantize_rows reads each row twice (its maximum, then the
-// quantized values, one block per row; the second read mostly hits the cache) and writes the
+// int8 GEMM returns int32 sums. quantize_rows reads each row once into registers (rows of up
+// to 32,768 values whose length is a multiple of 8: the kernel of hadamard.cuh without the
+// rotation; other rows are read twice, the second read mostly from the cache) and writes the
 // 8-bit row and its scale: no fp32 copy of the slab. int8_epilogue turns the int32 sums into
-// the projection's output in one pass: y = acc · s_x[r] · s_w[c] (+ bias[c]) written or
-// added into y, in y's dtype.
+// the projection's output in one pass: y = acc · s_x[r] · s_w[c] (+ bias[c]) written or added
+// into y, in y's dtype; where the fused GEMM runs (int8_gemm_sm90.cuh) it is not needed.
 //
 // Example:
 //     sp::kernels::QuantizeParams p;

@@ -1,0 +1,211 @@
+// The fused int8 GEMM for sm_90a (int8_gemm_sm90.cuh): CUTLASS 3.x collective builders, a
+// persistent warp-specialized kernel and an epilogue visitor tree for the scales, bias and
+// accumulation. Compiled for sm_90a only (streamplan_kernels_int8_gemm_sm90 in CMakeLists.txt).
+#include "exec/kernels/int8_gemm_sm90.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <climits>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
+#include "cutlass/epilogue/thread/activation.h"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/numeric_types.h"
+
+namespace sp::kernels {
+
+namespace {
+
+using namespace cute;
+namespace fusion = cutlass::epilogue::fusion;
+
+// A kernel for output type D with the tile configuration Cfg.
+template <class D, class Tile, class Cluster, class MainSchedule, class EpiSchedule>
+struct Int8Gemm {
+  using ElementA = int8_t;
+  using ElementB = int8_t;
+  using ElementAcc = int32_t;
+  using ElementCompute = float;
+  using LayoutA = cutlass::layout::RowMajor;     // x [rows, k]
+  using LayoutB = cutlass::layout::ColumnMajor;  // w [cols, k]: B (k x cols) column-major
+  using LayoutD = cutlass::layout::RowMajor;     // y [rows, cols]
+  static constexpr int kAlignAB = 16;            // 16 bytes of int8
+  static constexpr int kAlignD = 8;              // 16 bytes of 16-bit
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+
+  // y = beta · C + (row_scale[r] · (col_scale[c] · acc) + bias[c]); C is y itself, beta 1 when
+  // accumulating and 0 otherwise (then C is not read: the visitor checks beta for zero).
+  using ColScaleTimesAcc =
+      fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, ElementCompute, ElementCompute, kRound>,
+                      fusion::Sm90RowBroadcast<0, Tile, float, ElementCompute>,  // col_scale [cols]
+                      fusion::Sm90AccFetch>;
+  using Scaled =
+      fusion::Sm90EVT<fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementCompute, ElementCompute, kRound>,
+                      fusion::Sm90ColBroadcast<0, Tile, float, ElementCompute>,  // row_scale [rows]
+                      ColScaleTimesAcc,
+                      fusion::Sm90RowBroadcast<0, Tile, D, ElementCompute>>;  // bias [cols], null: 0
+  using Evt = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::homogeneous_multiply_add, D, ElementCompute, kRound>,
+                              fusion::Sm90ScalarBroadcast<ElementCompute>,  // beta
+                              fusion::Sm90SrcFetch<D>,                      // C (= y)
+                              Scaled>;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, ElementCompute, D, LayoutD, kAlignD, D, LayoutD,
+      kAlignD, EpiSchedule, Evt>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA, kAlignAB, ElementB, LayoutB, kAlignAB,
+      ElementAcc, Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      MainSchedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
+                                                      cutlass::gemm::PersistentScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static cudaError_t run(const Int8GemmParams& p, int sm_count, cudaStream_t stream) {
+    using StrideA = typename Kernel::StrideA;
+    using StrideB = typename Kernel::StrideB;
+    using StrideC = typename Kernel::StrideC;
+    using StrideD = typename Kernel::StrideD;
+    const int m = int(p.rows), n = int(p.cols), k = int(p.k);
+    StrideA sa{};
+    get<0>(sa) = p.x_stride;
+    StrideB sb{};
+    get<0>(sb) = p.w_stride;
+    StrideD sd{};
+    get<0>(sd) = p.y_stride;
+    StrideC sc{};
+    get<0>(sc) = p.y_stride;
+    D* y = static_cast<D*>(p.y);
+
+    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                                  {m, n, k, 1},
+                                  {p.x, sa, p.w, sb},
+                                  {{}, y, sc, y, sd}};
+    args.hw_info.device_id = 0;
+    args.hw_info.sm_count = sm_count;
+    args.epilogue.thread = {
+        {{p.accumulate ? 1.f : 0.f}},  // beta
+        {},                            // C
+        {
+            // row_scale · (col_scale · acc) + bias
+            {p.row_scale},                                  // row_scale
+            {{p.col_scale}, {}, {}},                        // col_scale · acc
+            {static_cast<const D*>(p.bias), D(0.f)},        // bias
+            {},
+        },
+        {},
+    };
+    if (Gemm::get_workspace_size(args) != 0) return cudaErrorNotSupported;
+    Gemm gemm;
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
+    if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
+    if (gemm.run(stream) != cutlass::Status::kSuccess) {
+      const cudaError_t e = cudaGetLastError();
+      return e == cudaSuccess ? cudaErrorLaunchFailure : e;
+    }
+    return cudaGetLastError();
+  }
+
+  static bool image_loads() {
+    cudaFuncAttributes a{};
+    const bool ok = cudaFuncGetAttributes(&a, cutlass::device_kernel<Kernel>) == cudaSuccess;
+    cudaGetLastError();
+    return ok;
+  }
+};
+
+using PingPong128 = Shape<_128, _128, _128>;
+using Coop256 = Shape<_256, _128, _128>;
+using Cluster2x1 = Shape<_2, _1, _1>;
+
+template <class D>
+using GemmPingPong = Int8Gemm<D, PingPong128, Cluster2x1, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                              cutlass::epilogue::TmaWarpSpecialized>;
+template <class D>
+using GemmCoop = Int8Gemm<D, Coop256, Cluster2x1, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                          cutlass::epilogue::TmaWarpSpecializedCooperative>;
+
+constexpr int kDevices = 64;
+
+int sm_count(int dev) {
+  static std::atomic<int> counts[kDevices];
+  int c = counts[dev].load(std::memory_order_relaxed);
+  if (c == 0) {
+    cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev);
+    counts[dev].store(c, std::memory_order_relaxed);
+  }
+  return c;
+}
+
+bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The tile configuration for a shape: measured on the H200 (kernels/README.md).
+Int8GemmTile pick(const Int8GemmParams& p) {
+  if (p.tile != Int8GemmTile::Auto) return p.tile;
+  // Ping-pong was faster at 75,600 rows on 5120 -> 5120, 5120 -> 13824 and 13824 -> 5120
+  // written, cooperative 256-row tiles on 13824 -> 5120 accumulated (8.0 against 8.8 ms).
+  return p.accumulate && p.k >= 8192 ? Int8GemmTile::Coop256 : Int8GemmTile::PingPong128;
+}
+
+template <class D>
+cudaError_t run_as(const Int8GemmParams& p, int sms, cudaStream_t stream) {
+  if (pick(p) == Int8GemmTile::Coop256) return GemmCoop<D>::run(p, sms, stream);
+  return GemmPingPong<D>::run(p, sms, stream);
+}
+
+}  // namespace
+
+bool int8_gemm_sm90_built() { return true; }
+
+bool int8_gemm_sm90_ready() {
+  static std::atomic<int> state[kDevices];  // 0 unknown, 1 ready, 2 not
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) {
+    cudaGetLastError();
+    return false;
+  }
+  int s = state[dev].load(std::memory_order_relaxed);
+  if (s == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    const bool image = major == 9 && minor == 0 && GemmPingPong<cutlass::bfloat16_t>::image_loads() &&
+                       GemmPingPong<cutlass::half_t>::image_loads() && GemmCoop<cutlass::bfloat16_t>::image_loads() &&
+                       GemmCoop<cutlass::half_t>::image_loads();
+    cudaGetLastError();  // a missing image is an answer, not an error to keep
+    s = image ? 1 : 2;
+    state[dev].store(s, std::memory_order_relaxed);
+  }
+  return s == 1;
+}
+
+bool int8_gemm_sm90_fits(const Int8GemmParams& p) {
+  return (p.y_type == Elem::BF16 || p.y_type == Elem::F16) && p.rows > 0 && p.cols > 0 && p.k > 0 &&
+         p.rows <= INT_MAX && p.cols <= INT_MAX && p.k <= INT_MAX && p.k % 16 == 0 && p.cols % 8 == 0 &&
+         p.y_stride % 8 == 0 && p.x_stride % 16 == 0 && p.w_stride % 16 == 0 && p.y_stride >= p.cols &&
+         p.x_stride >= p.k && p.w_stride >= p.k && p.x && p.w && p.y && p.row_scale && p.col_scale &&
+         aligned16(p.x) && aligned16(p.w) && aligned16(p.y) && aligned16(p.bias) && aligned16(p.row_scale) &&
+         aligned16(p.col_scale);
+}
+
+cudaError_t int8_gemm_sm90(const Int8GemmParams& p, cudaStream_t stream) {
+  if (!int8_gemm_sm90_ready() || !int8_gemm_sm90_fits(p)) return cudaErrorNotSupported;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const int sms = sm_count(dev);
+  if (p.y_type == Elem::F16) return run_as<cutlass::half_t>(p, sms, stream);
+  return run_as<cutlass::bfloat16_t>(p, sms, stream);
+}
+
+}  // namespace sp::kernels
