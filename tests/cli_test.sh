@@ -107,6 +107,10 @@ assert s["text"] == 5 and s["audio"] == 3 and sum(s.values()) == r["tokens"], s'
 # The text and audio tokens a run adds to --tokens are shown, per segment.
 out=$("$bin" run --device cpu --checkpoint "$tmp/avdit.safetensors" --tokens 20 --text-tokens 5 --audio-tokens 3 --planned-only)
 grep -qF "tokens: 28 = video 20 + text 5 + audio 3" <<<"$out" || fail "run shows no token breakdown: $out"
+# --explain names each linear's format, why, and the GEMM that runs it (the CPU: the dequantized reference).
+out=$("$bin" run --device cpu --checkpoint "$tmp/avdit.safetensors" --tokens 20 --planned-only --precision int8 --explain)
+grep -qE ": int8 \(.*--precision int8.*\); GEMM: dequantized slice, then a matmul" <<<"$out" \
+  || fail "run --explain lacks the linears' formats and GEMMs: $out"
 # bench on a CPU warns that it is meant for a GPU and estimates its time.
 err=$("$bin" bench --device cpu --cases flux-dev-1024 --reps 1 --estimate 2>&1 >"$tmp/estimate.txt") || fail "bench --estimate failed"
 grep -qF "streamplan: warning: bench is meant for a GPU" <<<"$err" || fail "bench on the CPU did not warn: $err"

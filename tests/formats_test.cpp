@@ -368,11 +368,13 @@ TEST(QuantPrecision, Fp8NeedsFp8TensorCoresAndInt8ConvertsBlocks) {
   const at::Tensor dense = exec::run_naive(inst.model, w, inst.inputs, reg);
   models::apply_precision(m, w, models::Precision::Int8, cpu);
   int converted = 0, kept = 0;
-  for (const auto& line : models::format_lines(m, w)) {
+  for (const auto& line : models::format_lines(m, w, reg, cpu)) {
     if (line.format == "int8") {
       ++converted;
       EXPECT_NE(line.why.find("--precision int8"), std::string::npos);
+      EXPECT_EQ(line.gemm, "dequantized slice, then a matmul");  // the CPU keeps the reference path
     } else {
+      EXPECT_EQ(line.gemm, "matmul of the stored weight");
       ++kept;
       EXPECT_EQ(line.format, "dense");
     }

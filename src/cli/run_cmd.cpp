@@ -106,7 +106,7 @@ int run(const Args& a) {
   if (!a.json) {
     std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << "\n";
     if (!a.loras.empty()) std::cout << lora.summary();
-    if (a.explain) std::cout << plan::explain(p) << "\n" << models::formats_text(models::format_lines(inst.model, *weights));
+    if (a.explain) std::cout << plan::explain(p) << "\n" << models::formats_text(models::format_lines(inst.model, *weights, reg, dev));
     if (res) std::cout << plan::explain(*res) << "\n";
   }
   report::CompareOptions opt;
@@ -141,7 +141,7 @@ int run(const Args& a) {
     nlohmann::json j = report::to_json(r);
     if (res) j["residency"] = report::to_json(*res);
     if (!a.loras.empty()) j["lora"] = {{"adapters", lora.adapter_count()}, {"unmatched", lora.unmatched}, {"unapplied", lora.unapplied}};
-    j["formats"] = models::formats_json(models::format_lines(inst.model, *weights));
+    j["formats"] = models::formats_json(models::format_lines(inst.model, *weights, reg, dev));
     if (sparse.active) j["sparse_attention"] = sparse.json(reg);
     std::cout << j.dump(2) << "\n";
   } else {

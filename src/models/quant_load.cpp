@@ -113,30 +113,38 @@ void convert_block_linears(ir::Model& m, exec::TensorWeights& w, const std::stri
   });
 }
 
-std::vector<FormatLine> format_lines(const ir::Model& m, const exec::TensorWeights& w) {
+std::vector<FormatLine> format_lines(const ir::Model& m, const exec::TensorWeights& w, const contracts::Registry& reg,
+                                     const contracts::DeviceCaps& dev) {
   std::vector<FormatLine> out;
   ir::for_each_linear(const_cast<ir::Model&>(m), [&](ir::Linear& l) {
+    const contracts::FormatCaps& f = reg.format(l.format);
+    std::string gemm = "matmul of the stored weight";
+    if (f.native_gemm && f.native_gemm(dev))
+      gemm = f.gemm_kernel ? f.gemm_kernel(dev) : "the format's own GEMM";
+    else if (!f.dense)
+      gemm = "dequantized slice, then a matmul";
     auto it = w.format_notes().find(l.weight);
     if (it != w.format_notes().end() && it->second.format == l.format) {
-      out.push_back({l.weight, l.format, it->second.why});
+      out.push_back({l.weight, l.format, it->second.why, gemm});
       return;
     }
     std::string why = l.format == "dense" ? "stored in higher precision; preserved (--precision preserve)"
                                           : "format set by the model";
-    out.push_back({l.weight, l.format, why});
+    out.push_back({l.weight, l.format, why, gemm});
   });
   return out;
 }
 
 std::string formats_text(const std::vector<FormatLine>& lines) {
   std::string out = "weight formats (per linear):\n";
-  for (const auto& l : lines) out += "  " + l.weight + ": " + l.format + " (" + l.why + ")\n";
+  for (const auto& l : lines) out += "  " + l.weight + ": " + l.format + " (" + l.why + "); GEMM: " + l.gemm + "\n";
   return out;
 }
 
 nlohmann::json formats_json(const std::vector<FormatLine>& lines) {
   nlohmann::json a = nlohmann::json::array();
-  for (const auto& l : lines) a.push_back({{"weight", l.weight}, {"format", l.format}, {"why", l.why}});
+  for (const auto& l : lines)
+    a.push_back({{"weight", l.weight}, {"format", l.format}, {"why", l.why}, {"gemm", l.gemm}});
   return a;
 }
 

@@ -46,12 +46,16 @@ void convert_block_linears(ir::Model& m, exec::TensorWeights& w, const std::stri
 
 struct FormatLine {
   std::string weight, format, why;
+  std::string gemm;  // how its projections run on the device (16-bit activations)
 };
-// Every linear of the model: its format and why.
-std::vector<FormatLine> format_lines(const ir::Model& m, const exec::TensorWeights& w);
-// "weight formats (per linear):" and one line per linear with its format and why.
+// Every linear of the model: its format, why, and the GEMM its format runs on `dev` (the
+// format's own kernel where FormatCaps::native_gemm holds there; else the dequantized slice
+// in an ordinary matmul).
+std::vector<FormatLine> format_lines(const ir::Model& m, const exec::TensorWeights& w, const contracts::Registry& reg,
+                                     const contracts::DeviceCaps& dev);
+// "weight formats (per linear):" and one line per linear with its format, why and GEMM.
 std::string formats_text(const std::vector<FormatLine>& lines);
-// [{"weight", "format", "why"}, ...]
+// [{"weight", "format", "why", "gemm"}, ...]
 nlohmann::json formats_json(const std::vector<FormatLine>& lines);
 
 }  // namespace sp::models

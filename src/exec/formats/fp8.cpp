@@ -86,6 +86,9 @@ void register_fp8(contracts::Registry& reg) {
     const int64_t product = g.accumulate || g.out != ir::DType::BF16 ? g.rows * g.out_features * 2 : 0;
     return g.rows * g.in_features + g.rows * 4 + g.out_features * 4 + product;
   };
+  f.gemm_kernel = [](const contracts::DeviceCaps&) {
+    return std::string("at::_scaled_mm (cuBLASLt), row-wise scales, activations quantized per row");
+  };
   f.tolerance = 0.08;  // fp8 activations: ~3-5% relative L2 on normal data
   f.impl = std::make_shared<Fp8>();
   reg.add(f);
