@@ -51,6 +51,10 @@
 #                                    profiled run (the projections' time alone); then a rank-64 LoRA on
 #                                    every linear of the Wan block, at the default policy and at 1.1 x floor
 #                                    (LORA=0 skips it)
+#   scripts/device.sh OUT consumers  the block cases (CASES; default the MiniMax H3 10 s and Wan 14B
+#                                    blocks) with the int8 attention consumer and with sparse at KV
+#                                    budget 0.3, 2 timed runs each at the default policy; builds first
+#                                    where build-gpu/streamplan is missing
 #   scripts/device.sh OUT gpu-tests  the test binaries built here, then the GPU tests (GTEST_FILTER,
 #                                    default every Gpu* test)
 # BENCH_ARGS adds options to `streamplan bench` (e.g. "--budget-floor 1.1"); CASES overrides
@@ -120,6 +124,18 @@ if [ "$mode" = formats ]; then
   [ "${LORA:-1}" = 0 ] || for extra in "" "--budget-floor 1.1"; do
     $bin bench --device cuda --cases wan14b-block-81f --lora-rank 64 --reps 5 --quiet $extra ${BENCH_ARGS:-} \
       --out "$out/lora64${extra:+-floor}.json" 2>>"$out/logs.txt" | tee -a "$out/formats.txt" || summary+=("lora failed")
+  done
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+
+if [ "$mode" = consumers ]; then
+  build_bin
+  cases=${CASES:-minimax-h3-block-10s,wan14b-block-81f}
+  for c in int8 sparse; do
+    extra=(); [ "$c" = sparse ] && extra=(--kv-budget 0.3)
+    $bin bench --device cuda --cases "$cases" --consumer "$c" "${extra[@]}" --reps 2 --quiet ${BENCH_ARGS:-} \
+      --out "$out/consumer-$c.json" 2>>"$out/logs.txt" | tee -a "$out/consumers.txt" || summary+=("$c failed")
   done
   printf '%s\n' "${summary[@]}"
   exit 0
