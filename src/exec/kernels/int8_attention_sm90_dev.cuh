@@ -147,12 +147,21 @@ __device__ __forceinline__ void online_softmax(RowState& st, const int (&ids)[NT
       for (int i = 0; i < 32; ++i)
         if ((i >> 2) * 8 + t4 * 2 + (i & 1) >= valid) fb[i] = -INFINITY;
     }
-    float r0 = -INFINITY, r1 = -INFINITY;
+    // The maxima of the 16 values of each row as a tree (4 dependent steps, not 9).
+    float t0[8], t1[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      r0 = fmaxf(r0, fmaxf(fb[4 * i], fb[4 * i + 1]));
-      r1 = fmaxf(r1, fmaxf(fb[4 * i + 2], fb[4 * i + 3]));
+      t0[i] = fmaxf(fb[4 * i], fb[4 * i + 1]);
+      t1[i] = fmaxf(fb[4 * i + 2], fb[4 * i + 3]);
     }
+#pragma unroll
+    for (int w = 4; w > 0; w /= 2)
+#pragma unroll
+      for (int i = 0; i < w; ++i) {
+        t0[i] = fmaxf(t0[i], t0[i + w]);
+        t1[i] = fmaxf(t1[i], t1[i + w]);
+      }
+    const float r0 = t0[0], r1 = t1[0];
     mx0 = fmaxf(mx0, (r0 - kMagic) * sc[b]);
     mx1 = fmaxf(mx1, (r1 - kMagic) * sc[b]);
   }
