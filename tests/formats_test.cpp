@@ -27,8 +27,8 @@
 
 #include "exec/kernels/hadamard.cuh"
 #endif
-#ifdef STREAMPLAN_INT8_GEMM_SM90
-#include "exec/kernels/int8_gemm_sm90.cuh"
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+#include "exec/kernels/scaled_gemm_sm90.cuh"
 #endif
 
 namespace {
@@ -203,8 +203,9 @@ TEST(Formats, Int8GemmWorkspaceAndKernelByDevice) {
       EXPECT_EQ(f.gemm_workspace(odd, hopper),
                 odd.rows * odd.in_features + odd.rows * 4 + odd.rows * odd.out_features * 4);
   }
-  EXPECT_NE(reg.format("fp8-e4m3").gemm_kernel(hopper).find("_scaled_mm"), std::string::npos);
-#ifndef STREAMPLAN_INT8_GEMM_SM90
+  EXPECT_EQ(reg.format("fp8-e4m3").gemm_kernel(hopper).find("_scaled_mm") == std::string::npos,
+            exec::quant::fused_fp8_gemm(hopper));
+#ifndef STREAMPLAN_SCALED_GEMM_SM90
   EXPECT_FALSE(exec::quant::fused_int8_gemm(hopper)) << "a build without the kernel";
 #endif
 }
@@ -491,7 +492,7 @@ TEST(Gpu, Int8GemmFusedAndIntMmMatchReference) {
   const auto dev = exec::describe_device(d);
   const bool fused = exec::quant::fused_int8_gemm(dev);
   std::cout << "int8 GEMM kernel: " << exec::quant::int8_gemm_kernel(dev) << "\n";
-#ifdef STREAMPLAN_INT8_GEMM_SM90
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
   if (dev.cc_major == 9 && dev.cc_minor == 0) EXPECT_TRUE(fused) << "cc 9.0 and a build with the kernel";
 #endif
   at::manual_seed(21);
@@ -542,14 +543,14 @@ TEST(Gpu, Int8GemmFusedAndIntMmMatchReference) {
   EXPECT_EQ(wide.slice(1, 0, 3).abs().sum().item<double>(), 0.0) << "wrote outside the view";
 }
 
-#ifdef STREAMPLAN_INT8_GEMM_SM90
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
 // Both tile configurations of the kernel, called directly, on a few shapes.
 TEST(Gpu, Int8GemmSm90TileConfigurations) {
   if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
-  if (!kernels::int8_gemm_sm90_ready()) GTEST_SKIP() << "no sm_90a device";
+  if (!kernels::scaled_gemm_sm90_ready()) GTEST_SKIP() << "no sm_90a device";
   const auto cuda = at::TensorOptions().device(exec::pick_device("cuda"));
   at::manual_seed(22);
-  for (const auto tile : {kernels::Int8GemmTile::PingPong128, kernels::Int8GemmTile::Coop256})
+  for (const auto tile : {kernels::GemmTile::PingPong128, kernels::GemmTile::Coop256})
     for (const int64_t n : {1, 255, 513, 2000}) {
       SCOPED_TRACE("tile " + std::to_string(int(tile)) + " rows " + std::to_string(n));
       const int64_t k = 768, r = 392;
@@ -559,7 +560,7 @@ TEST(Gpu, Int8GemmSm90TileConfigurations) {
       const at::Tensor bias = at::randn({r}, cuda).to(at::kBFloat16);
       at::Tensor y = at::randn({n, r}, cuda).to(at::kBFloat16);
       const at::Tensor y0 = y.clone();
-      kernels::Int8GemmParams p;
+      kernels::ScaledGemmParams p;
       p.x = xq.data_ptr<int8_t>();
       p.x_stride = k;
       p.w = wq.data_ptr<int8_t>();
@@ -574,8 +575,8 @@ TEST(Gpu, Int8GemmSm90TileConfigurations) {
       p.cols = r;
       p.k = k;
       p.tile = tile;
-      ASSERT_TRUE(kernels::int8_gemm_sm90_fits(p));
-      ASSERT_EQ(kernels::int8_gemm_sm90(p, c10::cuda::getCurrentCUDAStream().stream()), cudaSuccess);
+      ASSERT_TRUE(kernels::scaled_gemm_sm90_fits(p));
+      ASSERT_EQ(kernels::scaled_gemm_sm90(p, c10::cuda::getCurrentCUDAStream().stream()), cudaSuccess);
       EXPECT_LT(test::rel_l2(y.cpu(), int8_reference(xq, sx.unsqueeze(1), wq, sw.unsqueeze(1), bias, y0)), 4e-3);
     }
 }
@@ -689,11 +690,11 @@ TEST(Gpu, Int8GemmAndRotationTimes) {
     const double quant = time_ms([&] { exec::quant::quantize_rows_int8(x); });
     std::printf("int8 GEMM %ld x %ld -> %ld: bf16 mm %.2f ms, _int_mm %.2f + epilogue %.2f ms, quantize_rows %.2f ms",
                 long(n), long(sh.k), long(sh.r), mm, int_mm, epi, quant);
-#ifdef STREAMPLAN_INT8_GEMM_SM90
-    if (kernels::int8_gemm_sm90_ready()) {
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+    if (kernels::scaled_gemm_sm90_ready()) {
       const at::Tensor rs = sx.reshape({n}).contiguous(), cs = sw.reshape({sh.r}).contiguous();
-      for (const auto tile : {kernels::Int8GemmTile::PingPong128, kernels::Int8GemmTile::Coop256}) {
-        kernels::Int8GemmParams p;
+      for (const auto tile : {kernels::GemmTile::PingPong128, kernels::GemmTile::Coop256}) {
+        kernels::ScaledGemmParams p;
         p.x = xq.data_ptr<int8_t>();
         p.x_stride = sh.k;
         p.w = wq.data_ptr<int8_t>();
@@ -706,10 +707,10 @@ TEST(Gpu, Int8GemmAndRotationTimes) {
         p.cols = sh.r;
         p.k = sh.k;
         p.tile = tile;
-        const double t = time_ms([&] { kernels::int8_gemm_sm90(p, st); });
+        const double t = time_ms([&] { kernels::scaled_gemm_sm90(p, st); });
         p.accumulate = true;
-        const double ta = time_ms([&] { kernels::int8_gemm_sm90(p, st); });
-        std::printf(", fused %s %.2f ms (accumulate %.2f)", tile == kernels::Int8GemmTile::Coop256 ? "coop256" : "pingpong128",
+        const double ta = time_ms([&] { kernels::scaled_gemm_sm90(p, st); });
+        std::printf(", fused %s %.2f ms (accumulate %.2f)", tile == kernels::GemmTile::Coop256 ? "coop256" : "pingpong128",
                     t, ta);
       }
       const at::Tensor out = at::empty_like(y);
