@@ -3,9 +3,11 @@
 // bad input, and the convert round trip.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <optional>
 #include <cstdio>
 #include <stdlib.h>
+#include <tuple>
 #include <unistd.h>
 
 #include "exec/consumers/consumer.hpp"
@@ -27,8 +29,8 @@
 
 #include "exec/kernels/hadamard.cuh"
 #endif
-#ifdef STREAMPLAN_INT8_GEMM_SM90
-#include "exec/kernels/int8_gemm_sm90.cuh"
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+#include "exec/kernels/scaled_gemm_sm90.cuh"
 #endif
 
 namespace {
@@ -36,6 +38,20 @@ namespace {
 using namespace sp;
 
 const std::vector<std::string> kFormats = {"fp8-e4m3", "int8", "convrot-int8"};
+
+// Sets an environment variable for the scope (restores the earlier value).
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> old;
+  ScopedEnv(const std::string& n, const std::string& v) : name(n) {
+    if (const char* o = getenv(n.c_str())) old = o;
+    setenv(n.c_str(), v.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old) setenv(name.c_str(), old->c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+};
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -138,11 +154,11 @@ TEST(Formats, WrongScaleShapeIsNamed) {
   EXPECT_NE(e.find("[8, 256]"), std::string::npos) << e;
 }
 
-// --- the int8 GEMM: semantics of int8_gemm, its workspace and kernel on each device -----------
+// --- the 8-bit GEMMs: semantics of int8_gemm, workspace and kernel of int8 and fp8 by device ---
 
-// (xq @ wq^T) * sx * sw (+ bias) (+ y0) in float64: what int8_gemm computes, up to the rounding
-// of y's dtype.
-at::Tensor int8_reference(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
+// (xq @ wq^T) * sx * sw (+ bias) (+ y0) in float64: what int8_gemm and the fused int8 / fp8
+// kernel compute, up to the rounding of y's dtype (and the fp32 accumulation of fp8).
+at::Tensor scaled_reference(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
                           const at::Tensor& bias, const at::Tensor& y0) {
   const auto dbl = [](const at::Tensor& t) { return t.to(at::kCPU).to(at::kDouble); };
   at::Tensor r = at::matmul(dbl(xq), dbl(wq).t()).mul_(dbl(sx));
@@ -168,19 +184,25 @@ TEST(Formats, Int8GemmWritesOrAccumulatesScaledProductWithBias) {
         const at::Tensor y0 = at::randn({n, r});
         at::Tensor y = y0.clone();
         exec::quant::int8_gemm(xq, sx, wq, sw, y, bias, accumulate);
-        EXPECT_LT(test::rel_l2(y, int8_reference(xq, sx, wq, sw, bias, accumulate ? y0 : at::Tensor())), 1e-6);
+        EXPECT_LT(test::rel_l2(y, scaled_reference(xq, sx, wq, sw, bias, accumulate ? y0 : at::Tensor())), 1e-6);
       }
 }
 
+// The devices the workspace and kernel tests ask about: the CPU, an Ampere and a Hopper GPU.
+struct Devices {
+  contracts::DeviceCaps cpu, ampere, hopper;
+  Devices() {
+    cpu.kind = contracts::DeviceKind::CPU;
+    ampere.kind = hopper.kind = contracts::DeviceKind::CUDA;
+    ampere.cc_major = 8;
+    hopper.cc_major = 9;
+  }
+};
+
 TEST(Formats, Int8GemmWorkspaceAndKernelByDevice) {
   const auto reg = exec::builtin_registry();
-  contracts::DeviceCaps cpu;
-  cpu.kind = contracts::DeviceKind::CPU;
-  contracts::DeviceCaps ampere = cpu;
-  ampere.kind = contracts::DeviceKind::CUDA;
-  ampere.cc_major = 8;
-  contracts::DeviceCaps hopper = ampere;
-  hopper.cc_major = 9;
+  const Devices d;
+  const auto &cpu = d.cpu, &ampere = d.ampere, &hopper = d.hopper;
   const contracts::GemmCall g{1000, 5120, 1536, ir::DType::BF16, false};
   const int64_t activations = 1000 * 5120 + 1000 * 4, product = int64_t(1000) * 1536 * 4;
   for (const std::string name : {"int8", "convrot-int8"}) {
@@ -203,9 +225,56 @@ TEST(Formats, Int8GemmWorkspaceAndKernelByDevice) {
       EXPECT_EQ(f.gemm_workspace(odd, hopper),
                 odd.rows * odd.in_features + odd.rows * 4 + odd.rows * odd.out_features * 4);
   }
-  EXPECT_NE(reg.format("fp8-e4m3").gemm_kernel(hopper).find("_scaled_mm"), std::string::npos);
-#ifndef STREAMPLAN_INT8_GEMM_SM90
+#ifndef STREAMPLAN_SCALED_GEMM_SM90
   EXPECT_FALSE(exec::quant::fused_int8_gemm(hopper)) << "a build without the kernel";
+#endif
+}
+
+TEST(Formats, Fp8GemmWorkspaceAndKernelByDevice) {
+  const auto reg = exec::builtin_registry();
+  const Devices d;
+  const auto& f = reg.format("fp8-e4m3");
+  ASSERT_TRUE(f.gemm_workspace && f.gemm_kernel);
+  const contracts::GemmCall written{1000, 5120, 1536, ir::DType::BF16, false};
+  const contracts::GemmCall added{1000, 5120, 1536, ir::DType::BF16, true};
+  // The fp8 activations, their row scales and the weight's scales as a row; _scaled_mm's bf16
+  // product where it is added to the output (or the output is not bf16).
+  const int64_t operands = 1000 * 5120 + 1000 * 4 + 1536 * 4, product = int64_t(1000) * 1536 * 2;
+  const auto has = [](const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+  };
+  EXPECT_EQ(f.gemm_workspace(written, d.ampere), operands);
+  EXPECT_EQ(f.gemm_workspace(added, d.ampere), operands + product);
+  EXPECT_TRUE(has(f.gemm_kernel(d.ampere), "_scaled_mm")) << f.gemm_kernel(d.ampere);
+  EXPECT_FALSE(exec::quant::fused_fp8_gemm(d.ampere));
+  // On cc 9.0 it depends on the build and on this machine's device (the image must load): the
+  // fused kernel adds into the output without a product.
+  const bool fused = exec::quant::fused_fp8_gemm(d.hopper);
+  EXPECT_EQ(fused, exec::quant::fused_int8_gemm(d.hopper)) << "one kernel library serves both";
+  EXPECT_EQ(f.gemm_workspace(written, d.hopper), operands);
+  EXPECT_EQ(f.gemm_workspace(added, d.hopper), operands + (fused ? 0 : product));
+  const std::string kernel = f.gemm_kernel(d.hopper);
+  EXPECT_EQ(has(kernel, "CUTLASS sm_90a fp8 GEMM, scales/bias/accumulate fused in its epilogue"), fused) << kernel;
+  EXPECT_EQ(has(kernel, "_scaled_mm"), !fused) << kernel;
+  // Calls the kernel does not take keep _scaled_mm's product even there: an fp32 output,
+  // in_features not a multiple of 16.
+  EXPECT_EQ(f.gemm_workspace({1000, 5120, 1536, ir::DType::F32, false}, d.hopper), operands + product);
+  EXPECT_FALSE(exec::quant::fused_fp8_gemm(d.hopper, {1000, 5128, 1536, ir::DType::BF16, true}));
+  EXPECT_EQ(exec::quant::fused_fp8_gemm(d.hopper, added), fused);
+  {
+    // STREAMPLAN_FP8_GEMM=aten keeps _scaled_mm (and leaves the int8 GEMM alone).
+    ScopedEnv aten("STREAMPLAN_FP8_GEMM", "aten");
+    EXPECT_FALSE(exec::quant::fused_fp8_gemm(d.hopper));
+    EXPECT_EQ(f.gemm_workspace(added, d.hopper), operands + product);
+    EXPECT_TRUE(has(f.gemm_kernel(d.hopper), "_scaled_mm")) << f.gemm_kernel(d.hopper);
+    EXPECT_EQ(exec::quant::fused_int8_gemm(d.hopper), fused);
+  }
+  {
+    ScopedEnv fast("STREAMPLAN_FP8_FAST_ACCUM", "1");
+    EXPECT_EQ(has(f.gemm_kernel(d.hopper), "fp8 (fast accumulation) GEMM"), fused) << f.gemm_kernel(d.hopper);
+  }
+#ifndef STREAMPLAN_SCALED_GEMM_SM90
+  EXPECT_FALSE(fused) << "a build without the kernel";
 #endif
 }
 
@@ -466,118 +535,211 @@ TEST(Gpu, PlannedNativeFormatsWithinToleranceOfNaive) {
 
 #ifdef STREAMPLAN_WITH_CUDA
 
-// Sets an environment variable for the scope (restores the earlier value).
-struct ScopedEnv {
-  std::string name;
-  std::optional<std::string> old;
-  ScopedEnv(const std::string& n, const std::string& v) : name(n) {
-    if (const char* o = getenv(n.c_str())) old = o;
-    setenv(n.c_str(), v.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old) setenv(name.c_str(), old->c_str(), 1);
-    else unsetenv(name.c_str());
-  }
+// One case of an 8-bit GEMM: the quantized operands xq [n, k], sx [n, 1], wq [r, k], sw ([] or
+// [r, 1]), and for a format's GEMM (which quantizes its activations itself) x, the activations
+// xq and sx came from.
+struct Gemm8Case {
+  at::Tensor x, xq, sx, wq, sw;
+};
+using MakeGemm8 = std::function<Gemm8Case(int64_t n, int64_t k, int64_t r, bool per_row, at::ScalarType xt)>;
+// y (+)= the case's product (+ bias), through the path under test.
+using RunGemm8 = std::function<void(const Gemm8Case&, const at::Tensor& y, const at::Tensor& bias, bool accumulate)>;
+
+struct GemmShape {
+  int64_t n, k, r;
 };
 
-// The fused kernel (where this build and device have it) and _int_mm + epilogue, on awkward
-// shapes: rows not multiples of the tile, bias or none, write or accumulate, bf16 and fp16,
-// per-row and tensor-wise weight scales, an output view inside a wider tensor and one that is
-// not 16-byte aligned (which falls back); each against the float64 reference of the same
-// quantized operands and against each other.
+// The fused kernel (where this build and device have it) and the ATen path (`aten_env`=aten),
+// both through `run`, on awkward shapes: rows not multiples of the tile, bias or none, write or
+// accumulate, bf16 and fp16, per-row weight scales (tensor-wise on the second shape), an output
+// view inside a wider tensor and one that is not 16-byte aligned (which falls back); each
+// against the float64 reference of the same quantized operands and against each other.
+void check_fused_and_aten(const std::vector<GemmShape>& shapes, const MakeGemm8& make, const RunGemm8& run,
+                          const std::string& aten_env, const std::string& what, bool fused) {
+  const auto cuda = at::TensorOptions().device(exec::pick_device("cuda"));
+  double worst_ref = 0, worst_pair = 0;
+  for (size_t s = 0; s < shapes.size(); ++s)
+    for (const at::ScalarType yt : {at::kBFloat16, at::kHalf})
+      for (int variant = 0; variant < 4; ++variant) {
+        const GemmShape sh = shapes[s];
+        const bool with_bias = variant & 1, accumulate = variant & 2;
+        SCOPED_TRACE(what + ": rows " + std::to_string(sh.n) + " k " + std::to_string(sh.k) + " cols " +
+                     std::to_string(sh.r) + (yt == at::kHalf ? " fp16" : " bf16") + (with_bias ? ", bias" : "") +
+                     (accumulate ? ", accumulate" : ""));
+        const Gemm8Case c = make(sh.n, sh.k, sh.r, s != 1, yt);
+        const at::Tensor bias = with_bias ? at::randn({sh.r}, cuda).to(yt) : at::Tensor();
+        // y: columns [8, 8 + r) of a wider tensor (rows 16-byte aligned, stride r + 24).
+        const at::Tensor wide = at::randn({sh.n, sh.r + 24}, cuda).to(yt);
+        const at::Tensor y0 = wide.slice(1, 8, 8 + sh.r);
+        const at::Tensor ref = scaled_reference(c.xq, c.sx, c.wq, c.sw, bias, accumulate ? y0 : at::Tensor());
+        at::Tensor yf = wide.clone().slice(1, 8, 8 + sh.r), ya = wide.clone().slice(1, 8, 8 + sh.r);
+        run(c, yf, bias, accumulate);
+        {
+          ScopedEnv aten(aten_env, "aten");
+          run(c, ya, bias, accumulate);
+        }
+        const double ef = test::rel_l2(yf.cpu(), ref), ea = test::rel_l2(ya.cpu(), ref);
+        const double pair = test::rel_l2(yf.cpu(), ya.cpu());
+        EXPECT_LT(ef, 4e-3) << what << " vs float64 reference";
+        EXPECT_LT(ea, 4e-3) << what << " with " << aten_env << "=aten vs float64 reference";
+        EXPECT_LT(pair, 6e-3) << what << " vs the same with " << aten_env << "=aten";
+        worst_ref = std::max(worst_ref, ef);
+        worst_pair = std::max(worst_pair, pair);
+      }
+  std::cout << what << " rel_l2: worst vs float64 reference " << worst_ref << ", worst vs " << aten_env << "=aten "
+            << worst_pair << (fused ? " (fused)" : " (not fused)") << "\n";
+  // An output view that is not 16-byte aligned: the ATen path, the same result.
+  const Gemm8Case c = make(300, 512, 64, true, at::kBFloat16);
+  at::Tensor wide = at::zeros({300, 80}, cuda.dtype(at::kBFloat16));
+  at::Tensor y = wide.slice(1, 3, 67);
+  run(c, y, {}, false);
+  EXPECT_LT(test::rel_l2(y.cpu(), scaled_reference(c.xq, c.sx, c.wq, c.sw, {}, {})), 4e-3);
+  EXPECT_EQ(wide.slice(1, 0, 3).abs().sum().item<double>(), 0.0) << "wrote outside the view";
+  EXPECT_EQ(wide.slice(1, 67, 80).abs().sum().item<double>(), 0.0) << "wrote outside the view";
+}
+
+// fp8 e4m3 values spread over the type's range (|v| up to 448).
+at::Tensor random_fp8(int64_t rows, int64_t cols, const at::TensorOptions& o) {
+  return (at::randn({rows, cols}, o) * 120).clamp_(-448, 448).to(at::kFloat8_e4m3fn);
+}
+
 TEST(Gpu, Int8GemmFusedAndIntMmMatchReference) {
   if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
   const at::Device d = exec::pick_device("cuda");
   const auto dev = exec::describe_device(d);
   const bool fused = exec::quant::fused_int8_gemm(dev);
   std::cout << "int8 GEMM kernel: " << exec::quant::int8_gemm_kernel(dev) << "\n";
-#ifdef STREAMPLAN_INT8_GEMM_SM90
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
   if (dev.cc_major == 9 && dev.cc_minor == 0) EXPECT_TRUE(fused) << "cc 9.0 and a build with the kernel";
 #endif
   at::manual_seed(21);
   const auto cuda = at::TensorOptions().device(d);
-  double worst_ref = 0, worst_pair = 0;
-  struct Shape { int64_t n, k, r; };
-  for (const Shape sh : {Shape{17, 256, 8}, Shape{200, 512, 264}, Shape{1000, 1280, 1536}, Shape{4097, 5120, 1536}})
-    for (const at::ScalarType yt : {at::kBFloat16, at::kHalf})
-      for (int variant = 0; variant < 4; ++variant) {
-        const bool with_bias = variant & 1, accumulate = variant & 2;
-        const bool per_row = sh.n != 200;
-        SCOPED_TRACE("rows " + std::to_string(sh.n) + " k " + std::to_string(sh.k) + " cols " + std::to_string(sh.r) +
-                     (yt == at::kHalf ? " fp16" : " bf16") + (with_bias ? ", bias" : "") +
-                     (accumulate ? ", accumulate" : ""));
-        const at::Tensor xq = at::randint(-127, 128, {sh.n, sh.k}, cuda).to(at::kChar);
-        const at::Tensor wq = at::randint(-127, 128, {sh.r, sh.k}, cuda).to(at::kChar);
-        const at::Tensor sx = at::rand({sh.n, 1}, cuda) / 100 + 1e-4;
-        const at::Tensor sw = per_row ? at::rand({sh.r, 1}, cuda) / 100 + 1e-4 : at::tensor(4e-3f, cuda).reshape({});
-        const at::Tensor bias = with_bias ? at::randn({sh.r}, cuda).to(yt) : at::Tensor();
-        // y: columns [8, 8 + r) of a wider tensor (rows 16-byte aligned, stride r + 24).
-        const at::Tensor wide = at::randn({sh.n, sh.r + 24}, cuda).to(yt);
-        const at::Tensor y0 = wide.slice(1, 8, 8 + sh.r);
-        const at::Tensor ref = int8_reference(xq, sx, wq, sw, bias, accumulate ? y0 : at::Tensor());
-        at::Tensor yf = wide.clone().slice(1, 8, 8 + sh.r), ya = wide.clone().slice(1, 8, 8 + sh.r);
-        exec::quant::int8_gemm(xq, sx, wq, sw, yf, bias, accumulate);
-        {
-          ScopedEnv aten("STREAMPLAN_INT8_GEMM", "aten");
-          exec::quant::int8_gemm(xq, sx, wq, sw, ya, bias, accumulate);
-        }
-        const double ef = test::rel_l2(yf.cpu(), ref), ea = test::rel_l2(ya.cpu(), ref);
-        const double pair = test::rel_l2(yf.cpu(), ya.cpu());
-        EXPECT_LT(ef, 4e-3) << "int8_gemm vs float64 reference";
-        EXPECT_LT(ea, 4e-3) << "_int_mm + epilogue vs float64 reference";
-        EXPECT_LT(pair, 6e-3) << "int8_gemm vs _int_mm + epilogue";
-        worst_ref = std::max(worst_ref, ef);
-        worst_pair = std::max(worst_pair, pair);
-      }
-  std::cout << "int8_gemm rel_l2: worst vs float64 reference " << worst_ref << ", worst vs _int_mm + epilogue "
-            << worst_pair << (fused ? " (fused)" : " (not fused)") << "\n";
-  // An output view that is not 16-byte aligned: the _int_mm path, the same result.
-  const at::Tensor xq = at::randint(-127, 128, {300, 512}, cuda).to(at::kChar);
-  const at::Tensor wq = at::randint(-127, 128, {64, 512}, cuda).to(at::kChar);
-  const at::Tensor sx = at::rand({300, 1}, cuda) / 2000, sw = at::rand({64, 1}, cuda) / 2000;
-  at::Tensor wide = at::zeros({300, 80}, cuda.dtype(at::kBFloat16));
-  at::Tensor y = wide.slice(1, 3, 67);
-  exec::quant::int8_gemm(xq, sx, wq, sw, y, {}, false);
-  EXPECT_LT(test::rel_l2(y.cpu(), int8_reference(xq, sx, wq, sw, {}, {})), 4e-3);
-  EXPECT_EQ(wide.slice(1, 0, 3).abs().sum().item<double>(), 0.0) << "wrote outside the view";
+  const MakeGemm8 make = [&](int64_t n, int64_t k, int64_t r, bool per_row, at::ScalarType) {
+    Gemm8Case c;
+    c.xq = at::randint(-127, 128, {n, k}, cuda).to(at::kChar);
+    c.wq = at::randint(-127, 128, {r, k}, cuda).to(at::kChar);
+    c.sx = at::rand({n, 1}, cuda) / 100 + 1e-4;
+    c.sw = per_row ? at::rand({r, 1}, cuda) / 100 + 1e-4 : at::tensor(4e-3f, cuda).reshape({});
+    return c;
+  };
+  const RunGemm8 run = [](const Gemm8Case& c, const at::Tensor& y, const at::Tensor& bias, bool accumulate) {
+    exec::quant::int8_gemm(c.xq, c.sx, c.wq, c.sw, y, bias, accumulate);
+  };
+  check_fused_and_aten({{17, 256, 8}, {200, 512, 264}, {1000, 1280, 1536}, {4097, 5120, 1536}}, make, run,
+                       "STREAMPLAN_INT8_GEMM", "int8_gemm", fused);
 }
 
-#ifdef STREAMPLAN_INT8_GEMM_SM90
-// Both tile configurations of the kernel, called directly, on a few shapes.
-TEST(Gpu, Int8GemmSm90TileConfigurations) {
+// The fp8-e4m3 format's GEMM on CUDA, the fused kernel against at::_scaled_mm
+// (STREAMPLAN_FP8_GEMM=aten), as check_fused_and_aten says: both quantize the activations per
+// row (quantize_rows, which the reference repeats) and take the weight and its scale from the
+// weight source. Widths are multiples of 16 (what _scaled_mm takes).
+TEST(Gpu, Fp8GemmFusedAndScaledMmMatchReference) {
   if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
-  if (!kernels::int8_gemm_sm90_ready()) GTEST_SKIP() << "no sm_90a device";
+  const auto reg = exec::builtin_registry();
+  const at::Device d = exec::pick_device("cuda");
+  const auto dev = exec::describe_device(d);
+  const auto& caps = reg.format("fp8-e4m3");
+  if (!caps.native_gemm(dev)) GTEST_SKIP() << "no fp8 tensor cores on " << dev.name;
+  const bool fused = exec::quant::fused_fp8_gemm(dev);
+  std::cout << "fp8 GEMM kernel: " << caps.gemm_kernel(dev) << "\n";
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+  if (dev.cc_major == 9 && dev.cc_minor == 0) EXPECT_TRUE(fused) << "cc 9.0 and a build with the kernel";
+#endif
+  at::manual_seed(26);
+  const auto cuda = at::TensorOptions().device(d);
+  const MakeGemm8 make = [&](int64_t n, int64_t k, int64_t r, bool per_row, at::ScalarType xt) {
+    Gemm8Case c;
+    c.x = (at::randn({n, k}, cuda) * (1 + at::rand({n, 1}, cuda) * 4)).to(xt);
+    std::tie(c.xq, c.sx) = exec::quant::quantize_rows(c.x, at::kFloat8_e4m3fn);
+    c.wq = random_fp8(r, k, cuda);
+    c.sw = per_row ? at::rand({r, 1}, cuda) / 2000 + 1e-5 : at::tensor(3e-4f, cuda).reshape({});
+    // The fused kernel takes these operands directly where (and only where) it runs.
+    at::Tensor probe = at::empty({n, r}, cuda.dtype(at::kBFloat16));
+    EXPECT_EQ(exec::quant::fp8_gemm(c.xq, c.sx, c.wq, c.sw, probe, {}, false), fused);
+    return c;
+  };
+  const auto& impl = exec::impl_of<exec::FormatImpl>(caps);
+  const RunGemm8 run = [&](const Gemm8Case& c, const at::Tensor& y, const at::Tensor& bias, bool accumulate) {
+    const ir::Linear l = linear("fp8-e4m3", c.wq.size(0), c.wq.size(1));
+    exec::TensorWeights w(&reg);
+    w.add(l.weight, c.wq);
+    w.add(exec::quant::scale_name(l.weight), c.sw);
+    impl.gemm(w, l, {}, {}, w.tensor(l.weight), c.x, y, bias, accumulate);
+  };
+  check_fused_and_aten({{1, 256, 16}, {77, 512, 272}, {300, 1280, 1536}, {4097, 5120, 1536}}, make, run,
+                       "STREAMPLAN_FP8_GEMM", "fp8-e4m3 gemm", fused);
+}
+
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+// scaled_gemm_sm90's parameters for xq [n, k] and wq [r, k] (int8 or fp8 e4m3, as their dtype
+// says), rs [n] and cs [r] fp32, y [n, r] bf16 or fp16 (y = written; set accumulate, bias to
+// change that).
+kernels::ScaledGemmParams gemm_params(const at::Tensor& xq, const at::Tensor& wq, const at::Tensor& rs,
+                                      const at::Tensor& cs, const at::Tensor& y, kernels::GemmTile tile) {
+  kernels::ScaledGemmParams p;
+  p.operand = xq.scalar_type() == at::kFloat8_e4m3fn ? kernels::GemmOperand::F8E4M3 : kernels::GemmOperand::Int8;
+  p.x = xq.data_ptr();
+  p.x_stride = xq.stride(0);
+  p.w = wq.data_ptr();
+  p.w_stride = wq.stride(0);
+  p.row_scale = rs.data_ptr<float>();
+  p.col_scale = cs.data_ptr<float>();
+  p.y = y.data_ptr();
+  p.y_stride = y.stride(0);
+  p.y_type = y.scalar_type() == at::kHalf ? kernels::Elem::F16 : kernels::Elem::BF16;
+  p.rows = xq.size(0);
+  p.cols = wq.size(0);
+  p.k = xq.size(1);
+  p.tile = tile;
+  return p;
+}
+
+// Both tile configurations of the kernel, called directly: int8 and fp8 e4m3 operands (fp8
+// with accumulation promotion and with fast accumulation), written and accumulated, with and
+// without bias, on awkward row counts and a width that is a multiple of 8 but not of 16.
+TEST(Gpu, ScaledGemmSm90TileConfigurations) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  if (!kernels::scaled_gemm_sm90_ready()) GTEST_SKIP() << "no sm_90a device";
   const auto cuda = at::TensorOptions().device(exec::pick_device("cuda"));
   at::manual_seed(22);
-  for (const auto tile : {kernels::Int8GemmTile::PingPong128, kernels::Int8GemmTile::Coop256})
-    for (const int64_t n : {1, 255, 513, 2000}) {
-      SCOPED_TRACE("tile " + std::to_string(int(tile)) + " rows " + std::to_string(n));
-      const int64_t k = 768, r = 392;
-      const at::Tensor xq = at::randint(-127, 128, {n, k}, cuda).to(at::kChar);
-      const at::Tensor wq = at::randint(-127, 128, {r, k}, cuda).to(at::kChar);
-      const at::Tensor sx = at::rand({n}, cuda) / 1000, sw = at::rand({r}, cuda) / 1000;
-      const at::Tensor bias = at::randn({r}, cuda).to(at::kBFloat16);
-      at::Tensor y = at::randn({n, r}, cuda).to(at::kBFloat16);
-      const at::Tensor y0 = y.clone();
-      kernels::Int8GemmParams p;
-      p.x = xq.data_ptr<int8_t>();
-      p.x_stride = k;
-      p.w = wq.data_ptr<int8_t>();
-      p.w_stride = k;
-      p.row_scale = sx.data_ptr<float>();
-      p.col_scale = sw.data_ptr<float>();
-      p.bias = bias.data_ptr();
-      p.y = y.data_ptr();
-      p.y_stride = r;
-      p.accumulate = true;
-      p.rows = n;
-      p.cols = r;
-      p.k = k;
-      p.tile = tile;
-      ASSERT_TRUE(kernels::int8_gemm_sm90_fits(p));
-      ASSERT_EQ(kernels::int8_gemm_sm90(p, c10::cuda::getCurrentCUDAStream().stream()), cudaSuccess);
-      EXPECT_LT(test::rel_l2(y.cpu(), int8_reference(xq, sx.unsqueeze(1), wq, sw.unsqueeze(1), bias, y0)), 4e-3);
-    }
+  struct Operands {
+    kernels::GemmOperand type;
+    bool fast_accum;
+    double tolerance;  // rel L2 against float64: the bf16 output, and fp8's accumulation
+    std::string name;
+  };
+  for (const Operands& o : {Operands{kernels::GemmOperand::Int8, false, 4e-3, "int8"},
+                            Operands{kernels::GemmOperand::F8E4M3, false, 4e-3, "fp8"},
+                            Operands{kernels::GemmOperand::F8E4M3, true, 1.5e-2, "fp8 fast accumulation"}}) {
+    double worst = 0;
+    for (const auto tile : {kernels::GemmTile::PingPong128, kernels::GemmTile::Coop256})
+      for (const int64_t n : {1, 77, 255, 300, 513, 2000})
+        for (int variant = 0; variant < 4; ++variant) {
+          const bool with_bias = variant & 1, accumulate = variant & 2;
+          SCOPED_TRACE(o.name + " tile " + std::to_string(int(tile)) + " rows " + std::to_string(n) +
+                       (with_bias ? ", bias" : "") + (accumulate ? ", accumulate" : ""));
+          const int64_t k = 768, r = 392;
+          const bool int8 = o.type == kernels::GemmOperand::Int8;
+          const at::Tensor xq = int8 ? at::randint(-127, 128, {n, k}, cuda).to(at::kChar) : random_fp8(n, k, cuda);
+          const at::Tensor wq = int8 ? at::randint(-127, 128, {r, k}, cuda).to(at::kChar) : random_fp8(r, k, cuda);
+          const at::Tensor sx = at::rand({n}, cuda) / 1000, sw = at::rand({r}, cuda) / 1000;
+          const at::Tensor bias = at::randn({r}, cuda).to(at::kBFloat16);
+          at::Tensor y = at::randn({n, r}, cuda).to(at::kBFloat16);
+          const at::Tensor y0 = y.clone();
+          kernels::ScaledGemmParams p = gemm_params(xq, wq, sx, sw, y, tile);
+          p.fast_accum = o.fast_accum;
+          p.bias = with_bias ? bias.data_ptr() : nullptr;
+          p.accumulate = accumulate;
+          ASSERT_TRUE(kernels::scaled_gemm_sm90_fits(p));
+          ASSERT_EQ(kernels::scaled_gemm_sm90(p, c10::cuda::getCurrentCUDAStream().stream()), cudaSuccess);
+          const double e = test::rel_l2(y.cpu(), scaled_reference(xq, sx.unsqueeze(1), wq, sw.unsqueeze(1),
+                                                                  with_bias ? bias : at::Tensor(),
+                                                                  accumulate ? y0 : at::Tensor()));
+          EXPECT_LT(e, o.tolerance);
+          worst = std::max(worst, e);
+        }
+    std::cout << "scaled_gemm_sm90 " << o.name << ": worst rel_l2 vs float64 reference " << worst << "\n";
+  }
 }
 #endif
 
@@ -645,6 +807,25 @@ TEST(Gpu, QuantizeRowsMatchesReference) {
     }
 }
 
+// The mean ms of f on the current CUDA stream: 5 runs after one warm-up.
+double time_ms(const std::function<void()>& f) {
+  const cudaStream_t st = c10::cuda::getCurrentCUDAStream().stream();
+  f();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  const int reps = 5;
+  cudaEventRecord(a, st);
+  for (int i = 0; i < reps; ++i) f();
+  cudaEventRecord(b, st);
+  cudaEventSynchronize(b);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(ms) / reps;
+}
+
 // Times at the Wan 14B block's slab (75,600 rows) where STREAMPLAN_TIME_KERNELS is set (a
 // measurement, not a check): bf16 at::mm, _int_mm, int8_epilogue, the fused kernel in both
 // tile configurations; the rotation kernels against a copy of the same bf16 slab.
@@ -655,22 +836,6 @@ TEST(Gpu, Int8GemmAndRotationTimes) {
   const auto cuda = at::TensorOptions().device(d);
   const int64_t n = 75600;
   const cudaStream_t st = c10::cuda::getCurrentCUDAStream().stream();
-  const auto time_ms = [&](const std::function<void()>& f) {
-    f();
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    const int reps = 5;
-    cudaEventRecord(a, st);
-    for (int i = 0; i < reps; ++i) f();
-    cudaEventRecord(b, st);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return double(ms) / reps;
-  };
   struct Shape { int64_t k, r; };
   for (const Shape sh : {Shape{5120, 5120}, Shape{5120, 13824}, Shape{13824, 5120}}) {
     const at::Tensor x = at::randn({n, sh.k}, cuda).to(at::kBFloat16);
@@ -689,27 +854,15 @@ TEST(Gpu, Int8GemmAndRotationTimes) {
     const double quant = time_ms([&] { exec::quant::quantize_rows_int8(x); });
     std::printf("int8 GEMM %ld x %ld -> %ld: bf16 mm %.2f ms, _int_mm %.2f + epilogue %.2f ms, quantize_rows %.2f ms",
                 long(n), long(sh.k), long(sh.r), mm, int_mm, epi, quant);
-#ifdef STREAMPLAN_INT8_GEMM_SM90
-    if (kernels::int8_gemm_sm90_ready()) {
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+    if (kernels::scaled_gemm_sm90_ready()) {
       const at::Tensor rs = sx.reshape({n}).contiguous(), cs = sw.reshape({sh.r}).contiguous();
-      for (const auto tile : {kernels::Int8GemmTile::PingPong128, kernels::Int8GemmTile::Coop256}) {
-        kernels::Int8GemmParams p;
-        p.x = xq.data_ptr<int8_t>();
-        p.x_stride = sh.k;
-        p.w = wq.data_ptr<int8_t>();
-        p.w_stride = sh.k;
-        p.row_scale = rs.data_ptr<float>();
-        p.col_scale = cs.data_ptr<float>();
-        p.y = y.data_ptr();
-        p.y_stride = sh.r;
-        p.rows = n;
-        p.cols = sh.r;
-        p.k = sh.k;
-        p.tile = tile;
-        const double t = time_ms([&] { kernels::int8_gemm_sm90(p, st); });
+      for (const auto tile : {kernels::GemmTile::PingPong128, kernels::GemmTile::Coop256}) {
+        kernels::ScaledGemmParams p = gemm_params(xq, wq, rs, cs, y, tile);
+        const double t = time_ms([&] { kernels::scaled_gemm_sm90(p, st); });
         p.accumulate = true;
-        const double ta = time_ms([&] { kernels::int8_gemm_sm90(p, st); });
-        std::printf(", fused %s %.2f ms (accumulate %.2f)", tile == kernels::Int8GemmTile::Coop256 ? "coop256" : "pingpong128",
+        const double ta = time_ms([&] { kernels::scaled_gemm_sm90(p, st); });
+        std::printf(", fused %s %.2f ms (accumulate %.2f)", tile == kernels::GemmTile::Coop256 ? "coop256" : "pingpong128",
                     t, ta);
       }
       const at::Tensor out = at::empty_like(y);
@@ -748,6 +901,88 @@ TEST(Gpu, Int8GemmAndRotationTimes) {
                 "copy of the bf16 slab %.3f ms (%.0f GB/s)\n",
                 long(n), long(k), reg, gb / reg * 1e3, two, gb / two * 1e3, copy, gbc / copy * 1e3);
   }
+}
+
+// Times the fp8 GEMMs at the Wan 14B block's slab (75,600 rows) where STREAMPLAN_TIME_KERNELS
+// is set (a measurement, not a check), each written and accumulated into a bf16 output: bf16
+// at::mm (addmm_ to accumulate), at::_scaled_mm with row-wise scales as the fp8-e4m3 format
+// runs it where the fused kernel does not (_scaled_mm_out, or _scaled_mm then add_), the fused
+// kernel in both tile configurations with accumulation promotion (the default) and with fast
+// accumulation (STREAMPLAN_FP8_FAST_ACCUM=1), and quantize_rows of the activations (which
+// every fp8 path runs first). Prints a table, then how far the fused outputs are from
+// _scaled_mm's and from the bf16 inputs' product in fp32 (sampled rows).
+TEST(Gpu, Fp8GemmTimes) {
+  if (!getenv("STREAMPLAN_TIME_KERNELS")) GTEST_SKIP() << "set STREAMPLAN_TIME_KERNELS=1 to time";
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const at::Device d = exec::pick_device("cuda");
+  const auto dev = exec::describe_device(d);
+  if (!exec::builtin_registry().format("fp8-e4m3").native_gemm(dev)) GTEST_SKIP() << "no fp8 tensor cores";
+  const auto cuda = at::TensorOptions().device(d);
+  const int64_t n = 75600;
+  bool fused = false;
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+  fused = kernels::scaled_gemm_sm90_ready();
+#endif
+  const auto cell = [](double written, double added) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%6.2f / %6.2f", written, added);
+    return std::string(b);
+  };
+  std::printf("fp8 GEMM, %ld rows, ms written / accumulated into bf16 (mean of 5 after a warm-up)\n", long(n));
+  std::printf("| k -> cols | bf16 mm | _scaled_mm | fused ping-pong 128 | fused coop 256 | fast-accum ping-pong 128 | "
+              "fast-accum coop 256 | quantize_rows |\n");
+  std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  std::string accuracy;
+  struct Shape { int64_t k, r; };
+  for (const Shape sh : {Shape{5120, 5120}, Shape{5120, 13824}, Shape{13824, 5120}}) {
+    const at::Tensor x = at::randn({n, sh.k}, cuda).to(at::kBFloat16);
+    const at::Tensor w = (at::randn({sh.r, sh.k}, cuda) / 70).to(at::kBFloat16);
+    at::Tensor y = at::zeros({n, sh.r}, x.options());
+    const double mm = time_ms([&] { at::mm_out(y, x, w.t()); });
+    const double mm_acc = time_ms([&] { y.addmm_(x, w.t()); });
+    const auto [xq, sx] = exec::quant::quantize_rows(x, at::kFloat8_e4m3fn);
+    const auto [wq, sw] = exec::quant::quantize_rows(w, at::kFloat8_e4m3fn);
+    const at::Tensor sb = sw.t().contiguous();  // [1, cols]
+    const auto scaled_mm = [&] {
+      return at::_scaled_mm(xq, wq.t(), sx, sb, std::nullopt, std::nullopt, at::kBFloat16);
+    };
+    const double smm = time_ms([&] {
+      at::_scaled_mm_out(y, xq, wq.t(), sx, sb, std::nullopt, std::nullopt, at::kBFloat16);
+    });
+    const double smm_acc = time_ms([&] { y.add_(scaled_mm()); });
+    const double quant = time_ms([&] { exec::quant::quantize_rows(x, at::kFloat8_e4m3fn); });
+    std::string cells[4] = {"-", "-", "-", "-"};
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+    if (fused) {
+      const cudaStream_t st = c10::cuda::getCurrentCUDAStream().stream();
+      const at::Tensor rs = sx.reshape({n}).contiguous(), cs = sw.reshape({sh.r}).contiguous();
+      const at::Tensor rows = at::arange(0, n, 997, cuda.dtype(at::kLong));
+      const at::Tensor ref_scaled = scaled_mm().index_select(0, rows).cpu();
+      const at::Tensor ref_bf16 = at::mm(x.index_select(0, rows).to(at::kFloat), w.to(at::kFloat).t()).cpu();
+      int i = 0;
+      for (const bool fast : {false, true})
+        for (const auto tile : {kernels::GemmTile::PingPong128, kernels::GemmTile::Coop256}) {
+          kernels::ScaledGemmParams p = gemm_params(xq, wq, rs, cs, y, tile);
+          p.fast_accum = fast;
+          const double t = time_ms([&] { kernels::scaled_gemm_sm90(p, st); });
+          const at::Tensor out = y.index_select(0, rows).cpu();
+          p.accumulate = true;
+          const double ta = time_ms([&] { kernels::scaled_gemm_sm90(p, st); });
+          cells[i++] = cell(t, ta);
+          char b[200];
+          std::snprintf(b, sizeof b, "%ld -> %ld %s%s: rel_l2 vs _scaled_mm %.2e, vs bf16 inputs in fp32 %.2e\n",
+                        long(sh.k), long(sh.r), fast ? "fast-accum " : "",
+                        tile == kernels::GemmTile::Coop256 ? "coop 256" : "ping-pong 128",
+                        test::rel_l2(out, ref_scaled), test::rel_l2(out, ref_bf16));
+          accuracy += b;
+        }
+    }
+#endif
+    std::printf("| %ld -> %ld | %s | %s | %s | %s | %s | %s | %.2f |\n", long(sh.k), long(sh.r),
+                cell(mm, mm_acc).c_str(), cell(smm, smm_acc).c_str(), cells[0].c_str(), cells[1].c_str(),
+                cells[2].c_str(), cells[3].c_str(), quant);
+  }
+  std::printf("%s", fused ? accuracy.c_str() : "(no fused kernel: this build or device has none)\n");
 }
 
 #endif  // STREAMPLAN_WITH_CUDA

@@ -2,8 +2,11 @@
 // checkpoint's split projections were joined), stored as the weight, "<weight>.scale" and
 // optionally "<weight>.input_scale" (quantized.hpp; ComfyUI's float8_e4m3fn and scaled_fp8).
 // The CPU acquires the dequantized slice; on devices with fp8 tensor cores (sm_89+) the format
-// runs at::_scaled_mm: the activation slab quantized with the checkpoint's input scale, else
-// per tensor (per row where the weight scale is per row).
+// runs its own GEMM: on CUDA the activation slab quantized per row, then on sm_90a the fused
+// fp8 GEMM (kernels/scaled_gemm_sm90.cuh: scales, bias and accumulation in its epilogue, via
+// quant::fp8_gemm) where it fits, else at::_scaled_mm with row-wise scales. The CPU (forced
+// native in tests) runs _scaled_mm per tensor: the slab quantized with the checkpoint's input
+// scale, else its maximum.
 #include <tuple>
 
 #include "exec/consumers/consumer.hpp"
@@ -32,9 +35,9 @@ struct Fp8 : FormatImpl {
             const at::Tensor& x, const at::Tensor& y, const at::Tensor& bias, bool accumulate) const override {
     const at::Tensor sw = quant::row_scale(src, l, rows);
     const at::Tensor w = stored.is_contiguous() ? stored : stored.contiguous();
-    // cuBLASLt's fp8 GEMM needs widths that are multiples of 16.
-    if (x.is_cuda() && (x.size(1) % 16 != 0 || w.size(0) % 16 != 0))
-      return quant::reference_gemm(x, w.to(at::kFloat).mul_(sw), y, bias, accumulate);
+    const auto reference = [&] { quant::reference_gemm(x, w.to(at::kFloat).mul_(sw), y, bias, accumulate); };
+    // Both fp8 GEMMs need in_features % 16 (TMA and cuBLASLt rows of 16-byte multiples).
+    if (x.is_cuda() && x.size(1) % 16 != 0) return reference();
     const std::string in_name = quant::input_scale_name(l.weight);
     // On CUDA the activations are quantized per row in one kernel (a checkpoint's static input
     // scale is not needed: a row's own scale is at least as fine), against the weight's scale
@@ -44,9 +47,13 @@ struct Fp8 : FormatImpl {
     at::Tensor sa, xq, sb;
     if (rowwise) {
       std::tie(xq, sa) = quant::quantize_rows(x, at::kFloat8_e4m3fn);
+      // The fused kernel where it runs: no product tensor, bias and accumulation in its epilogue.
+      if (quant::fp8_gemm(xq, sa, w, sw, y, bias, accumulate)) return;
+      // cuBLASLt's fp8 GEMM needs output widths that are multiples of 16.
+      if (w.size(0) % 16 != 0) return reference();
       sb = (sw.dim() > 0 ? sw.t() : sw.reshape({1, 1}).expand({1, w.size(0)})).contiguous();
     } else {
-      if (sw.dim() > 0) return quant::reference_gemm(x, w.to(at::kFloat).mul_(sw), y, bias, accumulate);
+      if (sw.dim() > 0) return reference();
       sa = src.contains(in_name) ? src.tensor(in_name).reshape({}).to(at::kFloat)
                                  : x.abs().max().to(at::kFloat).div_(kMax).clamp_min_(1e-12);
       xq = x.to(at::kFloat).div(sa).clamp_(-kMax, kMax).to(at::kFloat8_e4m3fn);
@@ -73,7 +80,9 @@ void register_fp8(contracts::Registry& reg) {
   using contracts::Cap;
   contracts::FormatCaps f;
   f.name = "fp8-e4m3";
-  f.description = "float8 e4m3 with an fp32 scale; fp8 GEMM (_scaled_mm) with quantized activations on sm_89+";
+  f.description =
+      "float8 e4m3 with an fp32 scale; fp8 GEMM with quantized activations on sm_89+ (fused CUTLASS kernel on sm_90a, "
+      "else _scaled_mm)";
   f.storage = ir::DType::F8E4M3;
   f.dense = false;
   f.out_slicing = f.in_slicing = f.held_execution = Cap::Yes;
@@ -81,14 +90,12 @@ void register_fp8(contracts::Registry& reg) {
     return d.kind == contracts::DeviceKind::CUDA && d.cc_major * 10 + d.cc_minor >= 89;
   };
   // The quantized activation slab, its row scales and the weight's scales as a row; the bf16
-  // product, where it is added to the output or the output is not bf16.
-  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps&) {
-    const int64_t product = g.accumulate || g.out != ir::DType::BF16 ? g.rows * g.out_features * 2 : 0;
-    return g.rows * g.in_features + g.rows * 4 + g.out_features * 4 + product;
+  // product of _scaled_mm where it is added to the output or the output is not bf16 (not where
+  // the fused kernel runs).
+  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps& d) {
+    return quant::fp8_gemm_workspace(g, d);
   };
-  f.gemm_kernel = [](const contracts::DeviceCaps&) {
-    return std::string("at::_scaled_mm (cuBLASLt), row-wise scales, activations quantized per row");
-  };
+  f.gemm_kernel = [](const contracts::DeviceCaps& d) { return quant::fp8_gemm_kernel(d); };
   f.tolerance = 0.08;  // fp8 activations: ~3-5% relative L2 on normal data
   f.impl = std::make_shared<Fp8>();
   reg.add(f);

@@ -10,8 +10,8 @@
 #include "exec/kernels/elem.hpp"
 #include "exec/kernels/quantize.cuh"
 #endif
-#ifdef STREAMPLAN_INT8_GEMM_SM90
-#include "exec/kernels/int8_gemm_sm90.cuh"
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+#include "exec/kernels/scaled_gemm_sm90.cuh"
 #endif
 
 namespace sp::exec::quant {
@@ -106,12 +106,20 @@ std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x) { retu
 
 namespace {
 
-[[maybe_unused]] bool aten_int8_gemm_asked() {
-  const char* v = std::getenv("STREAMPLAN_INT8_GEMM");
-  return v && std::strcmp(v, "aten") == 0;
+[[maybe_unused]] bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
 }
 
-#ifdef STREAMPLAN_INT8_GEMM_SM90
+// STREAMPLAN_INT8_GEMM=aten / STREAMPLAN_FP8_GEMM=aten: keep the ATen GEMM (for comparison).
+[[maybe_unused]] bool aten_gemm_asked(bool fp8) {
+  return env_is(fp8 ? "STREAMPLAN_FP8_GEMM" : "STREAMPLAN_INT8_GEMM", "aten");
+}
+
+// STREAMPLAN_FP8_FAST_ACCUM=1: the fused fp8 kernel without accumulation promotion.
+[[maybe_unused]] bool fp8_fast_accum_asked() { return env_is("STREAMPLAN_FP8_FAST_ACCUM", "1"); }
+
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 // A contiguous copy where t is not contiguous or not 16-byte aligned (a slice of a larger tensor).
@@ -120,10 +128,13 @@ at::Tensor aligned(const at::Tensor& t) {
   return aligned16(c) ? c : c.clone();
 }
 
-// The fused kernel where the operands fit it; false (nothing done) where they do not.
+// The fused kernel where the operands fit it: int8 or fp8 e4m3 operands, as xq's dtype says;
+// false (nothing done) where they do not.
 bool fused_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
                 const at::Tensor& y, const at::Tensor& bias, bool accumulate) {
-  if (aten_int8_gemm_asked() || !kernels::int8_gemm_sm90_ready()) return false;
+  const bool fp8 = xq.scalar_type() == at::kFloat8_e4m3fn;
+  if ((!fp8 && xq.scalar_type() != at::kChar) || wq.scalar_type() != xq.scalar_type() || !xq.is_cuda()) return false;
+  if (aten_gemm_asked(fp8) || !kernels::scaled_gemm_sm90_ready()) return false;
   if (y.scalar_type() != at::kBFloat16 && y.scalar_type() != at::kHalf) return false;
   if (xq.dim() != 2 || wq.dim() != 2 || y.dim() != 2 || xq.stride(1) != 1 || wq.stride(1) != 1 || y.stride(1) != 1)
     return false;
@@ -132,10 +143,12 @@ bool fused_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq
   at::Tensor cs = sw.to(at::kFloat).reshape({-1});
   cs = aligned(cs.numel() == 1 ? cs.expand({r}) : cs);
   const at::Tensor b = bias.defined() ? aligned(bias.to(y.scalar_type()).reshape({r})) : bias;
-  kernels::Int8GemmParams p;
-  p.x = xq.data_ptr<int8_t>();
+  kernels::ScaledGemmParams p;
+  p.operand = fp8 ? kernels::GemmOperand::F8E4M3 : kernels::GemmOperand::Int8;
+  p.fast_accum = fp8 && fp8_fast_accum_asked();
+  p.x = xq.data_ptr();
   p.x_stride = xq.stride(0);
-  p.w = wq.data_ptr<int8_t>();
+  p.w = wq.data_ptr();
   p.w_stride = wq.stride(0);
   p.row_scale = rs.data_ptr<float>();
   p.col_scale = cs.data_ptr<float>();
@@ -147,12 +160,38 @@ bool fused_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq
   p.rows = n;
   p.cols = r;
   p.k = k;
-  if (!kernels::int8_gemm_sm90_fits(p)) return false;
-  const cudaError_t e = kernels::int8_gemm_sm90(p, c10::cuda::getCurrentCUDAStream(y.get_device()).stream());
-  TORCH_CHECK(e == cudaSuccess, "int8_gemm_sm90: ", cudaGetErrorString(e));
+  if (!kernels::scaled_gemm_sm90_fits(p)) return false;
+  const cudaError_t e = kernels::scaled_gemm_sm90(p, c10::cuda::getCurrentCUDAStream(y.get_device()).stream());
+  TORCH_CHECK(e == cudaSuccess, "scaled_gemm_sm90: ", cudaGetErrorString(e));
   return true;
 }
 #endif
+
+// Whether the fused kernel runs on `dev` for int8 (fp8 false) or fp8 e4m3 operands.
+bool fused_on(const contracts::DeviceCaps& dev, bool fp8) {
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+  return dev.kind == contracts::DeviceKind::CUDA && dev.cc_major == 9 && dev.cc_minor == 0 && !aten_gemm_asked(fp8) &&
+         kernels::scaled_gemm_sm90_ready();
+#else
+  (void)dev;
+  (void)fp8;
+  return false;
+#endif
+}
+
+// ... and for a call of this shape (16-bit output, in_features % 16, out_features % 8).
+bool fused_for(const contracts::DeviceCaps& dev, const contracts::GemmCall& g, bool fp8) {
+  return (g.out == ir::DType::BF16 || g.out == ir::DType::F16) && g.in_features % 16 == 0 &&
+         g.out_features % 8 == 0 && fused_on(dev, fp8);
+}
+
+std::string fused_kernel_text(const std::string& operands) {
+  return "CUTLASS sm_90a " + operands + " GEMM, scales/bias/accumulate fused in its epilogue";
+}
+
+// The quantized activation slab and its row scales (one byte and four bytes a row): what either
+// 8-bit GEMM needs beside its operands.
+int64_t activation_bytes(const contracts::GemmCall& g) { return g.rows * g.in_features + g.rows * 4; }
 
 }  // namespace
 
@@ -161,7 +200,7 @@ void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq,
 #ifdef STREAMPLAN_WITH_CUDA
   if (xq.is_cuda() && y.dim() == 2 && y.stride(1) == 1 && kernels::elem_of(y.scalar_type()) &&
       (!bias.defined() || kernels::elem_of(bias.scalar_type()))) {
-#ifdef STREAMPLAN_INT8_GEMM_SM90
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
     if (fused_gemm(xq, sx, wq, sw, y, bias, accumulate)) return;
 #endif
     const at::Tensor acc = at::_int_mm(xq, wq.t());
@@ -194,31 +233,50 @@ void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq,
   else y.copy_(acc);
 }
 
-bool fused_int8_gemm(const contracts::DeviceCaps& dev) {
-#ifdef STREAMPLAN_INT8_GEMM_SM90
-  return dev.kind == contracts::DeviceKind::CUDA && dev.cc_major == 9 && dev.cc_minor == 0 &&
-         !aten_int8_gemm_asked() && kernels::int8_gemm_sm90_ready();
+bool fp8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
+              const at::Tensor& y, const at::Tensor& bias, bool accumulate) {
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+  return xq.scalar_type() == at::kFloat8_e4m3fn && fused_gemm(xq, sx, wq, sw, y, bias, accumulate);
 #else
-  (void)dev;
   return false;
 #endif
 }
 
+bool fused_int8_gemm(const contracts::DeviceCaps& dev) { return fused_on(dev, false); }
+
 bool fused_int8_gemm(const contracts::DeviceCaps& dev, const contracts::GemmCall& g) {
-  return (g.out == ir::DType::BF16 || g.out == ir::DType::F16) && g.in_features % 16 == 0 &&
-         g.out_features % 8 == 0 && fused_int8_gemm(dev);
+  return fused_for(dev, g, false);
+}
+
+bool fused_fp8_gemm(const contracts::DeviceCaps& dev) { return fused_on(dev, true); }
+
+bool fused_fp8_gemm(const contracts::DeviceCaps& dev, const contracts::GemmCall& g) {
+  return fused_for(dev, g, true);
 }
 
 std::string int8_gemm_kernel(const contracts::DeviceCaps& dev) {
   if (dev.kind != contracts::DeviceKind::CUDA) return "at::_int_mm (CPU)";
-  if (fused_int8_gemm(dev)) return "CUTLASS sm_90a int8 GEMM, scales/bias/accumulate fused in its epilogue";
+  if (fused_int8_gemm(dev)) return fused_kernel_text("int8");
   return "at::_int_mm + int8_epilogue";
 }
 
+std::string fp8_gemm_kernel(const contracts::DeviceCaps& dev) {
+  if (fused_fp8_gemm(dev))
+    return fused_kernel_text(fp8_fast_accum_asked() ? "fp8 (fast accumulation)" : "fp8");
+  return "at::_scaled_mm (cuBLASLt), row-wise scales, activations quantized per row";
+}
+
 int64_t int8_gemm_workspace(const contracts::GemmCall& g, const contracts::DeviceCaps& dev) {
-  const int64_t activations = g.rows * g.in_features + g.rows * 4;
-  if (fused_int8_gemm(dev, g)) return activations + g.out_features * 4;
-  return activations + g.rows * g.out_features * 4;
+  if (fused_int8_gemm(dev, g)) return activation_bytes(g) + g.out_features * 4;
+  return activation_bytes(g) + g.rows * g.out_features * 4;
+}
+
+int64_t fp8_gemm_workspace(const contracts::GemmCall& g, const contracts::DeviceCaps& dev) {
+  // The weight's scales as one fp32 value per output row (either path); _scaled_mm's bf16
+  // product where it is added to the output or the output is not bf16.
+  const int64_t operands = activation_bytes(g) + g.out_features * 4;
+  if (fused_fp8_gemm(dev, g) || (!g.accumulate && g.out == ir::DType::BF16)) return operands;
+  return operands + g.rows * g.out_features * 2;
 }
 
 void reference_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const at::Tensor& bias,

@@ -45,26 +45,42 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarT
 std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x);
 
 // y (+)= (xq @ wq^T) * sx * sw (+ bias), int8 x int8, xq [n, k] int8, sx [n, 1], wq [r, k] int8,
-// sw [] or [r, 1]. On CUDA: the fused sm_90a kernel (kernels/int8_gemm_sm90.cuh: the int32
+// sw [] or [r, 1]. On CUDA: the fused sm_90a kernel (kernels/scaled_gemm_sm90.cuh: the int32
 // product never leaves the registers) where fused_int8_gemm holds for the device and the
 // operands fit it (16-bit y, k % 16, r % 8, 16-byte aligned rows); elsewhere at::_int_mm and
 // one pass over its int32 product for the scaling, bias and write (kernels/quantize.cuh).
 void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
                const at::Tensor& y, const at::Tensor& bias, bool accumulate);
+// The same for fp8 e4m3 operands (xq, wq float8_e4m3fn) through the same fused kernel (fp32
+// accumulators), where fused_fp8_gemm holds for the device and the operands fit it; true when
+// it ran, false (nothing done) elsewhere: the caller then runs at::_scaled_mm.
+bool fp8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
+              const at::Tensor& y, const at::Tensor& bias, bool accumulate);
 // Whether int8_gemm runs the fused kernel on `dev`: a build with it (CMake option
-// STREAMPLAN_INT8_GEMM_SM90), a CUDA device of compute capability 9.0 whose sm_90a image
-// loads, and STREAMPLAN_INT8_GEMM not set to "aten" (which keeps _int_mm + epilogue, for
+// STREAMPLAN_SCALED_GEMM_SM90), a CUDA device of compute capability 9.0 whose sm_90a images
+// load, and STREAMPLAN_INT8_GEMM not set to "aten" (which keeps _int_mm + epilogue, for
 // comparison).
 bool fused_int8_gemm(const contracts::DeviceCaps& dev);
 // ... and for a call of this shape (16-bit output, in_features % 16, out_features % 8).
 bool fused_int8_gemm(const contracts::DeviceCaps& dev, const contracts::GemmCall& g);
-// The kernel int8_gemm runs on `dev` (FormatCaps::gemm_kernel, named by --explain).
+// The same for fp8_gemm, with STREAMPLAN_FP8_GEMM=aten keeping _scaled_mm. The fused fp8 kernel
+// promotes its accumulators periodically; STREAMPLAN_FP8_FAST_ACCUM=1 picks the kernel without
+// promotion.
+bool fused_fp8_gemm(const contracts::DeviceCaps& dev);
+bool fused_fp8_gemm(const contracts::DeviceCaps& dev, const contracts::GemmCall& g);
+// The kernel int8_gemm / the fp8-e4m3 format runs on `dev` (FormatCaps::gemm_kernel, named by
+// --explain).
 std::string int8_gemm_kernel(const contracts::DeviceCaps& dev);
+std::string fp8_gemm_kernel(const contracts::DeviceCaps& dev);
 // Bytes of a quantize_rows_int8 (or ConvRot rotation) + int8_gemm call on `dev` beside its
 // operands: the int8 activations and their scales, and the int32 product where the fused kernel
 // does not run (where it does: the weight scales as one fp32 value per output row). An output
 // view that is not 16-byte aligned falls back to _int_mm, beyond this count.
 int64_t int8_gemm_workspace(const contracts::GemmCall& g, const contracts::DeviceCaps& dev);
+// ... of the fp8-e4m3 format's quantize_rows + GEMM: the fp8 activations, their scales, the
+// weight scales as one fp32 value per output row, and where _scaled_mm runs (not the fused
+// kernel) its bf16 product if it is added to the output or the output is not bf16.
+int64_t fp8_gemm_workspace(const contracts::GemmCall& g, const contracts::DeviceCaps& dev);
 
 // y (+)= dequantized: the reference a native GEMM falls back to where its kernel cannot run.
 void reference_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const at::Tensor& bias,

@@ -8,7 +8,7 @@
 // rotation; other rows are read twice, the second read mostly from the cache) and writes the
 // 8-bit row and its scale: no fp32 copy of the slab. int8_epilogue turns the int32 sums into
 // the projection's output in one pass: y = acc · s_x[r] · s_w[c] (+ bias[c]) written or added
-// into y, in y's dtype; where the fused GEMM runs (int8_gemm_sm90.cuh) it is not needed.
+// into y, in y's dtype; where the fused GEMM runs (scaled_gemm_sm90.cuh) it is not needed.
 //
 // Example:
 //     sp::kernels::QuantizeParams p;

@@ -1,7 +1,8 @@
-// The fused int8 GEMM for sm_90a (int8_gemm_sm90.cuh): CUTLASS 3.x collective builders, a
-// persistent warp-specialized kernel and an epilogue visitor tree for the scales, bias and
-// accumulation. Compiled for sm_90a only (streamplan_kernels_int8_gemm_sm90 in CMakeLists.txt).
-#include "exec/kernels/int8_gemm_sm90.cuh"
+// The fused int8 / fp8 e4m3 GEMM for sm_90a (scaled_gemm_sm90.cuh): CUTLASS 3.x collective
+// builders, a persistent warp-specialized kernel and an epilogue visitor tree for the scales,
+// bias and accumulation. Compiled for sm_90a only (streamplan_kernels_scaled_gemm_sm90 in
+// CMakeLists.txt).
+#include "exec/kernels/scaled_gemm_sm90.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -27,17 +28,19 @@ namespace {
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
-// A kernel for output type D with the tile configuration Cfg.
-template <class D, class Tile, class Cluster, class MainSchedule, class EpiSchedule>
-struct Int8Gemm {
-  using ElementA = int8_t;
-  using ElementB = int8_t;
-  using ElementAcc = int32_t;
+// A kernel for operands E (int8_t or float_e4m3_t), output type D, the tile configuration
+// Tile x Cluster and the mainloop / epilogue schedules.
+template <class E, class D, class Tile, class Cluster, class MainSchedule, class EpiSchedule>
+struct ScaledGemm {
+  using ElementA = E;
+  using ElementB = E;
+  // int8 products accumulate exactly in int32; fp8 ones in fp32.
+  using ElementAcc = cute::conditional_t<cute::is_same_v<E, int8_t>, int32_t, float>;
   using ElementCompute = float;
   using LayoutA = cutlass::layout::RowMajor;     // x [rows, k]
   using LayoutB = cutlass::layout::ColumnMajor;  // w [cols, k]: B (k x cols) column-major
   using LayoutD = cutlass::layout::RowMajor;     // y [rows, cols]
-  static constexpr int kAlignAB = 16;            // 16 bytes of int8
+  static constexpr int kAlignAB = 16;            // 16 bytes of 8-bit
   static constexpr int kAlignD = 8;              // 16 bytes of 16-bit
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
@@ -72,7 +75,7 @@ struct Int8Gemm {
                                                       cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  static cudaError_t run(const Int8GemmParams& p, int sm_count, cudaStream_t stream) {
+  static cudaError_t run(const ScaledGemmParams& p, int sm_count, cudaStream_t stream) {
     using StrideA = typename Kernel::StrideA;
     using StrideB = typename Kernel::StrideB;
     using StrideC = typename Kernel::StrideC;
@@ -90,7 +93,7 @@ struct Int8Gemm {
 
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                   {m, n, k, 1},
-                                  {p.x, sa, p.w, sb},
+                                  {static_cast<const E*>(p.x), sa, static_cast<const E*>(p.w), sb},
                                   {{}, y, sc, y, sd}};
     args.hw_info.device_id = 0;
     args.hw_info.sm_count = sm_count;
@@ -129,12 +132,28 @@ using PingPong128 = Shape<_128, _128, _128>;
 using Coop256 = Shape<_256, _128, _128>;
 using Cluster2x1 = Shape<_2, _1, _1>;
 
-template <class D>
-using GemmPingPong = Int8Gemm<D, PingPong128, Cluster2x1, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                              cutlass::epilogue::TmaWarpSpecialized>;
-template <class D>
-using GemmCoop = Int8Gemm<D, Coop256, Cluster2x1, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
-                          cutlass::epilogue::TmaWarpSpecializedCooperative>;
+// The two tile configurations of one operand type and mainloop: for fp8 the plain schedules
+// take CUTLASS's fp8 mainloop with accumulation promotion, the FP8FastAccum ones the plain
+// mainloop (the tensor cores accumulate over the whole k).
+template <class E, class PingPongSchedule, class CoopSchedule>
+struct Kernels {
+  template <class D>
+  using PingPong = ScaledGemm<E, D, PingPong128, Cluster2x1, PingPongSchedule, cutlass::epilogue::TmaWarpSpecialized>;
+  template <class D>
+  using Coop = ScaledGemm<E, D, Coop256, Cluster2x1, CoopSchedule, cutlass::epilogue::TmaWarpSpecializedCooperative>;
+
+  static bool images_load() {
+    return PingPong<cutlass::bfloat16_t>::image_loads() && PingPong<cutlass::half_t>::image_loads() &&
+           Coop<cutlass::bfloat16_t>::image_loads() && Coop<cutlass::half_t>::image_loads();
+  }
+};
+
+using Int8Kernels = Kernels<int8_t, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                            cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+using Fp8Kernels = Kernels<cutlass::float_e4m3_t, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                           cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+using Fp8FastKernels = Kernels<cutlass::float_e4m3_t, cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum,
+                               cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum>;
 
 constexpr int kDevices = 64;
 
@@ -150,25 +169,33 @@ int sm_count(int dev) {
 
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// The tile configuration for a shape: measured on the H200 (kernels/README.md).
-Int8GemmTile pick(const Int8GemmParams& p) {
-  if (p.tile != Int8GemmTile::Auto) return p.tile;
+// The tile configuration for a shape: measured on the H200 with int8 operands
+// (kernels/README.md), and taken for fp8 as well.
+GemmTile pick(const ScaledGemmParams& p) {
+  if (p.tile != GemmTile::Auto) return p.tile;
   // Ping-pong was faster at 75,600 rows on 5120 -> 5120, 5120 -> 13824 and 13824 -> 5120
   // written, cooperative 256-row tiles on 13824 -> 5120 accumulated (8.0 against 8.8 ms).
-  return p.accumulate && p.k >= 8192 ? Int8GemmTile::Coop256 : Int8GemmTile::PingPong128;
+  return p.accumulate && p.k >= 8192 ? GemmTile::Coop256 : GemmTile::PingPong128;
+}
+
+template <class K, class D>
+cudaError_t run_tile(const ScaledGemmParams& p, int sms, cudaStream_t stream) {
+  if (pick(p) == GemmTile::Coop256) return K::template Coop<D>::run(p, sms, stream);
+  return K::template PingPong<D>::run(p, sms, stream);
 }
 
 template <class D>
-cudaError_t run_as(const Int8GemmParams& p, int sms, cudaStream_t stream) {
-  if (pick(p) == Int8GemmTile::Coop256) return GemmCoop<D>::run(p, sms, stream);
-  return GemmPingPong<D>::run(p, sms, stream);
+cudaError_t run_as(const ScaledGemmParams& p, int sms, cudaStream_t stream) {
+  if (p.operand == GemmOperand::Int8) return run_tile<Int8Kernels, D>(p, sms, stream);
+  if (p.fast_accum) return run_tile<Fp8FastKernels, D>(p, sms, stream);
+  return run_tile<Fp8Kernels, D>(p, sms, stream);
 }
 
 }  // namespace
 
-bool int8_gemm_sm90_built() { return true; }
+bool scaled_gemm_sm90_built() { return true; }
 
-bool int8_gemm_sm90_ready() {
+bool scaled_gemm_sm90_ready() {
   static std::atomic<int> state[kDevices];  // 0 unknown, 1 ready, 2 not
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) {
@@ -180,9 +207,8 @@ bool int8_gemm_sm90_ready() {
     int major = 0, minor = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    const bool image = major == 9 && minor == 0 && GemmPingPong<cutlass::bfloat16_t>::image_loads() &&
-                       GemmPingPong<cutlass::half_t>::image_loads() && GemmCoop<cutlass::bfloat16_t>::image_loads() &&
-                       GemmCoop<cutlass::half_t>::image_loads();
+    const bool image = major == 9 && minor == 0 && Int8Kernels::images_load() && Fp8Kernels::images_load() &&
+                       Fp8FastKernels::images_load();
     cudaGetLastError();  // a missing image is an answer, not an error to keep
     s = image ? 1 : 2;
     state[dev].store(s, std::memory_order_relaxed);
@@ -190,8 +216,9 @@ bool int8_gemm_sm90_ready() {
   return s == 1;
 }
 
-bool int8_gemm_sm90_fits(const Int8GemmParams& p) {
-  return (p.y_type == Elem::BF16 || p.y_type == Elem::F16) && p.rows > 0 && p.cols > 0 && p.k > 0 &&
+bool scaled_gemm_sm90_fits(const ScaledGemmParams& p) {
+  return (p.operand == GemmOperand::Int8 || p.operand == GemmOperand::F8E4M3) &&
+         (p.y_type == Elem::BF16 || p.y_type == Elem::F16) && p.rows > 0 && p.cols > 0 && p.k > 0 &&
          p.rows <= INT_MAX && p.cols <= INT_MAX && p.k <= INT_MAX && p.k % 16 == 0 && p.cols % 8 == 0 &&
          p.y_stride % 8 == 0 && p.x_stride % 16 == 0 && p.w_stride % 16 == 0 && p.y_stride >= p.cols &&
          p.x_stride >= p.k && p.w_stride >= p.k && p.x && p.w && p.y && p.row_scale && p.col_scale &&
@@ -199,8 +226,8 @@ bool int8_gemm_sm90_fits(const Int8GemmParams& p) {
          aligned16(p.col_scale);
 }
 
-cudaError_t int8_gemm_sm90(const Int8GemmParams& p, cudaStream_t stream) {
-  if (!int8_gemm_sm90_ready() || !int8_gemm_sm90_fits(p)) return cudaErrorNotSupported;
+cudaError_t scaled_gemm_sm90(const ScaledGemmParams& p, cudaStream_t stream) {
+  if (!scaled_gemm_sm90_ready() || !scaled_gemm_sm90_fits(p)) return cudaErrorNotSupported;
   int dev = 0;
   cudaGetDevice(&dev);
   const int sms = sm_count(dev);
