@@ -269,10 +269,6 @@ TEST(Formats, Fp8GemmWorkspaceAndKernelByDevice) {
     EXPECT_TRUE(has(f.gemm_kernel(d.hopper), "_scaled_mm")) << f.gemm_kernel(d.hopper);
     EXPECT_EQ(exec::quant::fused_int8_gemm(d.hopper), fused);
   }
-  {
-    ScopedEnv fast("STREAMPLAN_FP8_FAST_ACCUM", "1");
-    EXPECT_EQ(has(f.gemm_kernel(d.hopper), "fp8 (fast accumulation) GEMM"), fused) << f.gemm_kernel(d.hopper);
-  }
 #ifndef STREAMPLAN_SCALED_GEMM_SM90
   EXPECT_FALSE(fused) << "a build without the kernel";
 #endif
@@ -694,8 +690,8 @@ kernels::ScaledGemmParams gemm_params(const at::Tensor& xq, const at::Tensor& wq
   return p;
 }
 
-// Both tile configurations of the kernel, called directly: int8 and fp8 e4m3 operands (fp8
-// with accumulation promotion and with fast accumulation), written and accumulated, with and
+// Both tile configurations of the kernel, called directly: int8 and fp8 e4m3 operands, written
+// and accumulated, with and
 // without bias, on awkward row counts and a width that is a multiple of 8 but not of 16.
 TEST(Gpu, ScaledGemmSm90TileConfigurations) {
   if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
@@ -704,13 +700,11 @@ TEST(Gpu, ScaledGemmSm90TileConfigurations) {
   at::manual_seed(22);
   struct Operands {
     kernels::GemmOperand type;
-    bool fast_accum;
     double tolerance;  // rel L2 against float64: the bf16 output, and fp8's accumulation
     std::string name;
   };
-  for (const Operands& o : {Operands{kernels::GemmOperand::Int8, false, 4e-3, "int8"},
-                            Operands{kernels::GemmOperand::F8E4M3, false, 4e-3, "fp8"},
-                            Operands{kernels::GemmOperand::F8E4M3, true, 1.5e-2, "fp8 fast accumulation"}}) {
+  for (const Operands& o : {Operands{kernels::GemmOperand::Int8, 4e-3, "int8"},
+                            Operands{kernels::GemmOperand::F8E4M3, 4e-3, "fp8"}}) {
     double worst = 0;
     for (const auto tile : {kernels::GemmTile::PingPong128, kernels::GemmTile::Coop256})
       for (const int64_t n : {1, 77, 255, 300, 513, 2000})
@@ -727,7 +721,6 @@ TEST(Gpu, ScaledGemmSm90TileConfigurations) {
           at::Tensor y = at::randn({n, r}, cuda).to(at::kBFloat16);
           const at::Tensor y0 = y.clone();
           kernels::ScaledGemmParams p = gemm_params(xq, wq, sx, sw, y, tile);
-          p.fast_accum = o.fast_accum;
           p.bias = with_bias ? bias.data_ptr() : nullptr;
           p.accumulate = accumulate;
           ASSERT_TRUE(kernels::scaled_gemm_sm90_fits(p));
@@ -907,8 +900,7 @@ TEST(Gpu, Int8GemmAndRotationTimes) {
 // is set (a measurement, not a check), each written and accumulated into a bf16 output: bf16
 // at::mm (addmm_ to accumulate), at::_scaled_mm with row-wise scales as the fp8-e4m3 format
 // runs it where the fused kernel does not (_scaled_mm_out, or _scaled_mm then add_), the fused
-// kernel in both tile configurations with accumulation promotion (the default) and with fast
-// accumulation (STREAMPLAN_FP8_FAST_ACCUM=1), and quantize_rows of the activations (which
+// kernel in both tile configurations, and quantize_rows of the activations (which
 // every fp8 path runs first). Prints a table, then how far the fused outputs are from
 // _scaled_mm's and from the bf16 inputs' product in fp32 (sampled rows).
 TEST(Gpu, Fp8GemmTimes) {
@@ -929,9 +921,8 @@ TEST(Gpu, Fp8GemmTimes) {
     return std::string(b);
   };
   std::printf("fp8 GEMM, %ld rows, ms written / accumulated into bf16 (mean of 5 after a warm-up)\n", long(n));
-  std::printf("| k -> cols | bf16 mm | _scaled_mm | fused ping-pong 128 | fused coop 256 | fast-accum ping-pong 128 | "
-              "fast-accum coop 256 | quantize_rows |\n");
-  std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf("| k -> cols | bf16 mm | _scaled_mm | fused ping-pong 128 | fused coop 256 | quantize_rows |\n");
+  std::printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
   std::string accuracy;
   struct Shape { int64_t k, r; };
   for (const Shape sh : {Shape{5120, 5120}, Shape{5120, 13824}, Shape{13824, 5120}}) {
@@ -951,7 +942,7 @@ TEST(Gpu, Fp8GemmTimes) {
     });
     const double smm_acc = time_ms([&] { y.add_(scaled_mm()); });
     const double quant = time_ms([&] { exec::quant::quantize_rows(x, at::kFloat8_e4m3fn); });
-    std::string cells[4] = {"-", "-", "-", "-"};
+    std::string cells[2] = {"-", "-"};
 #ifdef STREAMPLAN_SCALED_GEMM_SM90
     if (fused) {
       const cudaStream_t st = c10::cuda::getCurrentCUDAStream().stream();
@@ -960,27 +951,23 @@ TEST(Gpu, Fp8GemmTimes) {
       const at::Tensor ref_scaled = scaled_mm().index_select(0, rows).cpu();
       const at::Tensor ref_bf16 = at::mm(x.index_select(0, rows).to(at::kFloat), w.to(at::kFloat).t()).cpu();
       int i = 0;
-      for (const bool fast : {false, true})
-        for (const auto tile : {kernels::GemmTile::PingPong128, kernels::GemmTile::Coop256}) {
-          kernels::ScaledGemmParams p = gemm_params(xq, wq, rs, cs, y, tile);
-          p.fast_accum = fast;
-          const double t = time_ms([&] { kernels::scaled_gemm_sm90(p, st); });
-          const at::Tensor out = y.index_select(0, rows).cpu();
-          p.accumulate = true;
-          const double ta = time_ms([&] { kernels::scaled_gemm_sm90(p, st); });
-          cells[i++] = cell(t, ta);
-          char b[200];
-          std::snprintf(b, sizeof b, "%ld -> %ld %s%s: rel_l2 vs _scaled_mm %.2e, vs bf16 inputs in fp32 %.2e\n",
-                        long(sh.k), long(sh.r), fast ? "fast-accum " : "",
-                        tile == kernels::GemmTile::Coop256 ? "coop 256" : "ping-pong 128",
-                        test::rel_l2(out, ref_scaled), test::rel_l2(out, ref_bf16));
-          accuracy += b;
-        }
+      for (const auto tile : {kernels::GemmTile::PingPong128, kernels::GemmTile::Coop256}) {
+        kernels::ScaledGemmParams p = gemm_params(xq, wq, rs, cs, y, tile);
+        const double t = time_ms([&] { kernels::scaled_gemm_sm90(p, st); });
+        const at::Tensor out = y.index_select(0, rows).cpu();
+        p.accumulate = true;
+        const double ta = time_ms([&] { kernels::scaled_gemm_sm90(p, st); });
+        cells[i++] = cell(t, ta);
+        char b[200];
+        std::snprintf(b, sizeof b, "%ld -> %ld %s: rel_l2 vs _scaled_mm %.2e, vs bf16 inputs in fp32 %.2e\n",
+                      long(sh.k), long(sh.r), tile == kernels::GemmTile::Coop256 ? "coop 256" : "ping-pong 128",
+                      test::rel_l2(out, ref_scaled), test::rel_l2(out, ref_bf16));
+        accuracy += b;
+      }
     }
 #endif
-    std::printf("| %ld -> %ld | %s | %s | %s | %s | %s | %s | %.2f |\n", long(sh.k), long(sh.r),
-                cell(mm, mm_acc).c_str(), cell(smm, smm_acc).c_str(), cells[0].c_str(), cells[1].c_str(),
-                cells[2].c_str(), cells[3].c_str(), quant);
+    std::printf("| %ld -> %ld | %s | %s | %s | %s | %.2f |\n", long(sh.k), long(sh.r), cell(mm, mm_acc).c_str(),
+                cell(smm, smm_acc).c_str(), cells[0].c_str(), cells[1].c_str(), quant);
   }
   std::printf("%s", fused ? accuracy.c_str() : "(no fused kernel: this build or device has none)\n");
 }

@@ -116,9 +116,6 @@ namespace {
   return env_is(fp8 ? "STREAMPLAN_FP8_GEMM" : "STREAMPLAN_INT8_GEMM", "aten");
 }
 
-// STREAMPLAN_FP8_FAST_ACCUM=1: the fused fp8 kernel without accumulation promotion.
-[[maybe_unused]] bool fp8_fast_accum_asked() { return env_is("STREAMPLAN_FP8_FAST_ACCUM", "1"); }
-
 #ifdef STREAMPLAN_SCALED_GEMM_SM90
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
@@ -145,7 +142,6 @@ bool fused_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq
   const at::Tensor b = bias.defined() ? aligned(bias.to(y.scalar_type()).reshape({r})) : bias;
   kernels::ScaledGemmParams p;
   p.operand = fp8 ? kernels::GemmOperand::F8E4M3 : kernels::GemmOperand::Int8;
-  p.fast_accum = fp8 && fp8_fast_accum_asked();
   p.x = xq.data_ptr();
   p.x_stride = xq.stride(0);
   p.w = wq.data_ptr();
@@ -262,7 +258,7 @@ std::string int8_gemm_kernel(const contracts::DeviceCaps& dev) {
 
 std::string fp8_gemm_kernel(const contracts::DeviceCaps& dev) {
   if (fused_fp8_gemm(dev))
-    return fused_kernel_text(fp8_fast_accum_asked() ? "fp8 (fast accumulation)" : "fp8");
+    return fused_kernel_text("fp8");
   return "at::_scaled_mm (cuBLASLt), row-wise scales, activations quantized per row";
 }
 

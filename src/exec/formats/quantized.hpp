@@ -63,9 +63,7 @@ bool fp8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, 
 bool fused_int8_gemm(const contracts::DeviceCaps& dev);
 // ... and for a call of this shape (16-bit output, in_features % 16, out_features % 8).
 bool fused_int8_gemm(const contracts::DeviceCaps& dev, const contracts::GemmCall& g);
-// The same for fp8_gemm, with STREAMPLAN_FP8_GEMM=aten keeping _scaled_mm. The fused fp8 kernel
-// promotes its accumulators periodically; STREAMPLAN_FP8_FAST_ACCUM=1 picks the kernel without
-// promotion.
+// The same for fp8_gemm, with STREAMPLAN_FP8_GEMM=aten keeping _scaled_mm.
 bool fused_fp8_gemm(const contracts::DeviceCaps& dev);
 bool fused_fp8_gemm(const contracts::DeviceCaps& dev, const contracts::GemmCall& g);
 // The kernel int8_gemm / the fp8-e4m3 format runs on `dev` (FormatCaps::gemm_kernel, named by

@@ -22,13 +22,11 @@
 // library), and picked at run time where scaled_gemm_sm90_ready() (cc 9.0 with the sm_90a
 // images loaded, probed once per device).
 //
-// fp8: by default the mainloop is CUTLASS's fp8 one with accumulation promotion (the tensor
-// cores' reduced-precision accumulation of fp8 products is kept short: every 4 k-blocks the
-// partial sums are added into a second set of fp32 registers). fast_accum selects the
-// FP8FastAccum mainloop instead (the tensor cores accumulate over the whole k: fewer registers
-// and instructions, less precise). The promoting kernels hold two fp32 accumulator tiles per
-// consumer warpgroup (2 x 128 registers a thread for these tiles, beyond the 232-240 a
-// consumer gets): ptxas spills about 0.9 KB a thread in them; the other kernels spill nothing.
+// fp8 runs CUTLASS's FP8FastAccum mainloop: the tensor cores accumulate over the whole k. The
+// mainloop with accumulation promotion (partial sums added into a second set of fp32 registers
+// every 4 k-blocks) holds two accumulator tiles per consumer warpgroup, spilled about 0.9 KB a
+// thread and ran 4x slower on the H200; the fast one differs from it by 2.5e-3 - 3.6e-3 rel L2,
+// a tenth of the fp8 quantization's own error (kernels/README.md).
 //
 // Two tile configurations are built per operand type: 128x128x128 ping-pong (two consumer
 // warpgroups on alternate tiles; the epilogue of one overlaps the other's mainloop) and
@@ -73,7 +71,6 @@ struct ScaledGemmParams {
   bool accumulate = false;           // y += instead of y =
   int64_t rows = 0, cols = 0, k = 0;
   GemmTile tile = GemmTile::Auto;
-  bool fast_accum = false;  // F8E4M3: the FP8FastAccum mainloop instead of promotion; Int8: ignored
 };
 
 // Whether this build holds the kernels (the CUTLASS headers were found).
