@@ -140,4 +140,20 @@ TEST(Memory, PeakMeterCountsOnlyWhatWasAllocatedAfterItStarted) {
   EXPECT_EQ(m.live_above_start(), 40);
 }
 
+// cpu_peak_of measures a call's own peak and leaves a meter around it with its larger peak.
+TEST(Memory, PeakOfACallLeavesAnOuterMeterItsPeak) {
+  exec::PeakMeter outer(at::Device(at::kCPU));
+  { at::Tensor big = at::empty({1 << 20}, at::kFloat); }
+  const int64_t inner = exec::cpu_peak_of([] {
+    at::Tensor a = at::empty({1000}, at::kFloat);
+    at::Tensor b = at::empty({10}, at::kFloat);
+  });
+  EXPECT_EQ(inner, 4000 + 40);
+  EXPECT_EQ(outer.peak_above_start(), int64_t{4} << 20);
+  // A call that allocates more than the outer peak raises it.
+  const int64_t larger = exec::cpu_peak_of([] { at::Tensor t = at::empty({2 << 20}, at::kFloat); });
+  EXPECT_EQ(larger, int64_t{8} << 20);
+  EXPECT_EQ(outer.peak_above_start(), int64_t{8} << 20);
+}
+
 }  // namespace

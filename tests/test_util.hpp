@@ -30,14 +30,19 @@ inline double rel_l2(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // Whether this CPU's GEMMs in `dtype` allocate scratch of their own (oneDNN packs operands
-// for AMX / AVX512-BF16 units); the contracts do not model that scratch, so exact memory
-// checks in such dtypes only hold where this is false.
-inline bool cpu_gemm_allocates(at::ScalarType dtype) {
-  sp::exec::install_cpu_meter();
-  at::Tensor a = at::randn({64, 256}).to(dtype), b = at::randn({256, 512}).to(dtype), out = at::empty({64, 512}, dtype);
-  sp::exec::PeakMeter m(at::Device(at::kCPU));
-  at::mm_out(out, a, b);
-  return m.peak_above_start() > 0;
+// for AMX / AVX512-BF16 units; exec::cpu_gemm_scratch); the contracts count it only inside
+// attention calls, as an allowance, so exact memory checks in such dtypes only hold where this
+// is false.
+inline bool cpu_gemm_allocates(at::ScalarType dtype) { return sp::exec::cpu_gemm_scratch(dtype) > 0; }
+
+// Whether this CPU's elementwise kernels take a 16-bit tensor times an fp32 one in place
+// without a temporary (vectorized mixed-dtype kernels) or cast through an fp32 copy of the
+// output (seen on AVX2 machines); formats that scale dequantized weights by fp32 row scales
+// (int8-rowwise) declare no such copy, so exact memory checks on them hold only where false.
+inline bool cpu_mixed_ops_allocate() {
+  at::Tensor x = at::ones({35, 80}, at::kBFloat16);
+  const at::Tensor s = at::full({35, 1}, 0.5);
+  return sp::exec::cpu_peak_of([&] { x.mul_(s); }) > 0;
 }
 
 // The message of the exception f throws ("" when it throws none).

@@ -47,6 +47,9 @@ struct AttnShape {
   ir::DType dtype = ir::DType::F32;
   DeviceKind device = DeviceKind::CPU;
   int threads = 1;  // CPU worker threads (per-thread scratch)
+  // CPU: bytes a GEMM in this dtype allocates per worker thread to pack its operands
+  // (DeviceCaps::gemm_scratch).
+  int64_t gemm_scratch_per_thread = 0;
   bool k_carried = false;  // K arrives as the consumer's own carrier (ConsumerCaps::k_carrier_bytes)
 };
 
@@ -164,7 +167,14 @@ struct DeviceCaps {
   // One-pass row kernels: norm + modulation into the activation dtype, and Q/K norm + RoPE
   // into the attention layout (exec/kernels/fused.hpp). Yes drops the fp32 staging buffers.
   Cap fused_row_kernels = Cap::Unknown;
+  // CPU: bytes a GEMM in a dtype allocates per worker thread to pack its operands (oneDNN on
+  // AMX / AVX512-BF16 units), by dtype; absent: none. Measured by exec::describe_device.
+  std::map<ir::DType, int64_t> gemm_scratch_per_thread;
   int64_t round_alloc(int64_t bytes) const;
+  int64_t gemm_scratch(ir::DType dtype) const {
+    const auto it = gemm_scratch_per_thread.find(dtype);
+    return it == gemm_scratch_per_thread.end() ? 0 : it->second;
+  }
 };
 
 // On the CPU an ATen operation with a number operand wraps it in a 0-dim tensor (a double,

@@ -273,6 +273,7 @@ class Compiler {
     const bool carried = bool(consumer.k_carrier_bytes);  // k is the carrier k_carrier() made
     contracts::AttnShape sh{rep * n, L, G, G, hd, dt_, dev_.kind, dev_.threads};
     sh.k_carried = carried;
+    sh.gemm_scratch_per_thread = dev_.gemm_scratch(dt_);
     const int64_t scratch = consumer.call_bytes(sh);
     const double work = consumer.work_fraction ? std::clamp(consumer.work_fraction(sh), 0.0, 1.0) : 1.0;
     const double q_rows = double(rep * n);

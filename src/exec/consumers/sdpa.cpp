@@ -31,8 +31,8 @@ int64_t sdpa_call_bytes(const contracts::AttnShape& s) {
     const int64_t ks = s.kv_rows >= 512 ? 512 : s.kv_rows;
     int64_t per_thread = (qs * ks + 2 * qs + qs * s.head_dim) * 4;
     // Reduced dtypes: a reduced copy of the score tile, and on CPUs with packed bf16/fp16
-    // GEMMs (AMX, AVX512-BF16) packing tiles; 64 KiB a thread covers those.
-    if (s.dtype != ir::DType::F32 && s.dtype != ir::DType::F64) per_thread += qs * ks * esz + (64 << 10);
+    // GEMMs (AMX, AVX512-BF16) their packing tiles (DeviceCaps::gemm_scratch).
+    if (s.dtype != ir::DType::F32 && s.dtype != ir::DType::F64) per_thread += qs * ks * esz + s.gemm_scratch_per_thread;
     bytes += per_thread * s.threads;
   }
   return bytes;

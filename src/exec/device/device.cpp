@@ -1,5 +1,6 @@
 #include "exec/device/device.hpp"
 
+#include "exec/device/memory.hpp"
 #include "exec/kernels/fused.hpp"
 
 #include <ATen/Parallel.h>
@@ -8,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 
@@ -43,6 +46,25 @@ bool cuda_present() {
 
 }  // namespace
 
+int64_t cpu_gemm_scratch(at::ScalarType dtype) {
+  static std::mutex m;
+  static std::map<at::ScalarType, int64_t> known;
+  std::lock_guard<std::mutex> lock(m);
+  const auto it = known.find(dtype);
+  if (it != known.end()) return it->second;
+  // Small GEMMs under the counting allocator, shaped as the programs call them (activations
+  // times a transposed [out, in] weight, written and added to), with constant operands: the
+  // scratch does not depend on values, and the default generator stays untouched.
+  const auto opt = at::TensorOptions().dtype(dtype);
+  const at::Tensor x = at::full({64, 256}, 0.5, opt), w = at::full({512, 256}, 0.25, opt);
+  at::Tensor out = at::empty({64, 512}, opt);
+  const bool packs = cpu_peak_of([&] {
+                       at::mm_out(out, x, w.t());
+                       out.addmm_(x, w.t());
+                     }) > 0;
+  return known[dtype] = packs ? int64_t{64} << 10 : 0;
+}
+
 at::Device pick_device(const std::string& name) {
   if (name == "auto") return cuda_present() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   if (name == "cpu") return at::Device(at::kCPU);
@@ -64,6 +86,8 @@ contracts::DeviceCaps describe_device(const at::Device& d) {
     c.memory_free = meminfo("MemAvailable");
     c.dtypes = {DType::F32, DType::BF16, DType::F16, DType::F64};
     c.threads = at::get_num_threads();
+    if (const int64_t b = cpu_gemm_scratch(at::kBFloat16)) c.gemm_scratch_per_thread[DType::BF16] = b;
+    if (const int64_t b = cpu_gemm_scratch(at::kHalf)) c.gemm_scratch_per_thread[DType::F16] = b;
     c.alloc_round = 1;
     c.fused_row_kernels = contracts::Cap::No;
     return c;

@@ -19,6 +19,10 @@ namespace sp::exec {
 // "cpu", "cuda", "cuda:N" or "auto"; throws std::invalid_argument for anything else or an absent GPU.
 at::Device pick_device(const std::string& name);
 contracts::DeviceCaps describe_device(const at::Device& d);
+// Bytes a CPU GEMM in `dtype` allocates per worker thread to pack its operands: 64 KiB where
+// one small GEMM allocates anything (oneDNN on AMX / AVX512-BF16 units), else 0. Measured once
+// per dtype.
+int64_t cpu_gemm_scratch(at::ScalarType dtype);
 void synchronize(const at::Device& d);
 // Returns the caching allocator's unused blocks to the device (after an out-of-memory).
 void release_cached(const at::Device& d);

@@ -74,6 +74,18 @@ void install_cpu_meter() {
 
 int64_t cpu_live_bytes() { return g_live.load(); }
 
+int64_t cpu_peak_of(const std::function<void()>& f) {
+  install_cpu_meter();
+  const int64_t outer = g_peak.load(), start = g_live.load();
+  g_peak.store(start);
+  f();
+  const int64_t peak = g_peak.load();
+  int64_t now = peak;
+  while (now < outer && !g_peak.compare_exchange_weak(now, outer)) {
+  }
+  return peak - start;
+}
+
 PeakMeter::PeakMeter(at::Device device) : device_(device) {
   if (device.is_cpu()) {
     install_cpu_meter();

@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace sp::exec {
@@ -39,5 +40,8 @@ std::string allocator_state(const at::Device& d);
 // Installs the counting CPU allocator (idempotent); called by PeakMeter.
 void install_cpu_meter();
 int64_t cpu_live_bytes();
+// The CPU bytes f allocates at its peak above those live before it, measured without
+// disturbing a PeakMeter around the call (whose peak then includes f's, as it would anyway).
+int64_t cpu_peak_of(const std::function<void()>& f);
 
 }  // namespace sp::exec
