@@ -669,23 +669,10 @@ TEST(Gpu, Fp8GemmFusedAndScaledMmMatchReference) {
 #ifdef STREAMPLAN_SCALED_GEMM_SM90
 // scaled_gemm_sm90's parameters for xq [n, k] and wq [r, k] (int8 or fp8 e4m3, as their dtype
 // says), rs [n] and cs [r] fp32, y [n, r] bf16 or fp16 (y = written; set accumulate, bias to
-// change that).
+// change that), in the given tile configuration.
 kernels::ScaledGemmParams gemm_params(const at::Tensor& xq, const at::Tensor& wq, const at::Tensor& rs,
                                       const at::Tensor& cs, const at::Tensor& y, kernels::GemmTile tile) {
-  kernels::ScaledGemmParams p;
-  p.operand = xq.scalar_type() == at::kFloat8_e4m3fn ? kernels::GemmOperand::F8E4M3 : kernels::GemmOperand::Int8;
-  p.x = xq.data_ptr();
-  p.x_stride = xq.stride(0);
-  p.w = wq.data_ptr();
-  p.w_stride = wq.stride(0);
-  p.row_scale = rs.data_ptr<float>();
-  p.col_scale = cs.data_ptr<float>();
-  p.y = y.data_ptr();
-  p.y_stride = y.stride(0);
-  p.y_type = y.scalar_type() == at::kHalf ? kernels::Elem::F16 : kernels::Elem::BF16;
-  p.rows = xq.size(0);
-  p.cols = wq.size(0);
-  p.k = xq.size(1);
+  kernels::ScaledGemmParams p = exec::quant::scaled_gemm_params(xq, rs, wq, cs, y);
   p.tile = tile;
   return p;
 }

@@ -125,6 +125,29 @@ at::Tensor aligned(const at::Tensor& t) {
   return aligned16(c) ? c : c.clone();
 }
 
+}  // namespace
+
+kernels::ScaledGemmParams scaled_gemm_params(const at::Tensor& xq, const at::Tensor& rs, const at::Tensor& wq,
+                                             const at::Tensor& cs, const at::Tensor& y) {
+  kernels::ScaledGemmParams p;
+  p.operand = xq.scalar_type() == at::kFloat8_e4m3fn ? kernels::GemmOperand::F8E4M3 : kernels::GemmOperand::Int8;
+  p.x = xq.data_ptr();
+  p.x_stride = xq.stride(0);
+  p.w = wq.data_ptr();
+  p.w_stride = wq.stride(0);
+  p.row_scale = rs.data_ptr<float>();
+  p.col_scale = cs.data_ptr<float>();
+  p.y = y.data_ptr();
+  p.y_stride = y.stride(0);
+  p.y_type = y.scalar_type() == at::kHalf ? kernels::Elem::F16 : kernels::Elem::BF16;
+  p.rows = xq.size(0);
+  p.cols = wq.size(0);
+  p.k = xq.size(1);
+  return p;
+}
+
+namespace {
+
 // The fused kernel where the operands fit it: int8 or fp8 e4m3 operands, as xq's dtype says;
 // false (nothing done) where they do not.
 bool fused_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
@@ -135,27 +158,14 @@ bool fused_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq
   if (y.scalar_type() != at::kBFloat16 && y.scalar_type() != at::kHalf) return false;
   if (xq.dim() != 2 || wq.dim() != 2 || y.dim() != 2 || xq.stride(1) != 1 || wq.stride(1) != 1 || y.stride(1) != 1)
     return false;
-  const int64_t n = xq.size(0), k = xq.size(1), r = wq.size(0);
+  const int64_t n = xq.size(0), r = wq.size(0);
   const at::Tensor rs = aligned(sx.to(at::kFloat).reshape({n}));
   at::Tensor cs = sw.to(at::kFloat).reshape({-1});
   cs = aligned(cs.numel() == 1 ? cs.expand({r}) : cs);
   const at::Tensor b = bias.defined() ? aligned(bias.to(y.scalar_type()).reshape({r})) : bias;
-  kernels::ScaledGemmParams p;
-  p.operand = fp8 ? kernels::GemmOperand::F8E4M3 : kernels::GemmOperand::Int8;
-  p.x = xq.data_ptr();
-  p.x_stride = xq.stride(0);
-  p.w = wq.data_ptr();
-  p.w_stride = wq.stride(0);
-  p.row_scale = rs.data_ptr<float>();
-  p.col_scale = cs.data_ptr<float>();
+  kernels::ScaledGemmParams p = scaled_gemm_params(xq, rs, wq, cs, y);
   p.bias = b.defined() ? b.data_ptr() : nullptr;
-  p.y = y.data_ptr();
-  p.y_stride = y.stride(0);
-  p.y_type = y.scalar_type() == at::kHalf ? kernels::Elem::F16 : kernels::Elem::BF16;
   p.accumulate = accumulate;
-  p.rows = n;
-  p.cols = r;
-  p.k = k;
   if (!kernels::scaled_gemm_sm90_fits(p)) return false;
   const cudaError_t e = kernels::scaled_gemm_sm90(p, c10::cuda::getCurrentCUDAStream(y.get_device()).stream());
   TORCH_CHECK(e == cudaSuccess, "scaled_gemm_sm90: ", cudaGetErrorString(e));

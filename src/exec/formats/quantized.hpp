@@ -18,6 +18,9 @@
 #include <string>
 
 #include "contracts/contracts.hpp"
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+#include "exec/kernels/scaled_gemm_sm90.cuh"
+#endif
 #include "exec/formats/weights.hpp"
 
 namespace sp::exec::quant {
@@ -56,6 +59,14 @@ void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq,
 // it ran, false (nothing done) elsewhere: the caller then runs at::_scaled_mm.
 bool fp8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
               const at::Tensor& y, const at::Tensor& bias, bool accumulate);
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+// The fused kernel's parameters for xq [n, k] and wq [r, k] (int8 or fp8 e4m3, as xq's dtype
+// says), row scales rs [n] and column scales cs [r] (fp32) and y [n, r] (bf16 or fp16): the
+// operand type, pointers, strides, sizes and output type of a write without bias; the caller
+// sets bias, accumulate and tile.
+kernels::ScaledGemmParams scaled_gemm_params(const at::Tensor& xq, const at::Tensor& rs, const at::Tensor& wq,
+                                             const at::Tensor& cs, const at::Tensor& y);
+#endif
 // Whether int8_gemm runs the fused kernel on `dev`: a build with it (CMake option
 // STREAMPLAN_SCALED_GEMM_SM90), a CUDA device of compute capability 9.0 whose sm_90a images
 // load, and STREAMPLAN_INT8_GEMM not set to "aten" (which keeps _int_mm + epilogue, for
