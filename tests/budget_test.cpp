@@ -213,9 +213,7 @@ TEST(MeasuredBudget, AutoLeavesTheStatedMarginOfThisDevice) {
 TEST(MeasuredBudget, ProbeMeasuresAndCachesPerDevice) {
   char tmpl[] = "/tmp/streamplan-probe-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
-  const char* old = std::getenv("XDG_CACHE_HOME");
-  const std::string saved = old ? old : "";
-  ::setenv("XDG_CACHE_HOME", dir.c_str(), 1);
+  const test::ScopedEnv cache_home("XDG_CACHE_HOME", dir);
   const at::Device d(at::kCPU);
   auto caps = exec::describe_device(d);
   const std::string path = exec::probe_cache_path(caps);
@@ -251,8 +249,6 @@ TEST(MeasuredBudget, ProbeMeasuresAndCachesPerDevice) {
   EXPECT_FALSE(exec::probe_device(d, caps).from_cache);
   EXPECT_TRUE(exec::probe_device(d, caps).from_cache);
 
-  if (old) ::setenv("XDG_CACHE_HOME", saved.c_str(), 1);
-  else ::unsetenv("XDG_CACHE_HOME");
   std::remove(path.c_str());
   ::rmdir((dir + "/streamplan").c_str());
   ::rmdir(dir.c_str());

@@ -6,6 +6,8 @@
 
 #ifdef STREAMPLAN_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime.h>
 #endif
 
 #include "exec/device/device.hpp"
@@ -250,6 +252,29 @@ namespace {
 
 using namespace sp;
 
+// Free blocks inside a segment that still holds a live tensor are fragments: describe_device
+// does not count them as free (a plan sized on them could run out of memory under a cap).
+TEST(Gpu, MemoryFreeLeavesOutFragmentsOfLiveSegments) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  namespace cca = c10::cuda::CUDACachingAllocator;
+  const at::Device d = exec::pick_device("cuda");
+  cca::emptyCache();
+  // Two 4 MiB tensors share one of the allocator's 20 MiB segments; freeing one leaves 16 MiB
+  // of free blocks in a segment that cannot be released.
+  at::Tensor a = at::empty({4 << 20}, at::TensorOptions().dtype(at::kByte).device(d));
+  at::Tensor b = at::empty({4 << 20}, at::TensorOptions().dtype(at::kByte).device(d));
+  a.reset();
+  cca::emptyCache();
+  const auto st = cca::getDeviceStats(d.index());
+  const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  ASSERT_GE(st.inactive_split_bytes[agg].current, int64_t{4} << 20);
+  size_t free_b = 0, total_b = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const auto caps = exec::describe_device(d);
+  EXPECT_LE(caps.memory_free, static_cast<int64_t>(free_b));
+  EXPECT_GT(caps.memory_free, 0);
+}
+
 // Out of memory in the middle of a planned run, under a cap of the caching allocator: one
 // retry with the fastest plan that fits what is free; with too little, OutOfMemory naming
 // what was needed.
@@ -283,7 +308,8 @@ TEST(Gpu, OutOfMemoryRetriesOnceWithASmallerPlan) {
     cca::emptyCache();
     const auto st = cca::getDeviceStats(d.index());
     // The cap counts reserved memory: segments that earlier tests left partly used stay
-    // reserved after emptyCache, and their free blocks remain usable besides the new room.
+    // reserved after emptyCache; describe_device does not count their free blocks (fragments),
+    // so what it calls free under this cap is the new room.
     const int64_t reserved =
         st.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
     cca::setMemoryFraction(double(reserved + activations) / double(dev.memory_total), d.index());

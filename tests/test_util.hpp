@@ -8,11 +8,29 @@
 #include "exec/run/executor.hpp"
 #include "models/builder.hpp"
 
+#include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 
 namespace sp::test {
+
+// Sets an environment variable for the scope (restores the earlier value, or unsets it).
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> old;
+  ScopedEnv(const std::string& n, const std::string& v) : name(n) {
+    if (const char* o = std::getenv(n.c_str())) old = o;
+    ::setenv(n.c_str(), v.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old) ::setenv(name.c_str(), old->c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+};
 
 // Whether a CUDA device is present (GPU tests skip without one).
 inline bool have_cuda() {
@@ -34,16 +52,6 @@ inline double rel_l2(const at::Tensor& a, const at::Tensor& b) {
 // attention calls, as an allowance, so exact memory checks in such dtypes only hold where this
 // is false.
 inline bool cpu_gemm_allocates(at::ScalarType dtype) { return sp::exec::cpu_gemm_scratch(dtype) > 0; }
-
-// Whether this CPU's elementwise kernels take a 16-bit tensor times an fp32 one in place
-// without a temporary (vectorized mixed-dtype kernels) or cast through an fp32 copy of the
-// output (seen on AVX2 machines); formats that scale dequantized weights by fp32 row scales
-// (int8-rowwise) declare no such copy, so exact memory checks on them hold only where false.
-inline bool cpu_mixed_ops_allocate() {
-  at::Tensor x = at::ones({35, 80}, at::kBFloat16);
-  const at::Tensor s = at::full({35, 1}, 0.5);
-  return sp::exec::cpu_peak_of([&] { x.mul_(s); }) > 0;
-}
 
 // The message of the exception f throws ("" when it throws none).
 inline std::string error_of(const std::function<void()>& f) {

@@ -117,6 +117,9 @@ struct FormatCaps {
   // while it runs, before the slice goes into its placed buffer (a host's weight hook: the
   // tensor it returns and its assembly).
   int whole_copies = 0;
+  // Bytes an acquire of rows x cols for compute in `compute` allocates on a device while it
+  // runs, besides its result (a temporary of a conversion); null: none.
+  std::function<int64_t(int64_t rows, int64_t cols, ir::DType compute, const DeviceCaps&)> acquire_scratch;
   int64_t acquire_bytes(int64_t rows, int64_t cols, ir::DType model, ir::DType compute) const {
     if (dense && compute == model) return 0;
     return rows * cols * static_cast<int64_t>(ir::dtype_size(compute));
@@ -170,10 +173,18 @@ struct DeviceCaps {
   // CPU: bytes a GEMM in a dtype allocates per worker thread to pack its operands (oneDNN on
   // AMX / AVX512-BF16 units), by dtype; absent: none. Measured by exec::describe_device.
   std::map<ir::DType, int64_t> gemm_scratch_per_thread;
+  // CPU: bytes per element an in-place multiply of a tensor in a 16-bit dtype by an fp32 one
+  // allocates (fp32 temporaries, where ATen's kernels have no mixed-dtype vectors), by dtype;
+  // absent: none. Measured by exec::describe_device.
+  std::map<ir::DType, int64_t> mixed_multiply_bytes_per_element;
   int64_t round_alloc(int64_t bytes) const;
   int64_t gemm_scratch(ir::DType dtype) const {
     const auto it = gemm_scratch_per_thread.find(dtype);
     return it == gemm_scratch_per_thread.end() ? 0 : it->second;
+  }
+  int64_t mixed_multiply_bytes(ir::DType dtype, int64_t elements) const {
+    const auto it = mixed_multiply_bytes_per_element.find(dtype);
+    return it == mixed_multiply_bytes_per_element.end() ? 0 : it->second * elements;
   }
 };
 

@@ -44,25 +44,50 @@ bool cuda_present() {
 #endif
 }
 
+// What `measure` gives for a dtype, measured once per dtype and process (a CPU property).
+class MeasuredPerDtype {
+ public:
+  explicit MeasuredPerDtype(std::function<int64_t(at::ScalarType)> measure) : measure_(std::move(measure)) {}
+  int64_t operator()(at::ScalarType dtype) {
+    std::lock_guard<std::mutex> lock(m_);
+    const auto it = known_.find(dtype);
+    return it != known_.end() ? it->second : known_[dtype] = measure_(dtype);
+  }
+
+ private:
+  std::function<int64_t(at::ScalarType)> measure_;
+  std::mutex m_;
+  std::map<at::ScalarType, int64_t> known_;
+};
+
 }  // namespace
 
 int64_t cpu_gemm_scratch(at::ScalarType dtype) {
-  static std::mutex m;
-  static std::map<at::ScalarType, int64_t> known;
-  std::lock_guard<std::mutex> lock(m);
-  const auto it = known.find(dtype);
-  if (it != known.end()) return it->second;
   // Small GEMMs under the counting allocator, shaped as the programs call them (activations
   // times a transposed [out, in] weight, written and added to), with constant operands: the
   // scratch does not depend on values, and the default generator stays untouched.
-  const auto opt = at::TensorOptions().dtype(dtype);
-  const at::Tensor x = at::full({64, 256}, 0.5, opt), w = at::full({512, 256}, 0.25, opt);
-  at::Tensor out = at::empty({64, 512}, opt);
-  const bool packs = cpu_peak_of([&] {
-                       at::mm_out(out, x, w.t());
-                       out.addmm_(x, w.t());
-                     }) > 0;
-  return known[dtype] = packs ? int64_t{64} << 10 : 0;
+  static MeasuredPerDtype measured([](at::ScalarType t) -> int64_t {
+    const auto opt = at::TensorOptions().dtype(t);
+    const at::Tensor x = at::full({64, 256}, 0.5, opt), w = at::full({512, 256}, 0.25, opt);
+    at::Tensor out = at::empty({64, 512}, opt);
+    const bool packs = cpu_peak_of([&] {
+                         at::mm_out(out, x, w.t());
+                         out.addmm_(x, w.t());
+                       }) > 0;
+    return packs ? int64_t{64} << 10 : 0;
+  });
+  return measured(dtype);
+}
+
+int64_t cpu_mixed_multiply_bytes(at::ScalarType dtype) {
+  // Shaped as a dequantizing acquire calls it: a [rows, cols] slice times [rows, 1] scales.
+  static MeasuredPerDtype measured([](at::ScalarType t) -> int64_t {
+    constexpr int64_t rows = 35, cols = 80;
+    at::Tensor x = at::ones({rows, cols}, at::TensorOptions().dtype(t));
+    const at::Tensor s = at::full({rows, 1}, 0.5);
+    return (cpu_peak_of([&] { x.mul_(s); }) + rows * cols - 1) / (rows * cols);
+  });
+  return measured(dtype);
 }
 
 at::Device pick_device(const std::string& name) {
@@ -88,6 +113,8 @@ contracts::DeviceCaps describe_device(const at::Device& d) {
     c.threads = at::get_num_threads();
     if (const int64_t b = cpu_gemm_scratch(at::kBFloat16)) c.gemm_scratch_per_thread[DType::BF16] = b;
     if (const int64_t b = cpu_gemm_scratch(at::kHalf)) c.gemm_scratch_per_thread[DType::F16] = b;
+    if (const int64_t b = cpu_mixed_multiply_bytes(at::kBFloat16)) c.mixed_multiply_bytes_per_element[DType::BF16] = b;
+    if (const int64_t b = cpu_mixed_multiply_bytes(at::kHalf)) c.mixed_multiply_bytes_per_element[DType::F16] = b;
     c.alloc_round = 1;
     c.fused_row_kernels = contracts::Cap::No;
     return c;
@@ -100,8 +127,11 @@ contracts::DeviceCaps describe_device(const at::Device& d) {
   AT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   c.memory_total = static_cast<int64_t>(total_b);
   // What this process can still allocate: the device's free memory plus the caching
-  // allocator's unused cached blocks, within the allocator's memory fraction (a cap set with
-  // setMemoryFraction counts against reserved, not physical, memory).
+  // allocator's unused cached segments, within the allocator's memory fraction (a cap set with
+  // setMemoryFraction counts against reserved, not physical, memory). Free blocks inside
+  // segments that still hold live tensors (the allocator's inactive split blocks) are not
+  // counted: they are fragments that a slab of any size may not fit in, yet they count against
+  // the cap, so a plan sized on them can run out of memory where it was told it fits.
   // Before its first allocation the allocator holds nothing and has no statistics yet.
   c.memory_free = static_cast<int64_t>(free_b);
   try {
@@ -109,8 +139,10 @@ contracts::DeviceCaps describe_device(const at::Device& d) {
     const auto st = cca::getDeviceStats(d.index());
     const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     const int64_t allocated = st.allocated_bytes[agg].current, reserved = st.reserved_bytes[agg].current;
+    const int64_t fragments = st.inactive_split_bytes[agg].current;
     const int64_t allowed = static_cast<int64_t>(cca::getMemoryFraction(d.index()) * double(total_b));
-    c.memory_free = std::min(static_cast<int64_t>(free_b) + (reserved - allocated), allowed - allocated);
+    c.memory_free = std::max<int64_t>(
+        0, std::min(static_cast<int64_t>(free_b) + (reserved - allocated - fragments), allowed - allocated - fragments));
   } catch (const c10::Error&) {
   }
   c.cc_major = p->major;

@@ -23,6 +23,10 @@ contracts::DeviceCaps describe_device(const at::Device& d);
 // one small GEMM allocates anything (oneDNN on AMX / AVX512-BF16 units), else 0. Measured once
 // per dtype.
 int64_t cpu_gemm_scratch(at::ScalarType dtype);
+// Bytes per element an in-place CPU multiply of a `dtype` tensor by an fp32 one (a row scale)
+// allocates: fp32 temporaries where ATen's kernels have no mixed-dtype vectors (8 bytes on an
+// AVX2 machine), else 0. Measured once per dtype.
+int64_t cpu_mixed_multiply_bytes(at::ScalarType dtype);
 void synchronize(const at::Device& d);
 // Returns the caching allocator's unused blocks to the device (after an out-of-memory).
 void release_cached(const at::Device& d);

@@ -35,6 +35,11 @@ void register_int8_rowwise(contracts::Registry& reg) {
   f.dense = false;
   f.out_slicing = f.in_slicing = f.held_execution = Cap::Yes;
   f.in_align = 256;
+  // The acquire scales the converted slice in place by fp32 row scales: on CPUs whose kernels
+  // cast that through a copy, the copy is there while it runs.
+  f.acquire_scratch = [](int64_t rows, int64_t cols, ir::DType compute, const contracts::DeviceCaps& dev) {
+    return dev.mixed_multiply_bytes(compute, rows * cols);
+  };
   f.impl = std::make_shared<Int8Rowwise>();
   reg.add(f);
 }
