@@ -361,6 +361,13 @@ TEST(Gpu, QuantizeRowsMatchesReference) {
     }
 }
 
+// The timed GEMM shapes: in_features -> out_features of the Wan 14B block's projections and
+// MLP at 75,600 rows.
+struct Shape {
+  int64_t k, r;
+};
+const Shape kWanShapes[] = {{5120, 5120}, {5120, 13824}, {13824, 5120}};
+
 // The mean ms of f on the current CUDA stream: 5 runs after one warm-up.
 double time_ms(const std::function<void()>& f) {
   const cudaStream_t st = c10::cuda::getCurrentCUDAStream().stream();
@@ -390,8 +397,7 @@ TEST(Gpu, Int8GemmAndRotationTimes) {
   const auto cuda = at::TensorOptions().device(d);
   const int64_t n = 75600;
   const cudaStream_t st = c10::cuda::getCurrentCUDAStream().stream();
-  struct Shape { int64_t k, r; };
-  for (const Shape sh : {Shape{5120, 5120}, Shape{5120, 13824}, Shape{13824, 5120}}) {
+  for (const Shape sh : kWanShapes) {
     const at::Tensor x = at::randn({n, sh.k}, cuda).to(at::kBFloat16);
     const at::Tensor w = (at::randn({sh.r, sh.k}, cuda) / 70).to(at::kBFloat16);
     at::Tensor y = at::empty({n, sh.r}, x.options());
@@ -485,8 +491,7 @@ TEST(Gpu, Fp8GemmTimes) {
   std::printf("| k -> cols | bf16 mm | _scaled_mm | fused ping-pong 128 | fused coop 256 | quantize_rows |\n");
   std::printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
   std::string accuracy;
-  struct Shape { int64_t k, r; };
-  for (const Shape sh : {Shape{5120, 5120}, Shape{5120, 13824}, Shape{13824, 5120}}) {
+  for (const Shape sh : kWanShapes) {
     const at::Tensor x = at::randn({n, sh.k}, cuda).to(at::kBFloat16);
     const at::Tensor w = (at::randn({sh.r, sh.k}, cuda) / 70).to(at::kBFloat16);
     at::Tensor y = at::zeros({n, sh.r}, x.options());

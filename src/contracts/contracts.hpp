@@ -178,13 +178,16 @@ struct DeviceCaps {
   // absent: none. Measured by exec::describe_device.
   std::map<ir::DType, int64_t> mixed_multiply_bytes_per_element;
   int64_t round_alloc(int64_t bytes) const;
-  int64_t gemm_scratch(ir::DType dtype) const {
-    const auto it = gemm_scratch_per_thread.find(dtype);
-    return it == gemm_scratch_per_thread.end() ? 0 : it->second;
-  }
+  int64_t gemm_scratch(ir::DType dtype) const { return of(gemm_scratch_per_thread, dtype); }
   int64_t mixed_multiply_bytes(ir::DType dtype, int64_t elements) const {
-    const auto it = mixed_multiply_bytes_per_element.find(dtype);
-    return it == mixed_multiply_bytes_per_element.end() ? 0 : it->second * elements;
+    return of(mixed_multiply_bytes_per_element, dtype) * elements;
+  }
+
+ private:
+  // A per-dtype figure; 0 where the dtype is absent.
+  static int64_t of(const std::map<ir::DType, int64_t>& by_dtype, ir::DType dtype) {
+    const auto it = by_dtype.find(dtype);
+    return it == by_dtype.end() ? 0 : it->second;
   }
 };
 

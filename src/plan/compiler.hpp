@@ -125,9 +125,10 @@ class Compiler {
                 2 * n * double(ir::dtype_size(compute));
       t.launches = 2;
     }
-    int64_t whole = int64_t(f.whole_copies) * l.out_features * l.in_features * int64_t(ir::dtype_size(compute));
-    if (bytes > 0 && f.acquire_scratch) whole += f.acquire_scratch(r, c, compute, dev_);
-    emit(AcquireStep{&l, {}, rows, cols, compute, w}, "acquire " + label, t, whole);
+    // Outside the arena while the acquire runs: a host hook's whole copies, a conversion's temporaries.
+    int64_t transient = int64_t(f.whole_copies) * l.out_features * l.in_features * int64_t(ir::dtype_size(compute));
+    if (bytes > 0 && f.acquire_scratch) transient += f.acquire_scratch(r, c, compute, dev_);
+    emit(AcquireStep{&l, {}, rows, cols, compute, w}, "acquire " + label, t, transient);
     p_.steps.back().writes = {w};
     return w;
   }
