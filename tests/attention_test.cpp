@@ -133,6 +133,8 @@ TEST(GpuInt8Attention, BothKernelsMatchFp32AttentionDenseAndWithTileLists) {
       // The same quantized inputs and arithmetic: only the order of sums and roundings differ.
       EXPECT_LE(rel_l2(sm90, portable), 5e-3) << what << ", sm90 against portable";
       EXPECT_TRUE(at::equal(ia::attend(q, k, x.v, list), sm90)) << what << ": Auto runs the sm90 kernel";
+      if (c.dt == at::kBFloat16)  // the bounded softmax held every row of these inputs
+        EXPECT_EQ(q.check.count_nonzero().item<int64_t>(), 0) << what << ": rows redone";
     }
   // head_dim 64 keeps the portable kernel; forcing sm90 is an error that names head_dim.
   const Qkv x = random_qkv(3, 130, 130, 64, at::kBFloat16, 5);
@@ -144,6 +146,44 @@ TEST(GpuInt8Attention, BothKernelsMatchFp32AttentionDenseAndWithTileLists) {
   }
 }
 #endif
+
+// Rows whose Cauchy-Schwarz bound lies hundreds of log2 units above their scores (odd query
+// tiles: a large component along one axis; keys: a large one of either sign along another)
+// are flagged by the bounded softmax of the sm90 kernels and recomputed with the online
+// softmax; every other row keeps the bounded result. Both must agree with the portable kernel
+// (the online softmax on the same quantized inputs) up to the order of sums.
+TEST(GpuInt8Attention, TheBoundedSoftmaxRedoesTheRowsItsBoundDoesNotFit) {
+  SKIP_WITHOUT_CUDA();
+  namespace ia = exec::int8attn;
+  if (ia::auto_kernel(128) != ia::Kernel::Sm90) GTEST_SKIP() << "the bounded softmax is the sm90 kernels'";
+  const int64_t rows = 300, kv_rows = 517, qt = 5;
+  Qkv x = random_qkv(3, rows, kv_rows, 128, at::kBFloat16, 11);
+  for (int64_t t = 1; t < qt; t += 2) x.q.narrow(1, t * 64, std::min<int64_t>(64, rows - t * 64)).select(2, 0).add_(60);
+  const at::Tensor sign = (at::arange(kv_rows, x.k.options().dtype(at::kFloat)).remainder(2) * 2 - 1) * 60;
+  x.k.select(2, 1).add_(sign.to(at::kBFloat16).unsqueeze(0));
+  for (const bool sparse : {false, true}) {
+    ia::TileList list;
+    if (sparse) {  // every other key tile, from the first
+      const int64_t kt = (kv_rows + 63) / 64, per = (kt + 1) / 2;
+      list.offsets = (at::arange(3 * qt + 1, at::kInt) * per).to(at::kInt).to(x.v.device());
+      list.indices = (at::arange(per, at::kInt) * 2).repeat({3 * qt}).to(at::kInt).to(x.v.device());
+    }
+    const std::string what = sparse ? "every other key tile" : "dense";
+    const ia::QTiles q = ia::quantize_q(x.q, 1.0 / std::sqrt(128.0));
+    const ia::KCarrier k = ia::quantize_k(x.k);
+    const at::Tensor portable = ia::attend(q, k, x.v, list, ia::Kernel::Portable);
+    const at::Tensor sm90 = ia::attend(q, k, x.v, list, ia::Kernel::Sm90);
+    const at::Tensor flagged = q.check.view({3, qt, 4}).ne(0).any(2).cpu();
+    for (int64_t t = 0; t < qt; ++t)
+      EXPECT_EQ(flagged.select(1, t).all().item<bool>(), t % 2 == 1)
+          << what << ": query tile " << t << (t % 2 ? " not redone" : " redone");
+    EXPECT_LE(rel_l2(sm90, portable), 5e-3) << what;
+    for (int64_t t = 1; t < qt; t += 2) {
+      const auto far = [&](const at::Tensor& o) { return o.narrow(1, t * 64, std::min<int64_t>(64, rows - t * 64)); };
+      EXPECT_LE(rel_l2(far(sm90), far(portable)), 5e-3) << what << ": the redone tile " << t;
+    }
+  }
+}
 
 // Sparse against the routed mask of block_sparse.hpp: text rows first, then video rows.
 TEST(GpuSparseAttention, MatchesTheMaskedReferenceWholeAndInSlabs) {

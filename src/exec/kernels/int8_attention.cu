@@ -58,12 +58,14 @@ template <typename T, bool Vec>
 __global__ void quantize_tiles(AttnQuantParams p) {
   extern __shared__ float tile[];  // [64][head_dim]
   __shared__ float red[kThreads / 32];
+  __shared__ int row_sq[kTile];  // sums of squares of the int8 rows (p.norm)
   const int t = blockIdx.x, h = blockIdx.y, D = p.head_dim;
   const int tiles = (p.rows + kTile - 1) / kTile;
   const int rows = min(kTile, p.rows - t * kTile);
   const int64_t slot = int64_t(h) * (p.out_tiles > 0 ? p.out_tiles : tiles) + p.tile_offset + t;
   const T* x = static_cast<const T*>(p.x) + h * p.head_stride + int64_t(t) * kTile * p.row_stride;
   const float* sub = p.subtract ? p.subtract + int64_t(h) * D : nullptr;
+  for (int r = threadIdx.x; r < kTile; r += blockDim.x) row_sq[r] = 0;  // before the barrier below
   float amax = 0.0f;
   if constexpr (Vec) {
     // kBatch loads of 16 bytes in flight per thread before their values are used.
@@ -140,6 +142,20 @@ __global__ void quantize_tiles(AttnQuantParams p) {
       w[k] = packed;
     }
     *reinterpret_cast<uint4*>(out + i) = make_uint4(w[0], w[1], w[2], w[3]);
+    if (p.norm) {  // integer sums: the same in any order
+      int sq = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) sq = __dp4a(int(w[k]), int(w[k]), sq);
+      atomicAdd(&row_sq[r], sq);
+    }
+  }
+  if (!p.norm) return;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    int m = max(row_sq[threadIdx.x], row_sq[threadIdx.x + 32]);
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x == 0)  // non-negative floats order as their bits
+      atomicMax(reinterpret_cast<int*>(p.norm) + h, __float_as_int(sqrtf(float(m)) * (s * p.extra_scale)));
   }
 }
 

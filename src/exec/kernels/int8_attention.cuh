@@ -29,6 +29,10 @@
 // kernel of its own): one warpgroup per 64-row query tile (its own list), Q in registers as
 // QK^T's A operand, two listed key tiles per step, K and V in rings of their own loaded a step
 // ahead, two CTAs per SM.
+// With bf16 V, k_norm and check, the sm_90a kernels run the bounded softmax: each row's
+// exponent offset fixed before its first key from the Cauchy-Schwarz bound of its scores (no
+// row maxima, no rescaling), then the online softmax again on the query tiles whose rows the
+// bound did not fit (int8_attention_sm90.cuh, kernels/README.md).
 // AttnPath::Auto picks, once per device (int8_attention_sm90_ready); Portable and Sm90 force.
 //
 // Example:
@@ -63,6 +67,10 @@ struct AttnQuantParams {
   int8_t* out = nullptr;            // [heads, tiles * 64, head_dim], or null: means only
   float* scale = nullptr;           // [heads, tiles]
   float* tile_mean = nullptr;       // [heads, tiles, head_dim] fp32 means of x, or null
+  // [heads]: the largest over the tiles written of the stored scale times the L2 norm of an int8
+  // row (with out), maxed into what it holds (zero it before a carrier's first slab), or null;
+  // K's bound for the bounded softmax (Int8AttnParams::k_norm).
+  float* norm = nullptr;
   // Tiles per head of out, scale and tile_mean (0: the tiles of `rows`), and the first tile
   // written: rows of a longer carrier quantized slab by slab.
   int out_tiles = 0, tile_offset = 0;
@@ -92,6 +100,11 @@ struct Int8AttnParams {
   const int32_t* offsets = nullptr;  // [heads * q_tiles + 1], or null: dense
   const int32_t* indices = nullptr;  // key tiles, ascending or not
   AttnPath path = AttnPath::Auto;
+  // The bounded softmax (sm_90a path, bf16): with both set, each query row's exponent offset
+  // is fixed before its first key (see int8_attention_sm90.cuh) and the rows it cannot hold are
+  // recomputed with the online softmax.
+  const float* k_norm = nullptr;  // [heads] (AttnQuantParams::norm of K)
+  uint8_t* check = nullptr;       // [heads, q_tiles, 4] scratch: one byte per 16 query rows
 };
 cudaError_t int8_attention(const Int8AttnParams& p, cudaStream_t stream);
 

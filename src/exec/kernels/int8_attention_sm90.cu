@@ -28,8 +28,9 @@ struct Cfg {
 // One CTA: WG warpgroups, each 64 query rows (query tiles blockIdx.x * WG + wg), sharing the
 // key tiles of the CTA's list, NT of them per step. Dense runs WG = 2 (the K/V tiles read once
 // per 128 query rows), the block-sparse path WG = 1 (one list per 64-row query tile).
-template <int WG, int NT, int Stages, typename T>
-__global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1) attention_sm90(Int8AttnParams p) {
+template <int WG, int NT, int Stages, bool Bounded, typename T>
+__global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1)
+    attention_sm90(Int8AttnParams p, int redo) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<WG, NT, Stages>;
   constexpr int kN = 64 * NT;  // keys per step
@@ -41,6 +42,7 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
   const int h = blockIdx.y;
   const int q_tiles = (p.q_rows + kTile - 1) / kTile, kv_tiles = (p.kv_rows + kTile - 1) / kTile;
   const int qt = blockIdx.x * WG + wg;
+  if (redo && !flagged(p.check, h, q_tiles, int(blockIdx.x) * WG, WG)) return;  // the whole CTA
 
   int count = kv_tiles;
   const int32_t* list = nullptr;
@@ -122,6 +124,11 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   RowState st;
+  if constexpr (Bounded) {
+    uint32_t qf[16];
+    load_q_fragments(p, h, q_tiles, qt, warp, g, t4, qf);
+    st = bounded_state(qf, q_scale, __ldg(p.k_norm + h));
+  }
   // P of a step, bf16/fp16 pairs in the A-fragment order: steps alternate between the two.
   uint32_t pa[16 * NT], pb[16 * NT];
 
@@ -149,7 +156,7 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
 #pragma unroll
     for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
     float a0, a1;
-    online_softmax<NT, T>(st, ids, sc, p.kv_rows, t4, s, pa, a0, a1);
+    softmax_step<Bounded, NT, T>(st, ids, sc, p.kv_rows, t4, s, pa, a0, a1);
   }
   // Step it: P·V of step it (its P in pc) overlaps the softmax of step it+1 (into pn).
   auto run_step = [&](int it, uint32_t (&pc)[16 * NT], uint32_t (&pn)[16 * NT]) {
@@ -178,13 +185,13 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
     wgmma_wait<1>();  // S of step it+1; P·V of step it still running
 #pragma unroll
     for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
-    if (next) online_softmax<NT, T>(st, ids, sc, p.kv_rows, t4, s, pn, a0, a1);
+    if (next) softmax_step<Bounded, NT, T>(st, ids, sc, p.kv_rows, t4, s, pn, a0, a1);
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) pin(o[i]);
 #pragma unroll
     for (int i = 0; i < 16 * NT; ++i) pin(pc[i]);
-    if (next) rescale(o, a0, a1);  // most steps leave the maxima
+    if (next) rescale_step<Bounded>(o, a0, a1);  // most steps leave the maxima
   };
   for (int it = 0; it < steps; it += 2) {
     run_step(it, pa, pb);
@@ -192,7 +199,7 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
   }
   cp_wait<0>();
 
-  if (qt < q_tiles) store_rows<T>(p, h, qt, warp, g, t4, st, o);
+  if (qt < q_tiles) store_rows<T>(p, h, qt, warp, g, t4, st, o, Bounded ? p.check : nullptr, steps > 0);
 #endif
 }
 
@@ -209,8 +216,8 @@ struct SparseCfg {
   static constexpr int kSmem = kSlots * (kKSlot + kVSlot) + 1024;
 };
 
-template <int NT, int Ahead, typename T>
-__global__ void __launch_bounds__(128, 2) attention_sm90_sparse(Int8AttnParams p) {
+template <int NT, int Ahead, bool Bounded, typename T>
+__global__ void __launch_bounds__(128, 2) attention_sm90_sparse(Int8AttnParams p, int redo) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = SparseCfg<NT, Ahead>;
   extern __shared__ unsigned char smem_raw[];
@@ -220,6 +227,7 @@ __global__ void __launch_bounds__(128, 2) attention_sm90_sparse(Int8AttnParams p
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int h = blockIdx.y, qt = blockIdx.x;
   const int q_tiles = (p.q_rows + kTile - 1) / kTile, kv_tiles = (p.kv_rows + kTile - 1) / kTile;
+  if (redo && !flagged(p.check, h, q_tiles, qt, 1)) return;
   int count = kv_tiles;
   const int32_t* list = nullptr;
   if (p.offsets) {
@@ -303,6 +311,8 @@ __global__ void __launch_bounds__(128, 2) attention_sm90_sparse(Int8AttnParams p
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   RowState st;
+  if constexpr (Bounded)
+    st = bounded_state(qa, q_scale, __ldg(p.k_norm + h));
   uint32_t pa[16 * NT], pb[16 * NT];
   float sc1[NT];  // of step it+1 at the top of step it
   scales(ids[1], sc1);
@@ -318,7 +328,7 @@ __global__ void __launch_bounds__(128, 2) attention_sm90_sparse(Int8AttnParams p
 #pragma unroll
     for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
     float a0, a1;
-    online_softmax<NT, T>(st, ids[0], sc0, p.kv_rows, t4, s, pa, a0, a1);
+    softmax_step<Bounded, NT, T>(st, ids[0], sc0, p.kv_rows, t4, s, pa, a0, a1);
   }
   // Step it: P·V of step it (its P in pc) overlaps the softmax of step it+1 (into pn).
   auto run_step = [&](int it, uint32_t (&pc)[16 * NT], uint32_t (&pn)[16 * NT]) {
@@ -338,13 +348,13 @@ __global__ void __launch_bounds__(128, 2) attention_sm90_sparse(Int8AttnParams p
     wgmma_wait<1>();  // S of step it+1; P·V of step it still running
 #pragma unroll
     for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
-    if (next) online_softmax<NT, T>(st, ids[1], sc1, p.kv_rows, t4, s, pn, a0, a1);
+    if (next) softmax_step<Bounded, NT, T>(st, ids[1], sc1, p.kv_rows, t4, s, pn, a0, a1);
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) pin(o[i]);
 #pragma unroll
     for (int i = 0; i < 16 * NT; ++i) pin(pc[i]);
-    if (next) rescale(o, a0, a1);
+    if (next) rescale_step<Bounded>(o, a0, a1);
 #pragma unroll
     for (int i = 0; i < Ahead + 2; ++i)
 #pragma unroll
@@ -359,7 +369,7 @@ __global__ void __launch_bounds__(128, 2) attention_sm90_sparse(Int8AttnParams p
     if (it + 1 < steps) run_step(it + 1, pb, pa);
   }
   cp_wait<0>();
-  store_rows<T>(p, h, qt, warp, g, t4, st, o);
+  store_rows<T>(p, h, qt, warp, g, t4, st, o, Bounded ? p.check : nullptr, steps > 0);
 #endif
 }
 
@@ -374,14 +384,14 @@ __global__ void sm90a_probe(int* out) {
 #endif
 }
 
-template <int WG, int NT, int Stages, typename T>
-cudaError_t launch(const Int8AttnParams& p, cudaStream_t stream) {
+template <int WG, int NT, int Stages, bool Bounded, typename T>
+cudaError_t launch(const Int8AttnParams& p, cudaStream_t stream, bool redo) {
   using C = Cfg<WG, NT, Stages>;
-  auto* kernel = attention_sm90<WG, NT, Stages, T>;
+  auto* kernel = attention_sm90<WG, NT, Stages, Bounded, T>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
   if (e != cudaSuccess) return e;
   const dim3 grid((attn_tiles(p.q_rows) + WG - 1) / WG, p.heads);
-  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p);
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(p, int(redo));
   return cudaGetLastError();
 }
 
@@ -391,20 +401,20 @@ cudaError_t launch(const Int8AttnParams& p, cudaStream_t stream) {
 // SM). On the H200 at 30% of the tiles this ran 7% faster than one tile per step loaded three
 // steps ahead (the same shared memory), which ran 3% faster than the kernel with Q in shared
 // memory and one 4-stage ring for K and V.
-template <typename T>
-cudaError_t launch_sparse(const Int8AttnParams& p, cudaStream_t stream) {
+template <bool Bounded, typename T>
+cudaError_t launch_sparse(const Int8AttnParams& p, cudaStream_t stream, bool redo) {
   constexpr int NT = 2, Ahead = 1;
-  auto* kernel = attention_sm90_sparse<NT, Ahead, T>;
+  auto* kernel = attention_sm90_sparse<NT, Ahead, Bounded, T>;
   constexpr int smem = SparseCfg<NT, Ahead>::kSmem;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  kernel<<<dim3(attn_tiles(p.q_rows), p.heads), 128, smem, stream>>>(p);
+  kernel<<<dim3(attn_tiles(p.q_rows), p.heads), 128, smem, stream>>>(p, int(redo));
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t launch_type(const Int8AttnParams& p, cudaStream_t stream) {
-  return p.offsets ? launch_sparse<T>(p, stream) : launch<2, 2, 4, T>(p, stream);
+template <bool Bounded, typename T>
+cudaError_t launch_type(const Int8AttnParams& p, cudaStream_t stream, bool redo) {
+  return p.offsets ? launch_sparse<Bounded, T>(p, stream, redo) : launch<2, 2, 4, Bounded, T>(p, stream, redo);
 }
 
 }  // namespace
@@ -429,13 +439,24 @@ bool int8_attention_sm90_ready() {
   return s == 1;
 }
 
-cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel) {
+cudaError_t int8_attention_sm90_pass(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel,
+                                     SoftmaxPass pass) {
   if (p.head_dim != kD || !int8_attention_sm90_ready()) return cudaErrorNotSupported;
+  if (pass != SoftmaxPass::Exact && !bounded_softmax_takes(p)) return cudaErrorInvalidValue;
   if (kernel != Sm90Kernel::CpAsync) {
-    const cudaError_t e = int8_attention_sm90_ws(p, stream);
+    const cudaError_t e = int8_attention_sm90_ws(p, stream, {}, pass);
     if (e != cudaErrorNotSupported || kernel == Sm90Kernel::WarpSpecialized) return e;
   }
-  return p.type == Elem::BF16 ? launch_type<__nv_bfloat16>(p, stream) : launch_type<__half>(p, stream);
+  if (pass == SoftmaxPass::Bounded) return launch_type<true, __nv_bfloat16>(p, stream, false);
+  const bool redo = pass == SoftmaxPass::Redo;
+  return p.type == Elem::BF16 ? launch_type<false, __nv_bfloat16>(p, stream, redo)
+                              : launch_type<false, __half>(p, stream, redo);
+}
+
+cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel) {
+  if (!bounded_softmax_takes(p)) return int8_attention_sm90_pass(p, stream, kernel, SoftmaxPass::Exact);
+  const cudaError_t e = int8_attention_sm90_pass(p, stream, kernel, SoftmaxPass::Bounded);
+  return e != cudaSuccess ? e : int8_attention_sm90_pass(p, stream, kernel, SoftmaxPass::Redo);
 }
 
 cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream) {

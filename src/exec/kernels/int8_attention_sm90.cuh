@@ -16,7 +16,25 @@ bool int8_attention_sm90_ready();
 // Both compute the same bits.
 enum class Sm90Kernel { Auto, CpAsync, WarpSpecialized };
 
-// cudaErrorNotSupported unless head_dim is 128 and int8_attention_sm90_ready().
+// The softmax of one launch. Exact: the online softmax (running row maxima, the sums and
+// outputs rescaled when they grow). Bounded: each row's exponent offset fixed before its first
+// key from the Cauchy-Schwarz bound of its scores (Int8AttnParams::k_norm and the row's norm),
+// so the steps take no maxima and never rescale; the rows whose offset was too far above their
+// scores are flagged in Int8AttnParams::check. Redo: the online softmax on the CTAs whose query
+// tiles are flagged there; the others return at once. Bounded and Redo need
+// bounded_softmax_takes(p).
+enum class SoftmaxPass { Exact, Bounded, Redo };
+
+// bf16 V and O (fp16 P would not hold the bounded pass's range), k_norm and check set.
+inline bool bounded_softmax_takes(const Int8AttnParams& p) {
+  return p.type == Elem::BF16 && p.k_norm != nullptr && p.check != nullptr;
+}
+
+// One launch of one pass; cudaErrorNotSupported unless head_dim is 128 and
+// int8_attention_sm90_ready().
+cudaError_t int8_attention_sm90_pass(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel,
+                                     SoftmaxPass pass);
+// The attention: Bounded then Redo where bounded_softmax_takes(p), else Exact.
 cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel);
 cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream);  // Sm90Kernel::Auto
 

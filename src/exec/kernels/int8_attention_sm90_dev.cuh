@@ -123,30 +123,61 @@ struct RowState {
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 };
 
+// A step's int32 products x read as the floats 1.5 * 2^23 + x (exact: |x| <= 127 * 127 * 128 <
+// 2^22), an add instead of a conversion; keys past kv_rows and tiles past the list (ids[b] < 0)
+// masked to -inf.
+template <int NT>
+__device__ __forceinline__ void step_scores(const int (&ids)[NT], int kv_rows, int t4, const int (&s)[32 * NT],
+                                            float (&f)[32 * NT]) {
+#pragma unroll
+  for (int i = 0; i < 32 * NT; ++i) f[i] = __int_as_float(s[i] + 0x4B400000);
+#pragma unroll
+  for (int b = 0; b < NT; ++b) {
+    const int valid = ids[b] >= 0 ? kv_rows - ids[b] * kTile : 0;
+    if (valid < kTile) {  // the last tile: keys past kv_rows; a step past the list: all
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        if ((i >> 2) * 8 + t4 * 2 + (i & 1) >= valid) f[32 * b + i] = -INFINITY;
+    }
+  }
+}
+constexpr float kScoreOffset = 12582912.0f;  // the 1.5 * 2^23 of step_scores
+
+// P = 2^(x * sc - base) of rows g (base0) and g + 8 (base1) into pn, in the A-fragment order of
+// P·V; their sums into s0, s1. The offset of step_scores folds into the fma, whose only rounding
+// beyond the product is that of the per-row constant.
+template <int NT, typename T>
+__device__ __forceinline__ void step_exp(const float (&f)[32 * NT], const float (&sc)[NT], float base0, float base1,
+                                         uint32_t (&pn)[16 * NT], float& s0, float& s1) {
+  s0 = 0.0f;
+  s1 = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8 * NT; ++j) {
+    const float c = sc[j / 8], n0 = -fmaf(kScoreOffset, c, base0), n1 = -fmaf(kScoreOffset, c, base1);
+    const float e0 = ex2(fmaf(f[4 * j], c, n0)), e1 = ex2(fmaf(f[4 * j + 1], c, n0));
+    const float e2 = ex2(fmaf(f[4 * j + 2], c, n1)), e3 = ex2(fmaf(f[4 * j + 3], c, n1));
+    s0 += e0 + e1;
+    s1 += e2 + e3;
+    // n-tiles 2kk and 2kk+1 of S are the A fragment of k-step kk: (g, 2kk), (g+8, 2kk),
+    // (g, 2kk+1), (g+8, 2kk+1).
+    pn[(j >> 1) * 4 + (j & 1) * 2 + 0] = pack2<T>(e0, e1);
+    pn[(j >> 1) * 4 + (j & 1) * 2 + 1] = pack2<T>(e2, e3);
+  }
+}
+
 // The online softmax of one step of NT key tiles from its (completed) S: new maxima, the
-// factors a0, a1 that rescale the old sums and outputs, P into pn. An int32 product x is read
-// as the float 1.5 * 2^23 + x (exact: |x| <= 127 * 127 * 128 < 2^22), an add instead of a
-// conversion; the maxima are taken on those (the scales are positive) and the offset folds into
-// the exponent fma, whose only rounding beyond the product is that of the per-row constant.
-// ids[b] < 0: a tile past the list (all keys masked); keys past kv_rows are masked.
+// factors a0, a1 that rescale the old sums and outputs, P into pn. The maxima are taken on the
+// floats of step_scores (the scales are positive).
 template <int NT, typename T>
 __device__ __forceinline__ void online_softmax(RowState& st, const int (&ids)[NT], const float (&sc)[NT],
                                                int kv_rows, int t4, const int (&s)[32 * NT],
                                                uint32_t (&pn)[16 * NT], float& a0, float& a1) {
-  constexpr float kMagic = 12582912.0f;
   float f[32 * NT];
-#pragma unroll
-  for (int i = 0; i < 32 * NT; ++i) f[i] = __int_as_float(s[i] + 0x4B400000);
+  step_scores<NT>(ids, kv_rows, t4, s, f);
   float mx0 = st.m0, mx1 = st.m1;
 #pragma unroll
   for (int b = 0; b < NT; ++b) {
-    const int valid = ids[b] >= 0 ? kv_rows - ids[b] * kTile : 0;
-    float* fb = f + 32 * b;
-    if (valid < kTile) {  // the last tile: keys past kv_rows; a step past the list: all
-#pragma unroll
-      for (int i = 0; i < 32; ++i)
-        if ((i >> 2) * 8 + t4 * 2 + (i & 1) >= valid) fb[i] = -INFINITY;
-    }
+    const float* fb = f + 32 * b;
     // The maxima of the 16 values of each row as a tree (4 dependent steps, not 9).
     float t0[8], t1[8];
 #pragma unroll
@@ -161,9 +192,8 @@ __device__ __forceinline__ void online_softmax(RowState& st, const int (&ids)[NT
         t0[i] = fmaxf(t0[i], t0[i + w]);
         t1[i] = fmaxf(t1[i], t1[i + w]);
       }
-    const float r0 = t0[0], r1 = t1[0];
-    mx0 = fmaxf(mx0, (r0 - kMagic) * sc[b]);
-    mx1 = fmaxf(mx1, (r1 - kMagic) * sc[b]);
+    mx0 = fmaxf(mx0, (t0[0] - kScoreOffset) * sc[b]);
+    mx1 = fmaxf(mx1, (t1[0] - kScoreOffset) * sc[b]);
   }
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
@@ -174,21 +204,68 @@ __device__ __forceinline__ void online_softmax(RowState& st, const int (&ids)[NT
   a1 = ex2(st.m1 - base1);
   st.m0 = mx0;
   st.m1 = mx1;
-  float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 8 * NT; ++j) {
-    const float c = sc[j / 8], n0 = -fmaf(kMagic, c, base0), n1 = -fmaf(kMagic, c, base1);
-    const float e0 = ex2(fmaf(f[4 * j], c, n0)), e1 = ex2(fmaf(f[4 * j + 1], c, n0));
-    const float e2 = ex2(fmaf(f[4 * j + 2], c, n1)), e3 = ex2(fmaf(f[4 * j + 3], c, n1));
-    s0 += e0 + e1;
-    s1 += e2 + e3;
-    // n-tiles 2kk and 2kk+1 of S are the A fragment of k-step kk: (g, 2kk), (g+8, 2kk),
-    // (g, 2kk+1), (g+8, 2kk+1).
-    pn[(j >> 1) * 4 + (j & 1) * 2 + 0] = pack2<T>(e0, e1);
-    pn[(j >> 1) * 4 + (j & 1) * 2 + 1] = pack2<T>(e2, e3);
-  }
+  float s0, s1;
+  step_exp<NT, T>(f, sc, base0, base1, pn, s0, s1);
   st.l0 = st.l0 * a0 + s0;
   st.l1 = st.l1 * a1 + s1;
+}
+
+// The bounded softmax. Every score of a query row lies below its Cauchy-Schwarz bound
+// |q| * max |k| over the int8 rows (in the scales' log2 domain: k_norm holds the head's largest
+// k_scale * row norm), so the row's exponent offset can be fixed before its first key at
+// the bound less kBoundHeadroom: no maxima, no rescaling, P <= 2^64 (bf16 and fp32 hold it; fp16
+// would not, so fp16 keeps the online softmax). The result is the online softmax's up to
+// rounding as long as the row's largest term 2^(max - offset) is not far below 1; a row whose
+// sum ends under kBoundLeast, or whose output is not finite, is flagged in `check`, and its tile
+// recomputed with the online softmax (SoftmaxPass::Redo). That takes scores more than
+// 64 + 64 log2 units (89 in natural log) below their bound.
+constexpr float kBoundHeadroom = 64.0f;
+constexpr float kBoundLeast = 0x1p-64f;
+
+// The fixed offsets of rows g and g + 8 from their int8 Q fragments (load_q_fragments' layout:
+// the quad's four threads hold 32 bytes of each row).
+__device__ __forceinline__ RowState bounded_state(const uint32_t (&qa)[16], float q_scale, float k_bound) {
+  int s0 = 0, s1 = 0;
+#pragma unroll
+  for (int i = 0; i < 16; i += 2) {
+    s0 = __dp4a(int(qa[i]), int(qa[i]), s0);
+    s1 = __dp4a(int(qa[i + 1]), int(qa[i + 1]), s1);
+  }
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+  RowState st;
+  st.m0 = sqrtf(float(s0)) * q_scale * k_bound - kBoundHeadroom;
+  st.m1 = sqrtf(float(s1)) * q_scale * k_bound - kBoundHeadroom;
+  return st;
+}
+
+// One step of the bounded softmax: P against the fixed offsets st.m0, st.m1 into pn, the sums
+// into st.l0, st.l1 (online_softmax without the maxima).
+template <int NT, typename T>
+__device__ __forceinline__ void bounded_softmax(RowState& st, const int (&ids)[NT], const float (&sc)[NT],
+                                                int kv_rows, int t4, const int (&s)[32 * NT],
+                                                uint32_t (&pn)[16 * NT]) {
+  float f[32 * NT];
+  step_scores<NT>(ids, kv_rows, t4, s, f);
+  float s0, s1;
+  step_exp<NT, T>(f, sc, st.m0, st.m1, pn, s0, s1);
+  st.l0 += s0;
+  st.l1 += s1;
+}
+
+// The softmax of a step, bounded or online; a0, a1 the factors for rescale_step.
+template <bool Bounded, int NT, typename T>
+__device__ __forceinline__ void softmax_step(RowState& st, const int (&ids)[NT], const float (&sc)[NT], int kv_rows,
+                                             int t4, const int (&s)[32 * NT], uint32_t (&pn)[16 * NT], float& a0,
+                                             float& a1) {
+  if constexpr (Bounded) {
+    bounded_softmax<NT, T>(st, ids, sc, kv_rows, t4, s, pn);
+    a0 = a1 = 1.0f;
+  } else {
+    online_softmax<NT, T>(st, ids, sc, kv_rows, t4, s, pn, a0, a1);
+  }
 }
 
 // O = O * a (rows g, g + 8), skipped when no row of the warp changed its maximum.
@@ -202,6 +279,19 @@ __device__ __forceinline__ void rescale(float (&o)[64], float a0, float a1) {
       o[4 * n + 3] *= a1;
     }
   }
+}
+
+template <bool Bounded>
+__device__ __forceinline__ void rescale_step(float (&o)[64], float a0, float a1) {
+  if constexpr (!Bounded) rescale(o, a0, a1);
+}
+
+// Redo pass: whether the bounded pass flagged any of query tiles [first, first + n) of head h.
+__device__ __forceinline__ bool flagged(const uint8_t* check, int h, int q_tiles, int first, int n) {
+  bool any = false;
+  for (int i = 0; i < n; ++i)
+    if (first + i < q_tiles) any |= reinterpret_cast<const uint32_t*>(check)[int64_t(h) * q_tiles + first + i] != 0;
+  return any;
 }
 
 // O += P V for NT key tiles of V at vs (each [64 keys][128] as two 64-column halves).
@@ -230,10 +320,13 @@ __device__ __forceinline__ void load_q_fragments(const Int8AttnParams& p, int h,
                                    : 0u;
 }
 
-// The normalized rows of a 64-row query tile into o (rows past q_rows not written).
+// The normalized rows of a 64-row query tile into o (rows past q_rows not written). With
+// `check` (the bounded pass), the warp's byte of it says whether one of its rows must be redone
+// (never where the tile visited no key: an empty list's rows are zero either way).
 template <typename T>
 __device__ __forceinline__ void store_rows(const Int8AttnParams& p, int h, int qt, int warp, int g, int t4,
-                                           RowState st, const float (&o)[64]) {
+                                           RowState st, const float (&o)[64], uint8_t* check = nullptr,
+                                           bool visited = true) {
   st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, 1);
   st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, 2);
   st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, 1);
@@ -241,15 +334,21 @@ __device__ __forceinline__ void store_rows(const Int8AttnParams& p, int h, int q
   const float i0 = st.l0 > 0.0f ? 1.0f / st.l0 : 0.0f, i1 = st.l1 > 0.0f ? 1.0f / st.l1 : 0.0f;
   T* out = static_cast<T*>(p.o) + h * p.o_head_stride;
   const int r0 = qt * kTile + warp * 16 + g, r1 = r0 + 8;
+  float z0 = 0.0f, z1 = 0.0f;  // 0 while every output is finite, else NaN
 #pragma unroll
   for (int n = 0; n < 16; ++n) {
     const int col = n * 8 + t4 * 2;
-    if (r0 < p.q_rows)
-      *reinterpret_cast<uint32_t*>(out + int64_t(r0) * p.o_row_stride + col) =
-          pack2<T>(o[4 * n] * i0, o[4 * n + 1] * i0);
-    if (r1 < p.q_rows)
-      *reinterpret_cast<uint32_t*>(out + int64_t(r1) * p.o_row_stride + col) =
-          pack2<T>(o[4 * n + 2] * i1, o[4 * n + 3] * i1);
+    const float x0 = o[4 * n] * i0, x1 = o[4 * n + 1] * i0, x2 = o[4 * n + 2] * i1, x3 = o[4 * n + 3] * i1;
+    z0 += x0 * 0.0f + x1 * 0.0f;
+    z1 += x2 * 0.0f + x3 * 0.0f;
+    if (r0 < p.q_rows) *reinterpret_cast<uint32_t*>(out + int64_t(r0) * p.o_row_stride + col) = pack2<T>(x0, x1);
+    if (r1 < p.q_rows) *reinterpret_cast<uint32_t*>(out + int64_t(r1) * p.o_row_stride + col) = pack2<T>(x2, x3);
+  }
+  if (check) {
+    const bool bad = visited && ((r0 < p.q_rows && !(st.l0 >= kBoundLeast && st.l0 < INFINITY && z0 == 0.0f)) ||
+                                 (r1 < p.q_rows && !(st.l1 >= kBoundLeast && st.l1 < INFINITY && z1 == 0.0f)));
+    const bool any = __any_sync(0xffffffffu, bad);
+    if ((threadIdx.x & 31) == 0) check[(int64_t(h) * ((p.q_rows + kTile - 1) / kTile) + qt) * 4 + warp] = any;
   }
 }
 

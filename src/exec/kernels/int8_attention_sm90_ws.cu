@@ -56,19 +56,21 @@ struct WsCfg {
   static_assert(kSmem <= 227 * 1024, "shared memory");
 };
 
-template <int WG, int NT, int Stages, bool PingPong, typename T>
+template <int WG, int NT, int Stages, bool PingPong, bool Bounded, typename T>
 __global__ void __launch_bounds__(WsCfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1)
     attention_sm90_ws(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                      const __grid_constant__ CUtensorMap tm_v, const Int8AttnParams p) {
+                      const __grid_constant__ CUtensorMap tm_v, const Int8AttnParams p, int redo) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WsCfg<WG, NT, Stages>;
   static_assert(!PingPong || WG == 2, "ping-pong takes two consumer warpgroups");
+  static_assert(!Bounded || sizeof(T) == 2, "bounded softmax: 16-bit P");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024 B
   const uint32_t sbase = smem_addr(smem);
   const int tid = threadIdx.x, role = tid >> 7, lane = tid & 31;
   const int h = blockIdx.y;
   const int q_tiles = (p.q_rows + kTile - 1) / kTile, kv_tiles = (p.kv_rows + kTile - 1) / kTile;
+  if (redo && !flagged(p.check, h, q_tiles, int(blockIdx.x) * WG, WG)) return;  // the whole CTA
   int count = kv_tiles;
   const int32_t* list = nullptr;
   if (WG == 1 && p.offsets) {
@@ -180,6 +182,17 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 :
   uint32_t qa[16];
   if constexpr (!C::kQSmem) load_q_fragments(p, h, q_tiles, qt, warp, g, t4, qa);
   const unsigned char* qs = smem + C::kQOff + wg * kQBytes;
+  RowState st;
+  if constexpr (Bounded) {
+    const float k_bound = __ldg(p.k_norm + h);
+    if constexpr (C::kQSmem) {
+      uint32_t qf[16];
+      load_q_fragments(p, h, q_tiles, qt, warp, g, t4, qf);
+      st = bounded_state(qf, q_scale, k_bound);
+    } else {
+      st = bounded_state(qa, q_scale, k_bound);
+    }
+  }
 
   // S = Q K^T of the K tiles in slot (issued, not waited).
   auto issue_qk = [&](int slot, int (&s)[32 * NT]) {
@@ -218,7 +231,6 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 :
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  RowState st;
   // P of a step, 16-bit pairs in the A-fragment order: steps alternate between the two.
   uint32_t pa[16 * NT], pb[16 * NT];
 
@@ -238,7 +250,7 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 :
     for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
     release(k_empty(0));
     float a0, a1;
-    online_softmax<NT, T>(st, ids, sc, p.kv_rows, t4, s, pa, a0, a1);
+    softmax_step<Bounded, NT, T>(st, ids, sc, p.kv_rows, t4, s, pa, a0, a1);
   }
   // Step it (it + 1 < steps): P·V of step it (its P in pc) overlaps the softmax of it+1 (into pn).
   auto run_step = [&](int it, uint32_t (&pc)[16 * NT], uint32_t (&pn)[16 * NT]) {
@@ -258,14 +270,14 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 :
     for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
     release(k_empty(ns));
     float a0, a1;
-    online_softmax<NT, T>(st, ids, sc, p.kv_rows, t4, s, pn, a0, a1);
+    softmax_step<Bounded, NT, T>(st, ids, sc, p.kv_rows, t4, s, pn, a0, a1);
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) pin(o[i]);
 #pragma unroll
     for (int i = 0; i < 16 * NT; ++i) pin(pc[i]);
     release(v_empty(cs));
-    rescale(o, a0, a1);  // most steps leave the maxima
+    rescale_step<Bounded>(o, a0, a1);  // most steps leave the maxima
   };
   // The last step: P·V only.
   auto last_step = [&](int it, uint32_t (&pc)[16 * NT]) {
@@ -294,7 +306,7 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 :
     run_step(it, pb, pa);
     ++it;
   }
-  if (qt < q_tiles) store_rows<T>(p, h, qt, warp, g, t4, st, o);
+  if (qt < q_tiles) store_rows<T>(p, h, qt, warp, g, t4, st, o, Bounded ? p.check : nullptr, steps > 0);
 #endif
 }
 
@@ -349,32 +361,34 @@ bool encode_v(EncodeTiled enc, CUtensorMap* map, const Int8AttnParams& p) {
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int WG, int NT, int Stages, bool PingPong, typename T>
+template <int WG, int NT, int Stages, bool PingPong, bool Bounded, typename T>
 cudaError_t launch_ws(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, const Int8AttnParams& p,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool redo) {
   using C = WsCfg<WG, NT, Stages>;
-  auto* kernel = attention_sm90_ws<WG, NT, Stages, PingPong, T>;
+  auto* kernel = attention_sm90_ws<WG, NT, Stages, PingPong, Bounded, T>;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
   if (e != cudaSuccess) return e;
   const dim3 grid((attn_tiles(p.q_rows) + WG - 1) / WG, p.heads);
-  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(tq, tk, tv, p);
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(tq, tk, tv, p, int(redo));
   return cudaGetLastError();
 }
 
-template <typename T>
+template <bool Bounded, typename T>
 cudaError_t launch_type(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, const Int8AttnParams& p,
-                        cudaStream_t stream, const Sm90WsOptions& o) {
-  if (p.offsets) return launch_ws<1, 2, 2, false, T>(tq, tk, tv, p, stream);
-  return o.ping_pong ? launch_ws<2, 2, 4, true, T>(tq, tk, tv, p, stream)
-                     : launch_ws<2, 2, 4, false, T>(tq, tk, tv, p, stream);
+                        cudaStream_t stream, const Sm90WsOptions& o, bool redo) {
+  if (p.offsets) return launch_ws<1, 2, 2, false, Bounded, T>(tq, tk, tv, p, stream, redo);
+  return o.ping_pong ? launch_ws<2, 2, 4, true, Bounded, T>(tq, tk, tv, p, stream, redo)
+                     : launch_ws<2, 2, 4, false, Bounded, T>(tq, tk, tv, p, stream, redo);
 }
 
 }  // namespace
 
-cudaError_t int8_attention_sm90_ws(const Int8AttnParams& p, cudaStream_t stream, const Sm90WsOptions& options) {
+cudaError_t int8_attention_sm90_ws(const Int8AttnParams& p, cudaStream_t stream, const Sm90WsOptions& options,
+                                   SoftmaxPass pass) {
   if (p.head_dim != kD || p.q_rows <= 0 || p.kv_rows <= 0 || p.heads <= 0 || !int8_attention_sm90_ready())
     return cudaErrorNotSupported;
   if (p.type != Elem::BF16 && p.type != Elem::F16) return cudaErrorNotSupported;
+  if (pass != SoftmaxPass::Exact && !bounded_softmax_takes(p)) return cudaErrorInvalidValue;
   const EncodeTiled enc = encoder();
   if (!enc || !aligned16(p.q) || !aligned16(p.k)) return cudaErrorNotSupported;
   alignas(64) CUtensorMap tq, tk, tv;
@@ -382,8 +396,10 @@ cudaError_t int8_attention_sm90_ws(const Int8AttnParams& p, cudaStream_t stream,
   const int64_t k_rows = int64_t(p.heads) * attn_tiles(p.kv_rows) * kTile;
   if (!encode_carrier(enc, &tq, p.q, q_rows) || !encode_carrier(enc, &tk, p.k, k_rows) || !encode_v(enc, &tv, p))
     return cudaErrorNotSupported;
-  return p.type == Elem::BF16 ? launch_type<__nv_bfloat16>(tq, tk, tv, p, stream, options)
-                              : launch_type<__half>(tq, tk, tv, p, stream, options);
+  if (pass == SoftmaxPass::Bounded) return launch_type<true, __nv_bfloat16>(tq, tk, tv, p, stream, options, false);
+  const bool redo = pass == SoftmaxPass::Redo;
+  return p.type == Elem::BF16 ? launch_type<false, __nv_bfloat16>(tq, tk, tv, p, stream, options, redo)
+                              : launch_type<false, __half>(tq, tk, tv, p, stream, options, redo);
 }
 
 }  // namespace sp::kernels

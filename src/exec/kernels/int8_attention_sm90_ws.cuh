@@ -4,7 +4,7 @@
 // wgmma. Reached through int8_attention_sm90 (Sm90Kernel::Auto or WarpSpecialized).
 #pragma once
 
-#include "exec/kernels/int8_attention.cuh"
+#include "exec/kernels/int8_attention_sm90.cuh"
 
 namespace sp::kernels {
 
@@ -19,7 +19,9 @@ struct Sm90WsOptions {
 
 // cudaErrorNotSupported, before launching anything, when the kernel cannot run these
 // parameters: head_dim not 128, the driver's tensor-map encoder not found or refusing the
-// tensors (pointers and strides must be 16-byte aligned), or not sm_90a-ready.
-cudaError_t int8_attention_sm90_ws(const Int8AttnParams& p, cudaStream_t stream, const Sm90WsOptions& options = {});
+// tensors (pointers and strides must be 16-byte aligned), or not sm_90a-ready;
+// cudaErrorInvalidValue for a Bounded or Redo pass where bounded_softmax_takes(p) is false.
+cudaError_t int8_attention_sm90_ws(const Int8AttnParams& p, cudaStream_t stream, const Sm90WsOptions& options = {},
+                                   SoftmaxPass pass = SoftmaxPass::Exact);
 
 }  // namespace sp::kernels

@@ -17,11 +17,11 @@ int64_t tiles(int64_t rows) { return (rows + kTile - 1) / kTile; }
 
 int64_t k_carrier_bytes(int64_t heads, int64_t rows, int64_t head_dim) {
   const int64_t t = tiles(rows);
-  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4 + head_dim * 4);
+  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4 + head_dim * 4 + 4);
 }
 int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim) {
   const int64_t t = tiles(rows);
-  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4);
+  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4 + t * 4);
 }
 
 #ifdef STREAMPLAN_WITH_CUDA
@@ -72,6 +72,7 @@ KCarrier quantize_k(const at::Tensor& k) {
   c.scale = at::empty({g, t}, f32);
   c.tile_mean = at::empty({g, t, d}, f32);
   c.head_mean = at::empty({g, d}, f32);
+  c.norm = at::zeros({g}, f32);
   kernels::AttnQuantParams p = quant_params(k);
   p.tile_mean = c.tile_mean.data_ptr<float>();
   check_launch(kernels::attn_quantize(p, stream), "(K tile means)");
@@ -81,6 +82,7 @@ KCarrier quantize_k(const at::Tensor& k) {
   p.subtract = c.head_mean.data_ptr<float>();
   p.out = c.k8.data_ptr<int8_t>();
   p.scale = c.scale.data_ptr<float>();
+  p.norm = c.norm.data_ptr<float>();
   check_launch(kernels::attn_quantize(p, stream), "(K quantization)");
   return c;
 }
@@ -104,6 +106,7 @@ KCarrier carrier_view(const at::Tensor& bytes, int64_t heads, int64_t rows, int6
   c.scale = take(heads * t, at::kFloat, {heads, t});
   c.tile_mean = take(heads * t * head_dim, at::kFloat, {heads, t, head_dim});
   c.head_mean = take(heads * head_dim, at::kFloat, {heads, head_dim});
+  c.norm = take(heads, at::kFloat, {heads});
   return c;
 }
 
@@ -119,12 +122,14 @@ void quantize_k_rows(const at::Tensor& k, const KCarrier& c, int64_t row0) {
   if (row0 == 0) {  // the subtracted means: this slab's, summed in fp32 by the reduction
     at::Tensor hm = c.head_mean;
     at::sum_out(hm, k, {1}, false, at::kFloat).div_(double(k.size(1)));
+    c.norm.zero_();  // maxed into by every slab
   }
   kernels::AttnQuantParams p = quant_params(k);
   p.subtract = c.head_mean.data_ptr<float>();
   p.out = c.k8.data_ptr<int8_t>();
   p.scale = c.scale.data_ptr<float>();
   p.tile_mean = c.tile_mean.data_ptr<float>();
+  p.norm = c.norm.data_ptr<float>();
   p.out_tiles = static_cast<int>(t);
   p.tile_offset = static_cast<int>(row0 / kTile);
   check_launch(kernels::attn_quantize(p, stream), "(K slab quantization)");
@@ -140,6 +145,7 @@ QTiles quantize_q(const at::Tensor& q, double softmax_scale) {
   r.q8 = at::empty({g, t * kTile, d}, q.options().dtype(at::kChar));
   r.scale = at::empty({g, t}, f32);
   r.tile_mean = at::empty({g, t, d}, f32);
+  r.check = at::empty({g, t * 4}, q.options().dtype(at::kByte));
   kernels::AttnQuantParams p = quant_params(q);
   p.extra_scale = static_cast<float>(softmax_scale * 1.4426950408889634);  // exp -> exp2
   p.out = r.q8.data_ptr<int8_t>();
@@ -173,6 +179,10 @@ at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const
   p.q_scale = q.scale.data_ptr<float>();
   p.k = k.k8.data_ptr<int8_t>();
   p.k_scale = k.scale.data_ptr<float>();
+  if (k.norm.defined() && q.check.defined()) {
+    p.k_norm = k.norm.data_ptr<float>();
+    p.check = q.check.data_ptr<uint8_t>();
+  }
   p.v = v.data_ptr();
   p.v_head_stride = v.stride(0);
   p.v_row_stride = v.stride(1);

@@ -5,8 +5,11 @@
 // routing needs) is made once and reused by every streamed Q slab; each Q slab is quantized
 // per tile (its scales carry softmax scale x log2 e) with its tile means, then attends against
 // the carrier and V. A TileList (CSR over (head, query tile)) restricts the key tiles; an
-// empty one is dense. Every check names the tensor and its shape, dtype or device
-// (c10::Error). Without CUDA (built()) all entry points throw.
+// empty one is dense. The carrier also holds each head's largest K row norm and the Q tiles a
+// byte per 16 rows: with bf16 V the sm_90a kernels fix each row's softmax offset from the
+// bound those give and redo the rows it does not fit (kernels/int8_attention_sm90.cuh). Every
+// check names the tensor and its shape, dtype or device (c10::Error). Without CUDA (built())
+// all entry points throw.
 //
 // Example:
 //     auto kc = sp::exec::int8attn::quantize_k(k);           // k [G, kv_rows, D] on CUDA
@@ -26,10 +29,12 @@ bool built();
 
 struct KCarrier {
   at::Tensor k8, scale, tile_mean, head_mean;  // [G, kt*64, D] int8, [G, kt], [G, kt, D], [G, D]
+  at::Tensor norm;                             // [G] the largest scale x int8 row norm
   int64_t rows = 0;
 };
 struct QTiles {
   at::Tensor q8, scale, tile_mean;  // [G, qt*64, D] int8, [G, qt], [G, qt, D]
+  at::Tensor check;                 // [G, qt * 4] uint8: the bounded softmax's rows to redo
   int64_t rows = 0;
 };
 struct TileList {
@@ -46,7 +51,8 @@ int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim);
 // k, q, v: [G, rows, D] bf16 or fp16 on one CUDA device, unit last stride, D 64 or 128.
 KCarrier quantize_k(const at::Tensor& k);
 // The carrier of G x rows x D laid out in `bytes` (a contiguous int8 tensor of
-// k_carrier_bytes elements): int8 K, then the tile scales, the tile means and the head means.
+// k_carrier_bytes elements): int8 K, then the tile scales, the tile means, the head means and
+// the head norms.
 KCarrier carrier_view(const at::Tensor& bytes, int64_t heads, int64_t rows, int64_t head_dim);
 // K rows [row0, row0 + k.size(1)) into the carrier, row0 a multiple of kTile. The first slab
 // (row0 0) sets the per-head means every slab subtracts: softmax is invariant to any vector
