@@ -108,9 +108,7 @@ static cudaError_t run_kernel(Kern k, Int8AttnParams p, cudaStream_t stream) {
     case Kern::WsPingPong: {
       Sm90WsOptions o;
       o.ping_pong = true;
-      if (!bounded_softmax_takes(p)) return int8_attention_sm90_ws(p, stream, o);
-      const cudaError_t e = int8_attention_sm90_ws(p, stream, o, SoftmaxPass::Bounded);
-      return e != cudaSuccess ? e : int8_attention_sm90_ws(p, stream, o, SoftmaxPass::Redo);
+      return run_softmax_passes(p, [&](SoftmaxPass pass) { return int8_attention_sm90_ws(p, stream, o, pass); });
     }
     case Kern::CpAsyncExact: return int8_attention_sm90_pass(p, stream, Sm90Kernel::CpAsync, SoftmaxPass::Exact);
     case Kern::WsExact: return int8_attention_sm90_pass(p, stream, Sm90Kernel::WarpSpecialized, SoftmaxPass::Exact);

@@ -442,21 +442,17 @@ bool int8_attention_sm90_ready() {
 cudaError_t int8_attention_sm90_pass(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel,
                                      SoftmaxPass pass) {
   if (p.head_dim != kD || !int8_attention_sm90_ready()) return cudaErrorNotSupported;
-  if (pass != SoftmaxPass::Exact && !bounded_softmax_takes(p)) return cudaErrorInvalidValue;
-  if (kernel != Sm90Kernel::CpAsync) {
+  if (kernel != Sm90Kernel::CpAsync) {  // an invalid pass: cudaErrorInvalidValue from either
     const cudaError_t e = int8_attention_sm90_ws(p, stream, {}, pass);
     if (e != cudaErrorNotSupported || kernel == Sm90Kernel::WarpSpecialized) return e;
   }
-  if (pass == SoftmaxPass::Bounded) return launch_type<true, __nv_bfloat16>(p, stream, false);
-  const bool redo = pass == SoftmaxPass::Redo;
-  return p.type == Elem::BF16 ? launch_type<false, __nv_bfloat16>(p, stream, redo)
-                              : launch_type<false, __half>(p, stream, redo);
+  return launch_pass(p, pass, [&](auto bounded, auto type, bool redo) {
+    return launch_type<decltype(bounded)::value, decltype(type)>(p, stream, redo);
+  });
 }
 
 cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel) {
-  if (!bounded_softmax_takes(p)) return int8_attention_sm90_pass(p, stream, kernel, SoftmaxPass::Exact);
-  const cudaError_t e = int8_attention_sm90_pass(p, stream, kernel, SoftmaxPass::Bounded);
-  return e != cudaSuccess ? e : int8_attention_sm90_pass(p, stream, kernel, SoftmaxPass::Redo);
+  return run_softmax_passes(p, [&](SoftmaxPass pass) { return int8_attention_sm90_pass(p, stream, kernel, pass); });
 }
 
 cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream) {

@@ -34,7 +34,15 @@ inline bool bounded_softmax_takes(const Int8AttnParams& p) {
 // int8_attention_sm90_ready().
 cudaError_t int8_attention_sm90_pass(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel,
                                      SoftmaxPass pass);
-// The attention: Bounded then Redo where bounded_softmax_takes(p), else Exact.
+// The passes of one attention, each through launch(pass): Bounded then Redo where
+// bounded_softmax_takes(p), else Exact.
+template <typename Launch>
+cudaError_t run_softmax_passes(const Int8AttnParams& p, Launch&& launch) {
+  if (!bounded_softmax_takes(p)) return launch(SoftmaxPass::Exact);
+  const cudaError_t e = launch(SoftmaxPass::Bounded);
+  return e != cudaSuccess ? e : launch(SoftmaxPass::Redo);
+}
+// The attention: run_softmax_passes of int8_attention_sm90_pass.
 cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel);
 cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream);  // Sm90Kernel::Auto
 

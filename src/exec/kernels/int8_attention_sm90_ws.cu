@@ -388,18 +388,16 @@ cudaError_t int8_attention_sm90_ws(const Int8AttnParams& p, cudaStream_t stream,
   if (p.head_dim != kD || p.q_rows <= 0 || p.kv_rows <= 0 || p.heads <= 0 || !int8_attention_sm90_ready())
     return cudaErrorNotSupported;
   if (p.type != Elem::BF16 && p.type != Elem::F16) return cudaErrorNotSupported;
-  if (pass != SoftmaxPass::Exact && !bounded_softmax_takes(p)) return cudaErrorInvalidValue;
-  const EncodeTiled enc = encoder();
-  if (!enc || !aligned16(p.q) || !aligned16(p.k)) return cudaErrorNotSupported;
-  alignas(64) CUtensorMap tq, tk, tv;
-  const int64_t q_rows = int64_t(p.heads) * attn_tiles(p.q_rows) * kTile;
-  const int64_t k_rows = int64_t(p.heads) * attn_tiles(p.kv_rows) * kTile;
-  if (!encode_carrier(enc, &tq, p.q, q_rows) || !encode_carrier(enc, &tk, p.k, k_rows) || !encode_v(enc, &tv, p))
-    return cudaErrorNotSupported;
-  if (pass == SoftmaxPass::Bounded) return launch_type<true, __nv_bfloat16>(tq, tk, tv, p, stream, options, false);
-  const bool redo = pass == SoftmaxPass::Redo;
-  return p.type == Elem::BF16 ? launch_type<false, __nv_bfloat16>(tq, tk, tv, p, stream, options, redo)
-                              : launch_type<false, __half>(tq, tk, tv, p, stream, options, redo);
+  return launch_pass(p, pass, [&](auto bounded, auto type, bool redo) {
+    const EncodeTiled enc = encoder();
+    if (!enc || !aligned16(p.q) || !aligned16(p.k)) return cudaErrorNotSupported;
+    alignas(64) CUtensorMap tq, tk, tv;
+    const int64_t q_rows = int64_t(p.heads) * attn_tiles(p.q_rows) * kTile;
+    const int64_t k_rows = int64_t(p.heads) * attn_tiles(p.kv_rows) * kTile;
+    if (!encode_carrier(enc, &tq, p.q, q_rows) || !encode_carrier(enc, &tk, p.k, k_rows) || !encode_v(enc, &tv, p))
+      return cudaErrorNotSupported;
+    return launch_type<decltype(bounded)::value, decltype(type)>(tq, tk, tv, p, stream, options, redo);
+  });
 }
 
 }  // namespace sp::kernels
