@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import re
+import warnings
 import weakref
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -30,6 +33,45 @@ _CAP_FLAGS = ("accepts_bounded_q", "requires_global_k", "requires_global_v", "sl
 _CAP_KEYS = (*_CAP_FLAGS, "dtypes", "q_align", "kv_align", "call_bytes")
 
 
+def _size_bytes(name: str, text: str) -> int:
+    """Bytes of a size such as '12GiB'; the parser's message, which names the CLI's budget,
+    names the argument `name` instead."""
+    try:
+        return int(_C.parse_budget(text))
+    except Exception as e:  # the parser names what it expected
+        raise ValueError(f"{name}: {str(e).removeprefix('budget: ')}") from None
+
+
+# The CLI's option names in messages of the shared C++ code, as the Python arguments say them.
+_ARGUMENT_NAMES = {"--device": "device", "--kv-budget": "kv_budget", "--early-kv": "early_kv",
+                   "--late-kv": "late_kv", "--early-steps": "early_steps", "--late-steps": "late_steps",
+                   "--step": "step", "--steps": "steps"}
+
+
+@contextlib.contextmanager
+def _argument_names(names: Mapping[str, str] = _ARGUMENT_NAMES) -> Iterator[None]:
+    """A ValueError of the C++ side that names the CLI's options is raised again naming the
+    Python arguments of `names` instead: ``--device cuda: ...`` becomes ``device='cuda': ...``.
+    Its subclasses (RecognizeError, BudgetError, ...) pass as they are."""
+
+    def named(m: re.Match[str]) -> str:
+        name = names.get(m.group(1))
+        if name is None:
+            return m.group(0)
+        value = m.group(3)
+        if value is None:
+            return name
+        return f"{name}={value}" if re.fullmatch(r"-?[0-9.]+", value) else f"{name}={value!r}"
+
+    try:
+        yield
+    except ValueError as e:
+        text = re.sub(r"(--[a-z][a-z-]*)( ([^\s,;]*[^\s:,;]))?", named, str(e))
+        if type(e) is not ValueError or text == str(e):
+            raise
+        raise ValueError(text) from None
+
+
 def _budget_text(budget: str | int | None) -> str:
     if budget is None:
         return ""
@@ -39,6 +81,8 @@ def _budget_text(budget: str | int | None) -> str:
         if budget <= 0:
             raise ValueError(f"budget: must be > 0 bytes, got {budget}")
         return str(budget)
+    if budget != "auto":
+        _size_bytes("budget", budget)
     return budget
 
 
@@ -51,10 +95,7 @@ def _device_memory_bytes(v: str | int | None) -> int:
         if v <= 0:
             raise ValueError(f"device_memory: must be > 0 bytes, got {v}")
         return v
-    try:
-        return int(_C.parse_budget(v))
-    except Exception as e:  # the parser names what it expected
-        raise ValueError(f"device_memory: {e}") from None
+    return _size_bytes("device_memory", v)
 
 
 def _resident_blocks(v: int | str | None) -> int:
@@ -180,6 +221,7 @@ class Handle:
         self._weight_hook = weight_hook
         self._loras = loras or []
         self._lora_warned: set[str] = set()
+        self._autograd_warned = False
         self._adapter_type = adapter
         self._options = (consumer, budget, token_chunk, feature_slice)
         self._python_consumers = [(consumer, *_CONSUMERS[consumer])] if consumer in _CONSUMERS else []
@@ -317,9 +359,10 @@ class Handle:
         tensors = list(m.state_dict().items())
         hook = self._hook_now()
         device_memory, resident_blocks, device = self._residency
-        self._attached = _C.Attached(tensors, sidecar, consumer, budget, chunk, fslice, self._python_consumers,
-                                     hook.fn if hook else None, list(hook.names) if hook else [], self._loras,
-                                     device_memory, resident_blocks, device, getattr(self, "_kv_budget", 1.0))
+        with _argument_names():
+            self._attached = _C.Attached(tensors, sidecar, consumer, budget, chunk, fslice, self._python_consumers,
+                                         hook.fn if hook else None, list(hook.names) if hook else [], self._loras,
+                                         device_memory, resident_blocks, device, getattr(self, "_kv_budget", 1.0))
         _lora.warn(self._attached.lora, self._lora_warned)
         device = torch.device(self._attached.device)
         self._adapter = self._adapter_type(m, self._original, _DTYPES[self._attached.dtype], device)
@@ -328,7 +371,8 @@ class Handle:
     def set_kv_budget(self, budget: float) -> None:
         """The fraction of video key tiles each video query tile keeps from the next call on
         (consumer ``"sparse"`` only; 1 is dense). Per denoising step: :func:`kv_budget_at`."""
-        self._attached.set_kv_budget(float(budget))
+        with _argument_names():
+            self._attached.set_kv_budget(float(budget))
         self._kv_budget = float(budget)
 
     def _hook_now(self) -> WeightHook | None:
@@ -407,6 +451,10 @@ class Handle:
             why = self._adapter.prepare(args, kwargs)
         if isinstance(why, Fallback):
             self.fallbacks.append(why)
+            if why.code == "autograd" and not self._autograd_warned:  # easy to miss: once per module
+                self._autograd_warned = True
+                warnings.warn(f"streamplan: {type(self._module).__name__} ({self.variant}) runs its original "
+                              f"forward, not the planned one (fallback autograd): {why.reason}", stacklevel=2)
             if self.streams:
                 raise RuntimeError(
                     f"streamplan: this call cannot run planned ({why.code}: {why.reason}), and the module's own "
@@ -549,7 +597,8 @@ def kv_budget_at(
     """The sparse attention budget of denoising step `step` of `steps`: the densest of `budget`
     and the windows covering the step (the first `early_steps` use `early_kv`, the last
     `late_steps` use `late_kv`). Raises ValueError naming a bad value."""
-    return _C.kv_budget_at(step, steps, budget, early_steps, early_kv, late_steps, late_kv)
+    with _argument_names({**_ARGUMENT_NAMES, "--kv-budget": "budget"}):
+        return _C.kv_budget_at(step, steps, budget, early_steps, early_kv, late_steps, late_kv)
 
 
 def remove(module: torch.nn.Module) -> None:
