@@ -25,8 +25,9 @@ multiples of the patch (``arguments``: ComfyUI pads them).
 ``timestep`` and ``guidance`` (sigma-scaled, as ComfyUI passes them) -> raw ``timestep``,
 ``guidance``. The answer is unpacked to ``[B, C, H, W]``. Falls back for reference latents
 (``reference_latents``), ControlNet residuals (``controlnet``), an attention mask
-(``attention_mask``), odd sides (``arguments``: ComfyUI pads them) and a guidance-distilled
-model called without a guidance (``arguments``).
+(``attention_mask``), odd sides (``arguments``: ComfyUI pads them), a guidance-distilled
+model called without a guidance (``arguments``) and text positions on rope axes
+(``params.txt_ids_dims``, ``config``).
 """
 
 from __future__ import annotations
@@ -190,6 +191,9 @@ class Flux(ComfyAdapter):
         if (a["kwargs"] or {}).get("attention_mask") is not None:
             return Fallback("attention_mask", "an attention_mask is given")
         p = self.module.params
+        if list(getattr(p, "txt_ids_dims", None) or []):
+            return Fallback("config", f"params.txt_ids_dims is {list(p.txt_ids_dims)}: text positions on rope axes "
+                                      "(the planned forward has Flux.1's zero text positions)")
         x = a["x"]
         if (f := check_tensor("x", x, self)) is not None:
             return f

@@ -1,7 +1,8 @@
 """Adapter of ComfyUI's MiniMaxH3Model (comfy.ldm.minimax.model; MiniMax H3 text to video + audio).
 
 One call of ``MiniMaxH3Model.forward(x, timestep, context, transformer_options, minimax_payload,
-denoise_mask, audio_denoise_mask, **kwargs)`` is one planned forward of the family "minimax-h3":
+**kwargs)`` (older trees: also ``denoise_mask, audio_denoise_mask``) is one planned forward of the
+family "minimax-h3":
 
 * ``x = [video [1, C, T, H, W], audio [1, C_a, 2, T_a]]`` -> raw ``video`` and ``audio``
   (batch dimension dropped; ComfyUI's model takes a batch of 1 only);
@@ -162,7 +163,9 @@ class MiniMaxH3(ComfyAdapter):
         if (f := self._payload_fallback(payload, (L, T, H, W, Ta))) is not None:
             return f
         for name in ("denoise_mask", "audio_denoise_mask"):
-            if not _masks_nothing(a[name]):
+            # Trees whose forward takes no masks (2026-08 on) leave them to the sampler: the
+            # network then ignores one passed among **kwargs, as the planned forward does.
+            if not _masks_nothing(a.get(name)):
                 return Fallback("denoise_mask", f"{name} masks rows (values below {_MASK_FULL}); the planned forward "
                                                 "runs every row at the stream's sigma")
         raw: dict[str, torch.Tensor] = {}

@@ -1,4 +1,4 @@
-// Flux.1 (dev/schnell): recognition tables (original BFL names, diffusers names), presets.
+// Flux.1 (dev/schnell): recognition tables (original BFL names, diffusers names, the names of ComfyUI's modules), presets.
 //
 // Symbols: dim, head_dim (from the QK-norm scales), mlp, in, out, ctx, vec, freq_dim, layers
 // (double blocks), single_layers. Feature "guidance": guidance_in present (dev).
@@ -150,6 +150,19 @@ const std::vector<Entry> kDiffusers = {
 #undef SB
 #undef OS
 
+// ComfyUI's own modules (2026 on) name each QK norm's scale `weight` (its RMSNorm); its loader renames
+// the original files' `_norm.scale` on load. Everything else is the original layout.
+std::vector<Entry> comfyui_entries() {
+  std::vector<Entry> out = kOriginal;
+  const std::string from = "_norm.scale";
+  for (auto& e : out)
+    if (e.name.ends_with(from)) {
+      e.canonical = e.name;
+      e.name = e.name.substr(0, e.name.size() - from.size()) + "_norm.weight";
+    }
+  return out;
+}
+
 FamilyConfig structure(const Symbols& s, const Features& f, const Sidecar& sidecar) {
   FamilyConfig c;
   c.family = "flux1";
@@ -229,7 +242,7 @@ FamilyConfig make(const std::string& variant, bool guidance, bool tiny) {
 const Family& flux_family() {
   static const Family f = {
       "flux1",
-      {{"original", kOriginal}, {"diffusers", kDiffusers}},
+      {{"original", kOriginal}, {"diffusers", kDiffusers}, {"comfyui", comfyui_entries()}},
       {{"flux1-dev", make("flux1-dev", true, false), make("flux1-dev-tiny", true, true)},
        {"flux1-schnell", make("flux1-schnell", false, false),
         make("flux1-schnell-tiny", false, true)}},

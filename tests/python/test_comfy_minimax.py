@@ -4,8 +4,9 @@ in the real layout, fp32 on the CPU: the planned call answers what the original 
 what the planned forward does not model runs the original with a fallback, and remove() restores
 the original forward bit for bit.
 
-Needs a ComfyUI source tree at .deps/comfyui (comfy/ldm/minimax/model.py) and comfy_kitchen
-(installed, or under .deps/python); without them every test is skipped with the reason.
+Needs a ComfyUI source tree with comfy/ldm/minimax/model.py (.deps/comfyui, else the snapshot
+../shared/comfyui-*) and comfy_kitchen (requirements.txt); without them every test is skipped
+with the reason.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_planned_matches_original(comfy: Any, case: str) -> None:
     cfg, call, options = CASES[case]
+    comfy_tree.skip_unless_h3_builds(comfy[0], cfg.gate_compress, cfg.pdd_heads)
     m = build(comfy, cfg)
     args, kwargs = call_args(m, cfg, **call)
     want = run(m, args, kwargs)
@@ -181,6 +183,12 @@ def test_fallback_runs_the_original(comfy: Any, code: str) -> None:
     args, kwargs = call_args(m, cfg, tags=MIXED_TAGS, **extra(m))
     want = _outcome(m, args, kwargs)
     handle, got = attached(m, lambda m: _outcome(m, args, kwargs))
+    if code.endswith("denoise_mask") and not comfy_tree.h3_forward_takes(comfy[0], code):
+        # A tree whose forward takes no masks leaves them to the sampler: the network ignores
+        # one passed among **kwargs, and so does the planned forward.
+        assert handle.fallbacks == [] and handle.planned_calls == 1
+        assert max(rel_l2(g, w) for g, w in zip(got, want)) <= TOL
+        return
     if isinstance(want, list):
         assert all(torch.equal(g, w) for g, w in zip(got, want))
     else:

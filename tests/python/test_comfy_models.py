@@ -4,8 +4,9 @@ for batches of 2 with per-element timesteps (a CFG batch), on the module's own p
 each call ComfyUI's planned forward does not model runs the original with its fallback code;
 remove() restores the original forward bit for bit.
 
-Needs a ComfyUI source tree at .deps/comfyui-full with einops and psutil importable (or under
-.deps/comfy-site); without them every test is skipped with the reason.
+Needs a ComfyUI source tree (.deps/comfyui-full, else the snapshot ../shared/comfyui-*) with what
+its imports need (requirements.txt, or under .deps/comfy-site); without them every test is skipped
+with the reason.
 """
 
 from __future__ import annotations
@@ -40,10 +41,13 @@ def make_wan(comfy: Any) -> torch.nn.Module:
 
 def make_flux(comfy: Any, guidance: bool = True) -> torch.nn.Module:
     _, flux, ops = comfy
+    # Newer trees' FluxParams also name the text positions' rope axes (none for Flux.1, as
+    # ComfyUI's model detection sets it)
+    newer = {"txt_ids_dims": []} if "txt_ids_dims" in getattr(flux.FluxParams, "__dataclass_fields__", {}) else {}
     m = flux.Flux(in_channels=16, out_channels=16, vec_in_dim=24, context_in_dim=32, hidden_size=32, mlp_ratio=4.0,
                   num_heads=2, depth=2, depth_single_blocks=2, axes_dim=[4, 6, 6], theta=10000, patch_size=2,
                   qkv_bias=True, guidance_embed=guidance, operations=ops.disable_weight_init, dtype=torch.float32,
-                  device="cpu")
+                  device="cpu", **newer)
     make_reference.randomize(m, torch.Generator().manual_seed(1))
     return m.eval().requires_grad_(False)
 
@@ -163,7 +167,7 @@ def test_weights_patched_at_cast_go_through_comfy_patch_path(comfy: Any, make: A
 
 
 # (module, fallback code) -> what the call changes: keyword arguments, and "timestep_2d",
-# "odd" (a side the patch does not divide).
+# "odd" (a side the patch does not divide), "txt_ids_dims" (set on the model's params).
 FALLBACKS = {
     ("wan", "image_conditioning"): dict(clip_fea=torch.zeros(2, 257, 1280)),
     ("wan", "condition_frames"): dict(time_dim_concat=torch.zeros(2, 16, 1, 8, 12)),
@@ -177,6 +181,7 @@ FALLBACKS = {
     ("flux", "attention_mask"): dict(attention_mask=torch.ones(2, 5 + 48, 5 + 48, dtype=torch.bool)),
     ("flux", "patches"): dict(transformer_options={"patches": {"post_input": [lambda a: a]}}),
     ("flux", "arguments"): dict(guidance=None),
+    ("flux", "config"): dict(txt_ids_dims=[2]),
 }
 
 
@@ -189,6 +194,10 @@ def test_fallbacks(comfy: Any, which: str, code: str) -> None:
         args = (args[0], torch.full((2, 72), 730.0), args[2])
     if spec.pop("odd", False):
         args = (args[0][..., :11], *args[1:])
+    if "txt_ids_dims" in spec:  # text positions on a rope axis (the newer Flux variants' models)
+        if not hasattr(m.params, "txt_ids_dims"):
+            pytest.skip("this ComfyUI tree's FluxParams has no txt_ids_dims")
+        m.params.txt_ids_dims = spec.pop("txt_ids_dims")
     kwargs.update(spec)
     assert_falls_back(m, (args, kwargs), code)
 

@@ -5,7 +5,8 @@ with ComfyUI's selected attention and answers what the unwrapped model answers; 
 ComfyUI patches at cast time is acquired through ComfyUI's patch function; another wrapper makes
 the call run ComfyUI's chain, recorded; the original patcher is left without the wrapper.
 
-The tests that need ComfyUI are skipped with the reason where .deps/comfyui-full is missing.
+The tests that need ComfyUI run on .deps/comfyui-full or, without it, the snapshot ../shared/comfyui-*;
+without either they are skipped with the reason.
 """
 
 from __future__ import annotations

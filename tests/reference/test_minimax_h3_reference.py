@@ -177,6 +177,7 @@ CASES = [
                          ids=[f"{c[0]}-s{c[1]}{'-tags' if c[2] is not None else ''}" for c in CASES])
 def test_matches_comfyui(comfy_h3, variant, sigma, tags, refined):
     cfg = config(variant)
+    comfy_tree.skip_unless_h3_builds(comfy_h3[0], cfg.gate_compress, cfg.pdd_heads)
     sd = h3.make_state_dict(cfg, seed=3)
     inp = h3.random_inputs(cfg, seed=4)
     sched = SCHEDULE if cfg.pdd_heads > 1 else None
