@@ -95,20 +95,6 @@ int64_t budget_from_option(const std::string& text, const contracts::DeviceCaps&
   return text == "auto" ? budget_auto(dev) : parse_budget(text);
 }
 
-std::string human_bytes(int64_t b) {
-  std::ostringstream os;
-  os.precision(std::abs(b) >= (int64_t{10} << 20) ? 1 : 2);
-  os << std::fixed << static_cast<double>(b) / (1 << 20) << " MiB";
-  return os.str();
-}
-
-std::string human_ms(double ms) {
-  std::ostringstream os;
-  os.precision(ms >= 10 ? 1 : (ms >= 0.1 ? 2 : 3));
-  os << std::fixed << ms << " ms";
-  return os.str();
-}
-
 std::vector<int64_t> chunk_candidates(int64_t rows, int64_t align) {
   align = std::max<int64_t>(align, 1);
   std::vector<int64_t> out;
@@ -159,15 +145,7 @@ namespace {
 
 // "12.3 ms vs 10.1 ms", with more decimals where the usual ones would print two equal figures.
 std::string ms_pair(double a, double b) {
-  std::string x = human_ms(a), y = human_ms(b);
-  for (int digits = 3; x == y && digits <= 6; ++digits) {
-    std::ostringstream p, q;
-    p.precision(digits);
-    q.precision(digits);
-    p << std::fixed << a << " ms";
-    q << std::fixed << b << " ms";
-    x = p.str(), y = q.str();
-  }
+  const auto [x, y] = distinct_ms(a, b);
   return x + " vs " + y;
 }
 

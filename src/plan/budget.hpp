@@ -27,6 +27,7 @@
 #include "plan/plan.hpp"
 #include "plan/arena.hpp"
 #include "plan/program.hpp"
+#include "plan/units.hpp"  // human_bytes, human_ms: every message here uses them
 
 namespace sp::plan {
 
@@ -48,11 +49,6 @@ int64_t auto_margin(const contracts::DeviceCaps& dev);  // the margin budget_aut
 
 // "auto" -> budget_auto(dev); anything else -> parse_budget.
 int64_t budget_from_option(const std::string& text, const contracts::DeviceCaps& dev);
-
-// "142.3 MiB" (two decimals below 10 MiB).
-std::string human_bytes(int64_t bytes);
-// "12.3 ms" (more decimals below 10 ms).
-std::string human_ms(double ms);
 
 // Candidate rows per slab for `rows` rows, each < rows (the caller adds the single full
 // chunk): powers of two from 64, and the sizes that cut the rows into 2, 3, 4, 6, ... 64

@@ -301,8 +301,9 @@ class Chooser {
     if (opt_.budget_bytes <= 0) return;
     const int64_t smallest = residual_ + worst_.need;
     if (smallest <= opt_.budget_bytes) return;
-    std::string msg = "budget " + human_bytes(opt_.budget_bytes) + " is below the smallest achievable peak " +
-                      human_bytes(smallest) + " (" + std::to_string(smallest) + " bytes): residual stream " +
+    const auto [budget, least] = distinct_bytes(opt_.budget_bytes, smallest);
+    std::string msg = "budget " + budget + " is below the smallest achievable peak " + least + " (" +
+                      std::to_string(smallest) + " bytes): residual stream " +
                       human_bytes(residual_) + " + " + worst_.terms;
     if (worst_.reserve > 0) msg += " + allocator reserve (" + human_bytes(worst_.reserve) + ")";
     msg += " in " + worst_.where;
