@@ -16,44 +16,140 @@ latents with the node are compared with those without, and both with the fp32 re
 L2); the peak of the caching allocator above what was allocated before sampling is printed for
 each run.
 
-    COMFYUI_PATH=/path/to/ComfyUI python3 scripts/comfy_check.py [--models wan,flux] [--steps 2]
-    python3 scripts/comfy_check.py --tiny --device cpu      # a quick run on the CPU
+    .venv/bin/python scripts/comfy_check.py [--comfyui PATH] [--models wan,flux] [--steps 2]
+    .venv/bin/python scripts/comfy_check.py --tiny --device cpu      # a quick run on the CPU
 
-Writes --out (JSON) and prints a short table last.
+It needs torch and streamplan importable (the project's .venv has both: scripts/setup.sh) and
+a ComfyUI source tree: --comfyui PATH, else COMFYUI_PATH, else .deps/comfyui-full, else the
+newest ../shared/comfyui-* beside the repository. What is missing is one line naming it and how
+to get it, exit status 1. Writes --out (JSON) and prints a short table last.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import sys
 import time
+from typing import NoReturn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+MODELS = ("wan", "flux")
+VENV_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
+VENV_HINT = f"run it with the project's environment, {VENV_PYTHON} (scripts/setup.sh makes it)"
 
-import torch  # noqa: E402
+try:
+    import torch
+except ImportError as torch_missing:  # main() says so, after the arguments (--help needs no torch)
+    torch = None  # type: ignore[assignment]
+    TORCH_MISSING = f"{type(torch_missing).__name__}: {torch_missing}"
 
 
-def comfy_import(device: str):
-    tree = os.environ.get("COMFYUI_PATH", os.path.join(HERE, "..", ".deps", "comfyui-full"))
-    site = os.environ.get("COMFY_SITE", os.path.join(HERE, "..", ".deps", "comfy-site"))
+def fail(message: str) -> NoReturn:
+    raise SystemExit(f"comfy_check: error: {message}")
+
+
+def comfy_tree(path: str | None = None) -> str:
+    """The ComfyUI source tree: `path`, else COMFYUI_PATH, else .deps/comfyui-full, else the newest
+    ../shared/comfyui-*; an error naming where it looked when it is not a ComfyUI tree."""
+    given = path or os.environ.get("COMFYUI_PATH")
+    if given:
+        where = "--comfyui " if path else "COMFYUI_PATH="
+        if not os.path.isfile(os.path.join(given, "comfy", "sample.py")):
+            fail(f"{where}{given}: not a ComfyUI source tree (no comfy/sample.py); give a checkout of "
+                 "https://github.com/comfyanonymous/ComfyUI")
+        return given
+    local = os.path.join(ROOT, ".deps", "comfyui-full")
+    if os.path.isfile(os.path.join(local, "comfy", "sample.py")):
+        return local
+    snapshots = os.path.join(os.path.dirname(ROOT), "shared", "comfyui-*")
+    shared = sorted(glob.glob(os.path.join(snapshots, "comfy", "sample.py")), key=os.path.getmtime)
+    if shared:
+        return os.path.dirname(os.path.dirname(shared[-1]))
+    fail(f"no ComfyUI source tree: none at {local} or {snapshots}; give one with --comfyui PATH or COMFYUI_PATH=PATH "
+         "(a checkout of https://github.com/comfyanonymous/ComfyUI)")
+
+
+def comfy_import(device: str, tree: str | None = None):
+    """ComfyUI's package `comfy` from `tree` (see comfy_tree), with its dependencies importable or in
+    COMFY_SITE (default .deps/comfy-site); an error naming a missing module and how to get it."""
+    tree = comfy_tree(tree)
+    site = os.environ.get("COMFY_SITE", os.path.join(ROOT, ".deps", "comfy-site"))
     for p in (site, tree):
         if os.path.isdir(p) and p not in sys.path:
             sys.path.insert(0, p)
-    import comfy.cli_args
+    try:
+        import comfy.cli_args
 
-    if device == "cpu":
-        comfy.cli_args.args.cpu = True
-    import comfy.latent_formats
-    import comfy.lora
-    import comfy.model_base
-    import comfy.model_patcher
-    import comfy.sample
-    import comfy.supported_models_base
-
+        if device == "cpu":
+            comfy.cli_args.args.cpu = True
+        import comfy.latent_formats
+        import comfy.lora
+        import comfy.model_base
+        import comfy.model_patcher
+        import comfy.sample
+        import comfy.supported_models_base
+    except ModuleNotFoundError as e:
+        if e.name and (e.name == "comfy" or e.name.startswith("comfy.")):
+            fail(f"ComfyUI tree {tree}: cannot import {e.name} ({e}); give a whole ComfyUI source tree")
+        fail(f"ComfyUI's code (from {tree}) imports the module '{e.name}', which {sys.executable} cannot import; "
+             f"install what ComfyUI needs into this Python (pip install -r {os.path.join(tree, 'requirements.txt')}), "
+             f"or put it in COMFY_SITE (pip install --target {site} --no-deps einops psutil torchvision==0.26.0), "
+             f"or {VENV_HINT}")
     return comfy
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        fail(message)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, checked before anything is built: an error names the option and the value."""
+    ap = _Parser(prog="comfy_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--comfyui", metavar="PATH", help="ComfyUI source tree (default: COMFYUI_PATH, .deps/comfyui-full, "
+                    "../shared/comfyui-*)")
+    ap.add_argument("--models", default="wan,flux", help="comma-separated, of: " + ", ".join(MODELS))
+    ap.add_argument("--steps", type=int, default=2, help="sampling steps (>= 1)")
+    ap.add_argument("--tiny", action="store_true", help="test widths instead of the real ones")
+    ap.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda where available)")
+    ap.add_argument("--out", metavar="FILE", help="write the rows as JSON")
+    a = ap.parse_args(argv)
+    models = a.models.split(",")
+    bad = [m for m in models if m not in MODELS]
+    if bad or not a.models:
+        ap.error(f"--models: expected a comma-separated list of {', '.join(MODELS)}, got '{a.models}'")
+    a.models = ",".join(dict.fromkeys(models))
+    if a.steps < 1:
+        ap.error(f"--steps: must be >= 1, got {a.steps}")
+    if not (a.device in ("auto", "cpu", "cuda") or (a.device.startswith("cuda:") and a.device[5:].isdigit())):
+        ap.error(f"--device: expected cpu, cuda, cuda:N or auto, got '{a.device}'")
+    if a.out:
+        folder = os.path.dirname(os.path.abspath(a.out))
+        if os.path.isdir(a.out) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            why = "a folder" if os.path.isdir(a.out) else f"no writable folder {folder}"
+            ap.error(f"--out {a.out}: cannot write there ({why})")
+    return a
+
+
+def checked_environment(a: argparse.Namespace) -> None:
+    """torch and streamplan importable, the device present: else an error saying how to get them."""
+    if torch is None:
+        fail(f"needs torch, which {sys.executable} cannot import ({TORCH_MISSING}); {VENV_HINT}")
+    try:
+        import streamplan  # noqa: F401
+    except ImportError as e:
+        fail(f"needs the streamplan package, which {sys.executable} cannot import ({type(e).__name__}: {e}); "
+             f"{VENV_HINT}, or install it into this Python (pip install --no-build-isolation {ROOT}: comfyui/README.md)")
+    if a.device == "auto":
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        fail(f"--device {a.device}: torch {torch.__version__} sees no CUDA device here; use --device cpu (with --tiny)")
 
 
 def model_config(comfy, family: str, tiny: bool, dtype: torch.dtype):
@@ -98,14 +194,9 @@ def lora_state_dict(model: torch.nn.Module, rank: int, gen: torch.Generator, dty
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="wan,flux")
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--out")
-    a = ap.parse_args()
-    comfy = comfy_import(a.device)
+    a = parse_args()
+    checked_environment(a)
+    comfy = comfy_import(a.device, a.comfyui)
     import make_reference
 
     import streamplan

@@ -21,12 +21,20 @@ from __future__ import annotations
 
 import torch  # loads libtorch before the extension that links it
 
-from . import _C
+try:
+    from . import _C
+except ImportError as e:  # a missing or mismatched libtorch, CUDA runtime or C++ runtime
+    raise ImportError(
+        f"streamplan's extension module does not load with torch {torch.__version__} ({e}); it must be built "
+        "against the torch installed here: reinstall streamplan into this Python (pip install --no-build-isolation "
+        "., comfyui/README.md), then run python -m streamplan.check"
+    ) from e
 
 if _C.torch_version != torch.__version__.split("+")[0]:
     raise ImportError(
         f"streamplan was built against torch {_C.torch_version}, but torch {torch.__version__} is installed; "
-        "reinstall streamplan (pip install --no-build-isolation .) against this torch"
+        "reinstall streamplan (pip install --no-build-isolation .) against this torch, "
+        "then run python -m streamplan.check"
     )
 
 from ._api import (  # noqa: E402

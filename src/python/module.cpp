@@ -123,6 +123,15 @@ PYBIND11_MODULE(_C, m) {
   m.attr("__version__") = STREAMPLAN_VERSION;
   m.attr("torch_version") = TORCH_VERSION;  // the torch headers the extension was built against
   m.attr("build_kind") = STREAMPLAN_BUILD_KIND;
+  // What `streamplan --version` prints too: the CUDA kernels' architectures ("sm_90, sm_90a"; empty
+  // in a CPU build), the nvcc that compiled them, and whether the fused 8-bit GEMM for sm_90a is in.
+  m.attr("cuda_archs") = STREAMPLAN_CUDA_ARCHS;
+  m.attr("nvcc_version") = STREAMPLAN_NVCC_VERSION;
+#ifdef STREAMPLAN_SCALED_GEMM_SM90
+  m.attr("fused_8bit_gemm") = true;
+#else
+  m.attr("fused_8bit_gemm") = false;
+#endif
 
   m.def("consumers", [] { return exec::builtin_registry().consumer_names(); },
         "Names of the registered attention consumers.");

@@ -33,7 +33,8 @@ def test_device_memory_error_names_the_argument_once(wan_module: Any) -> None:
     with pytest.raises(ValueError) as e:
         streamplan.apply(wan_module, device_memory="8 parsecs")
     text = _message(e)
-    assert re.fullmatch(r"device_memory: cannot use '8 parsecs': unknown unit 'parsecs' \(expected bytes, .*\)", text), text
+    expected = r"device_memory: cannot use '8 parsecs': unknown unit 'parsecs' \(expected bytes, .*\)"
+    assert re.fullmatch(expected, text), text
 
 
 def test_a_budget_below_the_smallest_peak_says_budget_once(flux_module: Any) -> None:
