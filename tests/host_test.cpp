@@ -45,7 +45,7 @@ struct Flux : ::testing::Test {
 TEST_F(Flux, RecognizesTheModuleAndAcquiresViewsOfItsTensors) {
   const auto rec = host::recognize_module(tensors, recognize::sidecar_for(config));
   EXPECT_EQ(rec.layout, "diffusers");
-  host::ModuleWeights w(tensors, rec, &reg);
+  host::ModuleWeights w(tensors, rec, &reg, ir::DType::F32);
   const int64_t dim = config.dim;
   ir::Linear qkv;
   qkv.weight = "double_blocks.0.img_attn.qkv.weight";

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import re
+import sys
 import warnings
 import weakref
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -215,8 +217,10 @@ class Handle:
         weight_hook: WeightHook | None = None,
         loras: list[tuple[str, dict[str, torch.Tensor], float]] | None = None,
         residency: tuple[int, int, str] = (0, -1, ""),
+        dtype: str = "",
     ) -> None:
         self._module = module
+        self._dtype = dtype
         self._residency = residency
         self._weight_hook = weight_hook
         self._loras = loras or []
@@ -362,7 +366,8 @@ class Handle:
         with _argument_names():
             self._attached = _C.Attached(tensors, sidecar, consumer, budget, chunk, fslice, self._python_consumers,
                                          hook.fn if hook else None, list(hook.names) if hook else [], self._loras,
-                                         device_memory, resident_blocks, device, getattr(self, "_kv_budget", 1.0))
+                                         device_memory, resident_blocks, device, getattr(self, "_kv_budget", 1.0),
+                                         self._dtype)
         _lora.warn(self._attached.lora, self._lora_warned)
         device = torch.device(self._attached.device)
         self._adapter = self._adapter_type(m, self._original, _DTYPES[self._attached.dtype], device)
@@ -454,7 +459,8 @@ class Handle:
             if why.code == "autograd" and not self._autograd_warned:  # easy to miss: once per module
                 self._autograd_warned = True
                 warnings.warn(f"streamplan: {type(self._module).__name__} ({self.variant}) runs its original "
-                              f"forward, not the planned one (fallback autograd): {why.reason}", stacklevel=2)
+                              f"forward, not the planned one (fallback autograd): {why.reason}",
+                              stacklevel=_caller_level())
             if self.streams:
                 raise RuntimeError(
                     f"streamplan: this call cannot run planned ({why.code}: {why.reason}), and the module's own "
@@ -467,6 +473,16 @@ class Handle:
         self.planned_calls += 1
         _lora.warn(self._attached.lora, self._lora_warned)
         return self._adapter.output(why, outputs)
+
+
+def _caller_level() -> int:
+    """warnings.warn's stacklevel of the first frame outside this package and torch.nn's module
+    machinery: the code that called the module."""
+    inside = (os.path.dirname(__file__), os.path.dirname(torch.nn.modules.module.__file__))
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def apply(
@@ -484,6 +500,7 @@ def apply(
     resident_blocks: int | str | None = None,
     device: str | torch.device | None = None,
     kv_budget: float | None = None,
+    dtype: str | torch.dtype | None = None,
 ) -> Handle:
     """Attaches the planner to `module` and replaces its forward; returns the handle.
 
@@ -530,6 +547,9 @@ def apply(
             chosen under `device_memory`); streams the weights like `device_memory`.
         device: where the calls run when the weights stream (e.g. ``"cuda"``); default: the
             module's device.
+        dtype: the compute dtype (``"bf16"``, ``torch.float16``, ...); default: the 16/32-bit
+            float dtype holding most of the module's bytes. Needed where the module keeps its
+            weights in 8 bits and casts them per use (ComfyUI's fp8 models: its manual-cast dtype).
         kv_budget: with ``consumer="sparse"``: the fraction of video key tiles each video query
             tile keeps (default 1: dense); :meth:`Handle.set_kv_budget` changes it per step
             (:func:`kv_budget_at` gives a step's budget of an early/late schedule).
@@ -581,6 +601,7 @@ def apply(
         hook,
         _lora.inputs(lora),
         (_device_memory_bytes(device_memory), _resident_blocks(resident_blocks), "" if device is None else str(device)),
+        _dtype_name(dtype),
     )
     if kv_budget is not None:
         handle.set_kv_budget(kv_budget)
@@ -588,6 +609,17 @@ def apply(
         module.forward = handle._forward
     setattr(module, _ATTR, handle)
     return handle
+
+
+def _dtype_name(dtype: str | torch.dtype | None) -> str:
+    """The compute dtype as the extension names it ("" for the module's own)."""
+    if dtype is None:
+        return ""
+    for name, d in _DTYPES.items():
+        if dtype in (name, d):
+            return name
+    raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(_DTYPES)} (torch.float32, torch.bfloat16, "
+                     "torch.float16)")
 
 
 def kv_budget_at(

@@ -5,8 +5,9 @@ Flux.1 dev and schnell). MiniMax H3 has its own file (_comfy_minimax.py).
 ComfyUI's sampler calls these modules with ``transformer_options``. What in it changes the
 computation runs the original forward, with the fallback's code: block replacements and patches
 (``block_patch``, ``patches``), an attention override (``attention_override``) and
-diffusion-model wrappers (``wrappers``). So do weights stored in another dtype than the compute
-dtype (``weight_cast``). Weights that ComfyUI's ops patch when they cast them
+diffusion-model wrappers (``wrappers``). So do weights ComfyUI holds in a form streamplan does not
+run (``weight_format``: nvfp4, mxfp8, W4A4, W4A8); fp8 casts and ComfyUI's QuantizedTensor fp8 and
+int8 layouts run in the matching streamplan format, read in place. Weights that ComfyUI's ops patch when they cast them
 (``weight_function``: LoRA under low-VRAM loading) are acquired through the same path, by a
 weight hook (``ComfyAdapter.host_hook``). Other keys of ``transformer_options`` (sigmas, cond_or_uncond, uuids,
 ...) do not change what the model computes and are ignored.
@@ -112,11 +113,8 @@ class ComfyAdapter(Adapter):
         return WeightHook(patched, tuple(sorted(funcs)))
 
     def weights_fallback(self) -> Fallback | None:
-        """The fallback for weights ComfyUI casts per forward from another storage dtype."""
-        for name, p in self.module.named_parameters():
-            if p.dtype != self.dtype and p.dim() >= 2 and p.dtype not in (torch.float32,):
-                return Fallback("weight_cast", f"'{name}' is stored as {p.dtype} and cast to {self.dtype} per forward")
-        return None
+        """The fallback for weights held in a form streamplan does not run (weight_format)."""
+        return unsupported_weights(self.module)
 
     def common_fallback(self, a: Mapping[str, Any]) -> Fallback | None:
         """What makes any call of this module run the original (checked before the call's own)."""
@@ -131,6 +129,52 @@ class ComfyAdapter(Adapter):
     def prepare_bound(self, a: dict[str, Any]) -> Call | Fallback:
         """The call's bound arguments as per-element inputs, or why the planner cannot run it."""
         raise NotImplementedError
+
+
+# ComfyUI's QuantizedTensor layouts (comfy.quant_ops) -> the streamplan format that runs them.
+LAYOUT_FORMATS = {"TensorCoreFP8Layout": "fp8-e4m3", "TensorCoreFP8E4M3Layout": "fp8-e4m3",
+                  "TensorCoreFP8E5M2Layout": "fp8-e5m2", "TensorWiseINT8Layout": "int8"}
+_PLAIN_FORMATS = {torch.float8_e4m3fn: "fp8-e4m3", torch.float8_e5m2: "fp8-e5m2"}
+
+
+def weight_format(t: torch.Tensor) -> tuple[str | None, str]:
+    """(the streamplan format that runs a weight as ComfyUI holds it, how ComfyUI holds it);
+    format None for a form streamplan does not run, "dense" for 16/32-bit floats."""
+    layout = getattr(t, "_layout_cls", None) or getattr(t, "layout_type", None)
+    params = getattr(t, "_params", None)
+    if layout is not None or params is not None:
+        name = layout if isinstance(layout, str) else getattr(layout, "__name__", type(t).__name__)
+        fmt = LAYOUT_FORMATS.get(name)
+        if fmt == "int8" and getattr(params, "convrot", False):
+            group = int(getattr(params, "convrot_groupsize", 256))
+            return ("convrot-int8" if group == 256 else None), f"{name} (ConvRot, groups of {group})"
+        return fmt, name
+    if t.dtype in _PLAIN_FORMATS:
+        return _PLAIN_FORMATS[t.dtype], f"{t.dtype} (cast per use)"
+    if t.is_floating_point() and t.element_size() > 1:
+        return "dense", str(t.dtype)
+    return None, str(t.dtype)
+
+
+def unsupported_weights(module: torch.nn.Module) -> Fallback | None:
+    """The fallback (weight_format) for the first parameter ComfyUI holds in a form streamplan
+    does not run (nvfp4, mxfp8, ConvRot W4A4, W4A8, ...), naming it and its layout."""
+    for name, p in module.named_parameters():
+        fmt, held = weight_format(p)
+        if fmt is None:
+            return Fallback("weight_format", f"'{name}' is held as {held}; streamplan runs fp8 (e4m3, e5m2), "
+                                             "int8 tensorwise and ConvRot int8 (groups of 256)")
+    return None
+
+
+def weight_formats(module: torch.nn.Module) -> dict[str, int]:
+    """How many weights of the module each streamplan format runs (the ones it runs)."""
+    out: dict[str, int] = {}
+    for _, p in module.named_parameters():
+        fmt, _held = weight_format(p)
+        if fmt is not None and p.dim() >= 2:
+            out[fmt] = out.get(fmt, 0) + 1
+    return out
 
 
 class WanModel(ComfyAdapter):

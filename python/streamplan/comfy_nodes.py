@@ -35,7 +35,8 @@ from typing import Any, Callable
 import torch
 
 from . import _api
-from ._comfy import OVERRIDE_CONSUMED
+from ._adapter import Fallback
+from ._comfy import OVERRIDE_CONSUMED, unsupported_weights, weight_formats
 
 CATEGORY = "advanced/model"
 BUDGET_HELP = '"auto" (free memory less a margin), "none" (the leanest plan within 2% of the fastest) or a size ("12GiB")'
@@ -97,11 +98,16 @@ class PlannerWrapper:
     streamplan_wrapper = True  # the adapters do not count it among the wrappers a call must run
 
     def __init__(self, budget: str | None, consumer: str, explain: bool, node_id: str | None = None,
-                 report: Callable[[str], None] | None = None, token_chunk: int | None = None) -> None:
+                 report: Callable[[str], None] | None = None, token_chunk: int | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         self.budget, self.consumer, self.explain, self.node_id = budget, consumer, explain, node_id
         self.report = report or self._report
         self.token_chunk = token_chunk  # streamplan.apply's option (scripts and tests; not a node input)
+        self.dtype = dtype  # ComfyUI's compute dtype (what it casts 8-bit weights to); None: the module's
         self.handles: dict[int, _api.Handle] = {}
+        # Modules the planner cannot attach to (weights it does not run, a layout it does not
+        # recognize): the fallback every call of theirs records, and the calls.
+        self.refused: dict[int, tuple[torch.nn.Module, Fallback, list[Fallback]]] = {}
 
     def handle(self, module: torch.nn.Module, override: Any = None) -> _api.Handle:
         """The module's handle; with an attention override, one whose consumer calls it, with
@@ -114,22 +120,46 @@ class PlannerWrapper:
             if self.consumer == COMFY_CONSUMER and COMFY_CONSUMER not in _api.consumers():
                 _api.register_consumer(COMFY_CONSUMER, comfy_attention, caps=COMFY_CAPS)
             h = _api.apply(module, budget=self.budget, consumer=self.consumer, token_chunk=self.token_chunk,
-                           install=False)
+                           install=False, dtype=self.dtype)
         else:
             caps = dict(getattr(override, "streamplan_caps", None) or {})
             if OVERRIDE_CONSUMER in _api.consumers():  # handles made already keep the caps they had
                 _api.unregister_consumer(OVERRIDE_CONSUMER)
             _api.register_consumer(OVERRIDE_CONSUMER, comfy_attention, caps=caps)
             h = _api.Handle(module, _api.adapter_for(module), _api._budget_text(self.budget), OVERRIDE_CONSUMER,
-                            _api._positive_or_none("token_chunk", self.token_chunk), 0)
+                            _api._positive_or_none("token_chunk", self.token_chunk), 0,
+                            dtype=_api._dtype_name(self.dtype))
         self.handles[key] = h
         return h
 
+    def refusal(self, module: torch.nn.Module) -> Fallback | None:
+        """Why the planner cannot attach to the module at all, if it cannot (recorded once)."""
+        known = self.refused.get(id(module))
+        if known is not None and known[0] is module:
+            return known[1]
+        why = unsupported_weights(module)
+        if why is not None:
+            self.refused[id(module)] = (module, why, [])
+        return why
+
     def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
         module = executor.class_obj
+        why = self.refusal(module)
         opts = _options_of(module, args, kwargs)
         override = opts.get("optimized_attention_override")
-        h = self.handle(module, override)
+        if why is None:
+            try:
+                h = self.handle(module, override)
+            except (ValueError, TypeError, RuntimeError) as e:  # RecognizeError is a ValueError
+                why = Fallback("unrecognized", f"{type(module).__name__}: {e}")
+                self.refused[id(module)] = (module, why, [])
+        if why is not None:
+            calls = self.refused[id(module)][2]
+            calls.append(why)
+            if len(calls) == 1:
+                self.report(f"streamplan: {type(module).__name__} runs ComfyUI's own forward on every call: "
+                            f"fallback {why.code}: {why.reason}")
+            return executor(*args, **kwargs)
         if override is not None:
             opts[OVERRIDE_CONSUMED] = True  # this handle's consumer runs the override
         plans, fallbacks = len(h.plans), len(h.fallbacks)
@@ -143,13 +173,24 @@ class PlannerWrapper:
             self.report(self.summary(h))
         return out
 
+    def status(self) -> str:
+        """The status text of every module this wrapper ran (summary), or what it has not run yet."""
+        parts = [self.summary(h) for h in self.handles.values()]
+        for module, why, calls in self.refused.values():
+            parts.append(f"streamplan: {type(module).__name__}: {len(calls)} calls ran ComfyUI's own forward: "
+                         f"fallback {why.code}: {why.reason}")
+        return "\n".join(parts) or "streamplan: no call of the diffusion model yet"
+
     def summary(self, h: _api.Handle) -> str:
-        lines = [f"streamplan: {type(h.module).__name__} as {h.variant}, consumer {h.consumer}, "
-                 f"budget {h.budget or 'none'}: {h.planned_calls} of {h.calls} calls planned"]
-        mib = float(1 << 20)
+        lines = [f"streamplan: {type(h.module).__name__} as {h.variant}, {h.planned_calls} of {h.calls} calls planned, "
+                 f"budget {h.budget or 'none'}",
+                 f"  attention: consumer {h.consumer} ({attention_provider(h.consumer)})"]
         for p in h.plans:
-            lines.append(f"  {p['key']}: estimated peak {p['estimated_peak_bytes'] / mib:.1f} MiB, "
-                         f"floor {p['floor_bytes'] / mib:.1f} MiB, {p['calls']} calls")
+            formats = ", ".join(f"{n} linears {f} ({provider})" for f, n, provider in p.get("formats", []))
+            lines.append(f"  {p['key']}: estimated peak {_size(p['estimated_peak_bytes'])}, "
+                         f"floor {_size(p['floor_bytes'])}, {p['calls']} calls")
+            if formats:
+                lines.append(f"    weights: {formats}")
         if h.consumer == OVERRIDE_CONSUMER:
             lines.append("  attention override: it runs as the consumer 'comfy-override' with the capabilities it "
                          "declares (streamplan_caps); what it leaves undeclared keeps attention unstreamed")
@@ -170,6 +211,27 @@ class PlannerWrapper:
             pass
 
 
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def attention_provider(consumer: str) -> str:
+    """What computes attention for a consumer: ComfyUI's selected function, or streamplan's own."""
+    if consumer in (COMFY_CONSUMER, OVERRIDE_CONSUMER):
+        try:
+            from comfy.ldm.modules import attention
+
+            fn = getattr(attention.optimized_attention, "__name__", str(attention.optimized_attention))
+        except Exception:  # noqa: BLE001 - no ComfyUI (a script): say what would run
+            fn = "optimized_attention"
+        extra = ", through the override" if consumer == OVERRIDE_CONSUMER else ""
+        return f"ComfyUI's {fn}{extra}"
+    return f"streamplan's '{consumer}'"
+
+
 class StreamplanMemoryPlanner:
     """MODEL in, MODEL out: the model runs through streamplan's planned forward."""
 
@@ -185,20 +247,68 @@ class StreamplanMemoryPlanner:
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
-    RETURN_TYPES = ("MODEL",)
+    RETURN_TYPES = ("MODEL", "STRING")
+    RETURN_NAMES = ("model", "status")
     FUNCTION = "patch"
     CATEGORY = CATEGORY
     DESCRIPTION = ("Runs the diffusion model with bounded activation memory: plans the effective model (LoRA "
                    "and patches applied) before sampling and falls back per call where it cannot.")
 
-    def patch(self, model: Any, budget: str, consumer: str, explain: bool, unique_id: str | None = None) -> tuple[Any]:
+    def patch(self, model: Any, budget: str, consumer: str, explain: bool,
+              unique_id: str | None = None) -> tuple[Any, str]:
         import comfy.patcher_extension as ext
 
-        wrapper = PlannerWrapper(parse_budget(budget), consumer, explain, unique_id)
+        base = getattr(model, "model", None)
+        dtype = base.get_dtype_inference() if hasattr(base, "get_dtype_inference") else None
+        wrapper = PlannerWrapper(parse_budget(budget), consumer, explain, unique_id, dtype=dtype)
         m = model.clone()
         m.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan", wrapper)
-        return (m,)
+        module = getattr(base, "diffusion_model", None)
+        if not isinstance(module, torch.nn.Module):
+            return (m, "streamplan: the model has no diffusion_model to plan")
+        why = wrapper.refusal(module)
+        if why is not None:
+            return (m, f"streamplan: {type(module).__name__} will run ComfyUI's own forward: fallback {why.code}: "
+                       f"{why.reason}")
+        formats = ", ".join(f"{n} {f}" for f, n in weight_formats(module).items())
+        return (m, f"streamplan: {type(module).__name__}, weights {formats}, compute {dtype}; attention: consumer "
+                   f"{consumer} ({attention_provider(consumer)}); planned at the first sampling call (the Streamplan "
+                   "Status node shows the plan after sampling)")
 
 
-NODE_CLASS_MAPPINGS = {"StreamplanMemoryPlanner": StreamplanMemoryPlanner}
-NODE_DISPLAY_NAME_MAPPINGS = {"StreamplanMemoryPlanner": "Streamplan Memory Planner"}
+def planner_of(model: Any) -> PlannerWrapper | None:
+    """The planner wrapper the Streamplan Memory Planner node added to a ModelPatcher, if any."""
+    import comfy.patcher_extension as ext
+
+    for w in model.get_wrappers(ext.WrappersMP.DIFFUSION_MODEL, "streamplan"):
+        if isinstance(w, PlannerWrapper):
+            return w
+    return None
+
+
+class StreamplanStatus:
+    """STRING out, after sampling: the planner's status for a model (per geometry the attention
+    and weight-format providers, the estimated peak and the floor, every fallback)."""
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:  # noqa: N802 - ComfyUI's name
+        return {"required": {"model": ("MODEL",)},
+                "optional": {"after": ("LATENT", {"tooltip": "the sampler's output: the status is read after it"})}}
+
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("status",)
+    FUNCTION = "status"
+    CATEGORY = CATEGORY
+    OUTPUT_NODE = True
+    DESCRIPTION = "The Streamplan Memory Planner's status text for this model, after the sampler ran."
+
+    def status(self, model: Any, after: Any = None) -> tuple[str]:
+        w = planner_of(model)
+        text = w.status() if w is not None else "streamplan: no Streamplan Memory Planner on this model"
+        logging.info(text)
+        return (text,)
+
+
+NODE_CLASS_MAPPINGS = {"StreamplanMemoryPlanner": StreamplanMemoryPlanner, "StreamplanStatus": StreamplanStatus}
+NODE_DISPLAY_NAME_MAPPINGS = {"StreamplanMemoryPlanner": "Streamplan Memory Planner",
+                              "StreamplanStatus": "Streamplan Status"}

@@ -2,6 +2,7 @@
 
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "exec/device/device.hpp"
@@ -16,12 +17,16 @@ namespace sp::host {
 
 namespace {
 
-// The activation dtype: the floating dtype holding most of the module's bytes.
-ir::DType module_dtype(const NamedTensors& tensors) {
+// The activation dtype: the one named, else the 16/32-bit float dtype holding most of the
+// module's bytes (8-bit weights are stored forms, cast or dequantized to it).
+ir::DType module_dtype(const NamedTensors& tensors, const std::string& named) {
+  if (!named.empty()) return ir::parse_dtype(named, "dtype");
   std::map<at::ScalarType, int64_t> bytes;
   for (const auto& [name, t] : tensors)
-    if (t.is_floating_point()) bytes[t.scalar_type()] += int64_t(t.nbytes());
-  if (bytes.empty()) throw std::invalid_argument("module: it holds no floating-point tensors");
+    if (t.is_floating_point() && t.element_size() > 1) bytes[t.scalar_type()] += int64_t(t.nbytes());
+  if (bytes.empty())
+    throw std::invalid_argument("module: it holds no 16- or 32-bit floating-point tensors (8-bit weights are cast "
+                                "to a compute dtype: name it, dtype='bf16' or 'fp16' or 'fp32')");
   auto most = bytes.begin();
   for (auto it = bytes.begin(); it != bytes.end(); ++it)
     if (it->second > most->second) most = it;
@@ -75,7 +80,7 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
     throw std::invalid_argument("device: " + device_.str() + ", but the module's tensors are on " + held_on.str() +
                                 "; only with device_memory or resident_blocks do the calls run elsewhere");
   }
-  dtype_ = module_dtype(tensors);
+  dtype_ = module_dtype(tensors, options_.dtype);
   reg_.consumer(options_.consumer);  // throws ContractError naming the registered consumers
   if (!options_.budget.empty() && options_.budget != "auto") {
     try {
@@ -85,7 +90,13 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
     }
   }
   rec_ = recognize_module(tensors, sidecar);
-  weights_ = std::make_unique<ModuleWeights>(tensors, rec_, &reg_);
+  weights_ = std::make_unique<ModuleWeights>(tensors, rec_, &reg_, dtype_);
+  if (options_.streams() && !weights_->quantized().empty()) {
+    const auto& [name, q] = *weights_->quantized().begin();
+    throw std::invalid_argument("device_memory: the module holds " + std::to_string(weights_->quantized().size()) +
+                                " weights quantized (e.g. '" + name + "', " + q.origin +
+                                "); streamed weights are 16/32-bit: run without device_memory / resident_blocks");
+  }
   if (options_.weight_hook) {
     weights_->set_hook(options_.weight_hook, options_.hooked);
     register_hook_format(reg_, dtype_);
@@ -110,7 +121,11 @@ models::TensorMap Attached::forward_named(const models::TensorMap& raw) {
 
 models::FamilyRun Attached::prepare(const models::TensorMap& raw) {
   const exec::WeightSource& w = streamed_ ? static_cast<const exec::WeightSource&>(*streamed_) : *weights_;
-  models::FamilyRun fr = models::prepare(rec_.config, w, raw, dtype_, options_.consumer);
+  // The prologue reads quantized weights whole, dequantized (ModuleWeights::prologue_view).
+  models::FamilyRun fr = streamed_ ? models::prepare(rec_.config, w, raw, dtype_, options_.consumer)
+                                   : models::prepare(rec_.config, weights_->prologue_view(), raw, dtype_,
+                                                     options_.consumer);
+  weights_->mark_quantized(fr.model);
   weights_->mark_stored(fr.model);
   weights_->mark_hooked(fr.model);
   lora_.attach(fr.model);
@@ -207,6 +222,19 @@ void Attached::release_streamed() {
   streamed_.reset();
   streamed_as_.reset();
   exec::release_cached(device_);
+}
+
+std::vector<FormatUse> Attached::formats(const GeometryPlan& g) const {
+  std::vector<FormatUse> out;
+  ir::for_each_linear(const_cast<ir::Model&>(g.model), [&](ir::Linear& l) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const FormatUse& u) { return u.format == l.format; });
+    if (it == out.end()) {
+      out.push_back({l.format, 0, exec::gemm_provider(reg_.format(l.format), dev_)});
+      it = out.end() - 1;
+    }
+    ++it->linears;
+  });
+  return out;
 }
 
 nlohmann::json Attached::document(const GeometryPlan& g) const {

@@ -64,6 +64,10 @@ struct AttachOptions {
   int64_t device_memory = 0;
   int resident_blocks = -1;  // -1: not set
   std::string device;
+  // The compute (activation) dtype, "fp32" | "bf16" | "fp16"; empty: the 16/32-bit float dtype
+  // holding most of the module's bytes. A host that stores weights in 8 bits and casts them per
+  // use (ComfyUI's fp8 models) names the dtype it casts to.
+  std::string dtype;
   bool streams() const { return device_memory > 0 || resident_blocks >= 0; }
 };
 
@@ -75,6 +79,13 @@ struct GeometryPlan {
   int64_t calls = 0;
   std::string retry;  // why and how the plan was made again after running out of memory
   std::optional<plan::Residency> residency;  // where the weights were, under AttachOptions' residency
+};
+
+// The linears of one weight format in a geometry's model, and what computes them.
+struct FormatUse {
+  std::string format;
+  int64_t linears = 0;
+  std::string provider;  // exec::gemm_provider
 };
 
 class Attached {
@@ -116,6 +127,8 @@ class Attached {
   // The JSON of `streamplan plan --explain --json` for one of them, with `residency` where
   // the weights stream.
   nlohmann::json document(const GeometryPlan& g) const;
+  // The weight formats of the geometry's linears, in the order first met, and their providers.
+  std::vector<FormatUse> formats(const GeometryPlan& g) const;
 
  private:
   contracts::Registry reg_;

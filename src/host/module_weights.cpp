@@ -5,7 +5,9 @@
 #include <string_view>
 
 #include "exec/consumers/consumer.hpp"
+#include "exec/formats/quantized.hpp"
 #include "models/checkpoint.hpp"
+#include "models/families.hpp"
 #include "models/tensor_io.hpp"
 
 namespace sp::host {
@@ -21,25 +23,77 @@ std::string part_key(const std::string& name) { return std::string(kPartPrefix) 
 // The module tensor's own name, of a part key.
 std::string part_name(const std::string& key) { return key.substr(kPartPrefix.size()); }
 
+bool is_8bit_float(const at::Tensor& t) { return t.is_floating_point() && t.element_size() == 1; }
+
+// The prologue's reads (ModuleWeights::prologue_view).
+class PrologueView : public exec::WeightSource {
+ public:
+  explicit PrologueView(const ModuleWeights& w) : w_(w) {}
+  at::Tensor tensor(const std::string& name) const override { return w_.prologue_tensor(name); }
+  bool contains(const std::string& name) const override { return w_.contains(name); }
+  at::Tensor acquire(const ir::Linear& l, exec::Slice rows, exec::Slice cols, at::ScalarType dtype,
+                     const at::Tensor& out) const override {
+    return w_.acquire(l, rows, cols, dtype, out);
+  }
+
+ private:
+  const ModuleWeights& w_;
+};
+
+// A quantized weight and its scales as the module holds them, without hooks: what its format
+// reads to dequantize it.
+class StoredView : public exec::WeightSource {
+ public:
+  StoredView(at::Tensor stored, const std::string& name, const std::map<std::string, at::Tensor>& side)
+      : stored_(std::move(stored)), name_(name), side_(side) {}
+  at::Tensor tensor(const std::string& name) const override {
+    if (name == name_) return stored_;
+    return side_.at(name);
+  }
+  bool contains(const std::string& name) const override { return name == name_ || side_.count(name) != 0; }
+  at::Tensor acquire(const ir::Linear& l, exec::Slice, exec::Slice, at::ScalarType, const at::Tensor&) const override {
+    throw std::logic_error("weight '" + l.weight + "': acquired from its stored view");
+  }
+
+ private:
+  at::Tensor stored_;
+  const std::string& name_;
+  const std::map<std::string, at::Tensor>& side_;
+};
+
 }  // namespace
 
 recognize::Recognized recognize_module(const NamedTensors& tensors, const std::optional<recognize::Sidecar>& sidecar) {
   std::vector<io::TensorInfo> infos;
   infos.reserve(tensors.size());
+  std::map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, t] : tensors) {
     io::TensorInfo info;
     info.name = name;
     info.dtype = models::to_io(t.scalar_type(), name);
     info.shape = t.sizes().vec();
     infos.push_back(std::move(info));
+    by_name[name] = &t;
   }
-  return recognize::recognize(infos, sidecar);
+  // Quantized weights as the host stores them (ComfyUI: the tensors of a comfy_quant checkpoint).
+  recognize::QuantScan q = recognize::scan_quant(infos, [&](const std::string& name) {
+    const at::Tensor bytes = by_name.at(name)->to(at::kCPU).contiguous();
+    return std::string(static_cast<const char*>(bytes.data_ptr()), size_t(bytes.nbytes()));
+  });
+  recognize::Recognized r = recognize::recognize(q.structural, sidecar);
+  r.quant = std::move(q.weights);
+  return r;
 }
 
-ModuleWeights::ModuleWeights(const NamedTensors& tensors, const recognize::Recognized& r, const contracts::Registry* reg)
-    : reg_(reg) {
+ModuleWeights::ModuleWeights(const NamedTensors& tensors, const recognize::Recognized& r, const contracts::Registry* reg,
+                             ir::DType compute)
+    : reg_(reg), config_(r.config), compute_(exec::to_aten(compute)), prologue_(std::make_unique<PrologueView>(*this)) {
   std::map<std::string, at::Tensor> by_name;
   for (const auto& [name, t] : tensors) by_name.emplace(name, t);
+  auto side_tensor = [&](const std::string& name, const at::Tensor& like) {
+    if (name.empty()) return at::ones({}, like.options().dtype(at::kFloat));  // scale 1
+    return by_name.at(name);
+  };
   for (const auto& [name, src] : r.tensors) {
     Canonical c;
     c.src = src;
@@ -53,12 +107,61 @@ ModuleWeights::ModuleWeights(const NamedTensors& tensors, const recognize::Recog
       row += it->second.dim() > 0 ? it->second.size(0) : 1;
       parts_.emplace(part_key(part), it->second);
     }
-    if (src.op == Source::Op::Copy) {
+    const recognize::QuantSpec* spec = nullptr;
+    for (const auto& part : src.tensors)
+      if (auto it = r.quant.find(part); it != r.quant.end()) spec = &it->second;
+    if (spec) {
+      if (src.op != Source::Op::Copy || src.tensors.size() != 1)
+        throw std::invalid_argument("weight '" + name + "' is joined from " + std::to_string(src.tensors.size()) +
+                                    " module tensors, quantized (" + spec->origin +
+                                    "); quantized weights are read in place, one tensor each");
+      specs_[name] = *spec;
+      quantized_part_[src.tensors.front()] = name;
+      side_[exec::quant::scale_name(name)] = side_tensor(spec->weight_scale, c.parts.front());
+      if (!spec->input_scale.empty()) side_[exec::quant::input_scale_name(name)] = by_name.at(spec->input_scale);
+    } else if (std::any_of(c.parts.begin(), c.parts.end(), is_8bit_float)) {
+      cast_.insert(name);  // held cast to its dtype
+    }
+    if (src.op == Source::Op::Copy && !cast_.count(name)) {
       at::Tensor v = models::assemble(name, src, c.parts);
       if (v.is_alias_of(c.parts.front())) c.view = v;  // else held (a kernel that cannot be viewed flat)
     }
     canon_.emplace(name, std::move(c));
   }
+}
+
+ModuleWeights::~ModuleWeights() = default;
+
+at::ScalarType ModuleWeights::dtype_of(const std::string& canonical) const {
+  return models::weight_dtype(config_, canonical, compute_);
+}
+
+at::Tensor ModuleWeights::cast_if_needed(const std::string& name, at::Tensor t) const {
+  return cast_.count(name) ? t.to(dtype_of(name)) : t;
+}
+
+at::Tensor ModuleWeights::dequantized(const std::string& name) const {
+  const Canonical& c = canonical(name);
+  const recognize::QuantSpec& q = specs_.at(name);
+  ir::Linear l;
+  l.weight = name;
+  l.out_features = c.parts.front().size(0);
+  l.in_features = c.parts.front().dim() > 1 ? c.parts.front().size(1) : 1;
+  l.format = q.format;
+  const StoredView stored(c.view.defined() ? c.view : c.parts.front(), name, side_);
+  return exec::impl_of<exec::FormatImpl>(reg_->format(q.format)).acquire(stored, l, {}, {}, dtype_of(name), {});
+}
+
+at::Tensor ModuleWeights::prologue_tensor(const std::string& name) const {
+  if (specs_.count(name) && !hooked(name)) return dequantized(name);
+  return tensor(name);
+}
+
+void ModuleWeights::mark_quantized(ir::Model& m) const {
+  if (specs_.empty()) return;
+  ir::for_each_linear(m, [&](ir::Linear& l) {
+    if (auto it = specs_.find(l.weight); it != specs_.end()) l.format = it->second.format;
+  });
 }
 
 void register_hook_format(contracts::Registry& reg, ir::DType model) {
@@ -101,13 +204,19 @@ void ModuleWeights::set_hook(WeightHook hook, const std::vector<std::string>& na
 
 at::Tensor ModuleWeights::hooked_part(const std::string& module_name, const at::Tensor& t) const {
   if (!hook_ || !hooked_parts_.count(module_name)) return t;
-  at::Tensor r = hook_(module_name, t);
-  if (!r.defined() || r.sizes() != t.sizes() || r.device() != t.device() || !r.is_floating_point())
+  // The host hands its patches the weight in the compute dtype: dequantized, or cast from 8 bits.
+  const auto q = quantized_part_.find(module_name);
+  const at::Tensor in = q != quantized_part_.end() ? dequantized(q->second)
+                        : is_8bit_float(t)          ? t.to(compute_)
+                                                    : t;
+  at::Tensor r = hook_(module_name, in);
+  if (!r.defined() || r.sizes() != t.sizes() || r.device() != t.device() || !r.is_floating_point() ||
+      r.element_size() == 1)
     throw std::invalid_argument(
         "weight hook: for '" + module_name + "' it returned " +
         (r.defined() ? std::string(c10::toString(r.scalar_type())) + " " + c10::str(r.sizes()) + " on " + r.device().str()
                      : std::string("no tensor")) +
-        "; expected a floating-point tensor of " + c10::str(t.sizes()) + " on " + t.device().str());
+        "; expected a 16- or 32-bit floating-point tensor of " + c10::str(t.sizes()) + " on " + t.device().str());
   return r;
 }
 
@@ -147,6 +256,7 @@ const ModuleWeights::Canonical& ModuleWeights::canonical(const std::string& name
 }
 
 at::Tensor ModuleWeights::tensor(const std::string& name) const {
+  if (auto it = side_.find(name); it != side_.end()) return it->second;
   if (auto it = parts_.find(name); it != parts_.end())
     return hooked_part(part_name(name), it->second);
   const Canonical& c = canonical(name);
@@ -155,13 +265,13 @@ at::Tensor ModuleWeights::tensor(const std::string& name) const {
 }
 
 bool ModuleWeights::contains(const std::string& name) const {
-  return canon_.count(name) != 0 || parts_.count(name) != 0;
+  return canon_.count(name) != 0 || parts_.count(name) != 0 || side_.count(name) != 0;
 }
 
 const at::Tensor& ModuleWeights::held(const std::string& name, const Canonical& c) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto [it, fresh] = held_.try_emplace(name);
-  if (fresh) it->second = models::assemble(name, c.src, c.parts).contiguous();
+  if (fresh) it->second = cast_if_needed(name, models::assemble(name, c.src, c.parts).contiguous());
   return it->second;
 }
 
@@ -169,14 +279,15 @@ void ModuleWeights::refresh() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& [name, t] : held_) {
     const Canonical& c = canonical(name);
-    t = models::assemble(name, c.src, c.parts).contiguous();
+    t = cast_if_needed(name, models::assemble(name, c.src, c.parts).contiguous());
   }
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ModuleWeights::canonical_tensors() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& [name, c] : canon_)
-    out.emplace_back(name, c.view.defined() ? c.view : models::assemble(name, c.src, c.parts).contiguous());
+    out.emplace_back(name, c.view.defined() ? c.view
+                                            : cast_if_needed(name, models::assemble(name, c.src, c.parts).contiguous()));
   return out;
 }
 

@@ -21,6 +21,16 @@
 // the whole hooked weight, which lives only during the acquire, is the acquire step's
 // transient (the format declares two whole copies). Nothing hooked is kept between reads.
 //
+// Quantized weights (a host that holds them as a quantized checkpoint stores them: ComfyUI's
+// fp8 casts, scaled fp8 and comfy_quant tensors, recognize/quant.hpp) are read in place: the
+// stored tensor is the canonical weight, its scale tensor the format's "<weight>.scale"
+// (quantized.hpp; scale 1, a held fp32 scalar, where none is stored), and each Linear served
+// from one runs in the matching format (mark_quantized). A hook gets such a weight dequantized
+// in the compute dtype, as the host's own cast hands its patches a weight. What the prologue
+// reads whole (a modulation linear) it reads dequantized, through prologue_view(), one weight
+// at a time. Other 8-bit float tensors (biases and norms a host keeps in fp8) are held cast
+// to their dtype (copies()).
+//
 // Example:
 //     sp::host::NamedTensors t = ...;   // state_dict() of a diffusers FluxTransformer2DModel
 //     sp::recognize::Recognized r = sp::host::recognize_module(t, sidecar);
@@ -33,6 +43,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <optional>
@@ -65,8 +76,11 @@ inline constexpr const char* kHookFormat = "host-hook";
 class ModuleWeights : public exec::WeightSource {
  public:
   // Throws std::invalid_argument naming a tensor the recognition refers to that `tensors`
-  // lacks. `reg` must outlive this object.
-  ModuleWeights(const NamedTensors& tensors, const recognize::Recognized& r, const contracts::Registry* reg);
+  // lacks, or a quantized weight joined from several tensors. `reg` must outlive this object.
+  // `compute`: the model's activation dtype (what 8-bit tensors are cast to).
+  ModuleWeights(const NamedTensors& tensors, const recognize::Recognized& r, const contracts::Registry* reg,
+                ir::DType compute);
+  ~ModuleWeights() override;
 
   at::Tensor tensor(const std::string& name) const override;
   bool contains(const std::string& name) const override;
@@ -87,6 +101,16 @@ class ModuleWeights : public exec::WeightSource {
   // Sets Linear::stored where the module holds a weight in another floating dtype than the
   // model's (a host that keeps an input projection in fp32 in a 16-bit model).
   void mark_stored(ir::Model& m) const;
+  // Sets the format of every Linear whose weight the module holds quantized (before
+  // mark_hooked: a hooked weight runs through the hook).
+  void mark_quantized(ir::Model& m) const;
+  // The quantized weights: canonical name -> their QuantSpec (format, origin, scale names).
+  const std::map<std::string, recognize::QuantSpec>& quantized() const { return specs_; }
+  // These weights as the family's prologue reads them: a quantized weight dequantized (whole,
+  // in its dtype, not held), everything else as tensor() and acquire() serve it.
+  const exec::WeightSource& prologue_view() const { return *prologue_; }
+  // One tensor as prologue_view() serves it.
+  at::Tensor prologue_tensor(const std::string& name) const;
 
   struct Copy {
     std::string name;  // canonical name
@@ -112,8 +136,20 @@ class ModuleWeights : public exec::WeightSource {
   at::Tensor acquire_spanning(const ir::Linear& l, const Canonical& c, exec::Slice rows, exec::Slice cols,
                               at::ScalarType dtype, const at::Tensor& out) const;
 
+  at::Tensor dequantized(const std::string& name) const;  // a quantized canonical through its format, unhooked
+  at::ScalarType dtype_of(const std::string& canonical) const;
+  // Converted to its dtype where the module holds it in an 8-bit float (not quantized).
+  at::Tensor cast_if_needed(const std::string& name, at::Tensor t) const;
+
   const contracts::Registry* reg_;
+  recognize::FamilyConfig config_;
+  at::ScalarType compute_;
   std::map<std::string, Canonical> canon_;
+  std::map<std::string, recognize::QuantSpec> specs_;  // canonical -> its quantization
+  std::map<std::string, at::Tensor> side_;              // "<canonical>.scale" / ".input_scale" -> tensor
+  std::map<std::string, std::string> quantized_part_;  // module tensor -> the quantized canonical it is
+  std::set<std::string> cast_;                          // canonicals held cast from an 8-bit float
+  std::unique_ptr<exec::WeightSource> prologue_;
   std::map<std::string, at::Tensor> parts_;  // module tensors by part key (see part_key)
   WeightHook hook_;
   std::set<std::string> hooked_parts_;  // state_dict names

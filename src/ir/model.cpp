@@ -14,6 +14,7 @@ const char* to_string(DType d) {
     case DType::F64: return "fp64";
     case DType::I8: return "int8";
     case DType::F8E4M3: return "fp8_e4m3";
+    case DType::F8E5M2: return "fp8_e5m2";
   }
   return "?";
 }
@@ -70,7 +71,8 @@ size_t dtype_size(DType d) {
     case DType::F16: return 2;
     case DType::F64: return 8;
     case DType::I8:
-    case DType::F8E4M3: return 1;
+    case DType::F8E4M3:
+    case DType::F8E5M2: return 1;
   }
   return 0;
 }
@@ -333,7 +335,7 @@ void check_rows(const std::string& field, const Model& m, const std::vector<std:
 
 void validate(const Model& m) {
   if (m.dim <= 0) fail("model.dim", "must be positive, got ", m.dim);
-  if (m.dtype == DType::I8 || m.dtype == DType::F8E4M3)
+  if (m.dtype == DType::I8 || m.dtype == DType::F8E4M3 || m.dtype == DType::F8E5M2)
     fail("model.dtype", "activations must be floating point, got ", to_string(m.dtype));
   if (m.segments.empty()) fail("model.segments", "at least one token segment is required");
   for (size_t i = 0; i < m.segments.size(); ++i) {

@@ -29,7 +29,7 @@
 
 namespace sp::ir {
 
-enum class DType { F32, BF16, F16, F64, I8, F8E4M3 };
+enum class DType { F32, BF16, F16, F64, I8, F8E4M3, F8E5M2 };
 enum class NormKind { LayerNorm, RMSNorm };
 enum class ActKind { Gelu, GeluTanh, Silu };
 enum class RopeStyle { None, Interleaved, SplitHalf };

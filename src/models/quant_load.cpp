@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 #include <stdexcept>
+#include <string_view>
 
 #include "exec/formats/quantized.hpp"
 #include "models/checkpoint.hpp"
@@ -19,7 +20,80 @@ at::Tensor part_scale(const io::SafetensorsFile& f, const recognize::QuantSpec& 
   return per_row ? s.expand({rows}).contiguous() : s;
 }
 
+// Opens a note of a weight dequantized at load (prepare_loaded); format_lines recognizes it.
+constexpr std::string_view kOutside = "outside the planned formats: ";
+
+// The prologue's view of the weights: a weight held in a quantized format comes dequantized
+// (the format's own acquire of the whole weight, in its compute dtype); the names handed out
+// so are kept.
+class DequantizingView : public exec::WeightSource {
+ public:
+  DequantizingView(const exec::TensorWeights& w, const contracts::Registry& reg, const recognize::FamilyConfig& c,
+                   at::ScalarType dtype)
+      : w_(w), reg_(reg), c_(c), dtype_(dtype) {}
+  at::Tensor tensor(const std::string& name) const override {
+    auto it = w_.format_notes().find(name);
+    if (it == w_.format_notes().end() || reg_.format(it->second.format).dense) return w_.tensor(name);
+    const at::Tensor stored = w_.tensor(name);
+    ir::Linear l;
+    l.weight = name;
+    l.out_features = stored.size(0);
+    l.in_features = stored.size(1);
+    l.format = it->second.format;
+    read_.insert(name);
+    return w_.acquire(l, {}, {}, weight_dtype(c_, name, dtype_));
+  }
+  bool contains(const std::string& name) const override { return w_.contains(name); }
+  at::Tensor acquire(const ir::Linear& l, exec::Slice rows, exec::Slice cols, at::ScalarType dtype,
+                     const at::Tensor& out) const override {
+    return w_.acquire(l, rows, cols, dtype, out);
+  }
+  const std::set<std::string>& dequantized() const { return read_; }
+
+ private:
+  const exec::TensorWeights& w_;
+  const contracts::Registry& reg_;
+  const recognize::FamilyConfig& c_;
+  at::ScalarType dtype_;
+  mutable std::set<std::string> read_;
+};
+
+// The linears --precision fp8/int8 leaves as stored (the embeddings and the final layer).
+std::set<const ir::Linear*> outside_blocks(const ir::Model& m) {
+  std::set<const ir::Linear*> outside;
+  for (const auto& e : m.embeds) outside.insert(&e.linear);
+  if (m.final_layer) {
+    outside.insert(&m.final_layer->proj);
+    for (const auto& [segment, l] : m.final_layer->heads) outside.insert(&l);
+  }
+  return outside;
+}
+
+// Why --precision fp8/int8 keeps a dense linear as stored; empty: it converts it.
+std::string kept_by_precision(const ir::Linear& l, bool outside) {
+  if (outside) return "an embedding or final-layer linear: --precision converts the blocks' linears only";
+  if (l.fp32_compute) return "computed in fp32: --precision keeps it";
+  if (l.stored) return std::string("held in ") + ir::to_string(*l.stored) + " by the model: --precision keeps it";
+  return {};
+}
+
 }  // namespace
+
+FamilyRun prepare_loaded(const recognize::FamilyConfig& c, exec::TensorWeights& w, const contracts::Registry& reg,
+                         const TensorMap& raw, ir::DType dtype, const std::string& consumer) {
+  const DequantizingView view(w, reg, c, exec::to_aten(dtype));
+  FamilyRun fr = prepare(c, view, raw, dtype, consumer);
+  std::set<std::string> planned;
+  ir::for_each_linear(fr.model, [&](ir::Linear& l) { planned.insert(l.weight); });
+  for (const auto& name : view.dequantized()) {
+    const auto note = w.format_notes().at(name);
+    if (planned.count(name) || note.why.starts_with(kOutside)) continue;
+    w.note_format(name, {note.format, std::string(kOutside) + "stored " + note.format + " (" + note.why +
+                                          "), dequantized at load to " +
+                                          c10::toString(weight_dtype(c, name, exec::to_aten(dtype)))});
+  }
+  return fr;
+}
 
 bool load_quantized(const io::SafetensorsFile& f, const recognize::Recognized& r, const std::string& canonical,
                     const recognize::Source& src, const at::Device& device, exec::TensorWeights& w) {
@@ -93,19 +167,14 @@ void apply_precision(ir::Model& m, exec::TensorWeights& w, Precision p, const co
 
 void convert_block_linears(ir::Model& m, exec::TensorWeights& w, const std::string& target, const std::string& why) {
   // Embedding and final-layer linears stay as stored: only the blocks are converted.
-  std::set<const ir::Linear*> outside;
-  for (const auto& e : m.embeds) outside.insert(&e.linear);
-  if (m.final_layer) {
-    outside.insert(&m.final_layer->proj);
-    for (const auto& [segment, l] : m.final_layer->heads) outside.insert(&l);
-  }
+  const std::set<const ir::Linear*> outside = outside_blocks(m);
   ir::for_each_linear(m, [&](ir::Linear& l) {
     auto it = w.format_notes().find(l.weight);
     if (it != w.format_notes().end()) {
       l.format = it->second.format;
       return;
     }
-    if (target.empty() || outside.count(&l) || l.fp32_compute || l.stored) return;
+    if (target.empty() || !kept_by_precision(l, outside.count(&l) != 0).empty()) return;
     if (l.format != "dense") return;
     l.format = target;
     w.store(l, w.tensor(l.weight), exec::to_aten(m.dtype));
@@ -114,9 +183,12 @@ void convert_block_linears(ir::Model& m, exec::TensorWeights& w, const std::stri
 }
 
 std::vector<FormatLine> format_lines(const ir::Model& m, const exec::TensorWeights& w, const contracts::Registry& reg,
-                                     const contracts::DeviceCaps& dev) {
+                                     const contracts::DeviceCaps& dev, Precision p) {
   std::vector<FormatLine> out;
+  const std::set<const ir::Linear*> outside = outside_blocks(m);
+  std::set<std::string> named;
   ir::for_each_linear(const_cast<ir::Model&>(m), [&](ir::Linear& l) {
+    named.insert(l.weight);
     const contracts::FormatCaps& f = reg.format(l.format);
     std::string gemm = "matmul of the stored weight";
     if (f.native_gemm && f.native_gemm(dev))
@@ -125,14 +197,43 @@ std::vector<FormatLine> format_lines(const ir::Model& m, const exec::TensorWeigh
       gemm = "dequantized slice, then a matmul";
     auto it = w.format_notes().find(l.weight);
     if (it != w.format_notes().end() && it->second.format == l.format) {
-      out.push_back({l.weight, l.format, it->second.why, gemm});
+      out.push_back({l.weight, l.format, it->second.why, gemm, false, {}});
       return;
     }
-    std::string why = l.format == "dense" ? "stored in higher precision; preserved (--precision preserve)"
-                                          : "format set by the model";
-    out.push_back({l.weight, l.format, why, gemm});
+    std::string why = "format set by the model";
+    if (l.format == "dense" && p == Precision::Preserve) why = "stored in higher precision; preserved (--precision preserve)";
+    else if (l.format == "dense") {
+      const std::string kept = kept_by_precision(l, outside.count(&l) != 0);
+      why = "stored in higher precision; " + (kept.empty() ? std::string("kept") : kept) + " (--precision " +
+            to_string(p) + ")";
+    }
+    out.push_back({l.weight, l.format, why, gemm, false, {}});
   });
+  for (const auto& [weight, note] : w.format_notes()) {
+    if (named.count(weight) || reg.format(note.format).dense) continue;
+    if (note.why.starts_with(kOutside))
+      out.push_back({weight, "dense", note.why, "matmul of the dequantized weight, in the model's prologue", true, note.format});
+    else
+      out.push_back({weight, note.format, note.why + "; no linear of the run reads it", "none", true, note.format});
+  }
   return out;
+}
+
+std::string outside_summary(const std::vector<FormatLine>& lines) {
+  std::set<std::string> stored;
+  size_t n = 0;
+  const FormatLine* first = nullptr;
+  for (const auto& l : lines)
+    if (l.outside && l.format == "dense") {
+      ++n;
+      if (!first) first = &l;
+      stored.insert(l.stored);
+    }
+  if (n == 0) return {};
+  std::string formats;
+  for (const auto& f : stored) formats += (formats.empty() ? "" : ", ") + f;
+  return std::to_string(n) + " linear" + (n == 1 ? "" : "s") + " outside the planned formats dequantized at load (stored " +
+         formats + "; e.g. " + first->weight + ")\n";
 }
 
 std::string formats_text(const std::vector<FormatLine>& lines) {
@@ -143,8 +244,10 @@ std::string formats_text(const std::vector<FormatLine>& lines) {
 
 nlohmann::json formats_json(const std::vector<FormatLine>& lines) {
   nlohmann::json a = nlohmann::json::array();
-  for (const auto& l : lines)
+  for (const auto& l : lines) {
     a.push_back({{"weight", l.weight}, {"format", l.format}, {"why", l.why}, {"gemm", l.gemm}});
+    if (l.outside) a.back().update({{"outside_planned_formats", true}, {"stored", l.stored}});
+  }
   return a;
 }
 

@@ -9,11 +9,17 @@
 // 16-bit linears at load, and records why in the IR (ir::Linear::format) and in the notes
 // format_lines reports.
 //
+// The family's prologue (models/families.hpp: modulation tables, timestep and text embeddings)
+// computes some linears itself, outside the planned formats. ComfyUI's quantized files store
+// the blocks' modulation linears quantized too; prepare_loaded hands the prologue every
+// quantized weight dequantized to the weight's compute dtype, and notes the ones no IR linear
+// names as dequantized at load, so that the report lists them.
+//
 // Example:
 //     auto w = sp::models::load_canonical(file, rec, at::kBFloat16, at::kCUDA, reg);
-//     sp::models::FamilyRun fr = sp::models::prepare(rec.config, *w, raw, ir::DType::BF16, "sdpa");
+//     sp::models::FamilyRun fr = sp::models::prepare_loaded(rec.config, *w, reg, raw, ir::DType::BF16, "sdpa");
 //     sp::models::apply_precision(fr.model, *w, sp::models::Precision::Preserve, dev);
-//     for (const auto& l : sp::models::format_lines(fr.model, *w)) std::cout << l.weight << " " << l.format << "\n";
+//     for (const auto& l : sp::models::format_lines(fr.model, *w, reg, dev)) std::cout << l.weight << " " << l.format << "\n";
 #pragma once
 
 #include <ATen/ATen.h>
@@ -23,6 +29,7 @@
 #include <vector>
 
 #include "exec/formats/weights.hpp"
+#include "models/families.hpp"
 #include "recognize/recognize.hpp"
 
 namespace sp::models {
@@ -31,6 +38,12 @@ namespace sp::models {
 // (returns false otherwise). Throws naming the tensors when parts mix formats.
 bool load_quantized(const io::SafetensorsFile& f, const recognize::Recognized& r, const std::string& canonical,
                     const recognize::Source& src, const at::Device& device, exec::TensorWeights& w);
+
+// models::prepare for weights that may hold quantized linears the prologue computes: it reads
+// those dequantized (to weight_dtype of the model dtype); the ones that no linear of the
+// returned model names are noted on `w` as dequantized at load (format_lines lists them).
+FamilyRun prepare_loaded(const recognize::FamilyConfig& c, exec::TensorWeights& w, const contracts::Registry& reg,
+                         const TensorMap& raw, ir::DType dtype, const std::string& consumer);
 
 enum class Precision { Preserve, Fp8, Int8 };
 Precision parse_precision(const std::string& s);  // "preserve" | "fp8" | "int8"
@@ -46,13 +59,18 @@ void convert_block_linears(ir::Model& m, exec::TensorWeights& w, const std::stri
 
 struct FormatLine {
   std::string weight, format, why;
-  std::string gemm;  // how its projections run on the device (16-bit activations)
+  std::string gemm;      // how its projections run on the device (16-bit activations)
+  bool outside = false;  // a stored quantized weight no planned linear names (prepare_loaded)
+  std::string stored;    // outside: the format it is stored in
 };
-// Every linear of the model: its format, why, and the GEMM its format runs on `dev` (the
-// format's own kernel where FormatCaps::native_gemm holds there; else the dequantized slice
-// in an ordinary matmul).
+// Every linear of the model: its format, why (for dense ones under `p`: why it was not
+// converted), and the GEMM its format runs on `dev` (the format's own kernel where
+// FormatCaps::native_gemm holds there; else the dequantized slice in an ordinary matmul);
+// then every quantized weight of `w` that no linear names (outside = true).
 std::vector<FormatLine> format_lines(const ir::Model& m, const exec::TensorWeights& w, const contracts::Registry& reg,
-                                     const contracts::DeviceCaps& dev);
+                                     const contracts::DeviceCaps& dev, Precision p = Precision::Preserve);
+// "3 linears outside the planned formats dequantized at load (stored fp8-e4m3, e.g. ...)\n", or "".
+std::string outside_summary(const std::vector<FormatLine>& lines);
 // "weight formats (per linear):" and one line per linear with its format, why and GEMM.
 std::string formats_text(const std::vector<FormatLine>& lines);
 // [{"weight", "format", "why", "gemm"}, ...]

@@ -64,7 +64,7 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
                                        const std::optional<py::function>& weight_hook, const std::vector<std::string>& hooked,
                                        const std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>& loras,
                                        int64_t device_memory, int resident_blocks, const std::string& device,
-                                       double kv_budget) {
+                                       double kv_budget, const std::string& dtype) {
   std::optional<recognize::Sidecar> sidecar;
   if (sidecar_json) sidecar = recognize::parse_sidecar(*sidecar_json, "<module config>");
   host::AttachOptions o;
@@ -80,6 +80,7 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
   o.device_memory = device_memory;
   o.resident_blocks = resident_blocks;
   o.device = device;
+  o.dtype = dtype;
   contracts::Registry reg = exec::builtin_registry();
   std::vector<std::shared_ptr<host::SlabPositions>> positions;
   for (const auto& [name, fn, caps] : python_consumers) {
@@ -153,7 +154,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("weight_hook") = std::nullopt, py::arg("hooked") = std::vector<std::string>{},
            py::arg("loras") = std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>{},
            py::arg("device_memory") = 0, py::arg("resident_blocks") = -1, py::arg("device") = "",
-           py::arg("kv_budget") = 1.0)
+           py::arg("kv_budget") = 1.0, py::arg("dtype") = "")
       .def(
           "set_kv_budget",
           [](host::Attached& a, double budget) {
@@ -202,6 +203,9 @@ PYBIND11_MODULE(_C, m) {
                d["estimated_peak_bytes"] = g->plan.estimated_peak_bytes;
                d["floor_bytes"] = g->plan.floor_bytes;
                d["retry"] = g->retry;
+               py::list formats;
+               for (const auto& u : a.formats(*g)) formats.append(py::make_tuple(u.format, u.linears, u.provider));
+               d["formats"] = formats;
                d["residency"] = g->residency ? py::object(py::str(report::to_json(*g->residency).dump())) : py::none();
                out.append(d);
              }

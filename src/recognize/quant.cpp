@@ -63,6 +63,10 @@ QuantSpec from_comfy_quant(const std::string& layer, const std::string& json, co
     expect_dtype(w, io::DType::F8_E4M3, scheme);
     q.format = "fp8-e4m3";
     q.origin = "comfy_quant float8_e4m3fn";
+  } else if (scheme == "float8_e5m2") {
+    expect_dtype(w, io::DType::F8_E5M2, scheme);
+    q.format = "fp8-e5m2";
+    q.origin = "comfy_quant float8_e5m2";
   } else if (scheme == "int8_tensorwise") {
     expect_dtype(w, io::DType::I8, scheme);
     const auto* rot = param("convrot");
@@ -80,8 +84,8 @@ QuantSpec from_comfy_quant(const std::string& layer, const std::string& json, co
     }
   } else {
     throw RecognizeError("tensor '" + w.name + "': quantization format '" + scheme + "' (from '" + layer +
-                         "comfy_quant') is not supported; supported: float8_e4m3fn, int8_tensorwise (optionally "
-                         "convrot, groups of 256)");
+                         "comfy_quant') is not supported; supported: float8_e4m3fn, float8_e5m2, int8_tensorwise "
+                         "(optionally convrot, groups of 256)");
   }
   return q;
 }
@@ -124,7 +128,7 @@ QuantScan scan_quant(const std::vector<io::TensorInfo>& tensors,
         expect_scale(*s, *w);
         q.weight_scale = s->name;
         side.insert(s->name);
-      } else if (q.format != "fp8-e4m3") {
+      } else if (q.format != "fp8-e4m3" && q.format != "fp8-e5m2") {
         throw RecognizeError("weight '" + w->name + "' (" + q.origin + ") has no scale tensor '" + layer +
                              "weight_scale'");
       }
@@ -155,7 +159,9 @@ QuantScan scan_quant(const std::vector<io::TensorInfo>& tensors,
         }
       }
       out.weights[t.name] = q;
-    } else if (t.dtype == io::DType::F8_E5M2 || t.dtype == io::DType::I8 || t.dtype == io::DType::U8) {
+    } else if (t.dtype == io::DType::F8_E5M2) {
+      out.weights[t.name] = {"fp8-e5m2", "stored float8_e5m2 without scale (scale 1)", "", ""};
+    } else if (t.dtype == io::DType::I8 || t.dtype == io::DType::U8) {
       throw RecognizeError("tensor '" + t.name + "' is stored as " + dtype_text(t.dtype) +
                            " with no quantization description ('" + layer + "comfy_quant'); cannot run it");
     }
@@ -177,6 +183,7 @@ QuantScan scan_quant(const io::SafetensorsFile& file) {
 std::string comfy_quant_json(const std::string& format) {
   nlohmann::json j;
   if (format == "fp8-e4m3") j["format"] = "float8_e4m3fn";
+  else if (format == "fp8-e5m2") j["format"] = "float8_e5m2";
   else if (format == "int8") j["format"] = "int8_tensorwise";
   else if (format == "convrot-int8") {
     j["format"] = "int8_tensorwise";

@@ -34,7 +34,11 @@ def test_budget_option() -> None:
 def test_node_declaration() -> None:
     node = comfy_nodes.NODE_CLASS_MAPPINGS["StreamplanMemoryPlanner"]
     inputs = node.INPUT_TYPES()["required"]
-    assert inputs["model"] == ("MODEL",) and node.RETURN_TYPES == ("MODEL",)
+    assert inputs["model"] == ("MODEL",) and node.RETURN_TYPES == ("MODEL", "STRING")
+    assert node.RETURN_NAMES == ("model", "status")
+    status = comfy_nodes.NODE_CLASS_MAPPINGS["StreamplanStatus"]
+    assert status.RETURN_TYPES == ("STRING",) and status.INPUT_TYPES()["required"] == {"model": ("MODEL",)}
+    assert comfy_nodes.NODE_DISPLAY_NAME_MAPPINGS["StreamplanStatus"] == "Streamplan Status"
     assert inputs["consumer"][0][0] == "comfy" and "sdpa" in inputs["consumer"][0]
     assert comfy_nodes.NODE_DISPLAY_NAME_MAPPINGS["StreamplanMemoryPlanner"] == "Streamplan Memory Planner"
 
@@ -75,7 +79,8 @@ def planner(comfy: Any, dm: torch.nn.Module, consumer: str = "comfy") -> tuple[A
     cpu = torch.device("cpu")
     patcher = mp.ModelPatcher(Holder(dm), load_device=cpu, offload_device=cpu)
     reports: list[str] = []
-    (clone,) = comfy_nodes.StreamplanMemoryPlanner().patch(patcher, "none", consumer, True, unique_id="7")
+    clone, status = comfy_nodes.StreamplanMemoryPlanner().patch(patcher, "none", consumer, True, unique_id="7")
+    assert status.startswith(f"streamplan: {type(dm).__name__}, weights ") and f"consumer {consumer}" in status
     for w in clone.wrappers["diffusion_model"]["streamplan"]:
         w.report = reports.append
     return patcher, clone, reports

