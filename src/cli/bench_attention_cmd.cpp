@@ -15,6 +15,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
+#include "cli/output_check.hpp"
 #include "exec/consumers/consumer.hpp"
 #include "exec/consumers/int8_common.hpp"
 #include "exec/consumers/sparse.hpp"
@@ -153,7 +154,7 @@ Runner add_bench_attention(CLI::App& app) {
   cmd->add_option("--reps", a->reps, "timed repetitions (the best is reported)")->check(between(1, 100))->capture_default_str();
   cmd->add_option("--ref-rows", a->ref_rows, "query rows of the fp32 reference per head")->check(at_least(1))->capture_default_str();
   cmd->add_option("--device", a->device, "cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--out", a->out, "also write the JSON rows to this file");
+  cmd->add_option("--out", a->out, "also write the JSON rows to this file")->check(output_file());
   cmd->add_flag("--quiet", a->quiet, "no lines on stderr");
   return [cmd, a]() { return cmd->parsed() ? bench_attention(*a) : -1; };
 }

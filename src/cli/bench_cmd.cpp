@@ -7,6 +7,7 @@
 #include "cli/commands.hpp"
 #include "cli/kv_options.hpp"
 #include "cli/options.hpp"
+#include "cli/output_check.hpp"
 #include "cli/sparse_run.hpp"
 #include "exec/registry.hpp"
 #include "exec/device/device.hpp"
@@ -33,18 +34,8 @@ struct Args {
   std::string device_memory, resident_blocks, format;
   std::string consumer = "sdpa";
   KvArgs kv;
+  const CLI::App* cmd = nullptr;
 };
-
-// "45 s", "12 min", "3.5 h", "2.1 days".
-std::string duration_text(double ms) {
-  const double s = ms / 1000.0;
-  char buf[32];
-  if (s < 120) std::snprintf(buf, sizeof buf, "%.0f s", s);
-  else if (s < 2 * 3600) std::snprintf(buf, sizeof buf, "%.0f min", s / 60);
-  else if (s < 2 * 86400) std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
-  else std::snprintf(buf, sizeof buf, "%.1f days", s / 86400);
-  return buf;
-}
 
 int bench(const Args& a) {
   const auto all = report::bench_cases(a.tiny);
@@ -79,6 +70,7 @@ int bench(const Args& a) {
   opt.format = a.format;
   opt.consumer = resolve_consumer(a.consumer);
   reg.consumer(opt.consumer);  // an unknown name is an error listing the known ones
+  check_kv_options(*a.cmd, a.kv, opt.consumer);
   require_consumer_device(opt.consumer, d, opt.dtype);
   if (opt.consumer == "sparse") exec::set_sparse_budget(reg.consumer("sparse"), kv_budget(a.kv));
   std::vector<int64_t> memories;
@@ -103,12 +95,12 @@ int bench(const Args& a) {
     std::cerr << "streamplan: warning: bench is meant for a GPU; on the CPU";
     if (a.sweep == 0)
       std::cerr << (chosen.size() == 1 ? " this case" : " these " + std::to_string(chosen.size()) + " cases")
-                << " would take about " << duration_text(total_ms) << runs;
+                << " would take about " << plan::human_ms(total_ms) << runs;
     std::cerr << ". --tiny runs the same structures at test sizes." << std::endl;
   }
   if (a.estimate) {
-    for (size_t i = 0; i < chosen.size(); ++i) std::cout << chosen[i].name << ": " << duration_text(estimates[i]) << "\n";
-    std::cout << "total: about " << duration_text(total_ms) << " on " << (d.is_cpu() ? "the CPU" : caps.name) << runs
+    for (size_t i = 0; i < chosen.size(); ++i) std::cout << chosen[i].name << ": " << plan::human_ms(estimates[i]) << "\n";
+    std::cout << "total: about " << plan::human_ms(total_ms) << " on " << (d.is_cpu() ? "the CPU" : caps.name) << runs
               << "\n";
     return 0;
   }
@@ -159,7 +151,7 @@ int bench(const Args& a) {
     const auto& c = chosen[i];
     if (opt.progress) {
       std::cerr << "[bench] " << c.name << " (" << i + 1 << "/" << chosen.size() << ")";
-      if (!estimates.empty()) std::cerr << ", estimated " << duration_text(estimates[i]);
+      if (!estimates.empty()) std::cerr << ", estimated " << plan::human_ms(estimates[i]);
       std::cerr << " ..." << std::endl;
     }
     results.push_back(report::run_bench_case(c, reg, caps, d, opt));
@@ -224,7 +216,8 @@ Runner add_bench(CLI::App& app) {
                   "with --device-memory: blocks whose weights are on the device at once (N or auto)");
   cmd->add_flag("--profile-steps", a->profile_steps,
                "after the timed runs, one planned run with every step timed: device, host and estimated ms per step kind");
-  cmd->add_option("--out", a->out, "write the results as JSON (updated after every case)");
+  cmd->add_option("--out", a->out, "write the results as JSON (updated after every case)")->check(output_file());
+  a->cmd = cmd;
   return [cmd, a]() { return cmd->parsed() ? bench(*a) : -1; };
 }
 

@@ -2,11 +2,14 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
+#include "cli/output_check.hpp"
 #include "exec/formats/weights.hpp"
 #include "models/checkpoint.hpp"
+#include "models/tensor_io.hpp"
 
 namespace sp::cli {
 
@@ -67,6 +70,21 @@ void apply_variant(const Args& a, recognize::FamilyConfig& cfg) {
   cfg.variant = "custom";
 }
 
+// The size of the file write_random_checkpoint writes (its header follows from the names,
+// shapes, dtype and the sidecar metadata); nullopt when the header is beyond what a file can
+// hold (the write then says so).
+std::optional<uint64_t> file_bytes(const recognize::FamilyConfig& cfg, const std::string& layout, at::ScalarType dt) {
+  io::SafetensorsStreamWriter w;
+  w.set_metadata(models::kSidecarKey, recognize::to_json(recognize::sidecar_for(cfg)));
+  w.set_metadata("streamplan.variant", cfg.variant);
+  try {
+    for (const auto& s : recognize::checkpoint_tensors(cfg, layout)) w.declare(s.name, models::to_io(dt, s.name), s.shape);
+  } catch (const io::SafetensorsError&) {
+    return std::nullopt;
+  }
+  return w.file_bytes();
+}
+
 }  // namespace
 
 Runner add_make_checkpoint(CLI::App& app) {
@@ -90,7 +108,7 @@ Runner add_make_checkpoint(CLI::App& app) {
   cmd->add_option("--dtype", args->dtype, "stored dtype (default: bf16, fp32 with --tiny)")
       ->check(CLI::IsMember(ir::activation_dtype_names()));
   cmd->add_option("--seed", args->seed, "random seed");
-  cmd->add_option("--out", args->out, "output .safetensors file")->required();
+  cmd->add_option("--out", args->out, "output .safetensors file")->required()->check(output_file());
   cmd->add_flag("--quiet", args->quiet, "no progress lines on stderr for long writes");
   return [cmd, args]() {
     if (!cmd->parsed()) return -1;
@@ -98,9 +116,13 @@ Runner add_make_checkpoint(CLI::App& app) {
     apply_variant(*args, cfg);
     const std::string d = args->dtype.empty() ? (args->tiny ? "fp32" : "bf16") : args->dtype;
     const at::ScalarType dt = exec::to_aten(ir::parse_dtype(d, "--dtype"));
+    if (const auto bytes = file_bytes(cfg, args->layout, dt)) check_free_space("--out", args->out, *bytes);
     std::function<void(const models::WriteProgress&)> progress;
     if (!args->quiet) progress = Progress();
-    models::write_random_checkpoint(cfg, args->layout, args->out, args->seed, dt, progress);
+    {
+      TempFileGuard guard(args->out + ".tmp");
+      models::write_random_checkpoint(cfg, args->layout, args->out, args->seed, dt, progress);
+    }
     std::cout << "wrote " << args->out << ": " << cfg.variant << " (" << args->layout << " layout, " << d << ")\n";
     return 0;
   };

@@ -4,12 +4,16 @@
 // Example:
 //     sp::cli::KvArgs kv;
 //     sp::cli::add_kv_options(cmd, kv);
+//     sp::cli::check_kv_options(*cmd, kv, consumer);  // after parsing
 //     double b = sp::cli::kv_budget(kv);   // plan::kv_budget_at(kv.schedule, kv.step, kv.steps)
 #pragma once
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
 #include "plan/kv_budget.hpp"
+#include "plan/plan.hpp"
 
 namespace sp::cli {
 
@@ -27,6 +31,23 @@ inline void add_kv_options(CLI::App* cmd, KvArgs& a) {
   cmd->add_option("--early-kv", a.schedule.early_kv, "sparse attention: budget of the early steps")->capture_default_str();
   cmd->add_option("--late-steps", a.schedule.late_steps, "sparse attention: the last steps use --late-kv")->capture_default_str();
   cmd->add_option("--late-kv", a.schedule.late_kv, "sparse attention: budget of the late steps")->capture_default_str();
+}
+
+// The options as given on `cmd`: valid values (errors name them, --step with --steps), and
+// none of them unless the consumer is sparse, the one they change (exit 1 otherwise: an
+// option that changes nothing is a mistake to say, not to ignore).
+inline void check_kv_options(const CLI::App& cmd, const KvArgs& a, const std::string& consumer) {
+  plan::validate(a.schedule);
+  if (a.steps < 1 || a.step < 0 || a.step >= a.steps)
+    throw plan::PlanError("--step " + std::to_string(a.step) + " and --steps " + std::to_string(a.steps) +
+                          ": steps are counted from 0, so --step must lie in 0.." + std::to_string(a.steps - 1) +
+                          (a.steps < 1 ? " (and --steps be >= 1)" : ""));
+  if (consumer == "sparse") return;
+  for (const char* name : {"--kv-budget", "--step", "--steps", "--early-steps", "--early-kv", "--late-steps", "--late-kv"})
+    if (cmd.count(name) > 0)
+      throw plan::PlanError(std::string(name) + " " + cmd.get_option(name)->results().front() +
+                            ": applies to --consumer sparse only, not to --consumer " + consumer +
+                            " (which attends to every key)");
 }
 
 // The budget of the step (throws plan::PlanError naming the option on a bad value).

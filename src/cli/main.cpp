@@ -1,7 +1,8 @@
 // streamplan command line.
 //
 //   streamplan demo [--tokens N] [--layers N] [--dtype fp32|bf16|fp16] [--json] ...
-//   streamplan plan --explain [--consumer NAME] [--format NAME] [--patch NAME]... [--json]
+//   streamplan plan --explain[=full] [--consumer NAME] [--format NAME] [--patch NAME]... [--json]
+//   streamplan plan --checkpoint F [--frames/--height/--width | --tokens N] [--explain[=full]|--program]
 //   streamplan run --checkpoint F [--frames/--height/--width | --tokens N | --inputs I] ...
 //   streamplan make-checkpoint --family NAME [--layers N] [--layout L] [--tiny] --out F
 //   streamplan bench [--cases a,b] [--reps N] [--out results.json]
@@ -10,9 +11,10 @@
 //
 // Exit status (the table in README.md):
 //   0  success, also --help and --version
-//   1  bad input: an unknown, missing or malformed option, an unreadable or unrecognized
-//      checkpoint, a model or geometry that cannot be built
-//   2  a memory budget (--budget) that no schedule meets
+//   1  bad input: an unknown, missing, malformed, conflicting or irrelevant option, an
+//      unreadable or unrecognized checkpoint, a model or geometry that cannot be built
+//   2  a memory budget (--budget) that no schedule meets, or a run that cannot fit on its
+//      device (checked before any weight is read: report/feasibility.hpp)
 //   3  out of memory while running
 //   4  internal error: a bug, to be reported
 // Every error is one line on stderr that starts with "streamplan: error: ". Work that runs
@@ -20,9 +22,12 @@
 #include <CLI/CLI.hpp>
 #include <torch/headeronly/version.h>
 
+#include <algorithm>
 #include <iostream>
 #include <new>
+#include <optional>
 
+#include "cli/checkpoint_model.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
 #include "cli/sparse_run.hpp"
@@ -34,6 +39,10 @@
 #include "plan/arena.hpp"
 #include "plan/budget.hpp"
 #include "plan/residency.hpp"
+#include "models/checkpoint.hpp"
+#include "models/quant_load.hpp"
+#include "report/feasibility.hpp"
+#include "report/formats_text.hpp"
 #include "report/report.hpp"
 #include "report/retry.hpp"
 
@@ -60,12 +69,18 @@ struct ModelArgs {
   uint64_t seed = 0;
   std::string budget;
   bool json = false;
-  bool explain = false;
+  std::string explain;  // "", "grouped" or "full"
   bool program = false;
   bool quiet = false;
+  // plan --checkpoint: a checkpoint's model at a geometry instead of the demo model.
+  std::string checkpoint, sidecar;
+  models::Geometry geom;
+  const CLI::App* cmd = nullptr;  // which options were given
+  bool given(const char* option) const { return cmd && cmd->count(option) > 0; }
 };
 
 void add_model_options(CLI::App* cmd, ModelArgs& a) {
+  a.cmd = cmd;
   const auto& reg_names = [] {
     static contracts::Registry reg = exec::builtin_registry();
     return &reg;
@@ -89,12 +104,13 @@ void add_model_options(CLI::App* cmd, ModelArgs& a) {
       ->capture_default_str();
   cmd->add_option("--patch", a.patches, "patch to apply (repeatable)")->check(CLI::IsMember(reg_names->patch_names()));
   cmd->add_option("--chunk", a.chunk, "token chunk (default: automatic)")->check(cli::at_least(1));
-  cmd->add_option("--feature-slice", a.feature_slice, "MLP feature slice (default: automatic; -1: off)");
+  cmd->add_option("--feature-slice", a.feature_slice, "MLP feature slice (default: automatic; -1: off)")
+      ->check(cli::feature_slice_check());
   cmd->add_option("--device", a.device, "cpu, cuda, cuda:N or auto")->capture_default_str();
   cmd->add_option("--seed", a.seed, "random seed of weights and inputs")->capture_default_str();
   cmd->add_option("--budget", a.budget, "activation memory budget: bytes, 512MiB, 2.5GiB, ... or auto (default: none)");
   cmd->add_flag("--json", a.json, "print the run report as JSON");
-  cmd->add_flag("--explain", a.explain, "print the plan with every rejection (with --json: and the programs)");
+  cli::add_explain_option(cmd, a.explain, "print the plan with every rejection and the linears' formats (with --json: and the programs)");
   cmd->add_flag("--quiet", a.quiet, "no progress lines on stderr");
 }
 
@@ -127,28 +143,84 @@ plan::Options plan_options(const ModelArgs& a, contracts::DeviceCaps& dev, const
 
 std::string planning(const ir::Model& m) { return "planning " + std::to_string(m.blocks.size()) + " blocks"; }
 
-int cmd_plan(const ModelArgs& a) {
+// The demo model's formats: every linear in --format (the builder stores them so).
+std::vector<models::FormatLine> demo_formats(const ir::Model& m, const contracts::Registry& reg,
+                                             const contracts::DeviceCaps& dev, const std::string& format) {
+  auto lines = models::format_lines(m, exec::TensorWeights(&reg), reg, dev);
+  for (auto& l : lines) l.why = "the demo model's --format " + format;
+  return lines;
+}
+
+// What the demo model keeps on the device besides activations: its linears' weights and,
+// about, its inputs (the tokens and the per-segment tables), from the IR alone.
+std::pair<int64_t, int64_t> demo_kept_bytes(const ir::Model& m) {
+  const int64_t size = int64_t(ir::dtype_size(m.dtype));
+  int64_t weights = 0;
+  ir::for_each_linear(const_cast<ir::Model&>(m), [&](ir::Linear& l) { weights += l.in_features * l.out_features * size; });
+  return {weights, 2 * m.tokens() * m.dim * size};
+}
+
+// Options that the chosen model has no use for: with --checkpoint those of the demo model,
+// without it those of a checkpoint's geometry.
+void check_plan_options(const ModelArgs& a) {
+  const bool checkpoint = !a.checkpoint.empty();
+  const char* demo_only[] = {"--layers", "--format", "--patch"};
+  const char* checkpoint_only[] = {"--sidecar", "--frames", "--height", "--width", "--text-tokens", "--audio-tokens"};
+  for (const char* o : checkpoint ? std::vector<const char*>(std::begin(demo_only), std::end(demo_only))
+                                  : std::vector<const char*>(std::begin(checkpoint_only), std::end(checkpoint_only)))
+    if (a.given(o))
+      throw std::invalid_argument(std::string(o) + " " + a.cmd->get_option(o)->results().front() +
+                                  (checkpoint ? ": applies to the demo model, not with --checkpoint (the checkpoint sets it)"
+                                              : ": applies with --checkpoint only (the demo model takes --tokens and --layers)"));
+}
+
+int cmd_plan(ModelArgs a) {
+  check_plan_options(a);
   const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
   auto dev = exec::describe_device(d);
   report::Progress progress("plan", !a.quiet);
-  const ir::Model m = models::build_ir(config_from(a, reg));
+  std::optional<cli::MetaModel> mm;
+  std::string variant;
+  const ir::Model m = [&] {
+    if (a.checkpoint.empty()) return models::build_ir(config_from(a, reg));
+    if (a.given("--tokens")) a.geom.tokens = a.tokens;
+    const auto phase = progress.phase("reading the checkpoint's header");
+    const auto file = io::SafetensorsFile::open(a.checkpoint);
+    const auto sidecar = a.sidecar.empty() ? models::sidecar_of(file) : recognize::load_sidecar(a.sidecar);
+    const auto rec = recognize::recognize(file, sidecar);
+    variant = rec.config.variant + " (" + rec.layout + " layout) from " + a.checkpoint;
+    const ir::DType dtype = cli::run_dtype(a.given("--dtype") ? a.dtype : "auto", d);
+    mm = cli::meta_model(file, rec, "", a.geom, a.seed, dtype, cli::resolve_consumer(a.consumer), reg);
+    return mm->model;
+  }();
   const plan::Options po = plan_options(a, dev, d);
   const plan::Plan p = [&] {
     const auto phase = progress.phase(planning(m));
     return plan::make_plan(m, reg, dev, po);
   }();
   const auto phase = progress.phase("writing the plan");
+  const auto formats = [&] {
+    return mm ? models::format_lines(m, *mm->weights, reg, dev) : demo_formats(m, reg, dev, a.format);
+  };
   if (a.json) {
-    std::cout << report::plan_document(m, p, reg, dev, a.explain || a.program).dump(2) << "\n";
-  } else if (a.program) {
+    nlohmann::json j = report::plan_document(m, p, reg, dev, !a.explain.empty() || a.program);
+    if (mm) j["formats"] = models::formats_json(formats());
+    if (mm && !mm->note.empty()) j["note"] = mm->note;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  if (!variant.empty()) std::cout << variant << "\n";
+  if (mm && !mm->note.empty()) std::cout << "note: " << mm->note << "\n";
+  if (a.program) {
     for (const auto& prog : report::programs(m, p, reg, dev)) {
       const plan::Placement pl = plan::place(prog, dev);
       std::cout << plan::to_text(prog, pl.offset, pl.arena_bytes);
     }
-  } else {
-    std::cout << plan::explain(p);
+    return 0;
   }
+  std::cout << plan::explain(p, a.explain == "full");
+  if (!a.explain.empty()) std::cout << report::formats_text(m, formats(), a.explain == "full");
   return 0;
 }
 
@@ -158,19 +230,43 @@ int cmd_demo(const ModelArgs& a) {
   auto dev = exec::describe_device(d);
   exec::install_cpu_meter();
   report::Progress progress("demo", !a.quiet);
+  const models::ModelConfig config = config_from(a, reg);
+  plan::Options po = plan_options(a, dev, d);
+  // Before any weight is made: can the run fit at all (report/feasibility.hpp)?
+  const report::Fit fit = [&] {
+    const ir::Model m = models::build_ir(config);
+    const auto phase = progress.phase(planning(m) + " against the device's memory");
+    const auto [weights, inputs] = demo_kept_bytes(m);
+    report::FitRequest rq;
+    rq.kept_bytes = weights + inputs;
+    rq.weight_bytes = weights;
+    rq.kept_text = "weights " + plan::human_bytes(weights) + " + inputs about " + plan::human_bytes(inputs);
+    rq.naive = true;
+    rq.budget_given = !a.budget.empty();
+    rq.command = "demo";
+    return report::check_fit(m, reg, dev, po, rq);
+  }();
   const models::Instance inst = [&] {
     const auto phase = progress.phase("generating weights and inputs");
-    return models::instantiate(config_from(a, reg), reg, d);
+    return models::instantiate(config, reg, d);
   }();
-  const plan::Options po = plan_options(a, dev, d);
+  if (fit.auto_budget) {
+    std::cerr << "streamplan: warning: " << fit.note << "\n";
+    po.budget_bytes = plan::budget_auto(exec::describe_device(d));
+  }
   const plan::Plan p = [&] {
     const auto phase = progress.phase(planning(inst.model));
     return plan::make_plan(inst.model, reg, dev, po);
   }();
-  if (!a.json) std::cout << plan::explain(p) << "\n";
+  if (!a.json) {
+    std::cout << plan::explain(p, a.explain == "full") << "\n";
+    if (!a.explain.empty())
+      std::cout << report::formats_text(inst.model, demo_formats(inst.model, reg, dev, a.format), a.explain == "full");
+  }
   report::CompareOptions opt;
   opt.progress = !a.quiet;
   opt.reporter = &progress;
+  progress.note(report::estimate_text(p, opt, d.is_cuda()));
   const report::RunReport r = report::compare(inst, p, reg, dev, opt);
   if (a.json) std::cout << report::to_json(r).dump(2) << "\n";
   else std::cout << report::to_table(r);
@@ -195,16 +291,59 @@ int fail(int status, const std::string& message) {
 
 std::string out_of_memory(const std::string& command, const c10::Error& e) {
   std::string m = "out of memory in '" + command + "'";
-  for (const auto& c : e.context()) m += " " + c;
+  std::string where;
+  for (const auto& c : e.context()) where += " " + c;
+  m += where;
   // The CPU allocator's message starts with the failed check ("[enforce fail at ...] err == 0.");
   // CUDA's goes on after the free memory with allocator statistics and tuning advice.
   std::string msg = first_line(e.msg());
   if (const size_t cpu = msg.find("DefaultCPUAllocator"); cpu != std::string::npos) msg = msg.substr(cpu);
   if (const size_t stats = msg.find(" Including non-PyTorch memory"); stats != std::string::npos) msg.resize(stats);
   m += ": " + msg;
-  m += " (--budget auto fits the planned schedule into the free memory";
-  if (command == "run") m += "; --planned-only skips the naive one";
-  return m + ")";
+  // Advice only where it changes the outcome: the schedule that ran out says which.
+  if (where.find("naive schedule") != std::string::npos && command == "run")
+    m += " (--planned-only runs the planned schedule alone)";
+  else if (where.find("planned schedule") != std::string::npos)
+    m += " (--budget auto fits the planned schedule into the free memory)";
+  return m;
+}
+
+// The subcommands, for "unknown subcommand" and "a subcommand is required".
+std::string command_list(const CLI::App& app) {
+  std::string s;
+  for (const auto* c : app.get_subcommands({})) s += (s.empty() ? "" : ", ") + c->get_name();
+  return s;
+}
+
+// Edits (insertions, deletions, substitutions) from a to b.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// A first argument that is no option and no subcommand: "unknown subcommand 'rn'", the
+// commands, and the nearest one where it is a slip away.
+std::optional<std::string> unknown_subcommand(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return std::nullopt;
+  const std::string given = argv[1];
+  std::string nearest;
+  size_t best = 3;  // at most two edits away
+  for (const auto* c : app.get_subcommands({})) {
+    if (c->get_name() == given) return std::nullopt;
+    if (const size_t e = edit_distance(given, c->get_name()); e < best) best = e, nearest = c->get_name();
+  }
+  return "unknown subcommand '" + given + "'" + (nearest.empty() ? "" : " (did you mean '" + nearest + "'?)") +
+         "; the commands are " + command_list(app) + " (streamplan --help describes them)";
 }
 
 }  // namespace
@@ -216,20 +355,28 @@ int main(int argc, char** argv) {
   ModelArgs demo_args, plan_args;
   auto* demo = app.add_subcommand("demo", "run the embedded default model: naive vs planned");
   add_model_options(demo, demo_args);
-  auto* plan_cmd = app.add_subcommand("plan", "print the plan for the demo model without running it");
+  auto* plan_cmd = app.add_subcommand("plan", "print the plan for the demo model or a checkpoint without running it");
   add_model_options(plan_cmd, plan_args);
   plan_cmd->add_flag("--program", plan_args.program, "print the schedule program of every sublayer");
+  plan_cmd->add_option("--checkpoint", plan_args.checkpoint,
+                       "plan this safetensors checkpoint (read: its header only) at the geometry of --frames/--height/"
+                       "--width or --tokens (video tokens in one row), as run would")
+      ->check(CLI::ExistingFile);
+  plan_cmd->add_option("--sidecar", plan_args.sidecar, "with --checkpoint: sidecar descriptor (JSON)")->check(CLI::ExistingFile);
+  sp::cli::add_geometry_options(plan_cmd, plan_args.geom, /*tokens=*/false);
   const std::vector<sp::cli::Runner> runners = {sp::cli::add_run(app), sp::cli::add_make_checkpoint(app),
                                                  sp::cli::add_bench(app), sp::cli::add_convert(app),
                                                  sp::cli::add_bench_attention(app)};
+  if (const auto unknown = unknown_subcommand(app, argc, argv)) return fail(1, *unknown);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --help-all, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    const std::string help = app.get_subcommands().empty() ? "streamplan --help"
-                                                            : "streamplan " + app.get_subcommands().front()->get_name() + " --help";
-    return fail(1, std::string(e.what()) + " (" + help + " lists the options)");
+    if (app.get_subcommands().empty())
+      return fail(1, std::string(e.what()) + ": the commands are " + command_list(app) + " (streamplan --help describes them)");
+    return fail(1, std::string(e.what()) + " (streamplan " + app.get_subcommands().front()->get_name() +
+                       " --help lists the options)");
   }
   const std::string command = app.get_subcommands().empty() ? "" : app.get_subcommands().front()->get_name();
   try {

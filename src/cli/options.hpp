@@ -46,6 +46,20 @@ inline CLI::Validator between(double lo, double hi) {
                                [lo, hi](double v) { return v >= lo && v <= hi; });
 }
 
+// --feature-slice: a slice width >= 1, or -1 for no feature slicing; omitted, the planner
+// chooses. 0 is an error rather than a second way of saying "automatic".
+inline CLI::Validator feature_slice_check() {
+  return detail::numeric_check(">= 1, or -1 for no slicing (omit it for automatic)",
+                               [](double v) { return v >= 1 || v == -1; });
+}
+
+// --explain (grouped: linears and blocks that read alike on one line) or --explain=full
+// (every line). Leaves `mode` empty when not given.
+inline CLI::Option* add_explain_option(CLI::App* cmd, std::string& mode, const std::string& what) {
+  return cmd->add_flag("--explain{grouped}", mode, what + "; --explain=full lists every block and linear on its own line")
+      ->check(CLI::IsMember({"grouped", "full"}));
+}
+
 // --device-memory and --resident-blocks (run, bench).
 inline void add_residency_options(CLI::App* cmd, std::string& device_memory, std::string& resident_blocks) {
   cmd->add_option("--device-memory", device_memory,

@@ -1,9 +1,11 @@
 // streamplan run: one denoiser forward of a checkpoint, naive vs planned.
 #include <iostream>
 
+#include "cli/checkpoint_model.hpp"
 #include "cli/commands.hpp"
 #include "cli/kv_options.hpp"
 #include "cli/options.hpp"
+#include "cli/output_check.hpp"
 #include "cli/sparse_run.hpp"
 #include "exec/registry.hpp"
 #include "exec/device/device.hpp"
@@ -16,6 +18,8 @@
 #include "models/quant_load.hpp"
 #include "plan/budget.hpp"
 #include "plan/residency.hpp"
+#include "report/feasibility.hpp"
+#include "report/formats_text.hpp"
 #include "report/report.hpp"
 
 namespace sp::cli {
@@ -30,14 +34,11 @@ struct Args {
   models::Geometry geom;
   int64_t chunk = 0, feature_slice = 0;
   uint64_t seed = 0;
-  bool planned_only = false, json = false, explain = false, quiet = false;
+  bool planned_only = false, json = false, quiet = false;
+  std::string explain;  // "", "grouped" or "full"
   KvArgs kv;
+  const CLI::App* cmd = nullptr;
 };
-
-ir::DType pick_dtype(const std::string& s, const at::Device& d) {
-  if (s == "auto") return d.is_cuda() ? ir::DType::BF16 : ir::DType::F32;
-  return ir::parse_dtype(s, "--dtype");
-}
 
 // The residency planner's request from the loaded weights and the options.
 plan::ResidencyRequest residency_request(const models::Instance& inst, const contracts::Registry& reg,
@@ -56,26 +57,47 @@ int run(const Args& a) {
   report::Progress progress("run", !a.quiet);
   const auto file = io::SafetensorsFile::open(a.checkpoint);
   const auto sidecar = a.sidecar.empty() ? models::sidecar_of(file) : recognize::load_sidecar(a.sidecar);
-  const auto rec = recognize::recognize(file, sidecar);
-  const ir::DType dtype = pick_dtype(a.dtype, d);
+  const auto rec = models::with_lora_hint(a.checkpoint, [&] { return recognize::recognize(file, sidecar); });
+  const ir::DType dtype = run_dtype(a.dtype, d);
   const std::string consumer = resolve_consumer(a.consumer);
+  check_kv_options(*a.cmd, a.kv, consumer);  // the options' values first, then the device
   require_consumer_device(consumer, d, dtype);
   // Under a device-memory budget the weights are read into host memory; the residency moves
   // what stays on the device there once it is planned.
   const bool residency = !a.device_memory.empty() || !a.resident_blocks.empty();
+  exec::apply_rates(exec::probe_device(d, dev), dev);  // the chooser compares estimated times
+  // Before any weight is read: the model at its geometry from the checkpoint's header
+  // (cli/checkpoint_model.hpp), and whether the run can fit at all (report/feasibility.hpp).
+  const MetaModel mm = [&] {
+    const auto phase = progress.phase("building the model from the checkpoint's header");
+    return meta_model(file, rec, a.inputs, a.geom, a.seed, dtype, consumer, reg);
+  }();
+  const report::Fit fit = [&] {
+    const auto phase = progress.phase("planning " + std::to_string(mm.model.blocks.size()) + " blocks against " +
+                                      (d.is_cpu() ? "the host's memory" : "the device's memory"));
+    const bool weights_on_device = !residency || d.is_cpu();
+    report::FitRequest rq;
+    rq.weight_bytes = weights_on_device ? mm.weight_bytes : 0;
+    rq.kept_bytes = rq.weight_bytes + mm.input_bytes;
+    rq.kept_text = (weights_on_device ? "weights " + plan::human_bytes(mm.weight_bytes) + " + " : std::string()) +
+                   "inputs " + plan::human_bytes(mm.input_bytes);
+    rq.naive = !a.planned_only && !residency;
+    rq.streams_weights = residency;
+    rq.budget_given = !a.budget.empty() && a.budget != "auto";
+    rq.command = "run";
+    plan::Options po;
+    po.token_chunk = a.chunk;
+    po.feature_slice = a.feature_slice;
+    if (rq.budget_given) po.budget_bytes = plan::parse_budget(a.budget);
+    return report::check_fit(mm.model, reg, dev, po, rq);
+  }();
+  if (mm.raw.empty()) throw plan::BudgetError("run: " + mm.note, 0, 0);
   auto weights = [&] {
     const auto phase = progress.phase("reading the weights");
     return models::load_canonical(file, rec, exec::to_aten(dtype), residency ? at::Device(at::kCPU) : d, reg);
   }();
-  models::TensorMap raw;
-  if (!a.inputs.empty()) {
-    raw = models::read_tensors(a.inputs);
-  } else {
-    if (a.geom.tokens <= 0 && a.geom.height <= 0)
-      throw std::invalid_argument("run: give --inputs, --tokens, or the geometry (--frames/--height/--width)");
-    raw = models::random_raw_inputs(rec.config, a.geom, a.seed);
-  }
-  models::FamilyRun fr = models::prepare(rec.config, *weights, raw, dtype, consumer);
+  const models::TensorMap& raw = mm.raw;  // the inputs the check was made with
+  models::FamilyRun fr = models::prepare_loaded(rec.config, *weights, reg, raw, dtype, consumer);
   const SparseRun sparse = prepare_sparse(reg, consumer, fr.model, a.kv);
   if (residency)
     for (auto* group : {&fr.inputs.tokens, &fr.inputs.tables})
@@ -86,15 +108,20 @@ int run(const Args& a) {
       models::load_loras(lora_inputs, rec.config, exec::to_aten(dtype), residency ? at::Device(at::kCPU) : d);
   for (const auto& [name, t] : lora.tensors) weights->add(name, t);
   lora.attach(fr.model);
-  models::apply_precision(fr.model, *weights, models::parse_precision(a.precision), dev);
+  const models::Precision precision = models::parse_precision(a.precision);
+  models::apply_precision(fr.model, *weights, precision, dev);
   const models::Instance inst{fr.model, weights, fr.inputs};
   plan::Options po;
   po.token_chunk = a.chunk;
   po.feature_slice = a.feature_slice;
   // The chooser compares estimated times; an automatic budget is read once the weights and
   // inputs are resident.
-  exec::apply_rates(exec::probe_device(d, dev), dev);
-  if (!a.budget.empty()) po.budget_bytes = plan::budget_from_option(a.budget, exec::describe_device(d));
+  if (!a.budget.empty()) {
+    po.budget_bytes = plan::budget_from_option(a.budget, exec::describe_device(d));
+  } else if (fit.auto_budget) {
+    std::cerr << "streamplan: warning: " << fit.note << "\n";
+    po.budget_bytes = plan::budget_auto(exec::describe_device(d));
+  }
   std::optional<plan::Residency> res;
   const plan::Plan p = [&] {
     const auto phase = progress.phase("planning " + std::to_string(inst.model.blocks.size()) + " blocks");
@@ -106,7 +133,11 @@ int run(const Args& a) {
   if (!a.json) {
     std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << "\n";
     if (!a.loras.empty()) std::cout << lora.summary();
-    if (a.explain) std::cout << plan::explain(p) << "\n" << models::formats_text(models::format_lines(inst.model, *weights, reg, dev));
+    std::cout << models::outside_summary(models::format_lines(inst.model, *weights, reg, dev, precision));
+    if (!a.explain.empty())
+      std::cout << plan::explain(p, a.explain == "full") << "\n"
+                << report::formats_text(inst.model, models::format_lines(inst.model, *weights, reg, dev, precision),
+                                        a.explain == "full");
     if (res) std::cout << plan::explain(*res) << "\n";
   }
   report::CompareOptions opt;
@@ -125,8 +156,13 @@ int run(const Args& a) {
   opt.reporter = &progress;
   // The naive schedule holds every weight and full-size intermediates: not under a device-memory budget.
   opt.run_naive = !a.planned_only && !residency;
-  opt.keep_outputs = !a.output.empty();
+  opt.keep_outputs = true;  // written with --output; counted for non-finite values
+  progress.note(report::estimate_text(p, opt, d.is_cuda()));
   const report::RunReport r = report::compare(inst, p, reg, dev, opt);
+  const int64_t nonfinite = r.planned_out.isfinite().logical_not().sum().item<int64_t>();
+  if (nonfinite > 0)
+    std::cerr << "streamplan: warning: output has " << nonfinite << " non-finite values (NaN or Inf) of "
+              << r.planned_out.numel() << "\n";
   if (!a.output.empty()) {
     models::TensorMap out{{"output", fr.finish(r.planned_out).cpu()}};
     if (r.naive_out.defined()) out["naive_output"] = fr.finish(r.naive_out).cpu();
@@ -141,7 +177,8 @@ int run(const Args& a) {
     nlohmann::json j = report::to_json(r);
     if (res) j["residency"] = report::to_json(*res);
     if (!a.loras.empty()) j["lora"] = {{"adapters", lora.adapter_count()}, {"unmatched", lora.unmatched}, {"unapplied", lora.unapplied}};
-    j["formats"] = models::formats_json(models::format_lines(inst.model, *weights, reg, dev));
+    j["formats"] = models::formats_json(models::format_lines(inst.model, *weights, reg, dev, precision));
+    j["nonfinite"] = nonfinite;
     if (sparse.active) j["sparse_attention"] = sparse.json(reg);
     std::cout << j.dump(2) << "\n";
   } else {
@@ -159,16 +196,11 @@ Runner add_run(CLI::App& app) {
   cmd->add_option("--checkpoint", a->checkpoint, "safetensors checkpoint")->required()->check(CLI::ExistingFile);
   cmd->add_option("--sidecar", a->sidecar, "sidecar descriptor (JSON); default: the checkpoint's metadata")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--frames", a->geom.frames, "video frames (Wan: pixel frames 4k+1; avdit, MiniMax H3: latent frames)");
-  cmd->add_option("--height", a->geom.height, "pixel height");
-  cmd->add_option("--width", a->geom.width, "pixel width");
-  cmd->add_option("--tokens", a->geom.tokens, "video/image tokens in one row instead of a geometry")
-      ->check(at_least(1));
-  cmd->add_option("--text-tokens", a->geom.text_tokens, "text tokens (default: the family's)")->check(at_least(1));
-  cmd->add_option("--audio-tokens", a->geom.audio_tokens, "audio tokens (avdit); audio latent frames (MiniMax H3)")->check(at_least(1));
+  add_geometry_options(cmd, a->geom);
   cmd->add_option("--inputs", a->inputs, "inputs (safetensors; see docs/checkpoints.md) instead of random ones")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--output", a->output, "write the outputs (output, naive_output) to this safetensors file");
+  cmd->add_option("--output", a->output, "write the outputs (output, naive_output) to this safetensors file")
+      ->check(output_file());
   cmd->add_option("--dtype", a->dtype, "activation dtype (auto: bf16 on CUDA, fp32 on the CPU)")
       ->check(CLI::IsMember([] {
         auto names = ir::activation_dtype_names();
@@ -183,7 +215,8 @@ Runner add_run(CLI::App& app) {
       ->capture_default_str();
   add_kv_options(cmd, a->kv);
   cmd->add_option("--chunk", a->chunk, "token chunk (default: automatic)")->check(at_least(1));
-  cmd->add_option("--feature-slice", a->feature_slice, "MLP feature slice (default: automatic; -1: off)");
+  cmd->add_option("--feature-slice", a->feature_slice, "MLP feature slice (default: automatic; -1: off)")
+      ->check(feature_slice_check());
   cmd->add_option("--lora", a->loras, "LoRA file, FILE or FILE:STRENGTH (repeatable)");
   cmd->add_option("--seed", a->seed, "seed of the random inputs")->capture_default_str();
   cmd->add_option("--precision", a->precision,
@@ -195,8 +228,9 @@ Runner add_run(CLI::App& app) {
   add_residency_options(cmd, a->device_memory, a->resident_blocks);
   cmd->add_flag("--planned-only", a->planned_only, "skip the naive run (shapes where only the planned one fits)");
   cmd->add_flag("--json", a->json, "print the run report as JSON");
-  cmd->add_flag("--explain", a->explain, "print the plan with every rejection");
+  add_explain_option(cmd, a->explain, "print the plan with every rejection and the linears' formats");
   cmd->add_flag("--quiet", a->quiet, "no progress lines on stderr");
+  a->cmd = cmd;
   return [cmd, a]() { return cmd->parsed() ? run(*a) : -1; };
 }
 

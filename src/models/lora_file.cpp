@@ -2,6 +2,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -31,17 +34,32 @@ struct Module {
 LoraInput read_lora(const std::string& spec) {
   LoraInput in{spec, {}, 1.0};
   const auto colon = spec.rfind(':');
-  if (colon != std::string::npos && colon + 1 < spec.size()) {
+  // A colon inside a directory name ("a:b/F") is part of the path, as is any in an existing file's name.
+  if (colon != std::string::npos && spec.find('/', colon) == std::string::npos && ::access(spec.c_str(), F_OK) != 0) {
     const std::string tail = spec.substr(colon + 1);
     char* end = nullptr;
+    errno = 0;
     const double v = std::strtod(tail.c_str(), &end);
-    if (end && *end == '\0') {
-      in.name = spec.substr(0, colon);
-      in.strength = v;
-    }
+    if (tail.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+      throw std::invalid_argument("--lora: strength '" + tail + "' is not a number in '" + spec + "'");
+    in.name = spec.substr(0, colon);
+    in.strength = v;
   }
   in.tensors = read_tensors(in.name);
   return in;
+}
+
+std::string lora_hint(const std::string& path) {
+  size_t parts = 0, total = 0;
+  try {
+    const auto f = io::SafetensorsFile::open(path);
+    for (const auto& n : f.names()) parts += recognize::parse_lora_key(n).has_value();
+    total = f.size();
+  } catch (const std::exception&) {
+    return {};
+  }
+  if (parts == 0 || 2 * parts < total) return {};
+  return "; '" + path + "' looks like a LoRA (lora_A/lora_down tensors); pass it with --lora";
 }
 
 LoraSet load_loras(const std::vector<LoraInput>& inputs, const recognize::FamilyConfig& config, at::ScalarType dtype,

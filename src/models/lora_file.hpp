@@ -36,8 +36,27 @@ struct LoraInput {
   std::map<std::string, at::Tensor> tensors;
   double strength = 1;
 };
-// "FILE" or "FILE:STRENGTH" (a number after the last ':'), read from a safetensors file.
+// "FILE" or "FILE:STRENGTH" (a number after the last ':'), read from a safetensors file. A
+// spec naming an existing file is that file, colons and all; otherwise a ':' with a tail
+// that is not a number is std::invalid_argument ("--lora: strength 'abc' is not a number in
+// 'F:abc'").
 LoraInput read_lora(const std::string& spec);
+
+// "; 'F' looks like a LoRA (lora_A/lora_down tensors); pass it with --lora" when most tensors
+// of the safetensors file `path` are LoRA parts (recognize::parse_lora_key); else "".
+std::string lora_hint(const std::string& path);
+// f() (which recognizes `path` as a model); a recognize::RecognizeError for a LoRA file comes
+// back with lora_hint appended.
+template <class F>
+auto with_lora_hint(const std::string& path, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const recognize::RecognizeError& e) {
+    const std::string hint = lora_hint(path);
+    if (hint.empty()) throw;
+    throw recognize::RecognizeError(e.what() + hint);
+  }
+}
 
 struct LoraSet {
   std::map<std::string, std::vector<ir::LoraAdapter>> adapters;  // by canonical weight name

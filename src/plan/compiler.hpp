@@ -84,16 +84,33 @@ class Compiler {
     while (i0 < total) {
       const int64_t n = std::min(chunk, total - i0);
       const int64_t pieces = segments ? 1 + m_.inner_boundaries({base + i0, base + i0 + n}) : 1;
+      // Slabs of n rows follow while whole ones fit; of those, the ones before the first that
+      // a segment boundary cuts span one piece each (found from the boundaries, not slab by
+      // slab: a run of a million tokens in slabs of 64 is one step). Slabs spanning several
+      // pieces are compared one at a time (at most one per boundary).
+      const int64_t same = n == chunk ? (total - i0) / chunk : 1;
       int64_t count = 1;
-      while (true) {
-        const int64_t j = i0 + count * chunk;
-        if (j >= total || std::min(chunk, total - j) != n) break;
-        if (segments && 1 + m_.inner_boundaries({base + j, base + j + n}) != pieces) break;
-        ++count;
+      if (!segments) {
+        count = same;
+      } else if (pieces == 1) {
+        count = first_cut_slab(base + i0, chunk, same);
+      } else {
+        while (count < same && 1 + m_.inner_boundaries({base + i0 + count * chunk, base + i0 + (count + 1) * chunk}) == pieces)
+          ++count;
       }
       loop(Axis::Tokens, base, i0, n, count, [&] { body(n, pieces); });
       i0 += count * n;
     }
+  }
+  // The index of the first of `limit` slabs of `chunk` rows from absolute row `start` that a
+  // segment boundary falls strictly inside; `limit` when none does.
+  int64_t first_cut_slab(int64_t start, int64_t chunk, int64_t limit) const {
+    int64_t first = limit, b = 0;
+    for (const auto& seg : m_.segments) {
+      if (b > start && (b - start) % chunk != 0) first = std::min(first, (b - start) / chunk);
+      b += seg.length;
+    }
+    return first;
   }
   template <typename F>
   void feature_loop(int64_t total, int64_t chunk, F&& body) {

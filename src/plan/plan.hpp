@@ -132,7 +132,12 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
 // Floor: residual stream + the largest global K + V of any attention sublayer.
 int64_t floor_bytes(const ir::Model& m);
 
-// Human-readable plan with every rejection; JSON-ready rendering lives in report/.
-std::string explain(const Plan& p);
+// Human-readable plan with every rejection (plan/explain.cpp); JSON-ready rendering lives in
+// report/. Consecutive blocks with the same plan are printed once with their range, unless
+// `full` (every block on its own).
+std::string explain(const Plan& p, bool full = false);
+
+// "kv/out chunk 256, q chunk 256" / "token chunk 128, feature slice 256" / "chunk 128".
+std::string chunks_text(bool attention, bool final_layer, int64_t token_chunk, int64_t q_chunk, int64_t slice);
 
 }  // namespace sp::plan

@@ -96,7 +96,7 @@ double estimate_case_ms(const BenchCase& c, const contracts::Registry& reg, cons
                         const BenchOptions& opt) {
   const CaseModel cm = build_case(c, reg, at::Device(at::kMeta), opt);
   const plan::Plan p = plan::make_plan(cm.inst.model, reg, caps, case_plan_options(cm.inst, opt));
-  return 2.0 * (1 + opt.reps) * p.estimated_ms;
+  return runs_estimate_ms(p, 2, 1 + opt.reps);
 }
 
 BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,

@@ -5,8 +5,10 @@
 #include "plan/budget.hpp"
 #include "plan/cost.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <sstream>
 
 #include "exec/device/device.hpp"
@@ -36,27 +38,52 @@ void Progress::operator()(const std::string& what) {
   if (due()) print(what);
 }
 
+void Progress::note(const std::string& what) const {
+  if (enabled_) std::fprintf(stderr, "[%s] %s\n", label_.c_str(), what.c_str());
+}
+
 exec::Progress Progress::sublayers(const ir::Model& m, const std::string& what) {
   if (!enabled_) return {};
   // Block of every sublayer, 1-based, in execution order.
   std::vector<int64_t> block_of;
   for (size_t b = 0; b < m.blocks.size(); ++b) block_of.insert(block_of.end(), m.blocks[b].sublayers.size(), int64_t(b) + 1);
   const int64_t blocks = int64_t(m.blocks.size());
-  return [this, what, block_of = std::move(block_of), blocks](int64_t done, int64_t total) {
-    if (!due()) return;
-    const int64_t block = done >= 1 && done <= int64_t(block_of.size()) ? block_of[size_t(done - 1)] : blocks;
-    print(what + ": sublayer " + std::to_string(done) + "/" + std::to_string(total) + " (block " +
-          std::to_string(block) + "/" + std::to_string(blocks) + ")");
+  struct Position {
+    std::mutex mutex;
+    int64_t done = 0, total = 0;
+  };
+  auto at = std::make_shared<Position>();
+  at->total = int64_t(block_of.size());
+  auto text = [what, block_of = std::move(block_of), blocks, at] {
+    int64_t done, total;
+    {
+      const std::lock_guard lock(at->mutex);
+      done = at->done;
+      total = at->total;
+    }
+    const int64_t running = std::min(done + 1, total);  // the sublayer being computed
+    const int64_t block = running >= 1 && running <= int64_t(block_of.size()) ? block_of[size_t(running - 1)] : blocks;
+    return what + ": sublayer " + std::to_string(running) + "/" + std::to_string(total) + " (block " +
+           std::to_string(block) + "/" + std::to_string(blocks) + ")";
+  };
+  auto ticker = std::make_shared<Phase>(*this, std::move(text));
+  return [at, ticker](int64_t done, int64_t total) {
+    const std::lock_guard lock(at->mutex);
+    at->done = done;
+    at->total = total;
   };
 }
 
 Progress::Phase Progress::phase(std::string what) { return Phase(*this, std::move(what)); }
 
-Progress::Phase::Phase(Progress& p, std::string what) {
+Progress::Phase::Phase(Progress& p, std::string what) : Phase(p, [what = std::move(what)] { return what; }) {}
+
+Progress::Phase::Phase(Progress& p, std::function<std::string()> text) {
   if (!p.enabled()) return;
-  thread_ = std::thread([this, &p, what = std::move(what)] {
+  thread_ = std::thread([this, &p, text = std::move(text)] {
     std::unique_lock lock(mutex_);
-    while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return done_; })) p(what);
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return done_; }))
+      if (p.due()) p.print(text());
   });
 }
 
@@ -279,6 +306,18 @@ nlohmann::json to_json(const RunReport& r) {
                 {"rel_l2", r.rel_l2 ? nlohmann::json(*r.rel_l2) : nlohmann::json(nullptr)}};
   j["plan"] = r.plan;
   return j;
+}
+
+double runs_estimate_ms(const plan::Plan& p, int schedules, int runs) { return double(schedules) * runs * p.estimated_ms; }
+
+std::string estimate_text(const plan::Plan& p, const CompareOptions& opt, bool gpu) {
+  const int runs = gpu ? 2 : 1;  // on a GPU an untimed warm-up of each schedule first
+  const std::string each = plan::human_ms(runs_estimate_ms(p, 1, runs));
+  std::string s = "estimated " + plan::human_ms(runs_estimate_ms(p, opt.run_naive ? 2 : 1, runs)) + " (";
+  if (opt.run_naive) s += "naive " + each + ", taken as long as the planned one; ";
+  s += "planned " + each;
+  if (gpu) s += "; each schedule run twice, a warm-up first";
+  return s + ")";
 }
 
 std::string token_breakdown(const RunReport& r) {

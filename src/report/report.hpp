@@ -59,8 +59,12 @@ class Progress {
   double seconds() const;
   // Reports `what`, when due.
   void operator()(const std::string& what);
-  // A callback for exec::run_naive / run_planned that reports finished sublayers of m as
-  // "<what>: sublayer i/n (block j/k)". Refers to this object, which must outlive it.
+  // Reports `what` now ("[run] estimated 3 min 20 s ..."), without the time so far.
+  void note(const std::string& what) const;
+  // A callback for exec::run_naive / run_planned that follows the sublayers of m. While any
+  // copy of it lives, a helper thread reports the sublayer running when due, "<what>:
+  // sublayer i/n (block j/k)", so a sublayer that takes minutes still shows a line about
+  // every 2 s. Refers to this object, which must outlive it.
   exec::Progress sublayers(const ir::Model& m, const std::string& what);
   // While the returned object lives, a helper thread reports `what` when due: for work that
   // calls no progress callback (reading weights, planning).
@@ -79,6 +83,8 @@ class Progress {
 class Progress::Phase {
  public:
   Phase(Progress& p, std::string what);
+  // Reports text() when due (evaluated then, on the helper thread).
+  Phase(Progress& p, std::function<std::string()> text);
   ~Phase();
   Phase(const Phase&) = delete;
   Phase& operator=(const Phase&) = delete;
@@ -129,6 +135,14 @@ std::vector<plan::Program> programs(const ir::Model& m, const plan::Plan& p, con
 // schedule programs.
 nlohmann::json plan_document(const ir::Model& m, const plan::Plan& p, const contracts::Registry& reg,
                              const contracts::DeviceCaps& dev, bool with_programs);
+// The cost model's time for `runs` runs of each of `schedules` schedules of plan p, the naive
+// one taken as long as the planned one (the cost model has no estimate of it): what
+// `bench --estimate` and the first line of `demo` and `run` say.
+double runs_estimate_ms(const plan::Plan& p, int schedules, int runs);
+// "estimated 3 min 20 s (naive 1 min 40 s, taken as long as the planned one; planned
+// 1 min 40 s)" for compare() with these options on a GPU (warm-ups) or not.
+std::string estimate_text(const plan::Plan& p, const CompareOptions& opt, bool gpu);
+
 // "1268 = text 512 + audio 256 + video 500": the tokens of a report per segment.
 std::string token_breakdown(const RunReport& r);
 // Short human-readable table of a report.

@@ -1,0 +1,109 @@
+// The plan as people read it (`--explain`): the estimates, the policy, and per sublayer the
+// strategy, its chunks, every transformation with its rejections, the weights it holds and
+// the alternatives the chooser did not take.
+#include <sstream>
+
+#include "plan/budget.hpp"
+#include "plan/plan.hpp"
+
+namespace sp::plan {
+
+namespace {
+
+void explain_decisions(std::ostringstream& os, const std::vector<Decision>& ds) {
+  for (const auto& d : ds) {
+    os << "    " << (d.chosen ? "[x] " : "[ ] ") << legality::to_string(d.transform);
+    if (!d.note.empty()) os << " (legal; not chosen: " << d.note << ")";
+    os << "\n";
+    for (const auto& r : d.rejections)
+      os << "        rejected by " << legality::component_text(r) << ": " << legality::check_text(r) << " ["
+         << legality::code_name(r.check) << "] — required " << r.required << ", actual " << r.actual << "\n";
+  }
+}
+
+void explain_alternatives(std::ostringstream& os, const std::vector<Alternative>& as, bool attention,
+                          bool final_layer) {
+  if (as.empty()) return;
+  os << "    alternatives:\n";
+  for (const auto& a : as)
+    os << "      " << a.strategy << " (" << chunks_text(attention, final_layer, a.token_chunk, a.q_chunk, a.feature_slice)
+       << "): " << human_bytes(a.estimated_peak) << ", " << human_ms(a.estimated_ms) << " — " << a.lost << "\n";
+}
+
+// The sublayer's weights by their names below the prefix they share (so that blocks with the
+// same plan read the same): "blocks.3.attn.qkv.weight" -> "qkv.weight".
+void explain_weights(std::ostream& os, const SublayerPlan& s) {
+  std::vector<std::string> all = s.held_weights;
+  all.insert(all.end(), s.slab_weights.begin(), s.slab_weights.end());
+  size_t cut = 0;
+  if (!all.empty()) {
+    const std::string& first = all.front();
+    size_t common = first.size();
+    for (const auto& n : all) {
+      size_t i = 0;
+      while (i < common && i < n.size() && n[i] == first[i]) ++i;
+      common = i;
+    }
+    if (all.size() == 1) common = first.size();
+    const size_t dot = first.rfind('.', common == 0 ? 0 : common - 1);
+    cut = dot == std::string::npos ? 0 : dot + 1;
+    // keep at least the last two components ("fc1.weight")
+    const size_t last = first.rfind('.');
+    const size_t before = last == std::string::npos || last == 0 ? std::string::npos : first.rfind('.', last - 1);
+    cut = std::min(cut, before == std::string::npos ? size_t(0) : before + 1);
+  }
+  auto list = [&](const std::vector<std::string>& names) {
+    std::string t;
+    for (const auto& n : names) t += (t.empty() ? "" : ", ") + n.substr(std::min(cut, n.size()));
+    return t;
+  };
+  if (!s.held_weights.empty()) os << "    weights held for the block: " << list(s.held_weights) << "\n";
+  if (!s.slab_weights.empty()) os << "    weights acquired per slab: " << list(s.slab_weights) << "\n";
+}
+
+}  // namespace
+
+std::string explain(const Plan& p, bool full) {
+  std::ostringstream os;
+  os << "plan for " << p.model << ": " << p.tokens << " tokens, " << ir::to_string(p.dtype) << ", device "
+     << p.device << "\n";
+  os << "  floor " << human_bytes(p.floor_bytes) << ", estimated peak " << human_bytes(p.estimated_peak_bytes)
+     << " (residual " << human_bytes(p.residual_bytes) << ")";
+  if (p.budget_bytes > 0) os << ", budget " << human_bytes(p.budget_bytes);
+  os << ", estimated time " << human_ms(p.estimated_ms) << "\n";
+  os << "  policy: " << p.policy << "\n";
+  if (!p.row_kernels.empty()) os << "  row operations: " << p.row_kernels << "\n";
+  // Consecutive blocks with the same plan are printed once, with their range (unless full).
+  std::vector<std::string> bodies;
+  for (const BlockPlan& b : p.blocks) {
+    std::ostringstream bs;
+    for (const auto& s : b.sublayers) {
+      bs << "   " << s.name << ": " << s.strategy << ", "
+         << chunks_text(s.attention, false, s.token_chunk, s.q_chunk, s.feature_slice) << ", estimated "
+         << human_bytes(s.estimated_peak) << " above the residual, " << human_ms(s.estimated_ms) << "\n";
+      explain_decisions(bs, s.decisions);
+      explain_weights(bs, s);
+      explain_alternatives(bs, s.alternatives, s.attention, false);
+    }
+    if (b.post_norm_rows > 0) bs << "   row norm after the sublayers: " << b.post_norm_rows << " rows\n";
+    bodies.push_back(bs.str());
+  }
+  for (size_t i = 0; i < bodies.size();) {
+    size_t j = i;
+    while (!full && j + 1 < bodies.size() && bodies[j + 1] == bodies[i]) ++j;
+    if (j > i) os << "  blocks " << p.blocks[i].name << "–" << p.blocks[j].name << " (" << (j - i + 1) << " blocks, same plan)";
+    else os << "  block " << p.blocks[i].name;
+    os << "\n" << bodies[i];
+    i = j + 1;
+  }
+  if (p.final_layer.present) {
+    const FinalPlan& f = p.final_layer;
+    os << "  final layer: " << f.strategy << ", chunk " << f.chunk << ", estimated " << human_bytes(f.estimated_peak)
+       << " above the residual, " << human_ms(f.estimated_ms) << "\n";
+    explain_decisions(os, f.decisions);
+    explain_alternatives(os, f.alternatives, false, true);
+  }
+  return os.str();
+}
+
+}  // namespace sp::plan
