@@ -96,7 +96,9 @@ Runner add_make_checkpoint(CLI::App& app) {
   cmd->add_option("--layers", args->layers, "blocks (Flux: double blocks; single = 2x); default: the model's")
       ->check(cli::at_least(1));
   cmd->add_option("--layout", args->layout, "original or diffusers")->check(CLI::IsMember({"original", "diffusers"}))->capture_default_str();
-  cmd->add_flag("--tiny", args->tiny, "small widths, same structure (tests)");
+  cmd->add_flag("--tiny", args->tiny,
+                "small widths, same structure (tests, tours; at tiny widths the default plan can peak above naive: "
+                "the planner is for real widths)");
   auto* rows = cmd->add_option("--curve-rows", args->curve_rows, "minimax-h3: curve form, adaln_t_table rows G (>= 2)")
                    ->check(cli::at_least(2));
   auto* basis = cmd->add_option("--curve-basis", args->curve_basis, "minimax-h3: curve form, adaln_t_table columns K")
