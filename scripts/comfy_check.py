@@ -179,20 +179,6 @@ def model_config(comfy, family: str, tiny: bool, dtype: torch.dtype):
     return Cfg(unet), comfy.model_base.Flux
 
 
-def lora_state_dict(model: torch.nn.Module, rank: int, gen: torch.Generator, dtype: torch.dtype) -> dict:
-    """A LoRA in diffusers/PEFT naming (lora_A / lora_B) over every 2-D block weight."""
-    sd = {}
-    for name, p in model.diffusion_model.named_parameters():
-        if p.dim() != 2 or not name.startswith(("blocks.", "double_blocks.", "single_blocks.")):
-            continue
-        key = "diffusion_model." + name[: -len(".weight")]
-        a = torch.randn(rank, p.shape[1], generator=gen, device=gen.device) / p.shape[1] ** 0.5
-        b = 0.05 * torch.randn(p.shape[0], rank, generator=gen, device=gen.device) / rank ** 0.5
-        sd[key + ".lora_A.weight"] = a.to(dtype)
-        sd[key + ".lora_B.weight"] = b.to(dtype)
-    return sd
-
-
 def main() -> int:
     a = parse_args()
     checked_environment(a)
@@ -263,7 +249,7 @@ def main() -> int:
                 p32.unpatch_model()
             sample(p)  # weights loaded (and patched) once before measuring
             ref, ref_s, ref_peak = sample(p)
-            (planned_model,) = comfy_nodes.StreamplanMemoryPlanner().patch(p, "none", "comfy", False)
+            planned_model, _status = comfy_nodes.StreamplanMemoryPlanner().patch(p, "none", "comfy", False)
             wrapper = planned_model.wrappers["diffusion_model"]["streamplan"][0]
             reports: list[str] = []
             wrapper.report = reports.append

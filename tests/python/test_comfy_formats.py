@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,8 @@ import pytest
 import torch
 from conftest import rel_l2
 
-import comfy_tree  # noqa: E402  (tests/reference, on the path through conftest)
+import comfy_formats as cf  # noqa: E402  (tests/reference, on the path through conftest)
+import comfy_tree  # noqa: E402
 import make_reference  # noqa: E402
 import minimax_h3 as h3  # noqa: E402
 
@@ -32,16 +32,7 @@ from streamplan import comfy_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(os.environ.get("STREAMPLAN_CLI", ROOT / "build" / "streamplan"))
-
-# (name, convert options, ComfyUI's load dtype option: what its UNETLoader's weight_dtype sets)
-FORMATS = {
-    "fp8": (["--to", "fp8"], None),
-    "int8": (["--to", "int8"], None),
-    "convrot-int8": (["--to", "convrot-int8"], None),
-    "scaled-fp8": (["--to", "fp8", "--layout", "scaled_fp8", "--input-scale"], None),
-    "plain-e4m3": (["--to", "fp8", "--layout", "plain"], torch.float8_e4m3fn),
-    "plain-e5m2": (["--to", "fp8-e5m2", "--layout", "plain"], torch.float8_e5m2),
-}
+FORMATS = cf.FORMATS
 H3_TINY = replace(h3.TINY, hidden=256, heads=2, head_dim=128, ffn=512, text_dim=64, time_hidden=256, time_dim=64)
 FLOOR = 1e-5
 
@@ -112,27 +103,11 @@ def _source(comfy: Any, family: str, tmp: Path) -> Path:
 
 
 def _convert(src: Path, fmt: str) -> Path:
-    out = src.with_name(f"{src.stem}.{fmt}.safetensors")
-    if not out.exists():
-        r = subprocess.run([str(CLI), "convert", *FORMATS[fmt][0], str(src), str(out)], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-    return out
+    return cf.convert(CLI, src, fmt)
 
 
 def _load(comfy: Any, path: Path, dtype: torch.dtype | None, state_dict: dict | None = None) -> Any:
-    sd, meta = comfy.utils.load_torch_file(str(path), return_metadata=True) if state_dict is None else (state_dict, {})
-    return comfy.sd.load_diffusion_model_state_dict(sd, model_options={"dtype": dtype} if dtype else {}, metadata=meta)
-
-
-def _dequantized_state_dict(mp: Any) -> dict[str, torch.Tensor]:
-    """The loaded model's weights as fp32, dequantized by ComfyUI (the reference holds them)."""
-    out = {}
-    for name, p in mp.model.diffusion_model.named_parameters():
-        t = p.dequantize() if hasattr(p, "dequantize") and hasattr(p, "_params") else p
-        out[name] = t.detach().to(torch.float32).contiguous()
-    for name, b in mp.model.diffusion_model.named_buffers():
-        out[name] = b.detach().to(torch.float32).contiguous() if b.is_floating_point() else b
-    return out
+    return cf.load(comfy, path, dtype, state_dict)
 
 
 def _sample(comfy: Any, mp: Any, family: str) -> torch.Tensor:
@@ -162,6 +137,16 @@ def _sample(comfy: Any, mp: Any, family: str) -> torch.Tensor:
                                seed=0, disable_pbar=True).float()
 
 
+def _call_wan(comfy: Any, mp: Any, family: str) -> torch.Tensor:
+    """One call of the WanModel as ComfyUI's sampler makes it (the patcher's wrappers in
+    transformer_options), without loading the model again."""
+    g = torch.Generator().manual_seed(6)
+    x, ctx = torch.randn(1, 16, 3, 8, 12, generator=g), torch.randn(1, 7, 4096, generator=g)
+    opts = {**mp.model_options.get("transformer_options", {}), "wrappers": mp.wrappers}
+    with torch.no_grad():
+        return mp.model.diffusion_model(x, torch.tensor([700.0]), ctx, transformer_options=opts).float()
+
+
 def _with_node(comfy: Any, mp: Any) -> tuple[Any, comfy_nodes.PlannerWrapper, str]:
     patched, status = comfy_nodes.StreamplanMemoryPlanner().patch(mp, "none", "sdpa", False)
     wrapper = comfy_nodes.planner_of(patched)
@@ -176,10 +161,9 @@ def test_format_runs_planned_and_agrees(comfy: Any, tiny_detection: Any, tmp_pat
     tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
     tmp.mkdir(exist_ok=True)
     path = _convert(_source(comfy, family, tmp), fmt)
-    load_dtype = FORMATS[fmt][1]
-    mp = _load(comfy, path, load_dtype)
+    mp = _load(comfy, path, FORMATS[fmt].load_dtype)
     held = comfy_nodes.weight_formats(mp.model.diffusion_model)
-    reference = _sample(comfy, _load(comfy, path, None, _dequantized_state_dict(mp)), family)
+    reference = _sample(comfy, _load(comfy, path, None, cf.dequantized_state_dict(mp)), family)
     own = _outcome(lambda: _sample(comfy, mp, family))
     patched, wrapper, status = _with_node(comfy, mp)
     planned = _sample(comfy, patched, family)
@@ -247,3 +231,51 @@ def test_status_node_reads_the_plan_after_sampling(comfy: Any, tiny_detection: A
     for part in ("attention: consumer sdpa", "estimated peak", "floor", "linears int8 (", "calls planned"):
         assert part in text, text
     assert json.dumps(text)  # a plain string, as a text-display node shows it
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "plain-e4m3"])
+@pytest.mark.parametrize("lowvram", [False, True], ids=["patched-at-load", "patched-at-cast"])
+def test_lora_loaded_by_comfyui_on_quantized_weights(comfy: Any, tiny_detection: Any, tmp_path_factory: Any, fmt: str,
+                                                     lowvram: bool) -> None:
+    """A rank-16 LoRA loaded by ComfyUI's loader (comfy.lora.load_lora, add_patches) on a
+    quantized WanModel: patched when ComfyUI loads the weights (it dequantizes, patches and
+    stores them back in their format) or at cast time (weight_function, as under low-VRAM
+    loading: the weight hook hands the patches the dequantized weight). Planned with no
+    fallback, within 2x ComfyUI's own error against fp32 of the dequantized weights with the
+    same LoRA."""
+    import comfy.lora
+
+    tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
+    tmp.mkdir(exist_ok=True)
+    path = _convert(_source(comfy, "wan", tmp), fmt)
+    mp = _load(comfy, path, FORMATS[fmt].load_dtype)
+    keys = comfy.lora.model_lora_keys_unet(mp.model, {})
+    lora = comfy.lora.load_lora(cf.lora_state_dict(mp.model, 16, torch.Generator().manual_seed(9), scale=0.5), keys)
+    assert len(lora) >= 10, len(lora)
+    ref_mp = _load(comfy, path, None, cf.dequantized_state_dict(mp))
+    ref_mp.add_patches(lora, 1.0)
+    mp.add_patches(lora, 1.0)
+    run = _sample
+    if lowvram:
+        # ComfyUI's low-VRAM load patches no weight in place: every LoRA'd layer gets its
+        # patches as a weight_function, applied when the layer casts its weight. The sampler
+        # would load the model again (fully, on the CPU), so the model is called as the sampler
+        # calls it, once loaded.
+        mp.load(torch.device("cpu"), lowvram_model_memory=1, force_patch_weights=False, full_load=False)
+        hooked = [m for m in mp.model.diffusion_model.modules() if getattr(m, "weight_function", None)]
+        assert len(hooked) >= 10, f"ComfyUI patched {len(hooked)} layers at cast time"
+        ref_mp.load(torch.device("cpu"), force_patch_weights=True, full_load=True)
+        run = _call_wan
+    reference = run(comfy, ref_mp, "wan")
+    own = run(comfy, mp, "wan")
+    patched, wrapper, _status = _with_node(comfy, mp)
+    planned = run(comfy, patched, "wan")
+    text = wrapper.status()
+    h, = wrapper.handles.values()
+    assert h.fallbacks == [] and h.planned_calls == h.calls >= 1 and not wrapper.refused, text
+    comfy_err, err = rel_l2(own, reference), rel_l2(planned, reference)
+    without = run(comfy, _load(comfy, path, FORMATS[fmt].load_dtype), "wan")
+    print(f"\nwan {fmt} LoRA ({'cast' if lowvram else 'load'}): effect {rel_l2(without, reference):.3e}, "
+          f"ComfyUI {comfy_err:.3e}, planned {err:.3e}\n{text}")
+    assert rel_l2(without, reference) > 3 * max(comfy_err, FLOOR), "the LoRA changes too little to be seen"
+    assert err <= max(2 * comfy_err, FLOOR)
