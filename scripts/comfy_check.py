@@ -14,9 +14,17 @@ LoRA that ComfyUI loads itself (comfy.lora.load_lora onto the ModelPatcher, as i
 does). In bf16 (on a GPU) ComfyUI also samples the same weights in fp32, the reference. The
 latents with the node are compared with those without, and both with the fp32 reference (rel
 L2); the peak of the caching allocator above what was allocated before sampling is printed for
-each run.
+each run, with the time of each sampling.
+
+--formats runs the models from quantized checkpoints as ComfyUI's users load them: the random
+weights are saved (fp32, ComfyUI's layout), written in each format by `streamplan convert`
+(--cli) and loaded by ComfyUI's own loader (tests/reference/comfy_formats.py): `fp8` and
+`int8` (comfy_quant), `scaled-fp8`, `plain-e4m3` (float8 weights ComfyUI casts per layer), ...;
+`bf16` is the random model above. The reference is ComfyUI in fp32 on the dequantized weights;
+the LoRA runs on the fp8 formats and bf16 (--lora-formats).
 
     .venv/bin/python scripts/comfy_check.py [--comfyui PATH] [--models wan,flux] [--steps 2]
+    .venv/bin/python scripts/comfy_check.py --formats fp8,scaled-fp8,plain-e4m3,int8 --models wan
     .venv/bin/python scripts/comfy_check.py --tiny --device cpu      # a quick run on the CPU
 
 It needs torch and streamplan importable (the project's .venv has both: scripts/setup.sh) and
@@ -32,13 +40,16 @@ import glob
 import json
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import NoReturn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 MODELS = ("wan", "flux")
+from comfy_formats import FORMATS  # noqa: E402  (tests/reference)
 VENV_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 VENV_HINT = f"run it with the project's environment, {VENV_PYTHON} (scripts/setup.sh makes it)"
 
@@ -92,7 +103,9 @@ def comfy_import(device: str, tree: str | None = None):
         import comfy.model_base
         import comfy.model_patcher
         import comfy.sample
+        import comfy.sd
         import comfy.supported_models_base
+        import comfy.utils
     except ModuleNotFoundError as e:
         if e.name and (e.name == "comfy" or e.name.startswith("comfy.")):
             fail(f"ComfyUI tree {tree}: cannot import {e.name} ({e}); give a whole ComfyUI source tree")
@@ -119,7 +132,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tiny", action="store_true", help="test widths instead of the real ones")
     ap.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda where available)")
     ap.add_argument("--out", metavar="FILE", help="write the rows as JSON")
+    ap.add_argument("--formats", default="bf16", help="comma-separated weight formats, of: bf16 (random weights "
+                    "in the compute dtype), " + ", ".join(FORMATS) + " (checkpoints written by streamplan convert)")
+    ap.add_argument("--lora-formats", default="bf16,fp8,scaled-fp8,plain-e4m3",
+                    help="the formats also sampled with a rank-16 LoRA")
+    ap.add_argument("--cli", metavar="PATH", default=os.environ.get("STREAMPLAN_BIN", os.path.join(ROOT, "build", "streamplan")),
+                    help="the streamplan command that converts (default: $STREAMPLAN_BIN, build/streamplan)")
+    ap.add_argument("--work", metavar="DIR", help="where the checkpoints are written (default: a temporary folder)")
     a = ap.parse_args(argv)
+    formats = a.formats.split(",")
+    bad = [f for f in formats if f != "bf16" and f not in FORMATS]
+    if bad or not a.formats:
+        ap.error(f"--formats: expected a comma-separated list of bf16, {', '.join(FORMATS)}, got '{a.formats}'")
+    if formats != ["bf16"] and not os.access(a.cli, os.X_OK):
+        ap.error(f"--cli {a.cli}: no streamplan command there (scripts/setup.sh builds build/streamplan)")
+    if formats != ["bf16"] and a.tiny and "flux" in a.models.split(","):
+        ap.error("--formats with --tiny: wan only (ComfyUI's detection gives Flux 24 heads, more than tiny widths hold)")
     models = a.models.split(",")
     bad = [m for m in models if m not in MODELS]
     if bad or not a.models:
@@ -155,7 +183,8 @@ def checked_environment(a: argparse.Namespace) -> None:
 def model_config(comfy, family: str, tiny: bool, dtype: torch.dtype):
     base = comfy.supported_models_base.BASE
     if family == "wan":
-        unet = (dict(dim=64, ffn_dim=96, num_heads=2, freq_dim=32, text_dim=32) if tiny else
+        # tiny: heads of 128, the smallest ComfyUI's detection of a checkpoint gives back
+        unet = (dict(dim=256, ffn_dim=512, num_heads=2, freq_dim=256, text_dim=4096) if tiny else
                 dict(dim=5120, ffn_dim=13824, num_heads=40, freq_dim=256, text_dim=4096))
         unet.update(model_type="t2v", patch_size=(1, 2, 2), in_dim=16, out_dim=16, num_layers=2, eps=1e-6,
                     qk_norm=True, cross_attn_norm=True, text_len=512, dtype=dtype)
@@ -170,6 +199,11 @@ def model_config(comfy, family: str, tiny: bool, dtype: torch.dtype):
             dict(hidden_size=3072, num_heads=24, axes_dim=[16, 56, 56], context_in_dim=4096, vec_in_dim=768))
     unet.update(in_channels=16, out_channels=16, patch_size=2, mlp_ratio=4.0, depth=2, depth_single_blocks=4,
                 theta=10000, qkv_bias=True, guidance_embed=True, image_model="flux", dtype=dtype)
+    import dataclasses
+
+    import comfy.ldm.flux.model as flux_model
+    if "txt_ids_dims" in {f.name for f in dataclasses.fields(flux_model.FluxParams)}:
+        unet["txt_ids_dims"] = []  # no text positions on the rope axes (Flux.1)
 
     class Cfg(base):
         unet_config = unet
@@ -179,10 +213,26 @@ def model_config(comfy, family: str, tiny: bool, dtype: torch.dtype):
     return Cfg(unet), comfy.model_base.Flux
 
 
+def source_checkpoint(comfy, family: str, tiny: bool, work: Path) -> Path:
+    """The family's random model in fp32 saved in ComfyUI's layout (once per family): what
+    `streamplan convert` reads."""
+    import make_reference
+    from safetensors.torch import save_file
+
+    path = work / f"{family}{'-tiny' if tiny else ''}.safetensors"
+    if not path.exists():
+        cfg, cls = model_config(comfy, family, tiny, torch.float32)
+        model = cls(cfg, device=torch.device("cpu"))
+        make_reference.randomize(model.diffusion_model, torch.Generator().manual_seed(0))
+        save_file({k: v.contiguous() for k, v in model.diffusion_model.state_dict().items()}, str(path))
+    return path
+
+
 def main() -> int:
     a = parse_args()
     checked_environment(a)
     comfy = comfy_import(a.device, a.comfyui)
+    import comfy_formats
     import make_reference
 
     import streamplan
@@ -192,19 +242,28 @@ def main() -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     cuda = device.type == "cuda"
     rows = []
-    for family in [m for m in a.models.split(",") if m]:
+    work = a.work or tempfile.mkdtemp(prefix="comfy_check-")
+    for family, fmt in [(m, f) for m in a.models.split(",") if m for f in a.formats.split(",")]:
         t0 = time.time()
         cfg, cls = model_config(comfy, family, a.tiny, dtype)  # built in dtype, ComfyUI's fp32 layers kept
-        model = cls(cfg, device=device)
-        gen = torch.Generator(device).manual_seed(0)
-        make_reference.randomize(model.diffusion_model, gen)
-        patcher = comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
-        patcher32 = None
-        if dtype != torch.float32:  # the reference: ComfyUI in fp32 on the same (rounded) weights
-            cfg32, _ = model_config(comfy, family, a.tiny, torch.float32)
-            model32 = cls(cfg32, device=device)
-            model32.diffusion_model.load_state_dict(model.diffusion_model.state_dict())
-            patcher32 = comfy.model_patcher.ModelPatcher(model32, load_device=device, offload_device=device)
+        if fmt == "bf16":
+            model = cls(cfg, device=device)
+            gen = torch.Generator(device).manual_seed(0)
+            make_reference.randomize(model.diffusion_model, gen)
+            patcher = comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
+            patcher32 = None
+            if dtype != torch.float32:  # the reference: ComfyUI in fp32 on the same (rounded) weights
+                cfg32, _ = model_config(comfy, family, a.tiny, torch.float32)
+                model32 = cls(cfg32, device=device)
+                model32.diffusion_model.load_state_dict(model.diffusion_model.state_dict())
+                patcher32 = comfy.model_patcher.ModelPatcher(model32, load_device=device, offload_device=device)
+        else:
+            path = comfy_formats.convert(Path(a.cli), source_checkpoint(comfy, family, a.tiny, Path(work)), fmt)
+            patcher = comfy_formats.load(comfy, path, FORMATS[fmt].load_dtype())
+            # the reference: ComfyUI in fp32 on the weights it dequantized
+            patcher32 = comfy_formats.load(comfy, path, torch.float32, comfy_formats.dequantized_state_dict(patcher))
+            model = patcher.model
+            dtype = model.get_dtype_inference()
         if family == "wan":
             shape = (1, 16, 3, 8, 12) if a.tiny else (1, 16, 21, 90, 160)
             ctx_dim, ctx_len = cfg.unet_config["text_dim"], 512
@@ -218,9 +277,11 @@ def main() -> int:
             extra = {"pooled_output": torch.randn(1, cfg.unet_config["vec_in_dim"], generator=g), "guidance": 3.5}
         positive = [[torch.randn(1, ctx_len, ctx_dim, generator=g), dict(extra)]]
         negative = [[torch.randn(1, ctx_len, ctx_dim, generator=g), dict(extra)]]
-        lora = comfy.lora.load_lora(lora_state_dict(model, 16, torch.Generator(device).manual_seed(3), dtype),
-                                    comfy.lora.model_lora_keys_unet(model, {}))
-        print(f"[comfy_check] {family}: built in {time.time() - t0:.0f} s, {len(lora)} LoRA weights", file=sys.stderr)
+        lora = comfy.lora.load_lora(
+            comfy_formats.lora_state_dict(model, 16, torch.Generator(device).manual_seed(3), torch.float32),
+            comfy.lora.model_lora_keys_unet(model, {}))
+        print(f"[comfy_check] {family} {fmt}: built in {time.time() - t0:.0f} s, {len(lora)} LoRA weights",
+              file=sys.stderr)
 
         def sample(p) -> tuple[torch.Tensor, float, int]:
             if cuda:
@@ -236,7 +297,7 @@ def main() -> int:
             return out.float(), time.time() - start, peak
 
         plain = None
-        for with_lora in (False, True):
+        for with_lora in (False, True) if fmt in a.lora_formats.split(",") else (False,):
             p = patcher.clone()
             if with_lora:
                 p.add_patches(lora, 1.0)
@@ -261,13 +322,15 @@ def main() -> int:
                 lambda x: float((x.double() - fp32.double()).norm() / fp32.double().norm()))
             lora_effect = None if plain is None else float((ref.double() - plain.double()).norm() / plain.double().norm())
             plain = ref if plain is None else plain
-            rows.append({"model": family, "lora": with_lora, "steps": a.steps, "dtype": str(dtype),
+            rows.append({"model": family, "format": fmt, "lora": with_lora, "steps": a.steps, "dtype": str(dtype),
                          "device": torch.cuda.get_device_name() if cuda else "cpu", "rel_l2": err,
                          "lora_changes_latents_by": lora_effect, "comfy_rel_l2_vs_fp32": vs32(ref),
                          "streamplan_rel_l2_vs_fp32": vs32(got),
                          "comfy_s": ref_s, "streamplan_s": got_s, "comfy_peak_bytes": ref_peak,
                          "streamplan_peak_bytes": got_peak, "planned_calls": h.planned_calls, "calls": h.calls,
-                         "fallbacks": sorted({f.code for f in h.fallbacks}), "report": reports[-1] if reports else ""})
+                         "fallbacks": sorted({f.code for f in h.fallbacks}), "report": reports[-1] if reports else "",
+                         "status": wrapper.status()})
+            print(f"[comfy_check] {family} {fmt}{' LoRA' if with_lora else ''}:\n{wrapper.status()}", file=sys.stderr)
             if a.out:
                 with open(a.out, "w") as f:
                     json.dump(rows, f, indent=1)
@@ -275,11 +338,11 @@ def main() -> int:
                 if streamplan.handle_of(hd.module) is hd:
                     streamplan.remove(hd.module)
     G = float(1 << 30)
-    print(f"{'model':6} {'LoRA':5} {'LoRA effect':>11} {'sp vs comfy':>11} {'comfy err':>9} {'sp err':>9} "
+    print(f"{'model':6} {'format':10} {'LoRA':5} {'LoRA effect':>11} {'sp vs comfy':>11} {'comfy err':>9} {'sp err':>9} "
           f"{'comfy s':>8} {'sp s':>8} {'comfy GiB':>10} {'sp GiB':>8} planned fallbacks")
     fmt = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
     for r in rows:
-        print(f"{r['model']:6} {str(r['lora']):5} {fmt(r['lora_changes_latents_by']):>11} {r['rel_l2']:11.2e} "
+        print(f"{r['model']:6} {r['format']:10} {str(r['lora']):5} {fmt(r['lora_changes_latents_by']):>11} {r['rel_l2']:11.2e} "
               f"{fmt(r['comfy_rel_l2_vs_fp32']):>9} {fmt(r['streamplan_rel_l2_vs_fp32']):>9} "
               f"{r['comfy_s']:8.2f} {r['streamplan_s']:8.2f} "
               f"{r['comfy_peak_bytes'] / G:10.3f} {r['streamplan_peak_bytes'] / G:8.3f} "

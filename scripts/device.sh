@@ -28,7 +28,8 @@
 #   scripts/device.sh OUT comfy-check
 #                                    the Python package built here, then ComfyUI's own sampling
 #                                    of Wan 14B (2 layers) and Flux-dev (2 + 4 blocks) with and
-#                                    without the node, and with a LoRA (scripts/comfy_check.py)
+#                                    without the node, and with a LoRA (scripts/comfy_check.py);
+#                                    COMFY_FORMATS=fp8,int8,...: from checkpoints in those formats
 #   scripts/device.sh OUT comfy-load  ComfyUI master's own loader and forward on the files
 #                                    `streamplan convert` writes (fp8, int8, convrot-int8 of Wan 2.1
 #                                    and Flux-dev checkpoints, both layouts; scripts/comfy_load_check.py);
@@ -174,7 +175,8 @@ build_package() {
   # A carried pybind11 (the version torch's headers are) before the machine's own.
   [ -d /tmp/streamplan-site/pybind11 ] && defines+=(-C cmake.define.pybind11_DIR=/tmp/streamplan-site/pybind11/share/cmake/pybind11)
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) $py -m pip install -q --no-build-isolation --no-deps --upgrade \
-    --target /tmp/streamplan-pkg -C build-dir=build-py-device "${defines[@]}" . >>"$out/logs.txt" 2>&1 \
+    --target /tmp/streamplan-pkg -C build-dir=build-py-device -C cmake.define.STREAMPLAN_CLI=ON "${defines[@]}" . \
+    >>"$out/logs.txt" 2>&1 \
     || { tail -30 "$out/logs.txt"; exit 1; }
   export PYTHONPATH=/tmp/streamplan-pkg:${PYTHONPATH:-}
 }
@@ -231,11 +233,16 @@ fi
 
 if [ "$mode" = comfy-check ]; then
   # ComfyUI's own sampling with and without the node (scripts/comfy_check.py): a ComfyUI tree
-  # in .deps/comfyui-full (or COMFYUI_PATH).
+  # in .deps/comfyui-full (or COMFYUI_PATH), comfy_kitchen (its QuantizedTensor layouts) in
+  # .deps/ck312. COMFY_FORMATS (e.g. "fp8,scaled-fp8,plain-e4m3,int8") runs the models from
+  # checkpoints in those formats, written by the streamplan command the package's build holds.
   build_package
   comfy_wheels
-  COMFY_SITE=$site COMFYUI_PATH=${COMFYUI_PATH:-$PWD/.deps/comfyui-full} $py scripts/comfy_check.py ${BENCH_ARGS:-} \
-    --out "$out/comfy_check.json" 2>>"$out/logs.txt" || { tail -30 "$out/logs.txt"; exit 1; }
+  PYTHONPATH=$PWD/.deps/ck312${PYTHONPATH:+:$PYTHONPATH} COMFY_SITE=$site \
+    COMFYUI_PATH=${COMFYUI_PATH:-$PWD/.deps/comfyui-full} $py scripts/comfy_check.py ${BENCH_ARGS:-} \
+    ${COMFY_FORMATS:+--formats "$COMFY_FORMATS" --cli build-py-device/streamplan --work /tmp/comfy-check} \
+    --out "$out/comfy_check.json" 2>>"$out/logs.txt" | tee "$out/comfy_check.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { tail -30 "$out/logs.txt"; exit 1; }
   exit 0
 fi
 

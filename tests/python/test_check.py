@@ -3,6 +3,7 @@ of scripts/comfy_check.py (what it needs, said in one line, exit status 1)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -110,6 +111,10 @@ def test_comfy_check_names_the_missing_tree_and_bad_arguments(tmp_path: Path) ->
         ({}, ["--device", "gpu"], "--device: expected cpu, cuda, cuda:N or auto, got 'gpu'"),
         ({}, ["--out", str(tmp_path / "no" / "x.json")], f"--out {tmp_path}/no/x.json: cannot write there "
          f"(no writable folder {tmp_path}/no)"),
+        ({}, ["--formats", "bf16,nvfp4"], "--formats: expected a comma-separated list of bf16, fp8, int8, "
+         "convrot-int8, scaled-fp8, plain-e4m3, plain-e5m2, got 'bf16,nvfp4'"),
+        ({}, ["--formats", "fp8", "--cli", str(tmp_path / "none")],
+         f"--cli {tmp_path}/none: no streamplan command there (scripts/setup.sh builds build/streamplan)"),
     ):
         rc, out, err = _run(COMFY_CHECK, *args, env=env)
         assert rc == 1 and err.splitlines()[-1] == f"comfy_check: error: {message}", (args, err)
@@ -127,3 +132,21 @@ def test_comfy_check_names_a_module_comfyui_lacks(tmp_path: Path) -> None:
         r"'a_module_comfyui_needs', which \S+ cannot import; install what ComfyUI needs into this Python \(pip install "
         rf"-r {re.escape(str(tmp_path))}/requirements\.txt\), or put it in COMFY_SITE \(pip install --target ",
         err.splitlines()[-1]), err
+
+
+def test_comfy_check_runs_comfyui_sampling_on_the_cpu(tmp_path: Path) -> None:
+    """The whole check at tiny widths on the CPU, from a random model and from an int8 and a
+    plain fp8 checkpoint written by `streamplan convert`: every call planned, the table printed."""
+    out = tmp_path / "rows.json"
+    rc, stdout, err = _run(COMFY_CHECK, "--tiny", "--device", "cpu", "--models", "wan", "--formats", "bf16,int8,plain-e4m3",
+                           "--lora-formats", "plain-e4m3", "--work", str(tmp_path), "--out", str(out))
+    assert rc == 0, err
+    rows = json.loads(out.read_text())
+    assert [(r["format"], r["lora"]) for r in rows] == [("bf16", False), ("int8", False), ("plain-e4m3", False),
+                                                         ("plain-e4m3", True)]
+    for r in rows:
+        assert r["planned_calls"] == r["calls"] >= 1 and r["fallbacks"] == [], r
+        assert "calls planned" in r["status"], r["status"]
+    assert "int8 (" in rows[1]["status"] and "fp8-e4m3 (" in rows[2]["status"]
+    assert rows[3]["streamplan_rel_l2_vs_fp32"] <= 2 * rows[3]["comfy_rel_l2_vs_fp32"] + 1e-5
+    assert stdout.splitlines()[0].split()[:3] == ["model", "format", "LoRA"]

@@ -161,7 +161,7 @@ def test_format_runs_planned_and_agrees(comfy: Any, tiny_detection: Any, tmp_pat
     tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
     tmp.mkdir(exist_ok=True)
     path = _convert(_source(comfy, family, tmp), fmt)
-    mp = _load(comfy, path, FORMATS[fmt].load_dtype)
+    mp = _load(comfy, path, FORMATS[fmt].load_dtype())
     held = comfy_nodes.weight_formats(mp.model.diffusion_model)
     reference = _sample(comfy, _load(comfy, path, None, cf.dequantized_state_dict(mp)), family)
     own = _outcome(lambda: _sample(comfy, mp, family))
@@ -248,7 +248,7 @@ def test_lora_loaded_by_comfyui_on_quantized_weights(comfy: Any, tiny_detection:
     tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
     tmp.mkdir(exist_ok=True)
     path = _convert(_source(comfy, "wan", tmp), fmt)
-    mp = _load(comfy, path, FORMATS[fmt].load_dtype)
+    mp = _load(comfy, path, FORMATS[fmt].load_dtype())
     keys = comfy.lora.model_lora_keys_unet(mp.model, {})
     lora = comfy.lora.load_lora(cf.lora_state_dict(mp.model, 16, torch.Generator().manual_seed(9), scale=0.5), keys)
     assert len(lora) >= 10, len(lora)
@@ -274,7 +274,7 @@ def test_lora_loaded_by_comfyui_on_quantized_weights(comfy: Any, tiny_detection:
     h, = wrapper.handles.values()
     assert h.fallbacks == [] and h.planned_calls == h.calls >= 1 and not wrapper.refused, text
     comfy_err, err = rel_l2(own, reference), rel_l2(planned, reference)
-    without = run(comfy, _load(comfy, path, FORMATS[fmt].load_dtype), "wan")
+    without = run(comfy, _load(comfy, path, FORMATS[fmt].load_dtype()), "wan")
     print(f"\nwan {fmt} LoRA ({'cast' if lowvram else 'load'}): effect {rel_l2(without, reference):.3e}, "
           f"ComfyUI {comfy_err:.3e}, planned {err:.3e}\n{text}")
     assert rel_l2(without, reference) > 3 * max(comfy_err, FLOOR), "the LoRA changes too little to be seen"
