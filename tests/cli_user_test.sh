@@ -92,6 +92,18 @@ expect 1 "unknown subcommand 'rn' (did you mean 'run'?); the commands are demo, 
 expect 1 "strength 'abc' is not a number in '$tmp/wan.safetensors:abc'" -- \
   "$bin" run --checkpoint "$tmp/wan.safetensors" --tokens 64 --lora "$tmp/wan.safetensors:abc"
 expect 2 "budget 1.00 KiB is below the smallest achievable peak" -- "$bin" demo --budget 1KiB --quiet
+python3 - "$tmp/lora.safetensors" <<'PY'
+import json, struct, sys
+names = ["diffusion_model.blocks.0.self_attn.q.lora_A.weight", "diffusion_model.blocks.0.self_attn.q.lora_B.weight"]
+header, data = {}, b""
+for n, shape in zip(names, ([4, 64], [64, 4])):
+    header[n] = {"dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + 4 * 256]}
+    data += b"\0" * (4 * 256)
+h = json.dumps(header).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + data)
+PY
+expect 1 "looks like a LoRA (lora_A/lora_down tensors); pass it with --lora" -- \
+  "$bin" run --checkpoint "$tmp/lora.safetensors" --tokens 64
 out=$("$bin" run --checkpoint "$tmp/wan.safetensors" --tokens 64 --planned-only --precision int8 --explain --quiet)
 grep -qF "(--precision int8)" <<<"$out" || fail "--precision int8 not named in --explain: $out"
 if grep -qF "(--precision preserve)" <<<"$out"; then fail "--precision int8 labelled preserve: $out"; fi

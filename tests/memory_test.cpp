@@ -2,6 +2,10 @@
 // acceptance figures, and that runs leave their inputs untouched.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "exec/device/device.hpp"
 #include "exec/registry.hpp"
 #include "exec/device/memory.hpp"
@@ -157,3 +161,24 @@ TEST(Memory, PeakOfACallLeavesAnOuterMeterItsPeak) {
 }
 
 }  // namespace
+
+// Progress of a schedule: a line about every 2 s naming the sublayer being computed, also while
+// no sublayer finishes (a sublayer that takes minutes), and none once the run is over.
+TEST(Progress, ReportsTheRunningSublayerWhileItRuns) {
+  const ir::Model m = models::build_ir(models::demo_config());  // 2 blocks of 2 sublayers
+  report::Progress progress("test", true);
+  testing::internal::CaptureStderr();
+  {
+    const exec::Progress step = progress.sublayers(m, "planned schedule");
+    step(2, 4);  // two sublayers done, the third one running for a while
+    std::this_thread::sleep_for(std::chrono::milliseconds(4500));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(2200));  // the run is over: silent
+  const std::string err = testing::internal::GetCapturedStderr();
+  size_t lines = 0;
+  for (size_t at = err.find("[test] planned schedule: sublayer 3/4 (block 2/2), "); at != std::string::npos;
+       at = err.find("[test] planned schedule: sublayer 3/4 (block 2/2), ", at + 1))
+    ++lines;
+  EXPECT_EQ(lines, 2u) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 2) << err;
+}
