@@ -93,7 +93,8 @@ class Compiler {
       if (!segments) {
         count = same;
       } else if (pieces == 1) {
-        count = first_cut_slab(base + i0, chunk, same);
+        // slab 0 is uncut, so the first cut one is at least slab 1 (a lone slab: itself)
+        count = same > 1 ? first_cut_slab(base + i0, chunk, same) : 1;
       } else {
         while (count < same && 1 + m_.inner_boundaries({base + i0 + count * chunk, base + i0 + (count + 1) * chunk}) == pieces)
           ++count;
