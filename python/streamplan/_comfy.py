@@ -134,7 +134,8 @@ class ComfyAdapter(Adapter):
 # ComfyUI's QuantizedTensor layouts (comfy.quant_ops) -> the streamplan format that runs them.
 LAYOUT_FORMATS = {"TensorCoreFP8Layout": "fp8-e4m3", "TensorCoreFP8E4M3Layout": "fp8-e4m3",
                   "TensorCoreFP8E5M2Layout": "fp8-e5m2", "TensorWiseINT8Layout": "int8"}
-_PLAIN_FORMATS = {torch.float8_e4m3fn: "fp8-e4m3", torch.float8_e5m2: "fp8-e5m2"}
+# Plain float8 storage, which ComfyUI casts to the compute dtype per layer: computed the same way.
+_PLAIN_FORMATS = {torch.float8_e4m3fn: "fp8-e4m3-cast", torch.float8_e5m2: "fp8-e5m2"}
 
 
 def weight_format(t: torch.Tensor) -> tuple[str | None, str]:

@@ -144,8 +144,10 @@ QuantScan scan_quant(const std::vector<io::TensorInfo>& tensors,
     if (out.weights.count(t.name) || t.shape.size() != 2 || !ends_with(t.name, ".weight")) continue;
     const std::string layer = stem(t.name, "weight");
     if (t.dtype == io::DType::F8_E4M3) {
-      QuantSpec q{"fp8-e4m3", "stored float8_e4m3fn without scale (scale 1)", "", ""};
+      // A bare float8 weight is a cast: its users compute with it cast to their dtype.
+      QuantSpec q{"fp8-e4m3-cast", "stored float8_e4m3fn without scale (scale 1), cast", "", ""};
       if (marker) {
+        q.format = "fp8-e4m3";
         q.origin = "scaled_fp8 scale_weight";
         if (const auto* s = find(layer + "scale_weight")) {
           expect_scale(*s, t);

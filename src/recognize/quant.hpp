@@ -8,7 +8,9 @@
 // "<layer>.weight_scale" and optionally "<layer>.input_scale". The older one has one
 // "scaled_fp8" marker tensor and per layer "<layer>.scale_weight" / "<layer>.scale_input"
 // beside float8_e4m3fn weights. Weights stored as float8_e4m3fn with neither are plain
-// casts (scale 1), and so are float8_e5m2 weights without a description (format fp8-e5m2).
+// casts (scale 1, format fp8-e4m3-cast: computed as their users compute them, cast to the
+// activation dtype, never with quantized activations), and so are float8_e5m2 weights without
+// a description (format fp8-e5m2).
 // scan_quant takes these side tensors out of what structure recognition sees and says, per
 // stored weight, which project format runs it; a scheme the project does not run (nvfp4,
 // mxfp8, ConvRot W4A4, W4A8, another rotation group) is a RecognizeError
@@ -32,7 +34,7 @@
 namespace sp::recognize {
 
 struct QuantSpec {
-  std::string format;        // project format: "fp8-e4m3" | "fp8-e5m2" | "int8" | "convrot-int8"
+  std::string format;        // project format: "fp8-e4m3" | "fp8-e4m3-cast" | "fp8-e5m2" | "int8" | "convrot-int8"
   std::string origin;        // how the checkpoint said so, e.g. "comfy_quant int8_tensorwise (convrot 256)"
   std::string weight_scale;  // stored tensor name; empty: scale 1
   std::string input_scale;   // stored tensor name; empty: none

@@ -6,8 +6,9 @@
 // fp8 GEMM (kernels/scaled_gemm_sm90.cuh: scales, bias and accumulation in its epilogue, via
 // quant::fp8_gemm) where it fits, else at::_scaled_mm with row-wise scales. The CPU (forced
 // native in tests) runs _scaled_mm per tensor: the slab quantized with the checkpoint's input
-// scale, else its maximum. fp8-e5m2 (ComfyUI's float8_e5m2) stores the same way and acquires the
-// dequantized slice on every device.
+// scale, else its maximum. fp8-e5m2 (ComfyUI's float8_e5m2) and fp8-e4m3-cast (bare float8_e4m3fn
+// weights, which their users cast) store the same way and acquire the dequantized slice on every
+// device.
 #include <tuple>
 
 #include "exec/consumers/consumer.hpp"
@@ -86,24 +87,34 @@ struct Fp8 : ScaledFloat8 {
   }
 };
 
-// float8_e5m2 (ComfyUI's float8_e5m2 and plain e5m2 casts): the dequantized slice on every
-// device (no 8-bit GEMM here takes e5m2 weights with e4m3 activations).
 constexpr double kMaxE5M2 = 57344.0;  // largest finite float8_e5m2
+
+// A float8 format that runs as the dequantized slice on every device, sliceable both ways.
+void register_dequantized(contracts::Registry& reg, const std::string& name, const std::string& description,
+                          ir::DType storage, at::ScalarType type, double max, double tolerance) {
+  contracts::FormatCaps f;
+  f.name = name;
+  f.description = description + "; the dequantized slice, then a matmul";
+  f.storage = storage;
+  f.dense = false;
+  f.out_slicing = f.in_slicing = f.held_execution = contracts::Cap::Yes;
+  f.tolerance = tolerance;
+  f.impl = std::make_shared<ScaledFloat8>(type, max);
+  reg.add(f);
+}
 
 }  // namespace
 
 void register_fp8(contracts::Registry& reg) {
-  {
-    contracts::FormatCaps f;
-    f.name = "fp8-e5m2";
-    f.description = "float8 e5m2 with an fp32 scale; the dequantized slice, then a matmul";
-    f.storage = ir::DType::F8E5M2;
-    f.dense = false;
-    f.out_slicing = f.in_slicing = f.held_execution = contracts::Cap::Yes;
-    f.tolerance = 0.12;  // e5m2 weights: 2 mantissa bits, ~6-8% relative L2 on normal data
-    f.impl = std::make_shared<ScaledFloat8>(at::kFloat8_e5m2, kMaxE5M2);
-    reg.add(f);
-  }
+  // Bare float8_e4m3fn weights (a plain cast, no scale): computed as the host that stores them
+  // computes them, the slice cast to the activation dtype, so the result is the host's. e4m3
+  // weights: 3 mantissa bits, ~3% relative L2 on normal data.
+  register_dequantized(reg, "fp8-e4m3-cast", "float8 e4m3 cast to the activation dtype per slice (weight-only)",
+                       ir::DType::F8E4M3, at::kFloat8_e4m3fn, kMax, 0.06);
+  // float8_e5m2 (ComfyUI's float8_e5m2 and plain e5m2 casts): no 8-bit GEMM here takes e5m2
+  // weights with e4m3 activations. 2 mantissa bits, ~6-8% relative L2 on normal data.
+  register_dequantized(reg, "fp8-e5m2", "float8 e5m2 with an fp32 scale", ir::DType::F8E5M2, at::kFloat8_e5m2,
+                       kMaxE5M2, 0.12);
   using contracts::Cap;
   contracts::FormatCaps f;
   f.name = "fp8-e4m3";
