@@ -40,13 +40,18 @@ ir::DType module_dtype(const NamedTensors& tensors, const std::string& named) {
                               "; streamplan runs modules held in float32, bfloat16 or float16");
 }
 
+// The device of the module's tensors. Byte tensors are descriptions, not data the forward
+// computes with (ComfyUI's "<layer>.comfy_quant" JSON, which it keeps on the CPU while the
+// weights move to the GPU; the quantization scan reads them there): they may be anywhere.
 at::Device module_device(const NamedTensors& tensors) {
-  if (tensors.empty()) throw std::invalid_argument("module: it holds no tensors");
-  const at::Device d = tensors.front().second.device();
+  const auto is_data = [](const auto& named) { return named.second.scalar_type() != at::kByte; };
+  const auto first = std::find_if(tensors.begin(), tensors.end(), is_data);
+  if (first == tensors.end()) throw std::invalid_argument("module: it holds no tensors");
+  const at::Device d = first->second.device();
   for (const auto& [name, t] : tensors)
-    if (t.device() != d)
+    if (t.scalar_type() != at::kByte && t.device() != d)
       throw std::invalid_argument("module: tensor '" + name + "' is on " + t.device().str() + ", tensor '" +
-                                  tensors.front().first + "' on " + d.str() + "; move the module to one device first");
+                                  first->first + "' on " + d.str() + "; move the module to one device first");
   if (d.is_meta())
     throw std::invalid_argument("module: its tensors are on the meta device (not loaded); load the weights first");
   return d;
