@@ -243,6 +243,7 @@ def main() -> int:
     cuda = device.type == "cuda"
     rows = []
     work = a.work or tempfile.mkdtemp(prefix="comfy_check-")
+    os.makedirs(work, exist_ok=True)
     for family, fmt in [(m, f) for m in a.models.split(",") if m for f in a.formats.split(",")]:
         t0 = time.time()
         cfg, cls = model_config(comfy, family, a.tiny, dtype)  # built in dtype, ComfyUI's fp32 layers kept
@@ -316,7 +317,12 @@ def main() -> int:
             wrapper.report = reports.append
             sample(planned_model)  # the plans of this geometry
             got, got_s, got_peak = sample(planned_model)
-            h = next(iter(wrapper.handles.values()))
+            print(f"[comfy_check] {family} {fmt}{' LoRA' if with_lora else ''}:\n{wrapper.status()}", file=sys.stderr)
+            handles = list(wrapper.handles.values())
+            planned_calls = sum(hd.planned_calls for hd in handles)
+            calls = sum(hd.calls for hd in handles) + sum(len(c) for _m, _why, c in wrapper.refused.values())
+            fallbacks = sorted({f.code for hd in handles for f in hd.fallbacks} |
+                               {why.code for _m, why, _c in wrapper.refused.values()})
             err = float((got.double() - ref.double()).norm() / ref.double().norm())
             vs32 = (lambda x: None) if fp32 is None else (
                 lambda x: float((x.double() - fp32.double()).norm() / fp32.double().norm()))
@@ -327,10 +333,8 @@ def main() -> int:
                          "lora_changes_latents_by": lora_effect, "comfy_rel_l2_vs_fp32": vs32(ref),
                          "streamplan_rel_l2_vs_fp32": vs32(got),
                          "comfy_s": ref_s, "streamplan_s": got_s, "comfy_peak_bytes": ref_peak,
-                         "streamplan_peak_bytes": got_peak, "planned_calls": h.planned_calls, "calls": h.calls,
-                         "fallbacks": sorted({f.code for f in h.fallbacks}), "report": reports[-1] if reports else "",
-                         "status": wrapper.status()})
-            print(f"[comfy_check] {family} {fmt}{' LoRA' if with_lora else ''}:\n{wrapper.status()}", file=sys.stderr)
+                         "streamplan_peak_bytes": got_peak, "planned_calls": planned_calls, "calls": calls,
+                         "fallbacks": fallbacks, "report": reports[-1] if reports else "", "status": wrapper.status()})
             if a.out:
                 with open(a.out, "w") as f:
                     json.dump(rows, f, indent=1)

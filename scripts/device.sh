@@ -238,6 +238,9 @@ if [ "$mode" = comfy-check ]; then
   # checkpoints in those formats, written by the streamplan command the package's build holds.
   build_package
   comfy_wheels
+  # the command in the package's build folder (configured with it; the package builds _C only)
+  [ -z "${COMFY_FORMATS:-}" ] || cmake --build build-py-device --parallel "$(nproc)" --target streamplan \
+    >>"$out/logs.txt" 2>&1 || { tail -30 "$out/logs.txt"; exit 1; }
   PYTHONPATH=$PWD/.deps/ck312${PYTHONPATH:+:$PYTHONPATH} COMFY_SITE=$site \
     COMFYUI_PATH=${COMFYUI_PATH:-$PWD/.deps/comfyui-full} $py scripts/comfy_check.py ${BENCH_ARGS:-} \
     ${COMFY_FORMATS:+--formats "$COMFY_FORMATS" --cli build-py-device/streamplan --work /tmp/comfy-check} \
