@@ -21,7 +21,7 @@ keyframe or reference condition rows (``condition_rows``), denoise masks that ma
 (``denoise_mask``), a PDD head bank (``pdd_heads``), block replacements and patches
 (``block_patch``, ``patches``), an attention override (``attention_override``), diffusion-model
 wrappers (``wrappers``), other sigma shifts than the family's 12 / 3 (``sigma_shift``), weights
-stored in another dtype than the compute dtype (``weight_cast``), RMSNorm epsilons the family does
+held in a layout streamplan does not run (``weight_format``), RMSNorm epsilons the family does
 not share (``config``), and calls whose tensors do not fit (``arguments``). Weights patched at
 cast time are acquired through ComfyUI's patch functions (_comfy.py). Other keys of
 ``transformer_options`` (ComfyUI's bookkeeping: sigmas, cond_or_uncond, uuids, ...) do not change
