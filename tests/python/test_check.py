@@ -147,6 +147,6 @@ def test_comfy_check_runs_comfyui_sampling_on_the_cpu(tmp_path: Path) -> None:
     for r in rows:
         assert r["planned_calls"] == r["calls"] >= 1 and r["fallbacks"] == [], r
         assert "calls planned" in r["status"], r["status"]
-    assert "int8 (" in rows[1]["status"] and "fp8-e4m3 (" in rows[2]["status"]
+    assert "int8 (" in rows[1]["status"] and "fp8-e4m3-cast (" in rows[2]["status"]  # plain: cast, as ComfyUI does
     assert rows[3]["streamplan_rel_l2_vs_fp32"] <= 2 * rows[3]["comfy_rel_l2_vs_fp32"] + 1e-5
     assert stdout.splitlines()[0].split()[:3] == ["model", "format", "LoRA"]
