@@ -253,6 +253,7 @@ def main() -> int:
             make_reference.randomize(model.diffusion_model, gen)
             patcher = comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
             patcher32 = None
+            compute = dtype
             if dtype != torch.float32:  # the reference: ComfyUI in fp32 on the same (rounded) weights
                 cfg32, _ = model_config(comfy, family, a.tiny, torch.float32)
                 model32 = cls(cfg32, device=device)
@@ -264,7 +265,7 @@ def main() -> int:
             # the reference: ComfyUI in fp32 on the weights it dequantized
             patcher32 = comfy_formats.load(comfy, path, torch.float32, comfy_formats.dequantized_state_dict(patcher))
             model = patcher.model
-            dtype = model.get_dtype_inference()
+            compute = model.get_dtype_inference()  # ComfyUI's choice for the file
         if family == "wan":
             shape = (1, 16, 3, 8, 12) if a.tiny else (1, 16, 21, 90, 160)
             ctx_dim, ctx_len = cfg.unet_config["text_dim"], 512
@@ -328,7 +329,7 @@ def main() -> int:
                 lambda x: float((x.double() - fp32.double()).norm() / fp32.double().norm()))
             lora_effect = None if plain is None else float((ref.double() - plain.double()).norm() / plain.double().norm())
             plain = ref if plain is None else plain
-            rows.append({"model": family, "format": fmt, "lora": with_lora, "steps": a.steps, "dtype": str(dtype),
+            rows.append({"model": family, "format": fmt, "lora": with_lora, "steps": a.steps, "dtype": str(compute),
                          "device": torch.cuda.get_device_name() if cuda else "cpu", "rel_l2": err,
                          "lora_changes_latents_by": lora_effect, "comfy_rel_l2_vs_fp32": vs32(ref),
                          "streamplan_rel_l2_vs_fp32": vs32(got),
