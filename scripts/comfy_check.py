@@ -8,6 +8,9 @@ sampling function (comfy.sample.sample: euler, simple schedule, CFG), in one pro
   wan    Wan 2.1 14B widths with 2 layers (comfy.model_base.WAN21), latents for 81 frames at
          1280 x 720 (--tiny: a few tokens at test widths)
   flux   Flux.1-dev widths with 2 double and 4 single blocks (comfy.model_base.Flux), 1024 x 1024
+  minimax  MiniMax H3 widths with 2 blocks (and its text refiner; comfy.model_base.MiniMaxH3, from
+         a checkpoint through ComfyUI's loader), the joint video + audio latent of 10 s at
+         1376 x 768 (243 frames: 72 x 48 x 86 video latents, 405 audio latents)
 
 Each model is sampled four ways: without and with the node, each without and with a rank-16
 LoRA that ComfyUI loads itself (comfy.lora.load_lora onto the ModelPatcher, as its LoRA loader
@@ -26,6 +29,10 @@ the LoRA runs on the fp8 formats and bf16 (--lora-formats).
     .venv/bin/python scripts/comfy_check.py [--comfyui PATH] [--models wan,flux] [--steps 2]
     .venv/bin/python scripts/comfy_check.py --formats fp8,scaled-fp8,plain-e4m3,int8 --models wan
     .venv/bin/python scripts/comfy_check.py --tiny --device cpu      # a quick run on the CPU
+    .venv/bin/python scripts/comfy_check.py --models wan --formats fp8 --profile   # where the time goes
+
+--profile prints, for the timed sampling without and with the node, the 12 device kernels that
+took the most time (torch.profiler), to the standard error.
 
 It needs torch and streamplan importable (the project's .venv has both: scripts/setup.sh) and
 a ComfyUI source tree: --comfyui PATH, else COMFYUI_PATH, else .deps/comfyui-full, else the
@@ -36,6 +43,7 @@ to get it, exit status 1. Writes --out (JSON) and prints a short table last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -48,7 +56,7 @@ from typing import NoReturn
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
-MODELS = ("wan", "flux")
+MODELS = ("wan", "flux", "minimax")
 from comfy_formats import FORMATS  # noqa: E402  (tests/reference)
 VENV_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 VENV_HINT = f"run it with the project's environment, {VENV_PYTHON} (scripts/setup.sh makes it)"
@@ -102,6 +110,7 @@ def comfy_import(device: str, tree: str | None = None):
         import comfy.lora
         import comfy.model_base
         import comfy.model_patcher
+        import comfy.nested_tensor
         import comfy.sample
         import comfy.sd
         import comfy.supported_models_base
@@ -139,6 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cli", metavar="PATH", default=os.environ.get("STREAMPLAN_BIN", os.path.join(ROOT, "build", "streamplan")),
                     help="the streamplan command that converts (default: $STREAMPLAN_BIN, build/streamplan)")
     ap.add_argument("--work", metavar="DIR", help="where the checkpoints are written (default: a temporary folder)")
+    ap.add_argument("--profile", action="store_true", help="the kernels that took the most time, per timed sampling")
+    ap.add_argument("--no-fp32", action="store_true", help="no fp32 reference (no errors against it)")
     a = ap.parse_args(argv)
     formats = a.formats.split(",")
     bad = [f for f in formats if f != "bf16" and f not in FORMATS]
@@ -213,6 +224,30 @@ def model_config(comfy, family: str, tiny: bool, dtype: torch.dtype):
     return Cfg(unet), comfy.model_base.Flux
 
 
+def h3_config(tiny: bool):
+    """MiniMax H3 with 2 blocks: its widths, or (tiny) what ComfyUI's loader detects at test widths."""
+    from dataclasses import replace
+
+    import minimax_h3
+
+    return minimax_h3.COMFY_TINY if tiny else replace(minimax_h3.REAL, layers=2)
+
+
+def h3_latent(comfy, tiny: bool, seed: int):
+    """The joint latent of MiniMax H3 as ComfyUI's EmptyMiniMaxH3LatentAV makes it (video, audio)
+    for 10 s at 1376 x 768 (tiny: 5 frames at 96 x 64), filled from `seed`."""
+    video, audio = ((1, 24, 2, 4, 6), (1, 32, 2, 8)) if tiny else ((1, 24, 72, 48, 86), (1, 32, 2, 405))
+    g = torch.Generator().manual_seed(seed)
+    return comfy.nested_tensor.NestedTensor((torch.randn(video, generator=g), torch.randn(audio, generator=g)))
+
+
+def flat(t) -> torch.Tensor:
+    """A sampler's output as one fp32 tensor (the streams of a joint latent one after another)."""
+    if getattr(t, "is_nested", False):
+        return torch.cat([x.flatten().float() for x in t.unbind()])
+    return t.float()
+
+
 def source_checkpoint(comfy, family: str, tiny: bool, work: Path) -> Path:
     """The family's random model in fp32 saved in ComfyUI's layout (once per family): what
     `streamplan convert` reads."""
@@ -220,12 +255,39 @@ def source_checkpoint(comfy, family: str, tiny: bool, work: Path) -> Path:
     from safetensors.torch import save_file
 
     path = work / f"{family}{'-tiny' if tiny else ''}.safetensors"
-    if not path.exists():
+    if not path.exists() and family == "minimax":
+        import minimax_h3
+
+        save_file(minimax_h3.make_state_dict(h3_config(tiny), seed=0), str(path))
+    elif not path.exists():
         cfg, cls = model_config(comfy, family, tiny, torch.float32)
         model = cls(cfg, device=torch.device("cpu"))
         make_reference.randomize(model.diffusion_model, torch.Generator().manual_seed(0))
         save_file({k: v.contiguous() for k, v in model.diffusion_model.state_dict().items()}, str(path))
     return path
+
+
+@contextlib.contextmanager
+def profiled(title: str, cuda: bool):
+    """With a title: the block under torch.profiler, then its 12 device kernels that took the most
+    time printed to the standard error under that title."""
+    if not title:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        yield
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(f"[comfy_check] profile, {title}:\n{prof.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=90)}",
+          file=sys.stderr)
+
+
+def rel(x: torch.Tensor | None, ref: torch.Tensor | None) -> float | None:
+    """The rel L2 of x against ref (None where either is missing)."""
+    if x is None or ref is None:
+        return None
+    return float((x.double() - ref.double()).norm() / ref.double().norm())
 
 
 def main() -> int:
@@ -246,8 +308,14 @@ def main() -> int:
     os.makedirs(work, exist_ok=True)
     for family, fmt in [(m, f) for m in a.models.split(",") if m for f in a.formats.split(",")]:
         t0 = time.time()
-        cfg, cls = model_config(comfy, family, a.tiny, dtype)  # built in dtype, ComfyUI's fp32 layers kept
-        if fmt == "bf16":
+        cfg, cls = (None, None) if family == "minimax" else model_config(comfy, family, a.tiny, dtype)
+        if fmt == "bf16" and family == "minimax":  # the random checkpoint, loaded by ComfyUI in dtype and fp32
+            src = source_checkpoint(comfy, family, a.tiny, Path(work))
+            patcher = comfy_formats.load(comfy, src, dtype)
+            patcher32 = None if dtype == torch.float32 else comfy_formats.load(comfy, src, torch.float32)
+            model = patcher.model
+            compute = dtype
+        elif fmt == "bf16":  # built in dtype, ComfyUI's fp32 layers kept
             model = cls(cfg, device=device)
             gen = torch.Generator(device).manual_seed(0)
             make_reference.randomize(model.diffusion_model, gen)
@@ -266,13 +334,18 @@ def main() -> int:
             patcher32 = comfy_formats.load(comfy, path, torch.float32, comfy_formats.dequantized_state_dict(patcher))
             model = patcher.model
             compute = model.get_dtype_inference()  # ComfyUI's choice for the file
-        if family == "wan":
-            shape = (1, 16, 3, 8, 12) if a.tiny else (1, 16, 21, 90, 160)
-            ctx_dim, ctx_len = cfg.unet_config["text_dim"], 512
+        if family == "minimax":
+            noise = h3_latent(comfy, a.tiny, 1)
+            ctx_dim, ctx_len = h3_config(a.tiny).text_dim, 512
         else:
-            shape = (1, 16, 16, 12) if a.tiny else (1, 16, 128, 128)
-            ctx_dim, ctx_len = cfg.unet_config["context_in_dim"], 512
-        noise = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+            if family == "wan":
+                shape = (1, 16, 3, 8, 12) if a.tiny else (1, 16, 21, 90, 160)
+                ctx_dim, ctx_len = cfg.unet_config["text_dim"], 512
+            else:
+                shape = (1, 16, 16, 12) if a.tiny else (1, 16, 128, 128)
+                ctx_dim, ctx_len = cfg.unet_config["context_in_dim"], 512
+            noise = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+        latent = noise * 0.0
         g = torch.Generator().manual_seed(2)
         extra = {}
         if family == "flux":
@@ -285,18 +358,19 @@ def main() -> int:
         print(f"[comfy_check] {family} {fmt}: built in {time.time() - t0:.0f} s, {len(lora)} LoRA weights",
               file=sys.stderr)
 
-        def sample(p) -> tuple[torch.Tensor, float, int]:
+        def sample(p, profile_as: str = "") -> tuple[torch.Tensor, float, int]:
             if cuda:
                 torch.cuda.synchronize()
                 base = torch.cuda.memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
             start = time.time()
-            out = comfy.sample.sample(p, noise, a.steps, 5.0, "euler", "simple", positive, negative,
-                                      torch.zeros_like(noise), disable_pbar=True, seed=4)
-            if cuda:
-                torch.cuda.synchronize()
+            with profiled(a.profile and profile_as, cuda):
+                out = comfy.sample.sample(p, noise, a.steps, 5.0, "euler", "simple", positive, negative,
+                                          latent, disable_pbar=True, seed=4)
+                if cuda:
+                    torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated() - base if cuda else 0
-            return out.float(), time.time() - start, peak
+            return flat(out), time.time() - start, peak
 
         plain = None
         for with_lora in (False, True) if fmt in a.lora_formats.split(",") else (False,):
@@ -304,35 +378,40 @@ def main() -> int:
             if with_lora:
                 p.add_patches(lora, 1.0)
             fp32 = None
-            if patcher32 is not None:
+            if patcher32 is not None and not a.no_fp32:
                 p32 = patcher32.clone()
                 if with_lora:
                     p32.add_patches(lora, 1.0)
                 fp32 = sample(p32)[0]
                 p32.unpatch_model()
-            sample(p)  # weights loaded (and patched) once before measuring
-            ref, ref_s, ref_peak = sample(p)
+            name = f"{family} {fmt}{' LoRA' if with_lora else ''}"
+            raised = None
+            try:
+                sample(p)  # weights loaded (and patched) once before measuring
+                ref, ref_s, ref_peak = sample(p, f"{name}, ComfyUI alone")
+            except Exception as e:  # noqa: BLE001 - ComfyUI's own forward refuses the model as loaded: a row
+                raised = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                ref, ref_s, ref_peak = None, None, None
+                print(f"[comfy_check] {name}: ComfyUI alone raised {raised}", file=sys.stderr)
             planned_model, _status = comfy_nodes.StreamplanMemoryPlanner().patch(p, "none", "comfy", False)
             wrapper = planned_model.wrappers["diffusion_model"]["streamplan"][0]
             reports: list[str] = []
             wrapper.report = reports.append
             sample(planned_model)  # the plans of this geometry
-            got, got_s, got_peak = sample(planned_model)
-            print(f"[comfy_check] {family} {fmt}{' LoRA' if with_lora else ''}:\n{wrapper.status()}", file=sys.stderr)
+            got, got_s, got_peak = sample(planned_model, f"{name}, with the node")
+            print(f"[comfy_check] {name}:\n{wrapper.status()}", file=sys.stderr)
             handles = list(wrapper.handles.values())
             planned_calls = sum(hd.planned_calls for hd in handles)
             calls = sum(hd.calls for hd in handles) + sum(len(c) for _m, _why, c in wrapper.refused.values())
             fallbacks = sorted({f.code for hd in handles for f in hd.fallbacks} |
                                {why.code for _m, why, _c in wrapper.refused.values()})
-            err = float((got.double() - ref.double()).norm() / ref.double().norm())
-            vs32 = (lambda x: None) if fp32 is None else (
-                lambda x: float((x.double() - fp32.double()).norm() / fp32.double().norm()))
-            lora_effect = None if plain is None else float((ref.double() - plain.double()).norm() / plain.double().norm())
-            plain = ref if plain is None else plain
+            own = got if ref is None else ref  # what the LoRA's effect is measured on
+            lora_effect = rel(own, plain)
+            plain = own if plain is None else plain
             rows.append({"model": family, "format": fmt, "lora": with_lora, "steps": a.steps, "dtype": str(compute),
-                         "device": torch.cuda.get_device_name() if cuda else "cpu", "rel_l2": err,
-                         "lora_changes_latents_by": lora_effect, "comfy_rel_l2_vs_fp32": vs32(ref),
-                         "streamplan_rel_l2_vs_fp32": vs32(got),
+                         "device": torch.cuda.get_device_name() if cuda else "cpu", "rel_l2": rel(got, ref),
+                         "lora_changes_latents_by": lora_effect, "comfy_rel_l2_vs_fp32": rel(ref, fp32),
+                         "streamplan_rel_l2_vs_fp32": rel(got, fp32), "comfy_raised": raised,
                          "comfy_s": ref_s, "streamplan_s": got_s, "comfy_peak_bytes": ref_peak,
                          "streamplan_peak_bytes": got_peak, "planned_calls": planned_calls, "calls": calls,
                          "fallbacks": fallbacks, "report": reports[-1] if reports else "", "status": wrapper.status()})
@@ -343,15 +422,17 @@ def main() -> int:
                 if streamplan.handle_of(hd.module) is hd:
                     streamplan.remove(hd.module)
     G = float(1 << 30)
-    print(f"{'model':6} {'format':10} {'LoRA':5} {'LoRA effect':>11} {'sp vs comfy':>11} {'comfy err':>9} {'sp err':>9} "
+    print(f"{'model':7} {'format':10} {'LoRA':5} {'LoRA effect':>11} {'sp vs comfy':>11} {'comfy err':>9} {'sp err':>9} "
           f"{'comfy s':>8} {'sp s':>8} {'comfy GiB':>10} {'sp GiB':>8} planned fallbacks")
-    fmt = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
+    e = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
+    f = lambda v, w, d: "-".rjust(w) if v is None else f"{v:{w}.{d}f}"  # noqa: E731
     for r in rows:
-        print(f"{r['model']:6} {r['format']:10} {str(r['lora']):5} {fmt(r['lora_changes_latents_by']):>11} {r['rel_l2']:11.2e} "
-              f"{fmt(r['comfy_rel_l2_vs_fp32']):>9} {fmt(r['streamplan_rel_l2_vs_fp32']):>9} "
-              f"{r['comfy_s']:8.2f} {r['streamplan_s']:8.2f} "
-              f"{r['comfy_peak_bytes'] / G:10.3f} {r['streamplan_peak_bytes'] / G:8.3f} "
-              f"{r['planned_calls']}/{r['calls']} {','.join(r['fallbacks']) or '-'}")
+        print(f"{r['model']:7} {r['format']:10} {str(r['lora']):5} {e(r['lora_changes_latents_by']):>11} "
+              f"{e(r['rel_l2']):>11} {e(r['comfy_rel_l2_vs_fp32']):>9} {e(r['streamplan_rel_l2_vs_fp32']):>9} "
+              f"{f(r['comfy_s'], 8, 2)} {f(r['streamplan_s'], 8, 2)} "
+              f"{f(r['comfy_peak_bytes'] and r['comfy_peak_bytes'] / G, 10, 3)} {r['streamplan_peak_bytes'] / G:8.3f} "
+              f"{r['planned_calls']}/{r['calls']} {','.join(r['fallbacks']) or '-'}"
+              + (f"  (ComfyUI alone raised {r['comfy_raised'].split(':')[0]})" if r["comfy_raised"] else ""))
     return 0
 
 

@@ -62,6 +62,9 @@ class Adapter:
         self.signature = inspect.signature(original)
         self.dtype = dtype
         self.device = device
+        # True while a call comes from the host's own hook around the module (Handle.call: e.g.
+        # ComfyUI's diffusion-model wrapper) rather than through the replaced forward.
+        self.host_wrapped = False
 
     @classmethod
     def sidecar(cls, module: torch.nn.Module) -> dict[str, Any]:

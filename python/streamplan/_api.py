@@ -453,6 +453,7 @@ class Handle:
         self.calls += 1
         why: Call | Fallback | None = self._module_fallback(args, kwargs)
         if why is None:
+            self._adapter.host_wrapped = original is not None
             why = self._adapter.prepare(args, kwargs)
         if isinstance(why, Fallback):
             self.fallbacks.append(why)

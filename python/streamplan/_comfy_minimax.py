@@ -14,7 +14,8 @@ The answer is what the original returns: the list ``[video, audio]`` in the late
 dtypes. When the payload carries ``audio_scale`` (the sampler holds the audio latent on the video
 schedule, ModelSamplingAV), the carry around the network is done here as the original does it:
 the network sees the audio stream's own latent and the audio output becomes the derivative of
-the carried variable.
+the carried variable; called from ComfyUI's diffusion-model wrapper of a tree whose forward does
+the carry outside its wrappers, the planner answers the network's own output instead.
 
 Runs the original forward, with the fallback's code, for what the planned forward does not model:
 keyframe or reference condition rows (``condition_rows``), denoise masks that mask anything
@@ -122,6 +123,13 @@ class MiniMaxH3(ComfyAdapter):
                 return Fallback("condition_rows", f"minimax_payload['{key}'] is given ({len(payload[key])})")
         return None
 
+    def _host_undoes_carry(self) -> bool:
+        """Whether the tree's forward undoes the sampler's audio carry outside the diffusion-model
+        wrappers (trees from 2026-08 on), so that a wrapper calling the planner sees the stream's
+        own latent and answers the network's own velocity."""
+        forward = getattr(type(self.module).forward, "__code__", None)
+        return self.host_wrapped and forward is not None and "audio_scale" in forward.co_consts
+
     # --- a call -----------------------------------------------------------------------------
 
     def common_fallback(self, a: Mapping[str, Any]) -> Fallback | None:
@@ -182,7 +190,7 @@ class MiniMaxH3(ComfyAdapter):
         sigma_t = (timestep.flatten()[0] / 1000.0).float().clamp(min=1e-6)
         scale = float(payload.get("audio_scale", 1.0))
         carry = None
-        if scale != 1.0:
+        if scale != 1.0 and not self._host_undoes_carry():
             # The sampler carries the audio as (sigma_v / sigma_a) * x_a: the network gets x_a.
             sigma_a = _time_shift_sigma(sigma_t, SHIFT_VIDEO, SHIFT_AUDIO)
             carry = (scale, sigma_a, (sigma_a / sigma_t).to(audio.dtype))

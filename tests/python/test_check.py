@@ -106,7 +106,7 @@ def test_comfy_check_names_the_missing_tree_and_bad_arguments(tmp_path: Path) ->
          "https://github.com/comfyanonymous/ComfyUI"),
         ({}, ["--comfyui", str(tmp_path)], f"--comfyui {tmp_path}: not a ComfyUI source tree (no comfy/sample.py); "
          "give a checkout of https://github.com/comfyanonymous/ComfyUI"),
-        ({}, ["--models", "wan,sdxl"], "--models: expected a comma-separated list of wan, flux, got 'wan,sdxl'"),
+        ({}, ["--models", "wan,sdxl"], "--models: expected a comma-separated list of wan, flux, minimax, got 'wan,sdxl'"),
         ({}, ["--steps", "0"], "--steps: must be >= 1, got 0"),
         ({}, ["--device", "gpu"], "--device: expected cpu, cuda, cuda:N or auto, got 'gpu'"),
         ({}, ["--out", str(tmp_path / "no" / "x.json")], f"--out {tmp_path}/no/x.json: cannot write there "

@@ -1,8 +1,8 @@
 """Every weight format ComfyUI loads, through ComfyUI's own loader, sampled by ComfyUI with and
 without streamplan's node: tiny WanModel, Flux and MiniMaxH3Model checkpoints (fp32, random) are
 written in each format by `streamplan convert`, loaded by comfy.sd.load_diffusion_model_state_dict,
-and run by ComfyUI's sampler (comfy.sample.sample, 2 steps; MiniMax H3: ComfyUI's apply_model
-as the sampler calls it). Each planned call runs with no fallback and its output agrees with
+and run by ComfyUI's sampler (comfy.sample.sample, 2 steps; MiniMax H3 on its joint video + audio
+latent, whose audio the sampler carries on the video schedule). Each planned call runs with no fallback and its output agrees with
 ComfyUI's own: on the CPU within 2x ComfyUI's own error against an fp32 model holding the same
 dequantized weights (and 1e-5, fp32's noise). A layout streamplan does not run falls back with
 its name; LoRA loaded by ComfyUI's loader on quantized weights runs planned too.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from streamplan import comfy_nodes
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(os.environ.get("STREAMPLAN_CLI", ROOT / "build" / "streamplan"))
 FORMATS = cf.FORMATS
-H3_TINY = replace(h3.TINY, hidden=256, heads=2, head_dim=128, ffn=512, text_dim=64, time_hidden=256, time_dim=64)
+H3_TINY = h3.COMFY_TINY
 FLOOR = 1e-5
 
 
@@ -113,15 +112,15 @@ def _load(comfy: Any, path: Path, dtype: torch.dtype | None, state_dict: dict | 
 def _sample(comfy: Any, mp: Any, family: str) -> torch.Tensor:
     g = torch.Generator().manual_seed(5)
     if family == "minimax-h3":
-        inp = h3.random_inputs(H3_TINY, seed=4)
-        dtype = mp.model.get_dtype_inference()
-        x = [inp["video"][None].to(dtype), inp["audio"][None].to(dtype)]
-        ctx = inp["text"][None].to(dtype)
-        # as ComfyUI's sampler calls the diffusion model: the patcher's wrappers in transformer_options
-        opts = {**mp.model_options.get("transformer_options", {}), "wrappers": mp.wrappers}
-        with torch.no_grad():
-            out = mp.model.diffusion_model(x, torch.tensor([700.0]), ctx, transformer_options=opts, minimax_payload={})
-        return torch.cat([o.flatten().float() for o in out])
+        # the joint latent as ComfyUI's EmptyMiniMaxH3LatentAV makes it (video, audio), 5 frames
+        import comfy.nested_tensor
+
+        latent = comfy.nested_tensor.NestedTensor((torch.zeros(1, 24, 2, 4, 6), torch.zeros(1, 32, 2, 8)))
+        noise = comfy.nested_tensor.NestedTensor([torch.randn(t.shape, generator=g) for t in latent.unbind()])
+        context = torch.randn(1, 9, H3_TINY.text_dim, generator=g)
+        out = comfy.sample.sample(mp, noise, 2, 2.0, "euler", "simple", [[context, {}]],
+                                  [[torch.zeros_like(context), {}]], latent, denoise=1.0, seed=0, disable_pbar=True)
+        return torch.cat([t.flatten().float() for t in out.unbind()])
     if family == "wan":
         latent = torch.zeros(1, 16, 3, 8, 12)
         context = torch.randn(1, 7, 4096, generator=g)

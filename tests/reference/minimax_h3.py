@@ -75,6 +75,11 @@ REAL = H3Config()
 TINY = H3Config(hidden=64, heads=3, head_dim=32, ffn=160, layers=2, refiner_layers=2, text_dim=40,
                 latent_channels=4, audio_channels=6, freq_dim=32, time_hidden=64, time_dim=32,
                 rope_pairs=4)
+# Tiny sizes that ComfyUI's loader detects and its sampler fills: heads of 128 (its detection's
+# smallest), its latent format's 24 video and 32 audio channels.
+COMFY_TINY = H3Config(hidden=256, heads=2, head_dim=128, ffn=512, layers=2, refiner_layers=2, text_dim=64,
+                      latent_channels=24, audio_channels=32, freq_dim=32, time_hidden=256, time_dim=64,
+                      rope_pairs=4)
 
 
 # ---------------------------------------------------------------------------------------------
