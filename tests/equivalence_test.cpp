@@ -133,6 +133,7 @@ TEST(Equivalence, RandomConfigurationsPlannedMatchesNaive) {
     SCOPED_TRACE("seed " + std::to_string(seed) + ": " + c.label);
     const auto inst = models::instantiate(c.cfg, reg, at::kCPU);
     const plan::Plan p = plan::make_plan(inst.model, reg, dev, c.opt);
+    for (const plan::Part* part : plan::parts(p)) EXPECT_NO_THROW(plan::check_placement(part->program, part->placement));
     const at::Tensor naive = exec::run_naive(inst.model, *inst.weights, inst.inputs, reg);
     const auto [planned, peak] = metered(inst, p, reg, dev);
     ASSERT_EQ(planned.sizes(), naive.sizes());

@@ -495,4 +495,26 @@ TEST_F(Planning, FusedRowKernelsDropStagingBuffers) {
   EXPECT_TRUE(contains(pl::row_kernels_note(build(f64), reg, fused), "not fp64")) << pl::row_kernels_note(build(f64), reg, fused);
 }
 
+// check_placement refuses two buffers alive together on the same bytes, and a buffer past the
+// arena's end; every chosen program of a plan passes.
+TEST_F(Planning, CheckPlacementFindsSharedBytes) {
+  const ir::Model m = build(gqa_bf16());
+  const pl::Plan p = plan(m, {.token_chunk = 100});
+  for (const pl::Part* part : pl::parts(p)) EXPECT_NO_THROW(pl::check_placement(part->program, part->placement));
+  const pl::Part& a = p.blocks[0].sublayers[0].part;
+  int k = -1, v = -1;
+  for (int i = 0; i < int(a.program.buffers.size()); ++i) {
+    if (a.program.buffers[size_t(i)].role == pl::BufRole::GlobalK) k = i;
+    if (a.program.buffers[size_t(i)].role == pl::BufRole::GlobalV) v = i;
+  }
+  ASSERT_GE(k, 0);
+  ASSERT_GE(v, 0);
+  pl::Placement bad = a.placement;
+  bad.offset[size_t(v)] = bad.offset[size_t(k)];
+  EXPECT_THROW(pl::check_placement(a.program, bad), std::logic_error);
+  bad = a.placement;
+  bad.arena_bytes = bad.offset[size_t(k)];
+  EXPECT_THROW(pl::check_placement(a.program, bad), std::logic_error);
+}
+
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
 
 namespace sp::plan {
 
@@ -85,6 +86,24 @@ Placement place(const Program& p, const contracts::DeviceCaps& dev) {
     }
   pl.peak_bytes = dev.round_alloc(pl.arena_bytes) + pl.separate_bytes + pl.transient_bytes;
   return pl;
+}
+
+void check_placement(const Program& p, const Placement& pl) {
+  auto end = [&](size_t i) { return pl.offset[i] + p.buffers[i].bytes(); };
+  auto text = [&](size_t i) {
+    return buffer_text(p.buffers[i]) + " at [" + std::to_string(pl.offset[i]) + ", " + std::to_string(end(i)) +
+           ") alive in steps [" + std::to_string(pl.live[i].first) + ", " + std::to_string(pl.live[i].second) + "]";
+  };
+  for (size_t i = 0; i < p.buffers.size(); ++i) {
+    if (pl.offset[i] < 0) continue;
+    if (end(i) > pl.arena_bytes)
+      throw std::logic_error(p.name + ": " + text(i) + " ends beyond the arena of " + std::to_string(pl.arena_bytes));
+    for (size_t j = i + 1; j < p.buffers.size(); ++j) {
+      const bool together = pl.live[j].first <= pl.live[i].second && pl.live[i].first <= pl.live[j].second;
+      if (pl.offset[j] >= 0 && together && pl.offset[j] < end(i) && pl.offset[i] < end(j))
+        throw std::logic_error(p.name + ": " + text(i) + " and " + text(j) + " share bytes");
+    }
+  }
 }
 
 }  // namespace sp::plan

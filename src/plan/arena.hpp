@@ -45,4 +45,9 @@ bool separate(const Buffer& b);
 
 Placement place(const Program& p, const contracts::DeviceCaps& dev);
 
+// Throws std::logic_error naming them where two buffers alive at the same step share arena
+// bytes, or a buffer ends beyond the arena. make_plan checks every chosen program in debug
+// builds.
+void check_placement(const Program& p, const Placement& pl);
+
 }  // namespace sp::plan

@@ -24,9 +24,7 @@
 
 #include "contracts/contracts.hpp"
 #include "plan/cost.hpp"
-#include "plan/plan.hpp"
-#include "plan/arena.hpp"
-#include "plan/program.hpp"
+#include "plan/plan_types.hpp"
 #include "plan/units.hpp"  // human_bytes, human_ms: every message here uses them
 
 namespace sp::plan {

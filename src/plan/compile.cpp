@@ -43,7 +43,7 @@ void release_all(Compiler& c, const Held& h) {
 }
 
 void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, const ir::Attention& a,
-                       const SublayerPlan& p) {
+                       const Schedule& p) {
   const ir::Model& m = c.m();
   const ir::RowRange rr = m.rows(s.segments);
   const int64_t T = rr.size(), D = m.dim, H = a.heads, G = a.kv_heads, hd = a.head_dim;
@@ -51,7 +51,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
   const bool cross = a.kind == ir::AttnKind::Cross;
   const int64_t L = m.kv_rows(s), kv_in = cross ? m.context(a.context).dim : D;
   const bool fq = fused_qk(m, a, c.reg(), c.dev());
-  const bool streamed = p.chosen(legality::Transform::StreamedOutProj);
+  const bool streamed = p.streamed_out;
   const DType dt = c.dt(), acc = c.acc();
   using Pick = std::tuple<const ir::Linear*, SliceExpr, SliceExpr, bool, std::string>;
 
@@ -211,7 +211,7 @@ GateUp gate_up_rows(const ir::Mlp& m, int64_t per_feature, int64_t fn) {
   throw std::logic_error("gate/up layout");
 }
 
-void compile_mlp(Compiler& c, const ir::Block& b, const ir::Sublayer& s, const ir::Mlp& f, const SublayerPlan& p) {
+void compile_mlp(Compiler& c, const ir::Block& b, const ir::Sublayer& s, const ir::Mlp& f, const Schedule& p) {
   const ir::Model& m = c.m();
   const ir::RowRange rr = m.rows(s.segments);
   const int64_t D = m.dim, F = f.hidden, fs = p.feature_slice;
@@ -292,7 +292,7 @@ void compile_mlp(Compiler& c, const ir::Block& b, const ir::Sublayer& s, const i
 
 int64_t programs_compiled() { return detail::compiled; }
 
-Program compile_sublayer(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const SublayerPlan& p,
+Program compile_sublayer(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const Schedule& p,
                          const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
   Compiler c(m, reg, dev, b.name + "." + s.name, m.rows(s.segments));
   if (const auto* a = std::get_if<ir::Attention>(&s.body)) compile_attention(c, b, s, *a, p);

@@ -65,7 +65,7 @@ void Compiler::lora(const Operand& in, const Operand& out, const std::vector<Seg
     if (!uses[i].empty()) target += (target.empty() ? "" : ", ") + l.weight;
   }
   if (count == 0) return;
-  const int ax = buffer(BufRole::LoraAx, "LoraAx", {n, max_rank}, cd);
+  const Operand ax = whole(buffer(BufRole::LoraAx, "LoraAx", {n, max_rank}, cd));
   Terms t{flops, bytes, launches, n, cd};
   emit(LoraStep{"lora", in, out, ws, std::move(uses), ax},
        "lora: " + std::to_string(count) + " adapter(s) on " + target + " (" + std::to_string(in_features) + " inputs)",

@@ -12,7 +12,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "plan/plan.hpp"
 #include "plan/program.hpp"
 
 namespace sp::plan::detail {
@@ -134,7 +133,6 @@ class Compiler {
       const int w = buffer(BufRole::Weight, label, {r, c}, f.storage, true);
       native_.push_back(w);
       emit(AcquireStep{&l, {}, rows, cols, compute, w, true}, "acquire " + label, {});
-      p_.steps.back().writes = {w};
       return w;
     }
     const int64_t bytes = f.acquire_bytes(r, c, l.stored.value_or(dt_), compute);
@@ -151,7 +149,6 @@ class Compiler {
     int64_t transient = int64_t(f.whole_copies) * l.out_features * l.in_features * int64_t(ir::dtype_size(compute));
     if (bytes > 0 && f.acquire_scratch) transient += f.acquire_scratch(r, c, compute, dev_);
     emit(AcquireStep{&l, {}, rows, cols, compute, w}, "acquire " + label, t, transient);
-    p_.steps.back().writes = {w};
     return w;
   }
   // A raw tensor (a bias) in `compute`: a view when it is stored so, else converted.
@@ -160,12 +157,10 @@ class Compiler {
     Terms t;
     if (compute != dt_) t = {0, double(length) * (esz_ + double(ir::dtype_size(compute))), 1};
     emit(AcquireStep{nullptr, name, {0, 0, length, 1}, {}, compute, w}, "acquire tensor " + name, t);
-    p_.steps.back().writes = {w};
     return w;
   }
   void release(int w) {
     emit(ReleaseStep{w}, "release " + p_.buffers[size_t(w)].label, {});
-    p_.steps.back().reads = {w};
   }
 
   // out := modulate(norm(residual rows)); H in the activation dtype, or the fp32 rows the
@@ -178,10 +173,10 @@ class Compiler {
     if (fused_) {  // one kernel per modulation piece: rows in, out written once
       Terms t{0, nd * (esz_ + out_esz), mod_pieces};
       t.mover = Mover::NormKernel;
-      emit(NormStep{&nm, &mod, ref, true, out, -1}, "norm + modulation (fused)", t);
+      emit(NormStep{&nm, &mod, ref, true, out, {}}, "norm + modulation (fused)", t);
       return;
     }
-    const int stats = buffer(BufRole::RowStats, "Stats", {n, 1}, acc_);
+    const Operand stats = whole(buffer(BufRole::RowStats, "Stats", {n, 1}, acc_));
     // copy in, vector norm, 1/rms, scale; LayerNorm: mean and subtract; affine; modulation.
     double bytes = nd * (esz_ + asz_) + nd * asz_ + 2 * nd * asz_;
     int64_t ops = 7;
@@ -202,7 +197,6 @@ class Compiler {
         tmp = std::max<int64_t>(tmp, rows * m_.dim * int64_t(asz_));
     }
     emit(NormStep{&nm, &mod, ref, false, out, stats}, "norm + modulation (staged)", {0, bytes, ops}, cpu(tmp));
-    p_.steps.back().writes.push_back(stats);
   }
   // H [n, dim] of the residual rows: fused straight into H, or staged through N32.
   Operand normed(const ir::Norm& nm, const ir::Modulation& mod, const ir::ModRef& ref, int64_t n, int64_t pieces) {
@@ -256,20 +250,18 @@ class Compiler {
   void qk_norm(const Operand& t, const ir::QkNorm& qk, std::vector<SegWeight> ws, int64_t heads, int64_t hd,
                int64_t n, int64_t pieces) {
     if (qk.kind == ir::QkNormKind::None) return;
-    const int stats =
-        buffer(BufRole::RowStats, "Stats", {n, qk.kind == ir::QkNormKind::PerHead ? heads : int64_t{1}}, acc_);
+    const Operand stats =
+        whole(buffer(BufRole::RowStats, "Stats", {n, qk.kind == ir::QkNormKind::PerHead ? heads : int64_t{1}}, acc_));
     const int64_t launches = 4 + 3 * (ws.size() > 1 ? pieces : 1);
     const int64_t width = qk.kind == ir::QkNormKind::PerHead ? hd : heads * hd;
     const int64_t tmp = std::max(scalar(acc_), dt_ != acc_ ? width * int64_t(asz_) : int64_t{0});
     emit(QkNormStep{t, qk, std::move(ws), heads, hd, stats}, "Q/K norm",
          {0, 5 * double(n) * double(heads * hd) * asz_, launches}, cpu(tmp));
-    p_.steps.back().writes.push_back(stats);
   }
   void rope(const Operand& t, const ir::Rope& r, int64_t heads, int64_t hd, int64_t n) {
     if (r.style == ir::RopeStyle::None) return;
-    const int tmp = buffer(BufRole::RopeTmp, "RopeTmp", {n, heads, r.rotary_dim / 2}, acc_);
+    const Operand tmp = whole(buffer(BufRole::RopeTmp, "RopeTmp", {n, heads, r.rotary_dim / 2}, acc_));
     emit(RopeStep{t, &r, heads, hd, tmp}, "RoPE", {0, 12 * double(n) * double(heads) * double(r.rotary_dim / 2) * asz_, 5});
-    p_.steps.back().writes.push_back(tmp);
   }
   void qk_fused(const Operand& in, const Operand& dst, Layout layout, const ir::Attention& a,
                 std::vector<SegWeight> ws, int64_t heads, int64_t rep, int64_t n, int64_t pieces) {
@@ -322,9 +314,8 @@ class Compiler {
   // statistics the carrier keeps), written at one byte per element.
   void carry_k(const std::string& consumer, const Operand& k, int carrier, int64_t L) {
     const double e = elems(k);
-    emit(CarryKStep{consumer, k, carrier, L}, "K slab into the carrier of '" + consumer + "'",
+    emit(CarryKStep{consumer, k, whole(carrier), L}, "K slab into the carrier of '" + consumer + "'",
          {0, e * (2 * esz_ + 1), 3});
-    p_.steps.back().writes.push_back(carrier);
   }
   void activate(const Operand& t, ir::ActKind act) {
     emit(ActivateStep{t, act}, std::string("activation ") + ir::to_string(act), {0, 2 * elems(t) * esz_, 1});
@@ -415,14 +406,16 @@ class Compiler {
     std::visit(
         [&](const auto& b) {
           using T = std::decay_t<decltype(b)>;
-          if constexpr (std::is_same_v<T, ZeroStep>) w(b.t);
-          else if constexpr (std::is_same_v<T, NormStep>) w(b.out);
+          if constexpr (std::is_same_v<T, AcquireStep>) s.writes.push_back(b.out);
+          else if constexpr (std::is_same_v<T, ReleaseStep>) s.reads.push_back(b.weight);
+          else if constexpr (std::is_same_v<T, ZeroStep>) w(b.t);
+          else if constexpr (std::is_same_v<T, NormStep>) w(b.out), w(b.stats);
           else if constexpr (std::is_same_v<T, CopyStep>) r(b.src), w(b.dst);
           else if constexpr (std::is_same_v<T, ProjectStep>) {
             r(b.in), w(b.out), ws(b.weights);
             if (b.accumulate) r(b.out);
-          } else if constexpr (std::is_same_v<T, QkNormStep>) r(b.t), w(b.t);
-          else if constexpr (std::is_same_v<T, RopeStep>) r(b.t), w(b.t);
+          } else if constexpr (std::is_same_v<T, QkNormStep>) r(b.t), w(b.t), w(b.stats);
+          else if constexpr (std::is_same_v<T, RopeStep>) r(b.t), w(b.t), w(b.tmp);
           else if constexpr (std::is_same_v<T, QkNormRopeStep>) r(b.in), w(b.dst);
           else if constexpr (std::is_same_v<T, PatchStep>) r(b.t), w(b.t);
           else if constexpr (std::is_same_v<T, AttendStep>) r(b.q), r(b.k), r(b.v), w(b.out);
@@ -431,11 +424,8 @@ class Compiler {
           else if constexpr (std::is_same_v<T, AddStep>) r(b.src), r(b.dst), w(b.dst);
           else if constexpr (std::is_same_v<T, AddBiasStep>) r(b.t), w(b.t);
           else if constexpr (std::is_same_v<T, ResidualAddStep>) r(b.y);
-          else if constexpr (std::is_same_v<T, CarryKStep>) r(b.k);
-          else if constexpr (std::is_same_v<T, LoraStep>) {
-            r(b.in), r(b.out), w(b.out);
-            s.writes.push_back(b.ax);
-          }
+          else if constexpr (std::is_same_v<T, CarryKStep>) r(b.k), w(b.carrier);
+          else if constexpr (std::is_same_v<T, LoraStep>) r(b.in), r(b.out), w(b.out), w(b.ax);
         },
         s.body);
   }

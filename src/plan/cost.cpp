@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "plan/arena.hpp"
-#include "plan/plan.hpp"
 
 namespace sp::plan {
 
@@ -123,7 +122,7 @@ Cost program_cost(const Program& p, const Placement& pl, const contracts::Device
   return c;
 }
 
-Cost sublayer_cost(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const SublayerPlan& p,
+Cost sublayer_cost(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const Schedule& p,
                    const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
   return program_cost(compile_sublayer(m, b, s, p, reg, dev), dev);
 }

@@ -35,8 +35,6 @@
 
 namespace sp::plan {
 
-struct SublayerPlan;
-
 struct Rates {
   double flops_f16 = 0;       // matmul FLOP/s in bf16 / fp16
   double flops_f32 = 0;       // matmul FLOP/s in fp32 (fp64: half)
@@ -101,7 +99,7 @@ Cost program_cost(const Program& p, const contracts::DeviceCaps& dev);
 Cost program_cost(const Program& p, const Placement& pl, const contracts::DeviceCaps& dev);
 
 // compile_* (plan/program.hpp), then program_cost.
-Cost sublayer_cost(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const SublayerPlan& p,
+Cost sublayer_cost(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const Schedule& p,
                    const contracts::Registry& reg, const contracts::DeviceCaps& dev);
 Cost final_cost(const ir::Model& m, int64_t chunk, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
 

@@ -63,6 +63,12 @@ void explain_weights(std::ostream& os, const SublayerPlan& s) {
 
 }  // namespace
 
+std::string chunks_text(bool attention, bool final_layer, int64_t token_chunk, int64_t q_chunk, int64_t slice) {
+  if (final_layer) return "chunk " + std::to_string(token_chunk);
+  if (attention) return "kv/out chunk " + std::to_string(token_chunk) + ", q chunk " + std::to_string(q_chunk);
+  return "token chunk " + std::to_string(token_chunk) + ", feature slice " + std::to_string(slice);
+}
+
 std::string explain(const Plan& p, bool full) {
   std::ostringstream os;
   os << "plan for " << p.model << ": " << p.tokens << " tokens, " << ir::to_string(p.dtype) << ", device "

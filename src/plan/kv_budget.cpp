@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "plan/plan.hpp"
+#include "plan/plan_types.hpp"
 
 namespace sp::plan {
 

@@ -49,6 +49,9 @@ std::vector<Decision> decide(const Verdict& v) {
 // A chosen schedule's program with its buffers placed.
 Part compiled(Program prog, const contracts::DeviceCaps& dev) {
   Placement pl = place(prog, dev);
+#ifndef NDEBUG
+  check_placement(prog, pl);
+#endif
   return {std::move(prog), std::move(pl)};
 }
 
@@ -62,12 +65,6 @@ Decision* find(std::vector<Decision>& ds, Transform t) {
 
 bool SublayerPlan::chosen(Transform t) const { return is_chosen(decisions, t); }
 bool FinalPlan::chosen(Transform t) const { return is_chosen(decisions, t); }
-
-std::string chunks_text(bool attention, bool final_layer, int64_t token_chunk, int64_t q_chunk, int64_t slice) {
-  if (final_layer) return "chunk " + std::to_string(token_chunk);
-  if (attention) return "kv/out chunk " + std::to_string(token_chunk) + ", q chunk " + std::to_string(q_chunk);
-  return "token chunk " + std::to_string(token_chunk) + ", feature slice " + std::to_string(slice);
-}
 
 namespace {
 
@@ -97,6 +94,7 @@ SublayerPlan fixed_attention(const ir::Model& m, const ir::Sublayer& s, const ir
     decline(p.decisions, Transform::GlobalKvStreamedQ, why);
     decline(p.decisions, Transform::StreamedOutProj, why);
   }
+  p.streamed_out = p.chosen(Transform::StreamedOutProj);
   return p;
 }
 
@@ -148,6 +146,7 @@ SublayerPlan attention_candidate(const Verdict& v, int64_t T, int64_t L, int64_t
     if (t == Transform::BoundedQkv) return bounded || streamed;
     return streamed;  // streamed Q, and with it the streamed output projection
   });
+  p.streamed_out = p.chosen(Transform::StreamedOutProj);
   p.strategy = strategy_of(p);
   return p;
 }
@@ -186,12 +185,11 @@ class Costs {
     forms_.push_back(std::move(a));
     return forms_.size() - 1;
   }
-  // The cost of a candidate of sublayer `si` of form `form` (kFinal: the final layer).
-  template <typename P, typename F>
-  Cost of(size_t form, size_t si, int64_t token_chunk, int64_t q_chunk, int64_t slice, const P& p, F&& compute) {
-    unsigned chosen = 0;
-    for (const auto& d : p.decisions) chosen |= unsigned(d.chosen) << unsigned(d.transform);
-    const auto [it, fresh] = costs_.try_emplace({form, si, token_chunk, q_chunk, slice, chosen});
+  // The cost of schedule `p` of sublayer `si` of form `form` (kFinal: the final layer).
+  template <typename F>
+  Cost of(size_t form, size_t si, const Schedule& p, F&& compute) {
+    const auto [it, fresh] =
+        costs_.try_emplace({form, si, p.token_chunk, p.q_chunk, p.feature_slice, p.streamed_out});
     if (fresh) it->second = compute();
     return it->second;
   }
@@ -199,7 +197,7 @@ class Costs {
 
  private:
   std::vector<ir::Block> forms_;
-  std::map<std::tuple<size_t, size_t, int64_t, int64_t, int64_t, unsigned>, Cost> costs_;
+  std::map<std::tuple<size_t, size_t, int64_t, int64_t, int64_t, bool>, Cost> costs_;
 };
 
 // Where a sublayer is: its block, the block's form (Costs) and its index.
@@ -294,7 +292,7 @@ class Chooser {
       FinalPlan k = f;
       k.chunk = c;
       for (auto& d : k.decisions) d.chosen = d.rejections.empty() && c < rows;
-      const Cost cost = costs_.of(Costs::kFinal, 0, c, 0, 0, k, [&] { return final_cost(m_, c, reg_, dev_); });
+      const Cost cost = costs_.of(Costs::kFinal, 0, {c}, [&] { return final_cost(m_, c, reg_, dev_); });
       cands.push_back({strategy_of(k), c, 0, 0, cost, allocator_reserve(dev_)});
     }
     const Choice ch = decide_among(cands);
@@ -358,8 +356,7 @@ class Chooser {
     std::vector<Candidate> cands;
     cands.reserve(plans.size());
     for (const auto& p : plans) {
-      const Cost c = costs_.of(at.form, at.si, p.token_chunk, p.q_chunk, p.feature_slice, p,
-                               [&] { return sublayer_cost(m_, b, s, p, reg_, dev_); });
+      const Cost c = costs_.of(at.form, at.si, p, [&] { return sublayer_cost(m_, b, s, p, reg_, dev_); });
       cands.push_back({p.strategy, p.token_chunk, p.q_chunk, p.feature_slice, c, allocator_reserve(dev_)});
     }
     const Choice ch = decide_among(cands);

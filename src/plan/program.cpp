@@ -6,7 +6,6 @@
 #include <cmath>
 #include <sstream>
 
-#include "plan/plan.hpp"
 
 namespace sp::plan {
 

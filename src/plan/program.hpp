@@ -39,7 +39,14 @@
 
 namespace sp::plan {
 
-struct SublayerPlan;
+// What the compiler reads of a sublayer's schedule (plan::SublayerPlan is one). A chunk
+// covering every row, or a slice covering every feature, is the full computation.
+struct Schedule {
+  int64_t token_chunk = 0;    // rows per slab: K/V projection, MLP, out projection
+  int64_t q_chunk = 0;        // attention: Q rows per slab (== tokens when Q is not streamed)
+  int64_t feature_slice = 0;  // MLP: hidden features per slice (== hidden when not sliced)
+  bool streamed_out = false;  // attention: each Q slab's output projected and added at once
+};
 
 // What a buffer holds (for printing and for the budget error's terms).
 enum class BufRole {
@@ -164,7 +171,7 @@ struct NormStep {
   ir::ModRef ref;
   bool fused = false;
   Operand out;
-  int stats = -1;
+  Operand stats;  // staged: [n, 1] fp32 row statistics
 };
 enum class Layout {
   Same,       // dst := src (a cast where dtypes differ)
@@ -189,13 +196,13 @@ struct QkNormStep {
   ir::QkNorm qk;
   std::vector<SegWeight> weights;  // norm_weight per segment
   int64_t heads = 0, head_dim = 0;
-  int stats = -1;
+  Operand stats;  // [n, heads | 1] fp32 statistics
 };
 struct RopeStep {
   Operand t;  // [n, heads*hd] fp32, rotated in place
   const ir::Rope* rope = nullptr;
   int64_t heads = 0, head_dim = 0;
-  int tmp = -1;
+  Operand tmp;  // [n, heads, rotary_dim/2] fp32
 };
 // Q/K norm and RoPE in one kernel, from in [n, heads*hd] into dst in `layout`.
 struct QkNormRopeStep {
@@ -216,7 +223,7 @@ struct PatchStep {
 struct CarryKStep {
   std::string consumer;
   Operand k;
-  int carrier = -1;
+  Operand carrier;
   int64_t kv_rows = 0;
 };
 // out [n, heads*hd] token-major := consumer(q folded, K, V); `carried`: k is the consumer's
@@ -265,7 +272,7 @@ struct LoraStep {
   Operand in, out;
   std::vector<SegWeight> weights;
   std::vector<std::vector<LoraUse>> uses;
-  int ax = -1;
+  Operand ax;
 };
 
 using StepBody = std::variant<LoopStep, EndLoopStep, AcquireStep, ReleaseStep, ZeroStep, NormStep, CopyStep,
@@ -301,7 +308,7 @@ std::string row_kernels_note(const ir::Model& m, const contracts::Registry& reg,
 // fp32, or fp64 for an fp64 model: norms, RoPE, feature-slice accumulation, the output.
 ir::DType accumulation_dtype(ir::DType activations);
 
-Program compile_sublayer(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const SublayerPlan& p,
+Program compile_sublayer(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const Schedule& p,
                          const contracts::Registry& reg, const contracts::DeviceCaps& dev);
 Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Registry& reg,
                       const contracts::DeviceCaps& dev);

@@ -201,13 +201,7 @@ class Interpreter {
   void step(const NormStep& s) {
     const at::Tensor rows = x_.narrow(0, row0(), s.out.shape[0]);
     if (s.fused) ops_.norm_modulate_fused(rows, *s.norm, *s.mod, s.ref, row0(), operand(s.out));
-    else ops_.norm_modulate(rows, *s.norm, *s.mod, s.ref, row0(), operand(s.out), operand_of(s.stats, s.out.shape[0]));
-  }
-  // A RowStats buffer's first n rows.
-  at::Tensor operand_of(int buf, int64_t n) const {
-    auto shape = p_.buffers[size_t(buf)].shape;
-    shape[0] = n;
-    return operand({Src::Buffer, buf, {}, -1, shape});
+    else ops_.norm_modulate(rows, *s.norm, *s.mod, s.ref, row0(), operand(s.out), operand(s.stats));
   }
   void step(const CopyStep& c) {
     const at::Tensor src = operand(c.src), dst = operand(c.dst);
@@ -242,7 +236,7 @@ class Interpreter {
   }
   void step(const QkNormStep& s) {
     const at::Tensor t = operand(s.t);
-    const at::Tensor stats = operand_of(s.stats, t.size(0));
+    const at::Tensor stats = operand(s.stats);
     by_segment(s.weights, t.size(0), [&](int64_t lb, int64_t len, const SegWeight& w) {
       ops_.qk_norm_(t.narrow(0, lb, len), s.qk, w.norm_weight, s.heads, s.head_dim, stats.narrow(0, lb, len));
     });
@@ -252,7 +246,7 @@ class Interpreter {
     const int64_t n = t.size(0);
     const at::Tensor cos = in_.table(s.rope->table + ".cos").narrow(0, row0(), n);
     const at::Tensor sin = in_.table(s.rope->table + ".sin").narrow(0, row0(), n);
-    ops_.rope_(t.view({n, s.heads, s.head_dim}), *s.rope, cos, sin, operand_of(s.tmp, n));
+    ops_.rope_(t.view({n, s.heads, s.head_dim}), *s.rope, cos, sin, operand(s.tmp));
   }
   void step(const QkNormRopeStep& s) {
     const at::Tensor in = operand(s.in), dst = operand(s.dst);
@@ -276,7 +270,7 @@ class Interpreter {
   }
   void step(const CarryKStep& s) {
     impl_of<ConsumerImpl>(reg_.consumer(s.consumer))
-        .carry_k(operand(s.k).unsqueeze(0), bufs_[size_t(s.carrier)], f_.token, s.kv_rows);
+        .carry_k(operand(s.k).unsqueeze(0), operand(s.carrier), f_.token, s.kv_rows);
   }
   void step(const AttendStep& s) {
     const at::Tensor qf = operand(s.q), out = operand(s.out);
@@ -289,7 +283,7 @@ class Interpreter {
     out.view({n, s.kv_heads, s.rep, s.head_dim}).copy_(o4.view({s.kv_heads, s.rep, n, s.head_dim}).permute({2, 0, 1, 3}));
   }
   void step(const LoraStep& s) {
-    const at::Tensor in = operand(s.in), out = operand(s.out), ax = bufs_[size_t(s.ax)];
+    const at::Tensor in = operand(s.in), out = operand(s.out), ax = operand(s.ax);
     const auto& lora = impl_of<LoraImpl>(reg_.patch(s.patch));
     by_segment(s.weights, in.size(0), [&](int64_t lb, int64_t len, const SegWeight& w) {
       for (const LoraUse& u : s.uses[size_t(&w - s.weights.data())])
