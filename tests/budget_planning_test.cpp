@@ -240,7 +240,7 @@ TEST(BudgetCandidates, DominantTermsNameTheBuffersLiveAtThePeak) {
 
 TEST(BudgetCost, MoreSmallerSlabsCostMoreLaunchesAndTime) {
   const ir::Model m = build({.hidden = 1024, .segments = {{"text", 64}, {"video", 4000}}});
-  const ct::Registry reg = sp::exec::builtin_registry();
+  const ct::Registry reg = sp::test::example_registry();
   const ct::DeviceCaps dev = cpu();
   const ir::Block& b = m.blocks[0];
   auto cost = [&](size_t sub, pl::Options o) {
@@ -407,7 +407,7 @@ TEST(BudgetScale, FiftyBlockDitPlansQuickly) {
   const ir::Model m = build({.dtype = ir::DType::BF16, .heads = 56, .kv_heads = 56, .head_dim = 128,
                              .rotary_dim = 96, .hidden = 14336, .layers = 50, .dim = 5376, .out_features = 96,
                              .segments = {{"text", 512}, {"video", 38184}}});
-  const ct::Registry reg = sp::exec::builtin_registry();
+  const ct::Registry reg = sp::test::example_registry();
   ct::DeviceCaps h200 = cpu();
   h200.name = "cuda:0 (H200-like)";
   h200.kind = ct::DeviceKind::CUDA;

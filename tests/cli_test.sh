@@ -21,9 +21,8 @@ assert r["planned"]["peak_bytes"] < r["naive"]["peak_bytes"]
 assert abs(r["planned"]["estimated_peak_bytes"] - r["planned"]["peak_bytes"]) <= 0.05 * r["planned"]["peak_bytes"]
 PY
 
-out=$("$bin" plan --explain --consumer whole --patch mlp-hidden-rownorm --format int8-rowwise --chunk 256)
+out=$("$bin" plan --explain --consumer whole --format int8-rowwise --chunk 256)
 for s in "rejected by consumer 'whole': accepts bounded Q against global K/V [consumer.bounded_q] — required yes, actual undeclared" \
-         "rejected by patch 'mlp-hidden-rownorm' on MLP hidden: runs on a feature slice [patch.feature_local] — required yes, actual no" \
          "[x] bounded QKV" "[x] token-chunked MLP" "policy: default"; do
   grep -qF -- "$s" <<<"$out" || fail "plan --explain lacks: $s"
 done
@@ -42,13 +41,13 @@ assert a["arena_bytes"] > 0 and a["steps"] and a["buffers"], a.keys()
 assert any(s["kind"] == "attend" for s in a["steps"])
 codes = [x["code"] for s in r["plan"]["blocks"][0]["sublayers"] for d in s["transformations"] for x in d["rejections"]]
 assert "consumer.bounded_q" in codes, codes' || fail "plan --explain --json programs and codes"
-"$bin" plan --json --patch attn-out-renorm --chunk 256 | python3 -c '
+"$bin" plan --json --consumer whole --chunk 256 | python3 -c '
 import json, sys
 p = json.load(sys.stdin)["plan"]
 t = {d["transformation"]: d for d in p["blocks"][0]["sublayers"][0]["transformations"]}
-assert not t["streamed output projection"]["chosen"]
-assert "attn-out-renorm" in t["streamed output projection"]["rejections"][0]["component"]
-assert t["global K/V + streamed Q"]["chosen"]' || fail "plan --json rejection"
+assert not t["global K/V + streamed Q"]["chosen"]
+assert "whole" in t["global K/V + streamed Q"]["rejections"][0]["component"]
+assert t["bounded QKV"]["chosen"]' || fail "plan --json rejection"
 
 # Bad input: clear errors, nonzero status.
 # Exit status 1 with the one error prefix for option errors too; --help and --version exit 0.

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <random>
 
+#include "example_patches.hpp"
 #include "exec/device/device.hpp"
 #include "exec/device/memory.hpp"
 #include "exec/registry.hpp"
@@ -122,7 +123,7 @@ std::vector<uint64_t> seeds(uint64_t base, int count) {
 using test::metered;
 
 TEST(Equivalence, RandomConfigurationsPlannedMatchesNaive) {
-  const auto reg = exec::builtin_registry();
+  const auto reg = test::example_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   int sliced_cases = 0, streamed_cases = 0, fallback_cases = 0, cases = 0;
   std::set<int> combos;
@@ -166,7 +167,7 @@ TEST(Equivalence, RandomConfigurationsPlannedMatchesNaive) {
 
 // Reduced precision: every transformation compared through a float64 reference.
 TEST(Equivalence, ReducedPrecisionWithinTwiceNaiveError) {
-  const auto reg = exec::builtin_registry();
+  const auto reg = test::example_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   // Where this CPU's 16-bit GEMMs allocate packing scratch (no contract declares it, and SDPA
   // declares an allowance for it), the estimate is near, elsewhere exact.

@@ -3,6 +3,7 @@
 
 #include <ATen/Parallel.h>
 
+#include "example_patches.hpp"
 #include "exec/consumers/consumer.hpp"
 #include "exec/device/device.hpp"
 #include "exec/registry.hpp"
@@ -18,7 +19,7 @@ using namespace sp;
 using test::error_of;
 
 struct Small {
-  contracts::Registry reg = exec::builtin_registry();
+  contracts::Registry reg = test::example_registry();
   contracts::DeviceCaps dev = exec::describe_device(at::Device(at::kCPU));
   models::Instance inst;
   Small() {
@@ -111,7 +112,7 @@ TEST(Planned, AForwardCompilesNothingAndBlocksOfOneFormShareCandidates) {
 }
 
 TEST(Weights, Int8SliceEqualsSliceOfDequantizedWhole) {
-  const auto reg = exec::builtin_registry();
+  const auto reg = test::example_registry();
   exec::TensorWeights w(&reg);
   at::Tensor q = at::randint(-127, 128, {40, 600}, at::kChar), sc = at::rand({40}) + 0.1;
   w.add("l.weight", q);
@@ -128,7 +129,7 @@ TEST(Weights, Int8SliceEqualsSliceOfDequantizedWhole) {
 }
 
 TEST(Weights, DenseWeightOfWrongDtypeOrShapeIsRefused) {
-  const auto reg = exec::builtin_registry();
+  const auto reg = test::example_registry();
   exec::TensorWeights w(&reg);
   w.add("l.weight", at::randn({4, 6}));
   ir::Linear l;
@@ -143,7 +144,7 @@ TEST(Weights, DenseWeightOfWrongDtypeOrShapeIsRefused) {
 
 TEST(Consumers, MathAndSdpaAgreeOnBoundedQAgainstGlobalKv) {
   at::Tensor q = at::randn({1, 3, 37, 16}), k = at::randn({1, 3, 101, 16}), v = at::randn({1, 3, 101, 16});
-  const auto reg = exec::builtin_registry();
+  const auto reg = test::example_registry();
   const at::Tensor a = exec::impl_of<exec::ConsumerImpl>(reg.consumer("sdpa")).attend(q, k, v, 0.25);
   const at::Tensor b = exec::impl_of<exec::ConsumerImpl>(reg.consumer("math")).attend(q, k, v, 0.25);
   EXPECT_LT(test::rel_l2(a, b), 1e-5);
@@ -157,7 +158,7 @@ TEST(Consumers, MathAndSdpaAgreeOnBoundedQAgainstGlobalKv) {
 
 // What each call of a consumer allocates, against what its contract declares.
 void expect_declared_call_bytes(at::ScalarType dt) {
-  const auto reg = exec::builtin_registry();
+  const auto reg = test::example_registry();
   exec::install_cpu_meter();
   for (const std::string name : {"sdpa", "math"}) {
     {
@@ -190,7 +191,7 @@ TEST(Consumers, DeclaredCallBytesMatchWhatTheCallAllocatesInBf16) {
 }
 
 TEST(Patches, ImplementationsDoWhatTheyDeclare) {
-  const auto reg = exec::builtin_registry();
+  const auto reg = test::example_registry();
   auto apply = [&](const char* name, at::Tensor t) {
     exec::impl_of<exec::PatchImpl>(reg.patch(name)).apply(t);
     return t;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "example_patches.hpp"
 #include "exec/device/device.hpp"
 #include "exec/registry.hpp"
 #include "exec/device/memory.hpp"
@@ -62,7 +63,7 @@ std::vector<Variant> variants() {
 // The estimate is the arena the executor allocates plus the transients its steps declare:
 // on the CPU it equals the measured peak to the byte.
 void expect_exact(const Variant& v) {
-  const auto reg = exec::builtin_registry();
+  const auto reg = test::example_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   const auto inst = models::instantiate(v.cfg, reg, at::kCPU);
   const auto p = plan::make_plan(inst.model, reg, dev, v.opt);
@@ -91,7 +92,7 @@ TEST(Memory, EstimateEqualsMeasuredPeakInReducedPrecision) {
 // The demo's figures: the default (lean within 2% of the fastest) plan needs at most 40% of
 // the naive peak; the leanest plan a third.
 TEST(Memory, DemoMeetsItsTargets) {
-  const auto reg = exec::builtin_registry();
+  const auto reg = test::example_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   const auto inst = models::instantiate(models::demo_config(), reg, at::kCPU);
   const auto p = plan::make_plan(inst.model, reg, dev, {});
@@ -113,7 +114,7 @@ TEST(Memory, DemoMeetsItsTargets) {
 }
 
 TEST(Memory, RunsLeaveInputsAndWeightsUntouched) {
-  const auto reg = exec::builtin_registry();
+  const auto reg = test::example_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   auto cfg = models::demo_config();
   models::set_total_tokens(cfg, 700);

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "example_patches.hpp"
 #include "contracts/contracts.hpp"
 #include "ir/model.hpp"
 #include "legality/legality.hpp"
@@ -120,7 +121,7 @@ ct::DeviceCaps cpu(std::set<ir::DType> dtypes = kFloats) {
 }
 
 ct::Registry registry_with_test_contracts() {
-  ct::Registry reg = sp::exec::builtin_registry();
+  ct::Registry reg = sp::test::example_registry();
   // Dense formats, each lacking one capability.
   reg.add(ct::FormatCaps{.name = "no-held", .description = "re-acquired for every slab", .out_slicing = Cap::Yes,
                          .in_slicing = Cap::Yes, .held_execution = Cap::No});

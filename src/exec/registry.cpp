@@ -17,7 +17,6 @@ void register_int8(contracts::Registry& reg);
 void register_convrot_int8(contracts::Registry& reg);
 }  // namespace formats
 namespace patches {
-void register_examples(contracts::Registry& reg);
 void register_lora(contracts::Registry& reg);
 }  // namespace patches
 
@@ -32,7 +31,6 @@ contracts::Registry builtin_registry() {
   formats::register_fp8(r);
   formats::register_int8(r);
   formats::register_convrot_int8(r);
-  patches::register_examples(r);
   patches::register_lora(r);
   return r;
 }

@@ -6,7 +6,7 @@
 // Implementations allocate no full-size temporaries.
 //
 // Example:
-//     sp::exec::apply_patches(reg, {"q-temperature"}, sp::contracts::TensorRole::Q, q32);
+//     sp::exec::apply_patches(reg, attention.patches, sp::contracts::TensorRole::Q, q32);
 #pragma once
 
 #include <ATen/ATen.h>

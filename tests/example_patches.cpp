@@ -3,47 +3,27 @@
 // and one that needs the complete tensor (attn-out-renorm).
 #include <cmath>
 
-#include "exec/consumers/consumer.hpp"
+#include "example_patches.hpp"
 #include "exec/patches/patch.hpp"
 
-namespace sp::exec {
+namespace sp::test {
 
-namespace {
+using exec::patch_from;
 
-struct FnPatch : PatchImpl {
-  explicit FnPatch(std::function<void(at::Tensor&)> f) : fn(std::move(f)) {}
-  void apply(at::Tensor& t) const override { fn(t); }
-  std::function<void(at::Tensor&)> fn;
-};
-
-}  // namespace
-
-std::shared_ptr<const PatchImpl> patch_from(std::function<void(at::Tensor&)> fn) {
-  return std::make_shared<FnPatch>(std::move(fn));
-}
-
-void apply_patches(const contracts::Registry& reg, const std::vector<std::string>& names, contracts::TensorRole role,
-                   at::Tensor& t) {
-  for (const auto& n : names) {
-    const auto& p = reg.patch(n);
-    if (p.modifies.count(role)) impl_of<PatchImpl>(p).apply(t);
-  }
-}
-
-namespace patches {
-
-void register_examples(contracts::Registry& reg) {
+void register_example_patches(contracts::Registry& reg) {
   using contracts::Cap;
   using contracts::TensorRole;
+  // A number operand while the patch runs.
+  const auto scalar = [](int64_t, int64_t, ir::DType dt, contracts::DeviceKind d) {
+    return contracts::scalar_operand_bytes(dt, d);
+  };
   contracts::PatchCaps qt;
   qt.name = "q-temperature";
   qt.description = "multiplies Q by a constant (attention temperature)";
   qt.reads = qt.modifies = {TensorRole::Q};
   qt.row_local = qt.feature_local = Cap::Yes;
   qt.impl = patch_from([](at::Tensor& t) { t.mul_(1.25); });
-  qt.scratch_bytes = [](int64_t, int64_t, ir::DType dt, contracts::DeviceKind d) {
-    return contracts::scalar_operand_bytes(dt, d);
-  };
+  qt.scratch_bytes = scalar;
   reg.add(qt);
 
   contracts::PatchCaps renorm;
@@ -56,9 +36,7 @@ void register_examples(contracts::Registry& reg) {
     const double rms = at::linalg_vector_norm(t, 2).item<double>() / std::sqrt(static_cast<double>(t.numel()));
     t.div_(rms + 1e-6);
   });
-  renorm.scratch_bytes = [](int64_t, int64_t, ir::DType dt, contracts::DeviceKind d) {
-    return contracts::scalar_operand_bytes(dt, d);
-  };
+  renorm.scratch_bytes = scalar;
   reg.add(renorm);
 
   contracts::PatchCaps clamp;
@@ -87,5 +65,10 @@ void register_examples(contracts::Registry& reg) {
   reg.add(rownorm);
 }
 
-}  // namespace patches
-}  // namespace sp::exec
+contracts::Registry example_registry() {
+  contracts::Registry reg = exec::builtin_registry();
+  register_example_patches(reg);
+  return reg;
+}
+
+}  // namespace sp::test
