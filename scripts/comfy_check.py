@@ -269,18 +269,57 @@ def source_checkpoint(comfy, family: str, tiny: bool, work: Path) -> Path:
 
 @contextlib.contextmanager
 def profiled(title: str, cuda: bool):
-    """With a title: the block under torch.profiler, then its 12 device kernels that took the most
-    time printed to the standard error under that title."""
+    """With a title: the block under torch.profiler, then printed to the standard error under that
+    title: its 12 device kernels that took the most time and, on a GPU, where the device waited
+    for the host (idle_stretches)."""
     if not title:
         yield
         return
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
         yield
     key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-    print(f"[comfy_check] profile, {title}:\n{prof.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=90)}",
-          file=sys.stderr)
+    table = prof.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=90)
+    print(f"[comfy_check] profile, {title}:\n{table}", file=sys.stderr)
+    if cuda:
+        print(idle_stretches(prof.events()), file=sys.stderr)
+
+
+def idle_stretches(events, least_us: float = 50.0) -> str:
+    """Where the device ran no kernel for at least `least_us` between its first and last kernel,
+    by what the host ran at the middle of each such stretch: the innermost host event there,
+    under the outermost streamplan.* or ComfyUI-level annotation (record_function)."""
+    from collections import defaultdict
+
+    from torch.autograd import DeviceType
+
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
+    host = [e for e in events if e.device_type == DeviceType.CPU]
+    if not kernels:
+        return "[comfy_check] no device kernels"
+    gaps, end = [], kernels[0][1]
+    for a, b in kernels[1:]:
+        if a - end >= least_us:
+            gaps.append((end, a))
+        end = max(end, b)
+    span = end - kernels[0][0]
+    by: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for a, b in gaps:
+        mid = (a + b) / 2
+        covering = [e for e in host if e.time_range.start <= mid <= e.time_range.end]
+        inner = min(covering, key=lambda e: e.time_range.end - e.time_range.start, default=None)
+        outer = [e.name for e in covering if e.name.startswith("streamplan.")]
+        name = f"{outer[0] + ' > ' if outer else ''}{inner.name if inner else '(no host event)'}"
+        by[name][0] += (b - a) / 1e3
+        by[name][1] += 1
+    idle = sum(b - a for a, b in gaps) / 1e3
+    lines = [f"[comfy_check] device idle {idle:.1f} ms of {span / 1e3:.1f} ms in {len(gaps)} stretches of "
+             f">= {least_us:.0f} us; what the host ran then (ms, stretches):"]
+    for name, (ms, n) in sorted(by.items(), key=lambda kv: -kv[1][0])[:12]:
+        lines.append(f"    {ms:9.1f} {n:6d}  {name[:150]}")
+    return "\n".join(lines)
 
 
 def rel(x: torch.Tensor | None, ref: torch.Tensor | None) -> float | None:

@@ -13,6 +13,7 @@ import weakref
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
+from torch.autograd.profiler import record_function
 
 from . import _C
 from ._adapter import Adapter, Call, Fallback, WeightHook, find_adapter
@@ -454,7 +455,8 @@ class Handle:
         why: Call | Fallback | None = self._module_fallback(args, kwargs)
         if why is None:
             self._adapter.host_wrapped = original is not None
-            why = self._adapter.prepare(args, kwargs)
+            with record_function("streamplan.prepare"):
+                why = self._adapter.prepare(args, kwargs)
         if isinstance(why, Fallback):
             self.fallbacks.append(why)
             if why.code == "autograd" and not self._autograd_warned:  # easy to miss: once per module
@@ -470,7 +472,8 @@ class Handle:
                 )
             return (original or self._original)(*args, **kwargs)
         run = self._attached.forward_named if self._adapter.named_outputs else self._attached.forward
-        outputs = [run(raw) for raw in why.inputs]
+        with record_function("streamplan.forward"):  # a profiler's name for the planned run
+            outputs = [run(raw) for raw in why.inputs]
         self.planned_calls += 1
         _lora.warn(self._attached.lora, self._lora_warned)
         return self._adapter.output(why, outputs)
