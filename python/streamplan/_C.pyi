@@ -7,6 +7,7 @@ import torch
 __version__: str
 torch_version: str
 build_kind: str
+plan_cache_size: int
 
 class RecognizeError(ValueError): ...
 class BudgetError(ValueError): ...

@@ -289,7 +289,8 @@ class Handle:
 
     @property
     def plans(self) -> list[dict[str, Any]]:
-        """One entry per geometry planned so far: key, calls, estimated_peak_bytes, floor_bytes, retry."""
+        """One entry per geometry planned and kept (the streamplan.PLAN_CACHE_SIZE most recently
+        used): key, calls, estimated_peak_bytes, floor_bytes, retry."""
         return list(self._attached.plans())
 
     @property
