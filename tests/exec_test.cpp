@@ -59,13 +59,55 @@ TEST(Inputs, DtypeMismatchIsNamed) {
   EXPECT_NE(e.find("does not match the model dtype fp32"), std::string::npos) << e;
 }
 
-TEST(Inputs, PlanOfAnotherModelIsRefused) {
+// The code of the PlanMismatch a planned run of `p` throws ("" when it runs).
+std::string mismatch_of(const Small& s, const plan::Plan& p, const ir::Model& m, const contracts::Registry& reg,
+                        const contracts::DeviceCaps& dev) {
+  try {
+    exec::run_planned(m, p, *s.inst.weights, s.inst.inputs, reg, dev);
+  } catch (const plan::PlanMismatch& e) {
+    return plan::code_name(e.check) + std::string(" ") + e.what();
+  }
+  return "";
+}
+
+TEST(Inputs, PlanOfAnotherModelRegistryOrDeviceIsRefused) {
   Small s;
   auto other = models::demo_config();
   other.layers = 3;
   const auto p = plan::make_plan(models::build_ir(other), s.reg, s.dev, {});
-  const std::string e = error_of([&] { exec::run_planned(s.inst.model, p, *s.inst.weights, s.inst.inputs, s.reg, s.dev); });
-  EXPECT_NE(e.find("plan does not belong to this model"), std::string::npos) << e;
+  const auto own = plan::make_plan(s.inst.model, s.reg, s.dev, {});
+  EXPECT_TRUE(mismatch_of(s, p, s.inst.model, s.reg, s.dev).starts_with("plan.model"));
+  ir::Model scaled = s.inst.model;
+  scaled.blocks[0].sublayers[1].norm.eps *= 2;
+  EXPECT_TRUE(mismatch_of(s, own, scaled, s.reg, s.dev).starts_with("plan.model")) << "a field of a block";
+  EXPECT_TRUE(mismatch_of(s, own, s.inst.model, exec::builtin_registry(), s.dev).starts_with("plan.registry_entry"));
+  contracts::DeviceCaps fewer = s.dev;
+  fewer.threads += 1;
+  EXPECT_TRUE(mismatch_of(s, own, s.inst.model, s.reg, fewer).starts_with("plan.device"));
+  contracts::DeviceCaps emptier = s.dev;
+  emptier.memory_free /= 2;
+  EXPECT_EQ(mismatch_of(s, own, s.inst.model, s.reg, emptier), "") << "free memory is no part of the match";
+}
+
+// The plan holds its compiled parts: a forward compiles nothing, and planning compiles each
+// candidate once per form of block, so three more blocks of the same form add only their
+// chosen programs.
+TEST(Planned, AForwardCompilesNothingAndBlocksOfOneFormShareCandidates) {
+  Small s;
+  const auto p = plan::make_plan(s.inst.model, s.reg, s.dev, {});
+  const int64_t before = plan::programs_compiled();
+  exec::run_planned(s.inst.model, p, *s.inst.weights, s.inst.inputs, s.reg, s.dev);
+  EXPECT_EQ(plan::programs_compiled(), before);
+  auto compiled_by_plan = [&](int layers) {
+    auto c = models::demo_config();
+    c.layers = layers;
+    models::set_total_tokens(c, 300);
+    const ir::Model m = models::build_ir(c);
+    const int64_t at = plan::programs_compiled();
+    plan::make_plan(m, s.reg, s.dev, {});
+    return plan::programs_compiled() - at;
+  };
+  EXPECT_EQ(compiled_by_plan(4) - compiled_by_plan(1), 3 * int64_t(s.inst.model.blocks[0].sublayers.size()));
 }
 
 TEST(Weights, Int8SliceEqualsSliceOfDequantizedWhole) {

@@ -5,13 +5,17 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 
 #include "exec/device/device.hpp"
 #include "exec/registry.hpp"
 #include "models/checkpoint.hpp"
 #include "models/families.hpp"
+#include "report/bench.hpp"
+#include "report/bench_common.hpp"
 #include "report/report.hpp"
 #include "test_util.hpp"
 
@@ -122,6 +126,29 @@ TEST(Families, BadInputsAreNamed) {
     FAIL() << "expected an error";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("'pooled' is missing"), std::string::npos) << e.what();
+  }
+}
+
+// Planning a real model is quick: the 50 blocks of MiniMax H3 at 10 s of 1376x768 video (74,304
+// video tokens, built on the meta device) on this CPU and on an H200-like device.
+TEST(Families, FiftyBlockMiniMaxH3PlansWithinAFifthOfASecond) {
+  const auto reg = exec::builtin_registry();
+  report::BenchCase c;
+  for (const auto& k : report::bench_cases(false))
+    if (k.name == "minimax-h3-model-10s") c = k;
+  const report::CaseModel cm = report::build_case(c, reg, at::Device(at::kMeta), {});
+  ASSERT_GE(cm.inst.model.blocks.size(), 50u);  // and the text refiner's
+  contracts::DeviceCaps h200 = exec::describe_device(at::kCPU);
+  h200.name = "cuda:0 (H200-like)";
+  h200.kind = contracts::DeviceKind::CUDA;
+  h200.compute_units = 132;
+  h200.alloc_round = 512;
+  for (const auto& dev : {exec::describe_device(at::kCPU), h200}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const plan::Plan p = plan::make_plan(cm.inst.model, reg, dev, {});
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::cout << dev.name << ": planned " << p.blocks.size() << " blocks in " << s << " s\n";
+    EXPECT_LE(s, 0.2);
   }
 }
 

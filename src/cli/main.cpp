@@ -213,10 +213,8 @@ int cmd_plan(ModelArgs a) {
   if (!variant.empty()) std::cout << variant << "\n";
   if (mm && !mm->note.empty()) std::cout << "note: " << mm->note << "\n";
   if (a.program) {
-    for (const auto& prog : report::programs(m, p, reg, dev)) {
-      const plan::Placement pl = plan::place(prog, dev);
-      std::cout << plan::to_text(prog, pl.offset, pl.arena_bytes);
-    }
+    for (const plan::Part* part : plan::parts(p))
+      std::cout << plan::to_text(part->program, part->placement.offset, part->placement.arena_bytes);
     return 0;
   }
   std::cout << plan::explain(p, a.explain == "full");

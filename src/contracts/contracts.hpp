@@ -178,6 +178,7 @@ struct DeviceCaps {
   // absent: none. Measured by exec::describe_device.
   std::map<ir::DType, int64_t> mixed_multiply_bytes_per_element;
   int64_t round_alloc(int64_t bytes) const;
+  bool operator==(const DeviceCaps&) const = default;
   int64_t gemm_scratch(ir::DType dtype) const { return of(gemm_scratch_per_thread, dtype); }
   int64_t mixed_multiply_bytes(ir::DType dtype, int64_t elements) const {
     return of(mixed_multiply_bytes_per_element, dtype) * elements;

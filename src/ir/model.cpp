@@ -427,6 +427,27 @@ void for_each_linear(Model& m, const std::function<void(Linear&)>& fn) {
   }
 }
 
+Block anonymous(Block b) {
+  auto blank = [](std::string& n) {
+    if (!n.empty()) n = "*";
+  };
+  auto norm = [&](Norm& n) { blank(n.weight), blank(n.bias); };
+  block_linears(b, [&](Linear& l) {
+    blank(l.weight), blank(l.bias);
+    for (auto& a : l.loras) blank(a.a), blank(a.b);
+  });
+  blank(b.name), blank(b.modulation.table);
+  for (auto& s : b.sublayers) {
+    blank(s.name), norm(s.norm);
+    if (auto* a = std::get_if<Attention>(&s.body)) {
+      blank(a->rope.table), blank(a->proj.q_norm), blank(a->proj.k_norm);
+      for (auto& [segment, p] : a->segment_proj) blank(p.q_norm), blank(p.k_norm);
+    }
+  }
+  if (b.post_norm) norm(b.post_norm->norm);
+  return b;
+}
+
 void for_each_linear(const Block& b, const std::function<void(const Linear&)>& fn) { block_linears(b, fn); }
 
 namespace {

@@ -71,6 +71,7 @@ struct Region {
   std::string name;
   int64_t offset = 0;
   int64_t size = 0;
+  bool operator==(const Region&) const = default;
 };
 
 // A low-rank update of a Linear's weight, applied lazily per slab (exec/patches/lora.cpp):
@@ -80,6 +81,7 @@ struct LoraAdapter {
   int64_t rank = 0;
   double scale = 1;     // strength * alpha / rank (strength where the file has no alpha)
   int64_t row_offset = 0, rows = 0;
+  bool operator==(const LoraAdapter&) const = default;
 };
 
 struct Linear {
@@ -96,6 +98,7 @@ struct Linear {
   std::vector<Region> in_regions;
   std::vector<LoraAdapter> loras;  // applied on top of the weight in every projection of it
   const Region* out_region(const std::string& name) const;
+  bool operator==(const Linear&) const = default;
 };
 
 struct Norm {
@@ -103,23 +106,27 @@ struct Norm {
   bool affine = false;
   std::string weight, bias;  // used when affine (bias only for LayerNorm, may be empty)
   double eps = 1e-6;
+  bool operator==(const Norm&) const = default;
 };
 
 // Indices into a per-block modulation table of `count` vectors of width dim.
 // A negative index means "not present" (scale 0, shift 0, gate 1).
 struct ModRef {
   int shift = -1, scale = -1, gate = -1;
+  bool operator==(const ModRef&) const = default;
 };
 
 struct Rope {
   RopeStyle style = RopeStyle::None;
   int64_t rotary_dim = 0;  // leading head dims rotated; <= head_dim, even
   std::string table = "rope";  // runtime input: cos/sin [tokens, rotary_dim/2]
+  bool operator==(const Rope&) const = default;
 };
 
 struct QkNorm {
   QkNormKind kind = QkNormKind::None;
   double eps = 1e-6;
+  bool operator==(const QkNorm&) const = default;
 };
 
 // The projections of one token stream. q_norm / k_norm name the QK-norm weights.
@@ -132,6 +139,7 @@ struct AttnProj {
   const Linear& q_linear() const { return qkv ? *qkv : *q; }
   const Linear& k_linear() const { return qkv ? *qkv : *k; }
   const Linear& v_linear() const { return qkv ? *qkv : *v; }
+  bool operator==(const AttnProj&) const = default;
 };
 
 // An MLP computed from the attention's fused input projection (region "mlp") whose
@@ -139,6 +147,7 @@ struct AttnProj {
 struct ParallelMlp {
   int64_t hidden = 0;
   ActKind act = ActKind::GeluTanh;
+  bool operator==(const ParallelMlp&) const = default;
 };
 
 struct Attention {
@@ -155,6 +164,7 @@ struct Attention {
   std::vector<std::string> patches;  // patch instance names (contracts registry)
   const AttnProj& proj_for(const std::string& segment) const;
   std::vector<const AttnProj*> all_proj() const;
+  bool operator==(const Attention&) const = default;
 };
 
 struct Mlp {
@@ -166,6 +176,7 @@ struct Mlp {
   Linear down;                 // [dim, hidden]
   std::vector<std::string> patches;
   bool gated() const { return layout != GateUpLayout::None; }
+  bool operator==(const Mlp&) const = default;
 };
 
 struct Sublayer {
@@ -175,12 +186,14 @@ struct Sublayer {
   ModRef mod;
   std::variant<Attention, Mlp> body;
   bool is_attention() const { return std::holds_alternative<Attention>(body); }
+  bool operator==(const Sublayer&) const = default;
 };
 
 struct Modulation {
   ModScope scope = ModScope::None;
   int count = 0;          // vectors per segment (or per token)
   std::string table;      // runtime input: [segments|tokens, count, dim]
+  bool operator==(const Modulation&) const = default;
 };
 
 // A norm applied in place to the rows of `segments` after a block's sublayers, without
@@ -188,6 +201,7 @@ struct Modulation {
 struct RowNorm {
   std::vector<std::string> segments;
   Norm norm;
+  bool operator==(const RowNorm&) const = default;
 };
 
 struct Block {
@@ -195,6 +209,7 @@ struct Block {
   Modulation modulation;
   std::vector<Sublayer> sublayers;
   std::optional<RowNorm> post_norm;
+  bool operator==(const Block&) const = default;
 };
 
 struct SegmentEmbed;
@@ -209,11 +224,13 @@ struct FinalLayer {
   // narrower than proj writes the leading columns of its rows; the others are 0.
   std::vector<std::pair<std::string, Linear>> heads;
   const Linear& proj_for(const std::string& segment) const;
+  bool operator==(const FinalLayer&) const = default;
 };
 
 struct Segment {
   std::string name;
   int64_t length = 0;
+  bool operator==(const Segment&) const = default;
 };
 
 // A token stream outside the residual (runtime input [length, dim]), e.g. embedded text
@@ -221,6 +238,7 @@ struct Segment {
 struct Context {
   std::string name;
   int64_t length = 0, dim = 0;
+  bool operator==(const Context&) const = default;
 };
 
 // The input projection of one segment's tokens into the residual stream.
@@ -230,6 +248,7 @@ struct Context {
 struct SegmentEmbed {
   std::string segment;
   Linear linear;
+  bool operator==(const SegmentEmbed&) const = default;
 };
 
 struct RowRange {
@@ -262,6 +281,7 @@ struct Model {
   // Segment boundaries strictly inside `r`: a slab over r splits into one more piece for
   // each (per-segment modulation, per-segment projections).
   int64_t inner_boundaries(RowRange r) const;
+  bool operator==(const Model&) const = default;
 };
 
 // Throws IrError naming the field path and the values on any inconsistency.
@@ -272,6 +292,10 @@ void validate(const Model& m);
 void for_each_linear(Model& m, const std::function<void(Linear&)>& fn);
 // The same for the projections of one block's sublayers.
 void for_each_linear(const Block& b, const std::function<void(const Linear&)>& fn);
+// The block with the names of its sublayers and of the tensors and tables it reads replaced by
+// "*" (an empty name stays empty): blocks equal in this form compute alike, differing only in
+// what they read.
+Block anonymous(Block b);
 // The names of the weight tensors a block reads: its linears' weights, biases and LoRA
 // factors and its affine norms' weights and biases (Q/K norms and the row norm after the block included).
 std::vector<std::string> tensor_names(const Block& b);

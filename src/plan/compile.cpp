@@ -290,6 +290,8 @@ void compile_mlp(Compiler& c, const ir::Block& b, const ir::Sublayer& s, const i
 
 }  // namespace
 
+int64_t programs_compiled() { return detail::compiled; }
+
 Program compile_sublayer(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const SublayerPlan& p,
                          const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
   Compiler c(m, reg, dev, b.name + "." + s.name, m.rows(s.segments));

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -31,6 +32,8 @@ inline std::string range_text(const SliceExpr& s) {
   return t.str();
 }
 
+inline std::atomic<int64_t> compiled{0};  // programs_compiled()
+
 // Builds one program: buffers and steps at the current loop depth.
 class Compiler {
  public:
@@ -40,6 +43,7 @@ class Compiler {
         esz_(double(ir::dtype_size(m.dtype))), asz_(double(ir::dtype_size(acc_))), fused_(fused_norm(m, dev)) {
     p_.name = std::move(name);
     p_.rows = rows;
+    ++compiled;
   }
 
   const ir::Model& m() const { return m_; }

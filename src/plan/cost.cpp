@@ -98,7 +98,9 @@ double step_seconds(const Terms& t, const Rates& r) {
 
 double step_host_seconds(const Terms& t, const Rates& r) { return double(t.launches) * r.launch_s; }
 
-Cost program_cost(const Program& p, const contracts::DeviceCaps& dev) {
+Cost program_cost(const Program& p, const contracts::DeviceCaps& dev) { return program_cost(p, place(p, dev), dev); }
+
+Cost program_cost(const Program& p, const Placement& pl, const contracts::DeviceCaps& dev) {
   const Rates r = rates_of(dev);
   Cost c;
   double host = 0;
@@ -117,7 +119,7 @@ Cost program_cost(const Program& p, const contracts::DeviceCaps& dev) {
     c.launches += times.back() * s.terms.launches;
   }
   c.seconds = std::max(c.seconds, host);
-  c.peak_bytes = place(p, dev).peak_bytes;
+  c.peak_bytes = pl.peak_bytes;
   return c;
 }
 
@@ -130,13 +132,5 @@ Cost final_cost(const ir::Model& m, int64_t chunk, const contracts::Registry& re
   return program_cost(compile_final(m, chunk, reg, dev), dev);
 }
 
-Cost embed_cost(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
-  return program_cost(compile_embed(m, reg, dev), dev);
-}
-
-Cost post_norm_cost(const ir::Model& m, const ir::Block& b, const contracts::Registry& reg,
-                    const contracts::DeviceCaps& dev) {
-  return program_cost(compile_post_norm(m, b, reg, dev), dev);
-}
 
 }  // namespace sp::plan

@@ -31,7 +31,7 @@
 
 #include "contracts/contracts.hpp"
 #include "ir/model.hpp"
-#include "plan/program.hpp"
+#include "plan/arena.hpp"
 
 namespace sp::plan {
 
@@ -97,13 +97,12 @@ double step_seconds(const Terms& t, const Rates& r);
 double step_host_seconds(const Terms& t, const Rates& r);
 // Peak (plan/arena.hpp) and time of a program: the larger of its summed device and host times.
 Cost program_cost(const Program& p, const contracts::DeviceCaps& dev);
+// The same with the program's placement at hand.
+Cost program_cost(const Program& p, const Placement& pl, const contracts::DeviceCaps& dev);
 
 // compile_* (plan/program.hpp), then program_cost.
 Cost sublayer_cost(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const SublayerPlan& p,
                    const contracts::Registry& reg, const contracts::DeviceCaps& dev);
 Cost final_cost(const ir::Model& m, int64_t chunk, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
-Cost embed_cost(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
-Cost post_norm_cost(const ir::Model& m, const ir::Block& b, const contracts::Registry& reg,
-                    const contracts::DeviceCaps& dev);
 
 }  // namespace sp::plan

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 #include "plan/budget.hpp"
 #include "plan/cost.hpp"
@@ -42,6 +44,12 @@ std::vector<Decision> decide(const Verdict& v) {
     out.push_back(std::move(d));
   }
   return out;
+}
+
+// A chosen schedule's program with its buffers placed.
+Part compiled(Program prog, const contracts::DeviceCaps& dev) {
+  Placement pl = place(prog, dev);
+  return {std::move(prog), std::move(pl)};
 }
 
 Decision* find(std::vector<Decision>& ds, Transform t) {
@@ -165,22 +173,66 @@ struct Bottleneck {
 // The candidates of every part that has a choice (sublayers, final layer), in plan order.
 using Survey = std::vector<std::vector<Candidate>>;
 
+// Candidate costs by the form of what they schedule. Blocks equal but for the names of what
+// they read (ir::anonymous) compile each candidate of a sublayer to the same steps, buffers and
+// terms, so a candidate is compiled and costed once per form and its program is not kept.
+class Costs {
+ public:
+  // The form of a block: an index shared by the blocks equal to it but for names.
+  size_t form(const ir::Block& b) {
+    ir::Block a = ir::anonymous(b);
+    const auto it = std::find(forms_.begin(), forms_.end(), a);
+    if (it != forms_.end()) return size_t(it - forms_.begin());
+    forms_.push_back(std::move(a));
+    return forms_.size() - 1;
+  }
+  // The cost of a candidate of sublayer `si` of form `form` (kFinal: the final layer).
+  template <typename P, typename F>
+  Cost of(size_t form, size_t si, int64_t token_chunk, int64_t q_chunk, int64_t slice, const P& p, F&& compute) {
+    unsigned chosen = 0;
+    for (const auto& d : p.decisions) chosen |= unsigned(d.chosen) << unsigned(d.transform);
+    const auto [it, fresh] = costs_.try_emplace({form, si, token_chunk, q_chunk, slice, chosen});
+    if (fresh) it->second = compute();
+    return it->second;
+  }
+  static constexpr size_t kFinal = size_t(-1);
+
+ private:
+  std::vector<ir::Block> forms_;
+  std::map<std::tuple<size_t, size_t, int64_t, int64_t, int64_t, unsigned>, Cost> costs_;
+};
+
+// Where a sublayer is: its block, the block's form (Costs) and its index.
+struct Site {
+  const ir::Block& b;
+  const ir::Sublayer& s;
+  size_t form, si;
+};
+
 // Picks one candidate schedule per sublayer (and for the final layer): the fastest whose
 // need fits what is available: under a budget the budget less the residual stream, without
 // one the default's cap (lean_cap), and while surveying (`survey` given: every part's
-// candidates recorded) anything. `replay`: the survey of the same model and options, whose
-// candidates' costs are taken instead of compiling and costing them again.
+// candidates recorded) anything. While surveying the chosen schedules are not compiled.
 class Chooser {
  public:
   Chooser(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev, const Options& opt,
-          int64_t residual, int64_t cap, Survey* survey, const Survey* replay)
+          int64_t residual, int64_t cap, Survey* survey, Costs& costs)
       : m_(m), reg_(reg), dev_(dev), opt_(opt), residual_(residual),
         available_(opt.budget_bytes > 0 ? opt.budget_bytes - residual
                    : cap > 0            ? cap
                                         : std::numeric_limits<int64_t>::max()),
-        survey_(survey), replay_(replay) {}
+        survey_(survey), costs_(costs) {}
 
-  SublayerPlan attention(const ir::Block& b, const ir::Sublayer& s, const ir::Attention& a, const Verdict& v) {
+  // A part without a choice, compiled and placed; kept where the plan is not a survey.
+  Cost fixed(Program prog, Part& into) {
+    Part part = compiled(std::move(prog), dev_);
+    const Cost c = program_cost(part.program, part.placement, dev_);
+    if (!survey_) into = std::move(part);
+    return c;
+  }
+
+  SublayerPlan attention(const Site& at, const ir::Attention& a, const Verdict& v) {
+    const ir::Sublayer& s = at.s;
     const int64_t T = m_.rows(s.segments).size(), L = m_.kv_rows(s);
     std::vector<SublayerPlan> plans;
     if (opt_.token_chunk > 0) {
@@ -200,10 +252,11 @@ class Chooser {
           for (int64_t kv : kvs) plans.push_back(attention_candidate(v, T, L, kv, q));
       }
     }
-    return pick(b, s, std::move(plans));
+    return pick(at, std::move(plans));
   }
 
-  SublayerPlan mlp(const ir::Block& b, const ir::Sublayer& s, const ir::Mlp& f, const Verdict& v) {
+  SublayerPlan mlp(const Site& at, const ir::Mlp& f, const Verdict& v) {
+    const ir::Sublayer& s = at.s;
     const int64_t T = m_.rows(s.segments).size();
     std::vector<int64_t> chunks = {T}, slices = {f.hidden};
     if (v.is_legal(Transform::TokenChunkedMlp)) {
@@ -224,7 +277,7 @@ class Chooser {
     std::vector<SublayerPlan> plans;
     for (int64_t c : chunks)
       for (int64_t x : slices) plans.push_back(mlp_candidate(v, T, f.hidden, c, x));
-    SublayerPlan p = pick(b, s, std::move(plans));
+    SublayerPlan p = pick(at, std::move(plans));
     if (opt_.feature_slice < 0) note(p.decisions, Transform::FeatureSlicedMlp, "disabled by option");
     return p;
   }
@@ -236,16 +289,14 @@ class Chooser {
       if (opt_.token_chunk > 0) chunks = {std::min(rows, opt_.token_chunk)};
       else for (int64_t c : chunk_candidates(rows, 1)) chunks.push_back(c);
     }
-    const std::vector<Candidate> cands = costed(chunks.size(), [&] {
-      std::vector<Candidate> cs;
-      for (int64_t c : chunks) {
-        FinalPlan k = f;
-        k.chunk = c;
-        for (auto& d : k.decisions) d.chosen = d.rejections.empty() && c < rows;
-        cs.push_back({strategy_of(k), c, 0, 0, final_cost(m_, c, reg_, dev_), allocator_reserve(dev_)});
-      }
-      return cs;
-    });
+    std::vector<Candidate> cands;
+    for (int64_t c : chunks) {
+      FinalPlan k = f;
+      k.chunk = c;
+      for (auto& d : k.decisions) d.chosen = d.rejections.empty() && c < rows;
+      const Cost cost = costs_.of(Costs::kFinal, 0, c, 0, 0, k, [&] { return final_cost(m_, c, reg_, dev_); });
+      cands.push_back({strategy_of(k), c, 0, 0, cost, allocator_reserve(dev_)});
+    }
     const Choice ch = decide_among(cands);
     if (!ch.chosen) {
       const Candidate& k = cands[ch.smallest];
@@ -263,13 +314,14 @@ class Chooser {
     f.estimated_peak = c.cost.peak_bytes;
     f.estimated_ms = c.cost.ms();
     f.alternatives = ch.alternatives;
+    if (!survey_) f.part = compiled(compile_final(m_, f.chunk, reg_, dev_), dev_);
     note_unchosen(f, policy_word());
     if (rows <= c.token_chunk) note(f.decisions, Transform::BoundedFinal, "one chunk covers all tokens");
   }
 
-  Cost embedding() {
+  Cost embedding(Part& into) {
     Candidate c;
-    c.cost = embed_cost(m_, reg_, dev_);
+    c.cost = fixed(compile_embed(m_, reg_, dev_), into);
     c.reserve = allocator_reserve(dev_);
     if (opt_.budget_bytes > 0) note_bottleneck(c, "the embedding", "", [&] { return compile_embed(m_, reg_, dev_); });
     return c.cost;
@@ -295,28 +347,21 @@ class Chooser {
     return opt_.budget_bytes > 0 ? "the budget's fastest fitting schedule" : "the default's fastest schedule under its cap";
   }
 
-  // The next part's `n` candidates with their costs: replayed from the survey (the parts come
-  // in the same order with the same candidates), or computed.
-  template <typename F>
-  std::vector<Candidate> costed(size_t n, F&& compute) {
-    if (replay_ && next_ < replay_->size() && (*replay_)[next_].size() == n) return (*replay_)[next_++];
-    return compute();
-  }
-
   Choice decide_among(const std::vector<Candidate>& cands) const {
     if (survey_) survey_->push_back(cands);
     return choose(cands, available_, opt_.budget_bytes > 0 ? "budget" : "the default's cap");
   }
 
-  SublayerPlan pick(const ir::Block& b, const ir::Sublayer& s, std::vector<SublayerPlan> plans) {
-    const std::vector<Candidate> cands = costed(plans.size(), [&] {
-      std::vector<Candidate> cs;
-      cs.reserve(plans.size());
-      for (const auto& p : plans)
-        cs.push_back({p.strategy, p.token_chunk, p.q_chunk, p.feature_slice, sublayer_cost(m_, b, s, p, reg_, dev_),
-                      allocator_reserve(dev_)});
-      return cs;
-    });
+  SublayerPlan pick(const Site& at, std::vector<SublayerPlan> plans) {
+    const ir::Block& b = at.b;
+    const ir::Sublayer& s = at.s;
+    std::vector<Candidate> cands;
+    cands.reserve(plans.size());
+    for (const auto& p : plans) {
+      const Cost c = costs_.of(at.form, at.si, p.token_chunk, p.q_chunk, p.feature_slice, p,
+                               [&] { return sublayer_cost(m_, b, s, p, reg_, dev_); });
+      cands.push_back({p.strategy, p.token_chunk, p.q_chunk, p.feature_slice, c, allocator_reserve(dev_)});
+    }
     const Choice ch = decide_among(cands);
     if (!ch.chosen) {
       const SublayerPlan& k = plans[ch.smallest];
@@ -326,7 +371,10 @@ class Chooser {
       return k;
     }
     SublayerPlan p = std::move(plans[*ch.chosen]);
-    weights_of(compile_sublayer(m_, b, s, p, reg_, dev_), p);
+    if (!survey_) {
+      p.part = compiled(compile_sublayer(m_, b, s, p, reg_, dev_), dev_);
+      weights_of(p.part.program, p);
+    }
     p.estimated_peak = cands[*ch.chosen].cost.peak_bytes;
     p.estimated_ms = cands[*ch.chosen].cost.ms();
     p.alternatives = ch.alternatives;
@@ -364,8 +412,7 @@ class Chooser {
   const Options& opt_;
   int64_t residual_, available_;
   Survey* survey_;
-  const Survey* replay_;
-  size_t next_ = 0;  // the next part of replay_
+  Costs& costs_;
   Bottleneck worst_;
 };
 
@@ -379,7 +426,7 @@ namespace {
 
 // The plan whose parts take their fastest candidate within the Chooser's limit (see Chooser).
 Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
-                const Options& opt, int64_t cap, Survey* survey, const Survey* replay = nullptr) {
+                const Options& opt, int64_t cap, Survey* survey, Costs& costs) {
   legality::Context ctx{&m, &reg, &dev};
   Plan p;
   p.model = m.name;
@@ -392,17 +439,20 @@ Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contra
   p.row_kernels = row_kernels_note(m, reg, dev);
   if (opt.budget_bytes > 0)
     p.policy = "budget " + human_bytes(opt.budget_bytes) + ": the fastest schedule whose estimated peak fits";
-  Chooser chooser(m, reg, dev, opt, p.residual_bytes, cap, survey, replay);
-  const Cost embed = chooser.embedding();
+  Chooser chooser(m, reg, dev, opt, p.residual_bytes, cap, survey, costs);
+  const Cost embed = chooser.embedding(p.embed);
   int64_t worst = embed.peak_bytes;
   double seconds = embed.seconds;
   for (const auto& b : m.blocks) {
     BlockPlan bp;
     bp.name = b.name;
-    for (const auto& s : b.sublayers) {
+    const size_t form = costs.form(b);
+    for (size_t si = 0; si < b.sublayers.size(); ++si) {
+      const ir::Sublayer& s = b.sublayers[si];
       const Verdict v = legality::check_sublayer(ctx, s);
-      SublayerPlan sp = s.is_attention() ? chooser.attention(b, s, std::get<ir::Attention>(s.body), v)
-                                         : chooser.mlp(b, s, std::get<ir::Mlp>(s.body), v);
+      const Site at{b, s, form, si};
+      SublayerPlan sp = s.is_attention() ? chooser.attention(at, std::get<ir::Attention>(s.body), v)
+                                         : chooser.mlp(at, std::get<ir::Mlp>(s.body), v);
       sp.name = s.name;
       worst = std::max(worst, sp.estimated_peak);
       seconds += sp.estimated_ms / 1e3;
@@ -410,7 +460,7 @@ Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contra
     }
     if (b.post_norm) {
       bp.post_norm_rows = m.rows(b.post_norm->segments).size();
-      const Cost pc = post_norm_cost(m, b, reg, dev);
+      const Cost pc = chooser.fixed(compile_post_norm(m, b, reg, dev), bp.post_norm.emplace());
       worst = std::max(worst, pc.peak_bytes);
       seconds += pc.seconds;
     }
@@ -434,6 +484,53 @@ Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contra
   return p;
 }
 
+// The registry entries the parts' programs call.
+std::vector<Plan::Entry> entries_of(const Plan& p, const contracts::Registry& reg) {
+  std::vector<Plan::Entry> out;
+  auto add = [&](char kind, const std::string& name) {
+    const auto& impl = kind == 'c' ? reg.consumer(name).impl : kind == 'f' ? reg.format(name).impl : reg.patch(name).impl;
+    Plan::Entry e{kind, name, impl.get()};
+    if (std::find(out.begin(), out.end(), e) == out.end()) out.push_back(std::move(e));
+  };
+  for (const Part* part : parts(p))
+    for (const Step& st : part->program.steps) {
+      if (const auto* a = std::get_if<AcquireStep>(&st.body); a && a->linear) add('f', a->linear->format);
+      else if (const auto* c = std::get_if<AttendStep>(&st.body)) add('c', c->consumer);
+      else if (const auto* k = std::get_if<CarryKStep>(&st.body)) add('c', k->consumer);
+      else if (const auto* x = std::get_if<PatchStep>(&st.body)) add('p', x->patch);
+      else if (const auto* l = std::get_if<LoraStep>(&st.body)) add('p', l->patch);
+    }
+  return out;
+}
+
+Plan choose_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
+                 const Options& opt) {
+  const std::string fixed = opt.token_chunk > 0 ? " (token chunk fixed at " + std::to_string(opt.token_chunk) + ")" : "";
+  Costs costs;
+  if (opt.budget_bytes > 0) {
+    Plan p = build_plan(m, reg, dev, opt, 0, nullptr, costs);
+    p.policy += fixed;
+    return p;
+  }
+  // The default: every part's candidates and the fastest schedule first, then the smallest
+  // cap on a part's need that keeps the whole schedule within kLeanTolerance of it.
+  Survey parts;
+  const Plan fastest = build_plan(m, reg, dev, opt, 0, &parts, costs);
+  double chosen = 0;  // the parts' fastest times; the rest of the estimate has no choice
+  for (const auto& cs : parts) {
+    double best = std::numeric_limits<double>::infinity();
+    for (const auto& c : cs) best = std::min(best, c.cost.seconds);
+    chosen += best;
+  }
+  const int64_t cap = lean_cap(parts, std::max(fastest.estimated_ms / 1e3 - chosen, 0.0), kLeanTolerance);
+  Plan p = build_plan(m, reg, dev, opt, cap, nullptr, costs);
+  p.policy = "default: the smallest peak whose schedule's estimated time is within " +
+             std::to_string(int(kLeanTolerance * 100 + 0.5)) + "% of the fastest schedule's (" +
+             human_ms(p.estimated_ms) + " vs " + human_ms(fastest.estimated_ms) + "; peak " +
+             human_bytes(p.estimated_peak_bytes) + " vs " + human_bytes(fastest.estimated_peak_bytes) + ")" + fixed;
+  return p;
+}
+
 }  // namespace
 
 Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
@@ -442,29 +539,65 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
   if (opt.budget_bytes < 0)
     throw PlanError("budget_bytes: must be positive (0: no budget), got " + std::to_string(opt.budget_bytes));
   if (opt.token_chunk < 0) throw PlanError("token_chunk: must be positive, got " + std::to_string(opt.token_chunk));
-  const std::string fixed = opt.token_chunk > 0 ? " (token chunk fixed at " + std::to_string(opt.token_chunk) + ")" : "";
-  if (opt.budget_bytes > 0) {
-    Plan p = build_plan(m, reg, dev, opt, 0, nullptr);
-    p.policy += fixed;
-    return p;
-  }
-  // The default: every part's candidates and the fastest schedule first, then the smallest
-  // cap on a part's need that keeps the whole schedule within kLeanTolerance of it.
-  Survey parts;
-  const Plan fastest = build_plan(m, reg, dev, opt, 0, &parts);
-  double chosen = 0;  // the parts' fastest times; the rest of the estimate has no choice
-  for (const auto& cs : parts) {
-    double best = std::numeric_limits<double>::infinity();
-    for (const auto& c : cs) best = std::min(best, c.cost.seconds);
-    chosen += best;
-  }
-  const int64_t cap = lean_cap(parts, std::max(fastest.estimated_ms / 1e3 - chosen, 0.0), kLeanTolerance);
-  Plan p = build_plan(m, reg, dev, opt, cap, nullptr, &parts);
-  p.policy = "default: the smallest peak whose schedule's estimated time is within " +
-             std::to_string(int(kLeanTolerance * 100 + 0.5)) + "% of the fastest schedule's (" +
-             human_ms(p.estimated_ms) + " vs " + human_ms(fastest.estimated_ms) + "; peak " +
-             human_bytes(p.estimated_peak_bytes) + " vs " + human_bytes(fastest.estimated_peak_bytes) + ")" + fixed;
+  auto source = std::make_shared<const ir::Model>(m);  // what the programs point into
+  Plan p = choose_plan(*source, reg, dev, opt);
+  p.source = std::move(source);
+  p.entries = entries_of(p, reg);
+  p.device_caps = dev;
   return p;
+}
+
+const char* code_name(Mismatch c) {
+  switch (c) {
+    case Mismatch::Model: return "plan.model";
+    case Mismatch::RegistryEntry: return "plan.registry_entry";
+    case Mismatch::Device: return "plan.device";
+  }
+  return "?";
+}
+
+void check_match(const Plan& p, const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
+  if (!p.source || p.blocks.size() != m.blocks.size() || p.tokens != m.tokens())
+    throw PlanMismatch(Mismatch::Model, "planned for " + std::to_string(p.blocks.size()) + " blocks / " +
+                                            std::to_string(p.tokens) + " tokens, the model has " +
+                                            std::to_string(m.blocks.size()) + " / " + std::to_string(m.tokens()));
+  if (!(*p.source == m)) {
+    std::string where = "outside its blocks";
+    for (size_t b = 0; b < m.blocks.size(); ++b)
+      if (!(m.blocks[b] == p.source->blocks[b])) {
+        where = "in block " + m.blocks[b].name;
+        break;
+      }
+    throw PlanMismatch(Mismatch::Model, "the model differs from the one planned " + where);
+  }
+  for (const Plan::Entry& e : p.entries) {
+    const char* kind = e.kind == 'c' ? "consumer" : e.kind == 'f' ? "format" : "patch";
+    const void* impl = nullptr;
+    try {
+      impl = e.kind == 'c' ? reg.consumer(e.name).impl.get() : e.kind == 'f' ? reg.format(e.name).impl.get()
+                                                                              : reg.patch(e.name).impl.get();
+    } catch (const contracts::ContractError&) {
+      throw PlanMismatch(Mismatch::RegistryEntry, std::string(kind) + " '" + e.name + "' is not registered");
+    }
+    if (impl != e.impl)
+      throw PlanMismatch(Mismatch::RegistryEntry,
+                         std::string(kind) + " '" + e.name + "' is another implementation than the one planned with");
+  }
+  contracts::DeviceCaps d = dev;
+  d.memory_free = p.device_caps.memory_free;
+  if (!(d == p.device_caps))
+    throw PlanMismatch(Mismatch::Device, "planned for device '" + p.device_caps.name + "', run on '" + dev.name +
+                                             "' with other capabilities or rates");
+}
+
+std::vector<const Part*> parts(const Plan& p) {
+  std::vector<const Part*> out{&p.embed};
+  for (const auto& b : p.blocks) {
+    for (const auto& s : b.sublayers) out.push_back(&s.part);
+    if (b.post_norm) out.push_back(&*b.post_norm);
+  }
+  if (p.final_layer.present) out.push_back(&p.final_layer.part);
+  return out;
 }
 
 }  // namespace sp::plan

@@ -15,6 +15,12 @@
 // below the smallest achievable peak throws BudgetError. The plan records the policy, the
 // strategy, its estimates and the serious alternatives with the reason each lost.
 //
+// The chosen schedule of every part (embedding, sublayers, row norms, final layer) is compiled
+// once, when the plan is made, into its Part: the program and the placement of its buffers,
+// which the executor runs and the report prints as they are. The programs point into the
+// plan's own copy of the model; check_match() refuses the plan against any other model,
+// registry entries or device (PlanMismatch, with a code).
+//
 // Example:
 //     auto reg = sp::exec::builtin_registry();
 //     sp::plan::Plan p = sp::plan::make_plan(model, reg, device, {});
@@ -25,12 +31,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "contracts/contracts.hpp"
 #include "ir/model.hpp"
 #include "legality/legality.hpp"
+#include "plan/arena.hpp"
 
 namespace sp::plan {
 
@@ -53,6 +62,12 @@ struct Alternative {
   std::string lost;            // e.g. "over budget by 3.2 MiB", "slower: 12.3 ms vs 10.1 ms"
 };
 
+// A part's chosen program and where its buffers lie (plan/arena.hpp).
+struct Part {
+  Program program;
+  Placement placement;
+};
+
 struct SublayerPlan {
   std::string name;
   bool attention = false;
@@ -68,12 +83,14 @@ struct SublayerPlan {
   // Weights of the chosen program: acquired once and held while the sublayer runs over the
   // block's rows, or acquired (and released) per slab or slice.
   std::vector<std::string> held_weights, slab_weights;
+  Part part;  // the chosen schedule, compiled
 };
 
 struct BlockPlan {
   std::string name;
   std::vector<SublayerPlan> sublayers;
   int64_t post_norm_rows = 0;  // > 0: the block's row norm after its sublayers, over these rows
+  std::optional<Part> post_norm;
 };
 
 struct FinalPlan {
@@ -85,6 +102,7 @@ struct FinalPlan {
   double estimated_ms = 0;
   std::vector<Alternative> alternatives;
   bool chosen(Transform t) const;
+  Part part;
 };
 
 struct Options {
@@ -110,7 +128,23 @@ struct Plan {
   double estimated_ms = 0;   // sum of the sublayers', the final layer's and the embedding's
   std::string row_kernels;   // program.hpp row_kernels_note
   std::string policy;        // which rule chose the schedules
+  Part embed;
+  // What the parts were compiled against: the model their programs point into, the registry
+  // entries they call (kind, name, implementation) and the device.
+  struct Entry {
+    char kind;  // 'c' consumer, 'f' format, 'p' patch
+    std::string name;
+    const void* impl;
+    bool operator==(const Entry&) const = default;
+  };
+  std::shared_ptr<const ir::Model> source;
+  std::vector<Entry> entries;
+  contracts::DeviceCaps device_caps;
 };
+
+// Why a plan cannot run against a model, registry and device.
+enum class Mismatch { Model, RegistryEntry, Device };
+const char* code_name(Mismatch);  // "plan.model", "plan.registry_entry", "plan.device"
 
 class PlanError : public std::invalid_argument {
  public:
@@ -125,6 +159,22 @@ class BudgetError : public PlanError {
       : PlanError(what), budget_bytes(budget), smallest_peak_bytes(smallest) {}
   int64_t budget_bytes, smallest_peak_bytes;
 };
+
+class PlanMismatch : public PlanError {
+ public:
+  PlanMismatch(Mismatch c, const std::string& reason)
+      : PlanError(std::string("plan does not match (") + code_name(c) + "): " + reason), check(c) {}
+  Mismatch check;
+};
+
+// Throws PlanMismatch unless `p` was made for a model equal to `m`, with the registry entries
+// its programs call in `reg` (the same implementations) and the device `dev` (its free memory
+// aside). Compares the model field by field: microseconds for a model of 50 blocks.
+void check_match(const Plan& p, const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
+
+// The parts in the order they run: the embedding, per block its sublayers and row norm, the
+// final layer.
+std::vector<const Part*> parts(const Plan& p);
 
 Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                const Options& opt);

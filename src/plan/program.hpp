@@ -310,6 +310,9 @@ Program compile_embed(const ir::Model& m, const contracts::Registry& reg, const 
 Program compile_post_norm(const ir::Model& m, const ir::Block& b, const contracts::Registry& reg,
                           const contracts::DeviceCaps& dev);
 
+// Programs compiled in this process so far: a forward compiles none (the plan holds its parts).
+int64_t programs_compiled();
+
 // "Q [1072, 384] bf16"
 std::string buffer_text(const Buffer& b);
 // The program as text, one step per line, indented by loop depth: the step, the buffers it

@@ -355,9 +355,10 @@ std::string to_table(const RunReport& r) {
   return os.str();
 }
 
-nlohmann::json to_json(const plan::Program& prog, const contracts::DeviceCaps& dev) {
-  const plan::Placement pl = plan::place(prog, dev);
-  const plan::Cost cost = plan::program_cost(prog, dev);
+nlohmann::json to_json(const plan::Part& part, const contracts::DeviceCaps& dev) {
+  const plan::Program& prog = part.program;
+  const plan::Placement& pl = part.placement;
+  const plan::Cost cost = plan::program_cost(prog, pl, dev);
   nlohmann::json bufs = nlohmann::json::array();
   for (size_t i = 0; i < prog.buffers.size(); ++i) {
     const plan::Buffer& b = prog.buffers[i];
@@ -385,19 +386,6 @@ nlohmann::json to_json(const plan::Program& prog, const contracts::DeviceCaps& d
           {"estimated_ms", cost.ms()}, {"buffers", bufs},                {"steps", steps}};
 }
 
-std::vector<plan::Program> programs(const ir::Model& m, const plan::Plan& p, const contracts::Registry& reg,
-                                    const contracts::DeviceCaps& dev) {
-  std::vector<plan::Program> out;
-  out.push_back(plan::compile_embed(m, reg, dev));
-  for (size_t bi = 0; bi < m.blocks.size(); ++bi) {
-    for (size_t si = 0; si < m.blocks[bi].sublayers.size(); ++si)
-      out.push_back(plan::compile_sublayer(m, m.blocks[bi], m.blocks[bi].sublayers[si], p.blocks[bi].sublayers[si], reg, dev));
-    if (m.blocks[bi].post_norm) out.push_back(plan::compile_post_norm(m, m.blocks[bi], reg, dev));
-  }
-  if (m.final_layer) out.push_back(plan::compile_final(m, p.final_layer.chunk, reg, dev));
-  return out;
-}
-
 nlohmann::json plan_document(const ir::Model& m, const plan::Plan& p, const contracts::Registry& reg,
                              const contracts::DeviceCaps& dev, bool with_programs) {
   nlohmann::json j{{"model", m.name}, {"tokens", m.tokens()}, {"device", dev.name}, {"dtype", ir::to_string(m.dtype)}};
@@ -406,7 +394,7 @@ nlohmann::json plan_document(const ir::Model& m, const plan::Plan& p, const cont
   j["plan"] = to_json(p);
   if (with_programs) {
     nlohmann::json progs = nlohmann::json::array();
-    for (const auto& prog : programs(m, p, reg, dev)) progs.push_back(to_json(prog, dev));
+    for (const plan::Part* part : plan::parts(p)) progs.push_back(to_json(*part, dev));
     j["programs"] = progs;
   }
   return j;

@@ -125,11 +125,8 @@ nlohmann::json to_json(const plan::Plan& p);
 nlohmann::json to_json(const RunReport& r);
 // Which blocks stream, the slots, the byte counts and the predicted times.
 nlohmann::json to_json(const plan::Residency& r);
-// A program with its placement and cost (the program of `plan --program`).
-nlohmann::json to_json(const plan::Program& prog, const contracts::DeviceCaps& dev);
-// The programs a planned run executes, in order: embedding, every sublayer, final layer.
-std::vector<plan::Program> programs(const ir::Model& m, const plan::Plan& p, const contracts::Registry& reg,
-                                    const contracts::DeviceCaps& dev);
+// A part's program with its placement and cost (the program of `plan --program`).
+nlohmann::json to_json(const plan::Part& part, const contracts::DeviceCaps& dev);
 // The document `streamplan plan --json` prints: model, tokens, device, dtype, the estimated
 // peak, the floor and the plan; with `with_programs` (`--explain`, `--program`) also the
 // schedule programs.

@@ -2,9 +2,11 @@
 //
 // Design note. run_naive computes every op of the IR on full tensors, exactly as the
 // original model does, and shares no chunking code with run_planned — comparing the two
-// tests the schedule. run_planned compiles each sublayer's plan into its program
-// (plan/program.hpp) and interprets it (interpreter.cpp): one arena per program, placed by
-// liveness (plan/arena.hpp), and nothing else allocated besides what consumers declare.
+// tests the schedule. run_planned checks that the plan was made for this model, registry and
+// device (plan::check_match), then interprets the program of each of its parts
+// (interpreter.cpp) as compiled when the plan was made: one arena per program, at the
+// placement the plan holds (plan/arena.hpp), and nothing else allocated besides what
+// consumers declare.
 // Both return the model output [T, out] rows of the final layer's segments, in fp32 (or
 // fp64 for an fp64 model), and never modify their inputs.
 //
@@ -22,7 +24,6 @@
 
 #include "contracts/contracts.hpp"
 #include "exec/formats/weights.hpp"
-#include "plan/program.hpp"
 #include "ir/model.hpp"
 #include "plan/plan.hpp"
 
@@ -62,12 +63,8 @@ struct StepProfile {
 
 at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in, const contracts::Registry& reg,
                      const Progress& progress = {});
-// Runs one program on the residual stream x (modified in place); returns the program's
-// output buffer (the final layer's), else an undefined tensor.
 // profile: where not null, every step is timed into it (a slower run).
-at::Tensor run_program(const ir::Model& m, const plan::Program& p, const WeightSource& w, const Inputs& in,
-                       const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x,
-                       StepProfile* profile = nullptr);
+// Throws plan::PlanMismatch for a plan of another model, registry entry or device.
 at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSource& w, const Inputs& in,
                        const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                        const Progress& progress = {}, StepProfile* profile = nullptr);

@@ -25,11 +25,12 @@ using namespace plan;
 
 class Interpreter {
  public:
-  Interpreter(const ir::Model& m, const Program& p, const WeightSource& w, const Inputs& in,
+  Interpreter(const ir::Model& m, const Part& part, const WeightSource& w, const Inputs& in,
               const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x, StepProfile* profile)
-      : m_(m), p_(p), w_(w), in_(in), reg_(reg), x_(x), ops_(m, w, in), device_(in.device()), profile_(profile),
-        rates_(rates_of(dev)) {
-    const Placement pl = place(p, dev);
+      : m_(m), p_(part.program), w_(w), in_(in), reg_(reg), x_(x), ops_(m, w, in), device_(in.device()),
+        profile_(profile), rates_(rates_of(dev)) {
+    const Program& p = p_;
+    const Placement& pl = part.placement;
     if (pl.arena_bytes > 0) arena_ = at::empty({pl.arena_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
     bufs_.resize(p.buffers.size());
     for (size_t i = 0; i < p.buffers.size(); ++i) {
@@ -329,40 +330,42 @@ class Interpreter {
 
 }  // namespace
 
-at::Tensor run_program(const ir::Model& m, const Program& p, const WeightSource& w, const Inputs& in,
-                       const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x,
-                       StepProfile* profile) {
-  Interpreter it(m, p, w, in, reg, dev, x, profile);
+namespace {
+
+// Runs one part on the residual stream x (modified in place); returns the program's output
+// buffer (the final layer's), else an undefined tensor.
+at::Tensor run_part(const ir::Model& m, const Part& part, const WeightSource& w, const Inputs& in,
+                    const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x,
+                    StepProfile* profile) {
+  Interpreter it(m, part, w, in, reg, dev, x, profile);
   it.run();
   return it.output();
 }
+
+}  // namespace
 
 at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSource& w, const Inputs& in,
                        const contracts::Registry& reg, const contracts::DeviceCaps& dev, const Progress& progress,
                        StepProfile* profile) {
   validate_inputs(m, in);
-  if (p.blocks.size() != m.blocks.size() || p.tokens != m.tokens())
-    throw std::invalid_argument("plan does not belong to this model: " + std::to_string(p.blocks.size()) +
-                                " blocks / " + std::to_string(p.tokens) + " tokens vs " +
-                                std::to_string(m.blocks.size()) + " / " + std::to_string(m.tokens()));
+  check_match(p, m, reg, dev);
   at::Tensor x = at::empty({m.tokens(), m.dim}, at::TensorOptions().dtype(to_aten(m.dtype)).device(in.device()));
   if (profile) ++profile->runs;
-  run_program(m, compile_embed(m, reg, dev), w, in, reg, dev, x, profile);
+  run_part(m, p.embed, w, in, reg, dev, x, profile);
   int64_t done = 0, total = 0;
   for (const auto& b : m.blocks) total += int64_t(b.sublayers.size());
   for (size_t bi = 0; bi < m.blocks.size(); ++bi) {
     const ir::Block& b = m.blocks[bi];
     w.begin_block(bi);
     for (size_t si = 0; si < b.sublayers.size(); ++si) {
-      run_program(m, compile_sublayer(m, b, b.sublayers[si], p.blocks[bi].sublayers[si], reg, dev), w, in, reg, dev, x,
-                  profile);
+      run_part(m, p.blocks[bi].sublayers[si].part, w, in, reg, dev, x, profile);
       if (progress) progress(++done, total);
     }
-    if (b.post_norm) run_program(m, compile_post_norm(m, b, reg, dev), w, in, reg, dev, x, profile);
+    if (const auto& pn = p.blocks[bi].post_norm) run_part(m, *pn, w, in, reg, dev, x, profile);
     w.end_block(bi);
   }
   if (!m.final_layer) return x.to(to_aten(accumulation_dtype(m.dtype)));
-  return run_program(m, compile_final(m, p.final_layer.chunk, reg, dev), w, in, reg, dev, x, profile);
+  return run_part(m, p.final_layer.part, w, in, reg, dev, x, profile);
 }
 
 }  // namespace sp::exec
