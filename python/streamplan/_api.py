@@ -236,6 +236,7 @@ class Handle:
         self.fallbacks = []
         self.calls = 0
         self.planned_calls = 0
+        self._attaches = 0  # the module's tensors read (1, and once more after each change)
         self._attach()
 
         me = weakref.ref(self)  # no cycle: the handle goes with its last reference after remove()
@@ -374,6 +375,7 @@ class Handle:
         device = torch.device(self._attached.device)
         self._adapter = self._adapter_type(m, self._original, _DTYPES[self._attached.dtype], device)
         self._fingerprint = self._fingerprint_now()
+        self._attaches += 1
 
     def set_kv_budget(self, budget: float) -> None:
         """The fraction of video key tiles each video query tile keeps from the next call on
@@ -389,7 +391,7 @@ class Handle:
     def _fingerprint_now(self) -> tuple[Any, ...]:
         hook = self._hook_now()  # weights the host starts or stops patching: attached again
         return tuple(
-            (name, t.data_ptr(), tuple(t.shape), t.dtype, t.device)
+            (name, _identity(t), tuple(t.shape), t.dtype, t.device)
             for name, t in self._module.state_dict(keep_vars=True).items()
         ) + ((hook.names if hook else None),)
 
@@ -478,6 +480,21 @@ class Handle:
         self.planned_calls += 1
         _lora.warn(self._attached.lora, self._lora_warned)
         return self._adapter.output(why, outputs)
+
+
+# Small host tensors that a module's state_dict makes anew on every call (ComfyUI's
+# "comfy_quant" JSON of a quantized weight) are the same tensor by their bytes; every other
+# tensor by its storage.
+_BY_CONTENT_BYTES = 4096
+
+
+def _identity(t: torch.Tensor) -> Any:
+    if t.device.type == "cpu" and t.is_contiguous() and t.numel() * t.element_size() <= _BY_CONTENT_BYTES:
+        try:
+            return bytes(t.detach().reshape(-1).view(torch.uint8).numpy())
+        except (RuntimeError, TypeError):  # a layout or dtype numpy cannot view
+            pass
+    return t.data_ptr()
 
 
 def _caller_level() -> int:
