@@ -535,7 +535,7 @@ def apply(
         module: a diffusers ``WanTransformer3DModel`` or ``FluxTransformer2DModel``, or ComfyUI's
             ``WanModel``, ``Flux`` (python/streamplan/_comfy.py) or ``MiniMaxH3Model`` (text to
             video + audio; python/streamplan/_comfy_minimax.py).
-        budget: activation memory budget: None (the leanest schedule whose time is within 2% of the fastest),
+        budget: activation memory budget: None (the leanest schedule whose estimated time is within 0.5% of the fastest),
             ``"auto"`` (free device memory less a margin), a size such as ``"12GiB"``, or bytes.
             The fastest schedule that fits is chosen; a call whose geometry no schedule fits
             raises :class:`BudgetError` naming the smallest achievable peak.

@@ -9,8 +9,8 @@
 //
 // The chooser enumerates, per sublayer, the candidate chunk sizes legality permits
 // (plan/budget.hpp). Without a budget it takes the smallest peak whose whole schedule is
-// within 2% of the fastest schedule's estimated time: every sublayer takes its fastest
-// candidate under one cap, the smallest cap that keeps the sum within 2% (lean and fast). With
+// within 0.5% (kLeanTolerance) of the fastest schedule's estimated time: every sublayer takes its fastest
+// candidate under one cap, the smallest cap that keeps the sum within 0.5% (lean and fast). With
 // Options::budget_bytes it takes the fastest candidate whose estimated peak fits; a budget
 // below the smallest achievable peak throws BudgetError. The plan records the policy, the
 // strategy, its estimates and the serious alternatives with the reason each lost.
@@ -108,7 +108,7 @@ struct FinalPlan {
 struct Options {
   int64_t token_chunk = 0;    // 0: automatic
   int64_t feature_slice = 0;  // 0: automatic; < 0: never slice features
-  // 0: no budget (the smallest peak whose schedule is within 2% of the fastest). > 0: the fastest schedule
+  // 0: no budget (the smallest peak whose schedule is within 0.5% of the fastest). > 0: the fastest schedule
   // whose estimated activation peak (residual included) fits; explicit token_chunk /
   // feature_slice above still fix those sizes.
   int64_t budget_bytes = 0;
