@@ -150,6 +150,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--work", metavar="DIR", help="where the checkpoints are written (default: a temporary folder)")
     ap.add_argument("--profile", action="store_true", help="the kernels that took the most time, per timed sampling")
     ap.add_argument("--no-fp32", action="store_true", help="no fp32 reference (no errors against it)")
+    ap.add_argument("--token-chunks", default="", metavar="LIST",
+                    help="comma-separated rows per slab: each also sampled with the node forced to that token chunk "
+                         "(rows with token_chunk set; the default rows have it null)")
     a = ap.parse_args(argv)
     formats = a.formats.split(",")
     bad = [f for f in formats if f != "bf16" and f not in FORMATS]
@@ -164,6 +167,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if bad or not a.models:
         ap.error(f"--models: expected a comma-separated list of {', '.join(MODELS)}, got '{a.models}'")
     a.models = ",".join(dict.fromkeys(models))
+    try:
+        a.token_chunks = [int(c) for c in a.token_chunks.split(",") if c]
+    except ValueError:
+        ap.error(f"--token-chunks: expected comma-separated positive integers, got '{a.token_chunks}'")
+    if any(c < 1 for c in a.token_chunks):
+        ap.error(f"--token-chunks: each must be >= 1, got '{','.join(map(str, a.token_chunks))}'")
     if a.steps < 1:
         ap.error(f"--steps: must be >= 1, got {a.steps}")
     if not (a.device in ("auto", "cpu", "cuda") or (a.device.startswith("cuda:") and a.device[5:].isdigit())):
@@ -269,18 +278,67 @@ def source_checkpoint(comfy, family: str, tiny: bool, work: Path) -> Path:
 
 @contextlib.contextmanager
 def profiled(title: str, cuda: bool):
-    """With a title: the block under torch.profiler, then its 12 device kernels that took the most
-    time printed to the standard error under that title."""
+    """With a title: the block under torch.profiler, then printed to the standard error under that
+    title: its 12 device kernels that took the most time and, on a GPU, where the device waited
+    for the host (idle_stretches)."""
     if not title:
         yield
         return
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
         yield
     key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-    print(f"[comfy_check] profile, {title}:\n{prof.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=90)}",
-          file=sys.stderr)
+    table = prof.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=90)
+    print(f"[comfy_check] profile, {title}:\n{table}", file=sys.stderr)
+    if cuda:
+        print(idle_stretches(prof.events()), file=sys.stderr)
+
+
+def idle_stretches(events, least_us: float = 50.0) -> str:
+    """Where the device ran no kernel for at least `least_us` between its first and last kernel,
+    by what the host ran at the middle of each such stretch: the innermost host event there,
+    under the outermost streamplan.* or ComfyUI-level annotation (record_function)."""
+    from collections import defaultdict
+
+    from torch.autograd import DeviceType
+
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
+    host = [e for e in events if e.device_type == DeviceType.CPU]
+    if not kernels:
+        return "[comfy_check] no device kernels"
+    gaps, end = [], kernels[0][1]
+    for a, b in kernels[1:]:
+        if a - end >= least_us:
+            gaps.append((end, a))
+        end = max(end, b)
+    span = end - kernels[0][0]
+    edges, counts, between, last = (5.0, 20.0, least_us), [0, 0, 0, 0], [0.0, 0.0, 0.0, 0.0], kernels[0][1]
+    for a, b in kernels[1:]:
+        gap = max(a - last, 0.0)
+        i = sum(gap >= e for e in edges)
+        counts[i] += 1
+        between[i] += gap / 1e3
+        last = max(last, b)
+    histogram = ", ".join(f"{lo}-{hi} us: {n} ({ms:.1f} ms)" for lo, hi, n, ms in
+                          zip(("0", "5", "20", f"{least_us:.0f}"), ("5", "20", f"{least_us:.0f}", "inf"), counts, between))
+    by: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for a, b in gaps:
+        mid = (a + b) / 2
+        covering = [e for e in host if e.time_range.start <= mid <= e.time_range.end]
+        inner = min(covering, key=lambda e: e.time_range.end - e.time_range.start, default=None)
+        outer = [e.name for e in covering if e.name.startswith("streamplan.")]
+        name = f"{outer[0] + ' > ' if outer else ''}{inner.name if inner else '(no host event)'}"
+        by[name][0] += (b - a) / 1e3
+        by[name][1] += 1
+    idle = sum(b - a for a, b in gaps) / 1e3
+    lines = [f"[comfy_check] {len(kernels)} kernels; gaps between them: {histogram}",
+             f"[comfy_check] device idle {idle:.1f} ms of {span / 1e3:.1f} ms in {len(gaps)} stretches of "
+             f">= {least_us:.0f} us; what the host ran then (ms, stretches):"]
+    for name, (ms, n) in sorted(by.items(), key=lambda kv: -kv[1][0])[:12]:
+        lines.append(f"    {ms:9.1f} {n:6d}  {name[:150]}")
+    return "\n".join(lines)
 
 
 def rel(x: torch.Tensor | None, ref: torch.Tensor | None) -> float | None:
@@ -393,41 +451,51 @@ def main() -> int:
                 raised = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
                 ref, ref_s, ref_peak = None, None, None
                 print(f"[comfy_check] {name}: ComfyUI alone raised {raised}", file=sys.stderr)
-            planned_model, _status = comfy_nodes.StreamplanMemoryPlanner().patch(p, "none", "comfy", False)
-            wrapper = planned_model.wrappers["diffusion_model"]["streamplan"][0]
-            reports: list[str] = []
-            wrapper.report = reports.append
-            sample(planned_model)  # the plans of this geometry
-            got, got_s, got_peak = sample(planned_model, f"{name}, with the node")
-            print(f"[comfy_check] {name}:\n{wrapper.status()}", file=sys.stderr)
-            handles = list(wrapper.handles.values())
-            planned_calls = sum(hd.planned_calls for hd in handles)
-            calls = sum(hd.calls for hd in handles) + sum(len(c) for _m, _why, c in wrapper.refused.values())
-            fallbacks = sorted({f.code for hd in handles for f in hd.fallbacks} |
-                               {why.code for _m, why, _c in wrapper.refused.values()})
-            own = got if ref is None else ref  # what the LoRA's effect is measured on
-            lora_effect = rel(own, plain)
+            own = got_default = None
+            for chunk in [None, *a.token_chunks]:
+                planned_model, _status = comfy_nodes.StreamplanMemoryPlanner().patch(p, "none", "comfy", False)
+                wrapper = planned_model.wrappers["diffusion_model"]["streamplan"][0]
+                wrapper.token_chunk = chunk
+                reports: list[str] = []
+                wrapper.report = reports.append
+                run = f"{name}, with the node" + (f", token chunk {chunk}" if chunk else "")
+                sample(planned_model)  # the plans of this geometry
+                got, got_s, got_peak = sample(planned_model, run)
+                print(f"[comfy_check] {run}:\n{wrapper.status()}", file=sys.stderr)
+                handles = list(wrapper.handles.values())
+                if a.profile:
+                    for hd in handles:
+                        print(f"[comfy_check] {run}, the plan:\n{hd.explain()}", file=sys.stderr)
+                planned_calls = sum(hd.planned_calls for hd in handles)
+                calls = sum(hd.calls for hd in handles) + sum(len(c) for _m, _why, c in wrapper.refused.values())
+                fallbacks = sorted({f.code for hd in handles for f in hd.fallbacks} |
+                                   {why.code for _m, why, _c in wrapper.refused.values()})
+                if chunk is None:
+                    got_default = got
+                    own = got if ref is None else ref  # what the LoRA's effect is measured on
+                lora_effect = rel(own, plain)
+                rows.append({"model": family, "format": fmt, "lora": with_lora, "steps": a.steps, "dtype": str(compute),
+                             "device": torch.cuda.get_device_name() if cuda else "cpu", "token_chunk": chunk,
+                             "rel_l2": rel(got, ref), "vs_default_node": rel(got, got_default),
+                             "lora_changes_latents_by": lora_effect, "comfy_rel_l2_vs_fp32": rel(ref, fp32),
+                             "streamplan_rel_l2_vs_fp32": rel(got, fp32), "comfy_raised": raised,
+                             "comfy_s": ref_s, "streamplan_s": got_s, "comfy_peak_bytes": ref_peak,
+                             "streamplan_peak_bytes": got_peak, "planned_calls": planned_calls, "calls": calls,
+                             "fallbacks": fallbacks, "report": reports[-1] if reports else "", "status": wrapper.status()})
+                if a.out:
+                    with open(a.out, "w") as f:
+                        json.dump(rows, f, indent=1)
+                for hd in wrapper.handles.values():
+                    if streamplan.handle_of(hd.module) is hd:
+                        streamplan.remove(hd.module)
             plain = own if plain is None else plain
-            rows.append({"model": family, "format": fmt, "lora": with_lora, "steps": a.steps, "dtype": str(compute),
-                         "device": torch.cuda.get_device_name() if cuda else "cpu", "rel_l2": rel(got, ref),
-                         "lora_changes_latents_by": lora_effect, "comfy_rel_l2_vs_fp32": rel(ref, fp32),
-                         "streamplan_rel_l2_vs_fp32": rel(got, fp32), "comfy_raised": raised,
-                         "comfy_s": ref_s, "streamplan_s": got_s, "comfy_peak_bytes": ref_peak,
-                         "streamplan_peak_bytes": got_peak, "planned_calls": planned_calls, "calls": calls,
-                         "fallbacks": fallbacks, "report": reports[-1] if reports else "", "status": wrapper.status()})
-            if a.out:
-                with open(a.out, "w") as f:
-                    json.dump(rows, f, indent=1)
-            for hd in wrapper.handles.values():
-                if streamplan.handle_of(hd.module) is hd:
-                    streamplan.remove(hd.module)
     G = float(1 << 30)
-    print(f"{'model':7} {'format':10} {'LoRA':5} {'LoRA effect':>11} {'sp vs comfy':>11} {'comfy err':>9} {'sp err':>9} "
+    print(f"{'model':7} {'format':10} {'LoRA':5} {'chunk':>6} {'LoRA effect':>11} {'sp vs comfy':>11} {'comfy err':>9} {'sp err':>9} "
           f"{'comfy s':>8} {'sp s':>8} {'comfy GiB':>10} {'sp GiB':>8} planned fallbacks")
     e = lambda v: "-" if v is None else f"{v:.2e}"  # noqa: E731
     f = lambda v, w, d: "-".rjust(w) if v is None else f"{v:{w}.{d}f}"  # noqa: E731
     for r in rows:
-        print(f"{r['model']:7} {r['format']:10} {str(r['lora']):5} {e(r['lora_changes_latents_by']):>11} "
+        print(f"{r['model']:7} {r['format']:10} {str(r['lora']):5} {r['token_chunk'] or '-':>6} {e(r['lora_changes_latents_by']):>11} "
               f"{e(r['rel_l2']):>11} {e(r['comfy_rel_l2_vs_fp32']):>9} {e(r['streamplan_rel_l2_vs_fp32']):>9} "
               f"{f(r['comfy_s'], 8, 2)} {f(r['streamplan_s'], 8, 2)} "
               f"{f(r['comfy_peak_bytes'] and r['comfy_peak_bytes'] / G, 10, 3)} {r['streamplan_peak_bytes'] / G:8.3f} "

@@ -44,7 +44,7 @@ std::vector<Knobs> budget_variants() {
           Knobs{.consumer = "whole"}};
 }
 
-// Without a budget: the smallest peak whose whole schedule is within 2% of the fastest
+// Without a budget: the smallest peak whose whole schedule is within kLeanTolerance (0.5%) of the fastest
 // schedule's estimated time — never slower than that, never a larger peak than the fastest's.
 TEST_F(Budget, DefaultIsTheLeanestWithinTwoPercentOfTheFastest) {
   for (const Knobs& k : budget_variants()) {
@@ -65,7 +65,7 @@ TEST_F(Budget, DefaultIsTheLeanestWithinTwoPercentOfTheFastest) {
       // nothing fits below: the default is the smallest achievable peak
     }
   }
-  // One cap over all parts: a part may be 10% slower where the whole stays within 2%.
+  // One cap over all parts: a part may be 10% slower where the whole stays within the tolerance.
   auto cand = [](int64_t peak, double s) { return pl::Candidate{"s", 1, 0, 0, {.peak_bytes = peak, .seconds = s}}; };
   const std::vector<std::vector<pl::Candidate>> parts = {{cand(900, 1.00), cand(500, 1.10), cand(100, 2.0)},
                                                          {cand(600, 10.0), cand(400, 10.05), cand(300, 11.0)}};

@@ -156,4 +156,20 @@ assert r["streamed_blocks"] and r["planned_device_bytes"] <= r["device_memory_by
 "$bin" run --device cpu --checkpoint "$tmp/avdit4.safetensors" --tokens 40 --planned-only --output "$tmp/resident.safetensors" \
   --quiet >/dev/null || fail "all-resident run failed"
 cmp -s "$tmp/streamed.safetensors" "$tmp/resident.safetensors" || fail "streamed and all-resident outputs differ"
+# probe: measures and caches (where trusted), --show reads the cache, --reset clears it.
+probe_home="$tmp/probe-cache"
+mkdir -p "$probe_home"
+out=$(XDG_CACHE_HOME="$probe_home" "$bin" probe --show --device cpu)
+grep -q "no cached rates for cpu-" <<<"$out" || fail "probe --show without a cache: $out"
+out=$(XDG_CACHE_HOME="$probe_home" "$bin" probe --device cpu)
+grep -q "attention_ratio" <<<"$out" || fail "probe: $out"
+if grep -q "cached in" <<<"$out"; then
+  XDG_CACHE_HOME="$probe_home" "$bin" probe --show --device cpu | grep -q "from the cache" || fail "probe --show after probe"
+  XDG_CACHE_HOME="$probe_home" "$bin" probe --reset --device cpu | grep -q "^removed " || fail "probe --reset"
+else
+  grep -q "not cached: " <<<"$out" || fail "probe neither cached nor said why: $out"
+fi
+XDG_CACHE_HOME="$probe_home" "$bin" probe --show --device cpu | grep -q "no cached rates" || fail "probe --show after --reset"
+rc=0; err=$("$bin" probe --show --reset 2>&1) || rc=$?
+[ "$rc" -eq 1 ] || fail "probe --show --reset: exit $rc, expected 1 ($err)"
 echo "cli_test: ok"

@@ -170,7 +170,7 @@ TEST(Equivalence, ReducedPrecisionWithinTwiceNaiveError) {
   const auto reg = test::example_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
   // Where this CPU's 16-bit GEMMs allocate packing scratch (no contract declares it, and SDPA
-  // declares an allowance for it), the estimate is near, elsewhere exact.
+  // declares an allowance for it), the estimate is at most a quarter above, elsewhere exact.
   const bool exact = !test::cpu_gemm_allocates(at::kBFloat16) && !test::cpu_gemm_allocates(at::kHalf);
   for (const uint64_t seed : seeds(7000, 200)) {
     std::mt19937_64 rng(seed);
@@ -181,8 +181,10 @@ TEST(Equivalence, ReducedPrecisionWithinTwiceNaiveError) {
     const plan::Plan p = plan::make_plan(inst.model, reg, dev, c.opt);
     const at::Tensor naive = exec::run_naive(inst.model, *inst.weights, inst.inputs, reg);
     const auto [planned, peak] = metered(inst, p, reg, dev);
+    // Never below the measured peak (a budget must hold), and exact where nothing is unknown.
+    EXPECT_GE(p.estimated_peak_bytes, peak);
     if (exact) EXPECT_EQ(p.estimated_peak_bytes, peak);
-    else EXPECT_LE(std::abs(p.estimated_peak_bytes - peak), peak / 4 + (512 << 10));
+    else EXPECT_LE(p.estimated_peak_bytes - peak, peak / 4 + (512 << 10));
     const auto ref_inst = models::upcast_f64(inst, reg);
     const at::Tensor ref = exec::run_naive(ref_inst.model, *ref_inst.weights, ref_inst.inputs, reg);
     const double e_naive = test::rel_l2(naive, ref), e_planned = test::rel_l2(planned, ref);

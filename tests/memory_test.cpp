@@ -89,8 +89,8 @@ TEST(Memory, EstimateEqualsMeasuredPeakInReducedPrecision) {
   }
 }
 
-// The demo's figures: the default (lean within 2% of the fastest) plan needs at most 40% of
-// the naive peak; the leanest plan a third.
+// The demo's figures: the default plan (as fast as the fastest by the estimate, lean within
+// that) needs at most 60% of the naive peak; the leanest plan a third.
 TEST(Memory, DemoMeetsItsTargets) {
   const auto reg = test::example_registry();
   const auto dev = exec::describe_device(at::Device(at::kCPU));
@@ -98,7 +98,7 @@ TEST(Memory, DemoMeetsItsTargets) {
   const auto p = plan::make_plan(inst.model, reg, dev, {});
   const auto r = report::compare(inst, p, reg, dev, {true, false});
   ASSERT_TRUE(r.naive.has_value());
-  EXPECT_LE(10 * r.planned.peak_bytes, 4 * r.naive->peak_bytes);
+  EXPECT_LE(10 * r.planned.peak_bytes, 6 * r.naive->peak_bytes);
   EXPECT_LE(*r.rel_l2, 1e-5);
   EXPECT_EQ(r.estimated_peak_bytes, r.planned.peak_bytes);
   int64_t least = 0;

@@ -7,6 +7,9 @@ import torch
 __version__: str
 torch_version: str
 build_kind: str
+plan_cache_size: int
+
+def cpu_allocated_bytes() -> int: ...
 
 class RecognizeError(ValueError): ...
 class BudgetError(ValueError): ...

@@ -51,6 +51,8 @@ from ._api import (  # noqa: E402
 from ._C import BudgetError, DeviceMemoryError, OutOfMemoryError, RecognizeError  # noqa: E402
 
 __version__: str = _C.__version__
+# Plans a handle keeps, one per geometry: past it the least recently used one goes.
+PLAN_CACHE_SIZE: int = _C.plan_cache_size
 
 __all__ = [
     "BudgetError",
@@ -58,6 +60,7 @@ __all__ = [
     "Fallback",
     "Handle",
     "OutOfMemoryError",
+    "PLAN_CACHE_SIZE",
     "RecognizeError",
     "apply",
     "consumers",

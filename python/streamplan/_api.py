@@ -13,6 +13,7 @@ import weakref
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
+from torch.autograd.profiler import record_function
 
 from . import _C
 from ._adapter import Adapter, Call, Fallback, WeightHook, find_adapter
@@ -235,6 +236,7 @@ class Handle:
         self.fallbacks = []
         self.calls = 0
         self.planned_calls = 0
+        self._attaches = 0  # the module's tensors read (1, and once more after each change)
         self._attach()
 
         me = weakref.ref(self)  # no cycle: the handle goes with its last reference after remove()
@@ -288,7 +290,8 @@ class Handle:
 
     @property
     def plans(self) -> list[dict[str, Any]]:
-        """One entry per geometry planned so far: key, calls, estimated_peak_bytes, floor_bytes, retry."""
+        """One entry per geometry planned and kept (the streamplan.PLAN_CACHE_SIZE most recently
+        used): key, calls, estimated_peak_bytes, floor_bytes, retry."""
         return list(self._attached.plans())
 
     @property
@@ -372,6 +375,8 @@ class Handle:
         device = torch.device(self._attached.device)
         self._adapter = self._adapter_type(m, self._original, _DTYPES[self._attached.dtype], device)
         self._fingerprint = self._fingerprint_now()
+        self._held = self._held_now()
+        self._attaches += 1
 
     def set_kv_budget(self, budget: float) -> None:
         """The fraction of video key tiles each video query tile keeps from the next call on
@@ -384,10 +389,34 @@ class Handle:
         """The caller's weight hook, else the host's for the module as it is now."""
         return self._weight_hook or self._adapter_type.host_hook(self._module)
 
+    def _held_now(self) -> list[tuple[torch.nn.Module, str, weakref.ref, Any]]:
+        """Every parameter and buffer the module holds (weakly) with its storage: the same
+        objects on the same storage as at the last attach say that nothing was swapped (a
+        ModelPatcher patch, a LoRA merged, weights loaded or moved), without building the
+        state_dict; anything else sends the call to the full fingerprint."""
+        return [(sub, name, weakref.ref(t), _storage(t)) for sub in self._module.modules()
+                for table in (sub._parameters, sub._buffers) for name, t in table.items() if t is not None]
+
+    def _same_held(self) -> bool:
+        held = self._held
+        n = 0
+        for sub in self._module.modules():
+            for table in (sub._parameters, sub._buffers):
+                for name, t in table.items():
+                    if t is None:
+                        continue
+                    if n >= len(held):
+                        return False
+                    was_sub, was_name, ref, storage = held[n]
+                    if was_sub is not sub or was_name != name or ref() is not t or storage is None or storage != _storage(t):
+                        return False
+                    n += 1
+        return n == len(held)
+
     def _fingerprint_now(self) -> tuple[Any, ...]:
         hook = self._hook_now()  # weights the host starts or stops patching: attached again
         return tuple(
-            (name, t.data_ptr(), tuple(t.shape), t.dtype, t.device)
+            (name, _identity(t), tuple(t.shape), t.dtype, t.device)
             for name, t in self._module.state_dict(keep_vars=True).items()
         ) + ((hook.names if hook else None),)
 
@@ -430,6 +459,9 @@ class Handle:
                 f"the attention processor of '{changed[0]}' is {getattr(now, '__name__', now)}, "
                 f"not the one the module was attached with ({len(changed)} changed)",
             )
+        hook = self._hook_now()
+        if self._same_held() and (hook.names if hook else None) == self._fingerprint[-1]:
+            return None
         fingerprint = self._fingerprint_now()
         if fingerprint != self._fingerprint:
             if self._unrecognized is not None and self._unrecognized[0] == fingerprint:
@@ -454,7 +486,8 @@ class Handle:
         why: Call | Fallback | None = self._module_fallback(args, kwargs)
         if why is None:
             self._adapter.host_wrapped = original is not None
-            why = self._adapter.prepare(args, kwargs)
+            with record_function("streamplan.prepare"):
+                why = self._adapter.prepare(args, kwargs)
         if isinstance(why, Fallback):
             self.fallbacks.append(why)
             if why.code == "autograd" and not self._autograd_warned:  # easy to miss: once per module
@@ -470,10 +503,39 @@ class Handle:
                 )
             return (original or self._original)(*args, **kwargs)
         run = self._attached.forward_named if self._adapter.named_outputs else self._attached.forward
-        outputs = [run(raw) for raw in why.inputs]
+        with record_function("streamplan.forward"):  # a profiler's name for the planned run
+            outputs = [run(raw) for raw in why.inputs]
         self.planned_calls += 1
         _lora.warn(self._attached.lora, self._lora_warned)
         return self._adapter.output(why, outputs)
+
+
+# Small host tensors that a module's state_dict makes anew on every call (ComfyUI's
+# "comfy_quant" JSON of a quantized weight) are the same tensor by their bytes; every other
+# tensor by its storage.
+_BY_CONTENT_BYTES = 4096
+
+
+def _storage(t: torch.Tensor) -> Any:
+    """Where a tensor's data lives, with its shape and dtype; for a wrapper subclass without
+    storage of its own (ComfyUI's QuantizedTensor), that of the tensors it holds."""
+    try:
+        return t.data_ptr(), tuple(t.shape), t.dtype, t.device
+    except RuntimeError:
+        flatten = getattr(t, "__tensor_flatten__", None)
+        if flatten is None:
+            return None
+        names, _ctx = flatten()
+        return tuple(_storage(getattr(t, n)) for n in names), tuple(t.shape), t.dtype, t.device
+
+
+def _identity(t: torch.Tensor) -> Any:
+    if t.device.type == "cpu" and t.is_contiguous() and t.numel() * t.element_size() <= _BY_CONTENT_BYTES:
+        try:
+            return bytes(t.detach().reshape(-1).view(torch.uint8).numpy())
+        except (RuntimeError, TypeError):  # a layout or dtype numpy cannot view
+            pass
+    return t.data_ptr()
 
 
 def _caller_level() -> int:
@@ -514,7 +576,7 @@ def apply(
         module: a diffusers ``WanTransformer3DModel`` or ``FluxTransformer2DModel``, or ComfyUI's
             ``WanModel``, ``Flux`` (python/streamplan/_comfy.py) or ``MiniMaxH3Model`` (text to
             video + audio; python/streamplan/_comfy_minimax.py).
-        budget: activation memory budget: None (the leanest schedule whose time is within 2% of the fastest),
+        budget: activation memory budget: None (the leanest schedule whose estimated time is within 0.5% of the fastest),
             ``"auto"`` (free device memory less a margin), a size such as ``"12GiB"``, or bytes.
             The fastest schedule that fits is chosen; a call whose geometry no schedule fits
             raises :class:`BudgetError` naming the smallest achievable peak.

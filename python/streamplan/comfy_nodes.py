@@ -39,7 +39,7 @@ from ._adapter import Fallback
 from ._comfy import OVERRIDE_CONSUMED, unsupported_weights, weight_formats
 
 CATEGORY = "advanced/model"
-BUDGET_HELP = '"auto" (free memory less a margin), "none" (the leanest plan within 2% of the fastest) or a size ("12GiB")'
+BUDGET_HELP = '"auto" (free memory less a margin), "none" (the leanest plan as fast as the fastest, within 0.5%) or a size ("12GiB")'
 
 
 def parse_budget(text: str) -> str | None:

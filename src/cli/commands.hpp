@@ -15,5 +15,6 @@ Runner add_make_checkpoint(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_convert(CLI::App& app);
 Runner add_bench_attention(CLI::App& app);
+Runner add_probe(CLI::App& app);
 
 }  // namespace sp::cli

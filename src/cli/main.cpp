@@ -266,6 +266,9 @@ int cmd_demo(const ModelArgs& a) {
   opt.reporter = &progress;
   progress.note(report::estimate_text(p, opt, d.is_cuda()));
   const report::RunReport r = report::compare(inst, p, reg, dev, opt);
+  // A probe far off what the run measured is not kept for the next run.
+  if (const std::string note = exec::forget_if_off(dev, p.estimated_ms, r.planned.ms); !note.empty())
+    std::cerr << "streamplan: note: " << note << "\n";
   if (a.json) std::cout << report::to_json(r).dump(2) << "\n";
   else std::cout << report::to_table(r);
   return 0;
@@ -364,7 +367,7 @@ int main(int argc, char** argv) {
   sp::cli::add_geometry_options(plan_cmd, plan_args.geom, /*tokens=*/false);
   const std::vector<sp::cli::Runner> runners = {sp::cli::add_run(app), sp::cli::add_make_checkpoint(app),
                                                  sp::cli::add_bench(app), sp::cli::add_convert(app),
-                                                 sp::cli::add_bench_attention(app)};
+                                                 sp::cli::add_bench_attention(app), sp::cli::add_probe(app)};
   if (const auto unknown = unknown_subcommand(app, argc, argv)) return fail(1, *unknown);
   try {
     app.parse(argc, argv);

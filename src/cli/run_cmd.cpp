@@ -159,6 +159,9 @@ int run(const Args& a) {
   opt.keep_outputs = true;  // written with --output; counted for non-finite values
   progress.note(report::estimate_text(p, opt, d.is_cuda()));
   const report::RunReport r = report::compare(inst, p, reg, dev, opt);
+  // A probe far off what the run measured is not kept for the next run.
+  if (const std::string note = exec::forget_if_off(dev, p.estimated_ms, r.planned.ms); !note.empty())
+    std::cerr << "streamplan: note: " << note << "\n";
   const int64_t nonfinite = r.planned_out.isfinite().logical_not().sum().item<int64_t>();
   if (nonfinite > 0)
     std::cerr << "streamplan: warning: output has " << nonfinite << " non-finite values (NaN or Inf) of "

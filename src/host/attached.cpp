@@ -168,6 +168,17 @@ void Attached::stream_as(const plan::Residency& r, models::FamilyRun& fr, const 
   fr = prepare(raw);  // the inputs again, from the weights where the calls run
 }
 
+void Attached::evict_least_recent(const GeometryPlan* keep) {
+  if (cache_.size() <= kPlanCacheSize) return;
+  auto oldest = cache_.end();
+  for (auto it = cache_.begin(); it != cache_.end(); ++it)
+    if (it->second.get() != keep && (oldest == cache_.end() || it->second->used < oldest->second->used)) oldest = it;
+  const GeometryPlan* gone = oldest->second.get();
+  order_.erase(std::find(order_.begin(), order_.end(), gone));
+  if (last_ == gone) last_ = nullptr;
+  cache_.erase(oldest);
+}
+
 std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& raw) {
   c10::NoGradGuard no_grad;  // the planned run records no autograd graph
   weights_->refresh();
@@ -196,7 +207,9 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
     }
     slot = std::move(g);
     order_.push_back(slot.get());
+    evict_least_recent(slot.get());
   }
+  slot->used = ++uses_;
   std::shared_ptr<void> cap;
   if (slot->residency) {
     stream_as(*slot->residency, fr, raw, std::move(host));

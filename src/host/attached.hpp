@@ -79,7 +79,12 @@ struct GeometryPlan {
   int64_t calls = 0;
   std::string retry;  // why and how the plan was made again after running out of memory
   std::optional<plan::Residency> residency;  // where the weights were, under AttachOptions' residency
+  uint64_t used = 0;                          // the call count when it last ran (least recent goes first)
 };
+
+// Plans kept per attached module: the least recently used geometry's goes when a new one
+// would exceed it.
+constexpr size_t kPlanCacheSize = 32;
 
 // The linears of one weight format in a geometry's model, and what computes them.
 struct FormatUse {
@@ -157,6 +162,8 @@ class Attached {
   std::map<std::string, std::unique_ptr<GeometryPlan>> cache_;
   std::vector<const GeometryPlan*> order_;
   const GeometryPlan* last_ = nullptr;
+  uint64_t uses_ = 0;
+  void evict_least_recent(const GeometryPlan* keep);  // down to kPlanCacheSize plans, `keep` kept
 
   // The prepared call and its planned output rows (what finish and named_outputs take).
   std::pair<models::FamilyRun, at::Tensor> run(const models::TensorMap& raw);

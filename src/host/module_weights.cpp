@@ -228,9 +228,11 @@ std::vector<at::Tensor> ModuleWeights::parts_of(const Canonical& c) const {
 }
 
 void ModuleWeights::mark_stored(ir::Model& m) const {
+  // The dtype the module holds wins over the family's default (ComfyUI's mixed-precision loader
+  // holds a quantized file's unquantized fp32 island in the file's dtype).
   ir::for_each_linear(m, [&](ir::Linear& l) {
     auto it = canon_.find(l.weight);
-    if (l.stored || it == canon_.end() || it->second.parts.empty()) return;
+    if (it == canon_.end() || it->second.parts.empty()) return;
     std::optional<ir::DType> d;
     switch (it->second.parts.front().scalar_type()) {
       case at::kFloat: d = ir::DType::F32; break;
@@ -238,7 +240,7 @@ void ModuleWeights::mark_stored(ir::Model& m) const {
       case at::kHalf: d = ir::DType::F16; break;
       default: break;  // not a float: the format's own storage
     }
-    if (d && *d != m.dtype) l.stored = d;
+    if (d) l.stored = *d != m.dtype ? d : std::nullopt;
   });
 }
 

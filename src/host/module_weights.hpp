@@ -98,8 +98,9 @@ class ModuleWeights : public exec::WeightSource {
   bool hooked(const std::string& canonical) const { return hooked_canon_.count(canonical) != 0; }
   // Sets the format of every Linear served from hooked tensors to "host-hook".
   void mark_hooked(ir::Model& m) const;
-  // Sets Linear::stored where the module holds a weight in another floating dtype than the
-  // model's (a host that keeps an input projection in fp32 in a 16-bit model).
+  // Linear::stored from the dtype the module holds each floating weight in: set where it is not
+  // the model's (a host that keeps an input projection in fp32 in a 16-bit model), cleared where
+  // the family's default says fp32 but the module holds the model's dtype.
   void mark_stored(ir::Model& m) const;
   // Sets the format of every Linear whose weight the module holds quantized (before
   // mark_hooked: a hooked weight runs through the hook).

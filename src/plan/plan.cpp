@@ -1,6 +1,7 @@
 #include "plan/plan.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <optional>
@@ -521,8 +522,10 @@ Plan choose_plan(const ir::Model& m, const contracts::Registry& reg, const contr
   }
   const int64_t cap = lean_cap(parts, std::max(fastest.estimated_ms / 1e3 - chosen, 0.0), kLeanTolerance);
   Plan p = build_plan(m, reg, dev, opt, cap, nullptr, costs);
-  p.policy = "default: the smallest peak whose schedule's estimated time is within " +
-             std::to_string(int(kLeanTolerance * 100 + 0.5)) + "% of the fastest schedule's (" +
+  char tolerance[16];
+  std::snprintf(tolerance, sizeof tolerance, "%g%%", kLeanTolerance * 100);
+  p.policy = std::string("default: the smallest peak whose schedule's estimated time is within ") + tolerance +
+             " of the fastest schedule's (" +
              human_ms(p.estimated_ms) + " vs " + human_ms(fastest.estimated_ms) + "; peak " +
              human_bytes(p.estimated_peak_bytes) + " vs " + human_bytes(fastest.estimated_peak_bytes) + ")" + fixed;
   return p;

@@ -9,8 +9,8 @@
 //
 // The chooser enumerates, per sublayer, the candidate chunk sizes legality permits
 // (plan/budget.hpp). Without a budget it takes the smallest peak whose whole schedule is
-// within 2% of the fastest schedule's estimated time: every sublayer takes its fastest
-// candidate under one cap, the smallest cap that keeps the sum within 2% (lean and fast). With
+// within 0.5% (kLeanTolerance) of the fastest schedule's estimated time: every sublayer takes its fastest
+// candidate under one cap, the smallest cap that keeps the sum within 0.5% (lean and fast). With
 // Options::budget_bytes it takes the fastest candidate whose estimated peak fits; a budget
 // below the smallest achievable peak throws BudgetError. The plan records the policy, the
 // strategy, its estimates and the serious alternatives with the reason each lost.

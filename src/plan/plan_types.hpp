@@ -80,7 +80,7 @@ struct FinalPlan {
 struct Options {
   int64_t token_chunk = 0;    // 0: automatic
   int64_t feature_slice = 0;  // 0: automatic; < 0: never slice features
-  // 0: no budget (the smallest peak whose schedule is within 2% of the fastest). > 0: the fastest schedule
+  // 0: no budget (the smallest peak whose schedule is within 0.5% of the fastest). > 0: the fastest schedule
   // whose estimated activation peak (residual included) fits; explicit token_chunk /
   // feature_slice above still fix those sizes.
   int64_t budget_bytes = 0;

@@ -5,6 +5,7 @@
 #include <torch/headeronly/version.h>
 
 #include "exec/consumers/sparse.hpp"
+#include "exec/device/memory.hpp"
 #include "exec/registry.hpp"
 #include "host/attached.hpp"
 #include "python/callbacks.hpp"
@@ -124,6 +125,13 @@ PYBIND11_MODULE(_C, m) {
   m.attr("__version__") = STREAMPLAN_VERSION;
   m.attr("torch_version") = TORCH_VERSION;  // the torch headers the extension was built against
   m.attr("build_kind") = STREAMPLAN_BUILD_KIND;
+  m.attr("plan_cache_size") = sp::host::kPlanCacheSize;  // plans kept per handle (least recently used go)
+  // Bytes of CPU tensors alive now that streamplan's counting CPU allocator (installed by the
+  // first call) allocated.
+  m.def("cpu_allocated_bytes", [] {
+    sp::exec::install_cpu_meter();
+    return sp::exec::cpu_live_bytes();
+  });
   // What `streamplan --version` prints too: the CUDA kernels' architectures ("sm_90, sm_90a"; empty
   // in a CPU build), the nvcc that compiled them, and whether the fused 8-bit GEMM for sm_90a is in.
   m.attr("cuda_archs") = STREAMPLAN_CUDA_ARCHS;

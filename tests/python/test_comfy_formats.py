@@ -172,6 +172,8 @@ def test_format_runs_planned_and_agrees(comfy: Any, tiny_detection: Any, tmp_pat
     assert handles and not wrapper.refused, text
     h = handles[0]
     assert h.fallbacks == [] and h.planned_calls == h.calls >= 1, text
+    # attached once: the metadata ComfyUI's state_dict makes anew per call is not a change
+    assert h._attaches == 1 and h.calls > 1, (h._attaches, h.calls)
     quantized = [f for f in held if f != "dense"]
     assert quantized, f"{fmt}: ComfyUI holds no quantized weight: {held}"
     formats = {f for p in h.plans for f, _n, _provider in p["formats"]}

@@ -120,6 +120,30 @@ def test_planned_matches_original(comfy: Any, case: str) -> None:
         assert err <= TOL
 
 
+def test_bf16_model_with_its_fp32_island_held_in_bf16(comfy: Any) -> None:
+    """A bf16 model whose patch projections and output heads (fp32 in ComfyUI's own build) are
+    held in bf16, as ComfyUI's mixed-precision loader holds a quantized file's unquantized layers,
+    cast to fp32 per call: the planned call runs them the same way, as close to an fp32 model of
+    the same weights as the original is."""
+    m = build(comfy, h3.TINY)
+    args, kwargs = call_args(m, h3.TINY, tags=MIXED_TAGS)
+    m16 = build(comfy, h3.TINY).to(torch.bfloat16)
+    for mod in m16.modules():
+        if hasattr(mod, "comfy_cast_weights"):
+            mod.comfy_cast_weights = True  # the weight cast to the input's dtype per call
+    m.load_state_dict({k: v.float() for k, v in m16.state_dict().items()})
+    want32 = run(m, args, kwargs)
+    args16 = ([t.to(torch.bfloat16) for t in args[0]], args[1], args[2].to(torch.bfloat16))
+    own = run(m16, args16, kwargs)
+    handle, got = attached(m16, lambda mm: run(mm, args16, kwargs))
+    assert handle.fallbacks == [] and handle.planned_calls == handle.calls == 1
+    for name, g, o, w in zip(("video", "audio"), got, own, want32):
+        assert g.dtype == o.dtype == torch.bfloat16
+        err, own_err = rel_l2(g.float(), w), rel_l2(o.float(), w)
+        print(f"bf16 {name}: planned {err:.3e}, original {own_err:.3e} against fp32")
+        assert err <= 2 * own_err + 1e-3
+
+
 def test_remove_restores_the_original_forward(comfy: Any) -> None:
     m = build(comfy, h3.TINY)
     args, kwargs = call_args(m, h3.TINY, tags=MIXED_TAGS)

@@ -40,8 +40,11 @@ void release(void* p) {
       sizes().erase(it);
     }
   }
-  g_live.fetch_sub(static_cast<int64_t>(n));
+  const int64_t live = g_live.fetch_sub(static_cast<int64_t>(n)) - static_cast<int64_t>(n);
   c10::free_cpu(p);
+  // As ATen's own CPU allocator does: torch.profiler(profile_memory=True) sees the block go.
+  c10::reportMemoryUsageToProfiler(p, -static_cast<int64_t>(n), static_cast<size_t>(live), static_cast<size_t>(live),
+                                   c10::Device(c10::DeviceType::CPU));
 }
 
 class CountingAllocator final : public c10::Allocator {
@@ -56,6 +59,9 @@ class CountingAllocator final : public c10::Allocator {
     int64_t peak = g_peak.load();
     while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {
     }
+    if (p)
+      c10::reportMemoryUsageToProfiler(p, static_cast<int64_t>(n), static_cast<size_t>(live), static_cast<size_t>(live),
+                                       c10::Device(c10::DeviceType::CPU));
     return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }

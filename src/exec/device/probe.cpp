@@ -2,7 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <torch/headeronly/version.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +15,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
+#include <thread>
 #include <vector>
 
 #include "exec/device/device.hpp"
@@ -23,7 +27,7 @@ namespace sp::exec {
 
 namespace {
 
-constexpr int kCacheVersion = 9;
+constexpr int kCacheVersion = 10;
 
 using Clock = std::chrono::steady_clock;
 
@@ -51,21 +55,43 @@ std::string cpu_model() {
   return "";
 }
 
-// Seconds one call of f takes on the device: best of `reps` timings of `inner` calls each
-// (one untimed warm-up call first). Repeating short calls keeps a busy scheduler's delays
-// out of the figure.
+// Seconds one call of f takes on the device: the median of `reps` (at least 5) timings of
+// `inner` calls each (one untimed warm-up call first). Repeating short calls keeps a busy
+// scheduler's delays out of each timing, and the median keeps an odd slow or fast timing out
+// of the figure.
 template <typename F>
 double best_seconds(const at::Device& d, int reps, int inner, F&& f) {
   f();
   synchronize(d);
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
+  std::vector<double> t;
+  for (int i = 0; i < std::max(reps, 5); ++i) {
     const auto t0 = Clock::now();
     for (int j = 0; j < inner; ++j) f();
     synchronize(d);
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / inner);
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / inner);
   }
-  return std::max(best, 1e-12);
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  return std::max(t[t.size() / 2], 1e-12);
+}
+
+// CPU seconds the whole machine spent busy (/proc/stat; -1 where unreadable) and those of
+// this process (getrusage), to tell how much other processes ran during a probe.
+double machine_busy_seconds() {
+  std::ifstream f("/proc/stat");
+  std::string cpu;
+  long long v[8] = {0};
+  if (!(f >> cpu) || cpu != "cpu") return -1;
+  for (auto& x : v) f >> x;
+  if (!f) return -1;
+  const long long busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];  // user nice system irq softirq steal
+  return double(busy) / double(::sysconf(_SC_CLK_TCK));
+}
+
+double own_cpu_seconds() {
+  struct rusage u;
+  if (::getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  auto s = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
+  return s(u.ru_utime) + s(u.ru_stime);
 }
 
 // Matmul throughput (FLOP/s) of [rows, n] @ [n, n] in `dt`; each timing covers about
@@ -94,7 +120,7 @@ std::pair<double, double> fit_efficiency(const std::vector<std::pair<int64_t, do
   return {peak, std::min(k, 4096.0)};
 }
 
-nlohmann::json to_json(const ProbeResult& r) {
+nlohmann::json cache_json(const ProbeResult& r) {
   return {{"version", kCacheVersion},        {"key", r.key},
           {"flops_per_s", r.flops_per_s},    {"flops_per_s_f32", r.flops_per_s_f32},
           {"bytes_per_s", r.bytes_per_s},    {"launch_s", r.launch_s}, {"launch_gap_s", r.launch_gap_s},
@@ -158,7 +184,7 @@ void write_cache(const std::string& path, const ProbeResult& r) {
   {
     std::ofstream f(tmp);
     if (!f) return;
-    f << to_json(r).dump(2) << "\n";
+    f << cache_json(r).dump(2) << "\n";
     if (!f) {
       std::remove(tmp.c_str());
       return;
@@ -170,9 +196,10 @@ void write_cache(const std::string& path, const ProbeResult& r) {
 }  // namespace
 
 std::string probe_key(const contracts::DeviceCaps& caps) {
+  const std::string torch = std::string("-torch") + TORCH_VERSION;
   if (caps.kind == contracts::DeviceKind::CPU)
-    return sanitize("cpu-" + cpu_model() + "-" + std::to_string(caps.threads) + "t");
-  return sanitize(caps.name);
+    return sanitize("cpu-" + cpu_model() + "-" + std::to_string(caps.threads) + "t" + torch);
+  return sanitize(caps.name + torch);
 }
 
 std::string probe_cache_path(const contracts::DeviceCaps& caps) {
@@ -185,6 +212,7 @@ std::string probe_cache_path(const contracts::DeviceCaps& caps) {
 
 ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps) {
   const auto t0 = Clock::now();
+  const double busy0 = machine_busy_seconds(), own0 = own_cpu_seconds();
   ProbeResult r;
   r.key = probe_key(caps);
   const bool gpu = d.is_cuda();
@@ -322,23 +350,147 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
     }
   }
   r.probe_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const double busy1 = machine_busy_seconds();
+  if (busy0 >= 0 && busy1 >= 0 && r.probe_ms > 0)
+    r.other_cores = std::max(0.0, (busy1 - busy0) - (own_cpu_seconds() - own0)) / (r.probe_ms / 1e3);
   return r;
+}
+
+std::vector<std::string> sanity_problems(const ProbeResult& r, bool gpu) {
+  std::vector<std::string> out;
+  auto within = [&](const char* name, double v, double lo, double hi, const char* unit, double scale) {
+    if (!(v >= lo && v <= hi)) {
+      char b[160];
+      std::snprintf(b, sizeof b, "%s %.3g %s (expected %.3g to %.3g)", name, v / scale, unit, lo / scale, hi / scale);
+      out.push_back(b);
+    }
+  };
+  // Physical limits, wide: no device of either kind falls outside them.
+  const double flops_hi = gpu ? 1e16 : 1e14;
+  within("flops_per_s", r.flops_per_s, gpu ? 1e12 : 2e8, flops_hi, "GFLOP/s", 1e9);
+  within("flops_per_s_f32", r.flops_per_s_f32, gpu ? 1e11 : 2e8, flops_hi, "GFLOP/s", 1e9);
+  within("bytes_per_s", r.bytes_per_s, gpu ? 1e11 : 5e8, 5e13, "GB/s", 1e9);
+  within("launch_s", r.launch_s, 2e-7, 2e-3, "us", 1e-6);
+  within("host_bytes_per_s", r.host_bytes_per_s, 1e8, 5e12, "GB/s", 1e9);
+  // Related rates. SDPA runs matmuls of the same dtype with a softmax between: between 20%
+  // and 150% of the matmul peak (the noisy probes seen gave 7%), and with a ragged K/V length
+  // not faster than without, nor 20 times slower. On a GPU fp32 matmuls are not faster than
+  // twice the 16-bit ones nor 64 times slower; a CPU may emulate 16-bit matmuls (this
+  // project's CPU machine: 29 times slower than fp32), not beyond 200 times. A GPU's launch gap
+  // is not above the host's cost of the operation.
+  within("attention_ratio", r.attention_ratio, 0.2, 1.5, "of the matmul peak", 1.0);
+  if (r.attention_ratio > 0)
+    within("attention_ratio_ragged / attention_ratio", r.attention_ratio_ragged / r.attention_ratio, 0.05, 1.1, "", 1.0);
+  if (r.flops_per_s > 0)
+    within("flops_per_s_f32 / flops_per_s", r.flops_per_s_f32 / r.flops_per_s, 1.0 / 64, gpu ? 2.0 : 200.0, "", 1.0);
+  if (gpu && r.launch_gap_s > r.launch_s * 1.5) {
+    char b[160];
+    std::snprintf(b, sizeof b, "launch_gap_s %.3g us above launch_s %.3g us", r.launch_gap_s * 1e6, r.launch_s * 1e6);
+    out.push_back(b);
+  }
+  return out;
 }
 
 ProbeResult probe_device(const at::Device& d, const contracts::DeviceCaps& caps, bool use_cache) {
   const std::string path = probe_cache_path(caps);
   ProbeResult r;
   if (use_cache && !path.empty() && read_cache(path, probe_key(caps), r)) {
-    r.from_cache = true;
+    r.from_cache = r.cached = true;
     r.cache_path = path;
     return r;
   }
-  r = measure_rates(d, caps);
+  // Other processes busy on more than this many cores during the probe: its figures are this
+  // moment's, not the machine's.
+  constexpr double kOtherCores = 0.25;
+  constexpr int kAttempts = 3;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    r = measure_rates(d, caps);
+    r.attempts = attempt;
+    const auto bad = sanity_problems(r, d.is_cuda());
+    r.untrusted.clear();
+    for (const auto& b : bad) r.untrusted += (r.untrusted.empty() ? "" : "; ") + b;
+    if (!d.is_cuda() && r.other_cores > kOtherCores) {
+      char b[160];
+      std::snprintf(b, sizeof b, "other processes kept %.2f CPU cores busy during the probe", r.other_cores);
+      r.untrusted += (r.untrusted.empty() ? "" : "; ") + std::string(b);
+    }
+    if (r.untrusted.empty()) break;
+    if (attempt < kAttempts) std::this_thread::sleep_for(std::chrono::milliseconds(200 * attempt));
+  }
   if (!path.empty()) {
-    write_cache(path, r);
     r.cache_path = path;
+    if (r.untrusted.empty()) {
+      write_cache(path, r);
+      r.cached = true;
+    }
   }
   return r;
+}
+
+std::optional<ProbeResult> cached_probe(const contracts::DeviceCaps& caps) {
+  const std::string path = probe_cache_path(caps);
+  ProbeResult r;
+  if (path.empty() || !read_cache(path, probe_key(caps), r)) return std::nullopt;
+  r.from_cache = r.cached = true;
+  r.cache_path = path;
+  return r;
+}
+
+bool forget_probe(const contracts::DeviceCaps& caps) {
+  const std::string path = probe_cache_path(caps);
+  return !path.empty() && std::remove(path.c_str()) == 0;
+}
+
+std::string forget_if_off(const contracts::DeviceCaps& caps, double estimated_ms, double measured_ms) {
+  // Runs of a few ms are mostly what no rate describes (allocation, dispatch of the first
+  // calls): they say nothing about the probe.
+  constexpr double kShortestMs = 100;
+  if (!(estimated_ms > 0 && measured_ms >= kShortestMs)) return "";
+  const double ratio = estimated_ms / measured_ms;
+  if (ratio <= 2.0 && ratio >= 0.5) return "";
+  char b[256];
+  std::snprintf(b, sizeof b, "the estimated time (%.1f ms) is %.2fx the measured (%.1f ms): ", estimated_ms, ratio,
+                measured_ms);
+  return std::string(b) + (forget_probe(caps) ? "the cached device rates were dropped; the next run measures them again"
+                                               : "no cached device rates to drop");
+}
+
+nlohmann::json probe_json(const ProbeResult& r) {
+  nlohmann::json j = cache_json(r);
+  j.update({{"from_cache", r.from_cache}, {"cached", r.cached}, {"attempts", r.attempts},
+            {"other_cores", r.other_cores}, {"untrusted", r.untrusted}, {"cache_path", r.cache_path}});
+  return j;
+}
+
+std::string probe_text(const ProbeResult& r) {
+  std::ostringstream os;
+  char b[200];
+  auto line = [&](const char* name, double v, const char* unit, double scale) {
+    std::snprintf(b, sizeof b, "  %-24s %10.4g %s\n", name, v / scale, unit);
+    os << b;
+  };
+  os << "device rates for " << r.key << "\n";
+  line("flops_per_s", r.flops_per_s, "GFLOP/s (16-bit matmul peak)", 1e9);
+  line("flops_per_s_f32", r.flops_per_s_f32, "GFLOP/s (fp32 matmul peak)", 1e9);
+  line("gemm_half_rows", r.gemm_half_rows, "rows at half the peak", 1);
+  line("bytes_per_s", r.bytes_per_s, "GB/s (copy)", 1e9);
+  line("host_bytes_per_s", r.host_bytes_per_s, "GB/s (host to device)", 1e9);
+  line("launch_s", r.launch_s, "us per operation", 1e-6);
+  line("launch_gap_s", r.launch_gap_s, "us per operation on the device", 1e-6);
+  line("attention_ratio", r.attention_ratio, "of the matmul peak", 1);
+  line("attention_ratio_ragged", r.attention_ratio_ragged, "of the matmul peak (ragged K/V)", 1);
+  line("attention_call_tiles", r.attention_call_tiles, "tiles per call", 1);
+  if (r.row_bytes_per_s > 0) line("row_bytes_per_s", r.row_bytes_per_s, "GB/s (fused row kernels)", 1e9);
+  if (r.qk_bytes_per_s > 0) line("qk_bytes_per_s", r.qk_bytes_per_s, "GB/s (fused Q/K norm + RoPE)", 1e9);
+  line("probe_ms", r.probe_ms, "ms to measure", 1);
+  if (r.from_cache) os << "  from the cache " << r.cache_path << "\n";
+  else if (r.cached) os << "  measured now (" << r.attempts << (r.attempts == 1 ? " probe" : " probes") << "), cached in " << r.cache_path << "\n";
+  else os << "  measured now (" << r.attempts << " probes), not cached: " << r.untrusted << "\n";
+  if (!r.from_cache) {
+    std::snprintf(b, sizeof b, "  other processes meanwhile: %.2f CPU cores busy\n", r.other_cores);
+    os << b;
+  }
+  return os.str();
 }
 
 void apply_rates(const ProbeResult& r, contracts::DeviceCaps& caps) {

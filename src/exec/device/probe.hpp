@@ -4,10 +4,19 @@
 // (the peak and the rows at which a matmul reaches half of it, fitted to
 // throughput = peak · rows / (rows + k)), one large copy (bandwidth) and a run of
 // one-element additions (the fixed cost of an operation: dispatch and launch); ~50 ms on an
-// H200, a few hundred ms on a small CPU. The result is cached as JSON under $XDG_CACHE_HOME/streamplan (or ~/.cache/streamplan) in
-// probe-<device>.json, keyed by the device's name (and, for the CPU, its model and thread
-// count), so later runs read it instead of measuring. A run without a probe uses the cost
-// model's defaults; the probe only refines the time estimates, never the memory plan.
+// H200, a few hundred ms on a small CPU. Each figure is the median of several timings. The
+// result is cached as JSON under $XDG_CACHE_HOME/streamplan (or ~/.cache/streamplan) in
+// probe-<key>.json, keyed by what changes the rates: the device's name, for the CPU its model
+// and thread count, and the torch version. A probe that cannot be trusted is never cached:
+// one whose figures break a sanity bound (each rate within physical limits, and related rates
+// against each other: attention against the matmul peak, fp32 against 16-bit matmuls, the
+// device's launch gap against the host's cost), or one during which other processes kept
+// more than a quarter of a CPU core busy. Such a probe is taken again, up to three times, and
+// the last one serves the run without being written. A run whose measured time is off its
+// estimate by more than 2x drops the cache (forget_if_off), so that the next run probes
+// again. A run without a probe uses the cost model's defaults; the probe only refines the
+// time estimates, never the memory plan. `streamplan probe [--show|--reset]` measures, shows
+// or clears the cached figures.
 //
 // Example:
 //     at::Device d = sp::exec::pick_device("auto");
@@ -18,7 +27,11 @@
 
 #include <ATen/ATen.h>
 
+#include <nlohmann/json.hpp>
+
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "contracts/contracts.hpp"
 
@@ -40,9 +53,16 @@ struct ProbeResult {
   double qk_bytes_per_s = 0;     // fused Q/K norm + RoPE kernel bandwidth (0: none built / not a GPU)
   double host_bytes_per_s = 0;   // pinned host memory -> device copies (CPU: a copy within memory), bytes/s
   double probe_ms = 0;           // time the measurement took (as measured, also when cached)
+  double other_cores = 0;        // CPU cores other processes kept busy meanwhile (/proc/stat; 0 where unknown)
+  int attempts = 0;              // probes taken (more than 1: earlier ones were not trusted)
   bool from_cache = false;
+  bool cached = false;           // written to (or read from) the cache
+  std::string untrusted;         // why the probe was not cached ("" when it was)
   std::string cache_path;        // empty: no cache directory known
 };
+
+// Figures that break a sanity bound, each as "name value (bound)"; empty when all hold.
+std::vector<std::string> sanity_problems(const ProbeResult& r, bool gpu);
 
 // Cache file of a device: $XDG_CACHE_HOME/streamplan/probe-<key>.json, else
 // $HOME/.cache/streamplan/...; empty when neither variable is set.
@@ -57,5 +77,16 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
 // the cache (a cache that cannot be written is skipped silently: it is only a shortcut).
 ProbeResult probe_device(const at::Device& d, const contracts::DeviceCaps& caps, bool use_cache = true);
 void apply_rates(const ProbeResult& r, contracts::DeviceCaps& caps);
+
+// The cached result of the device, without measuring (nullopt when none is valid).
+std::optional<ProbeResult> cached_probe(const contracts::DeviceCaps& caps);
+// Removes the device's cache; true when there was one.
+bool forget_probe(const contracts::DeviceCaps& caps);
+// A run measured `measured_ms` (100 ms or more) against `estimated_ms`: off by more than 2x either way, the
+// device's cache is dropped and the note says so (the next run probes again); "" otherwise.
+std::string forget_if_off(const contracts::DeviceCaps& caps, double estimated_ms, double measured_ms);
+// The figures as lines for people ("flops_per_s  812.3 GFLOP/s", ...).
+std::string probe_text(const ProbeResult& r);
+nlohmann::json probe_json(const ProbeResult& r);
 
 }  // namespace sp::exec
