@@ -17,7 +17,7 @@ from torch.autograd.profiler import record_function
 
 from . import _C
 from ._adapter import Adapter, Call, Fallback, WeightHook, find_adapter
-from . import _comfy, _comfy_minimax, _diffusers, _lora
+from . import _comfy, _comfy_minimax, _diffusers, _lora, _module_state
 
 ADAPTERS: tuple[type[Adapter], ...] = (*_diffusers.ADAPTERS, *_comfy.ADAPTERS, *_comfy_minimax.ADAPTERS)
 
@@ -374,8 +374,7 @@ class Handle:
         _lora.warn(self._attached.lora, self._lora_warned)
         device = torch.device(self._attached.device)
         self._adapter = self._adapter_type(m, self._original, _DTYPES[self._attached.dtype], device)
-        self._fingerprint = self._fingerprint_now()
-        self._held = self._held_now()
+        self._state = _module_state.ModuleState(m, _hook_names(hook))
         self._attaches += 1
 
     def set_kv_budget(self, budget: float) -> None:
@@ -388,37 +387,6 @@ class Handle:
     def _hook_now(self) -> WeightHook | None:
         """The caller's weight hook, else the host's for the module as it is now."""
         return self._weight_hook or self._adapter_type.host_hook(self._module)
-
-    def _held_now(self) -> list[tuple[torch.nn.Module, str, weakref.ref, Any]]:
-        """Every parameter and buffer the module holds (weakly) with its storage: the same
-        objects on the same storage as at the last attach say that nothing was swapped (a
-        ModelPatcher patch, a LoRA merged, weights loaded or moved), without building the
-        state_dict; anything else sends the call to the full fingerprint."""
-        return [(sub, name, weakref.ref(t), _storage(t)) for sub in self._module.modules()
-                for table in (sub._parameters, sub._buffers) for name, t in table.items() if t is not None]
-
-    def _same_held(self) -> bool:
-        held = self._held
-        n = 0
-        for sub in self._module.modules():
-            for table in (sub._parameters, sub._buffers):
-                for name, t in table.items():
-                    if t is None:
-                        continue
-                    if n >= len(held):
-                        return False
-                    was_sub, was_name, ref, storage = held[n]
-                    if was_sub is not sub or was_name != name or ref() is not t or storage is None or storage != _storage(t):
-                        return False
-                    n += 1
-        return n == len(held)
-
-    def _fingerprint_now(self) -> tuple[Any, ...]:
-        hook = self._hook_now()  # weights the host starts or stops patching: attached again
-        return tuple(
-            (name, _identity(t), tuple(t.shape), t.dtype, t.device)
-            for name, t in self._module.state_dict(keep_vars=True).items()
-        ) + ((hook.names if hook else None),)
 
     def _processor_types(self) -> dict[str, type]:
         return {
@@ -459,11 +427,11 @@ class Handle:
                 f"the attention processor of '{changed[0]}' is {getattr(now, '__name__', now)}, "
                 f"not the one the module was attached with ({len(changed)} changed)",
             )
-        hook = self._hook_now()
-        if self._same_held() and (hook.names if hook else None) == self._fingerprint[-1]:
+        hook_names = _hook_names(self._hook_now())
+        if self._state.unchanged(m, hook_names):
             return None
-        fingerprint = self._fingerprint_now()
-        if fingerprint != self._fingerprint:
+        fingerprint = _module_state.fingerprint(m, hook_names)
+        if fingerprint != self._state.fingerprint:
             if self._unrecognized is not None and self._unrecognized[0] == fingerprint:
                 return Fallback("module_changed", self._unrecognized[1])
             try:
@@ -510,32 +478,8 @@ class Handle:
         return self._adapter.output(why, outputs)
 
 
-# Small host tensors that a module's state_dict makes anew on every call (ComfyUI's
-# "comfy_quant" JSON of a quantized weight) are the same tensor by their bytes; every other
-# tensor by its storage.
-_BY_CONTENT_BYTES = 4096
-
-
-def _storage(t: torch.Tensor) -> Any:
-    """Where a tensor's data lives, with its shape and dtype; for a wrapper subclass without
-    storage of its own (ComfyUI's QuantizedTensor), that of the tensors it holds."""
-    try:
-        return t.data_ptr(), tuple(t.shape), t.dtype, t.device
-    except RuntimeError:
-        flatten = getattr(t, "__tensor_flatten__", None)
-        if flatten is None:
-            return None
-        names, _ctx = flatten()
-        return tuple(_storage(getattr(t, n)) for n in names), tuple(t.shape), t.dtype, t.device
-
-
-def _identity(t: torch.Tensor) -> Any:
-    if t.device.type == "cpu" and t.is_contiguous() and t.numel() * t.element_size() <= _BY_CONTENT_BYTES:
-        try:
-            return bytes(t.detach().reshape(-1).view(torch.uint8).numpy())
-        except (RuntimeError, TypeError):  # a layout or dtype numpy cannot view
-            pass
-    return t.data_ptr()
+def _hook_names(hook: WeightHook | None) -> Any:
+    return hook.names if hook else None
 
 
 def _caller_level() -> int:

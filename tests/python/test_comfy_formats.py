@@ -27,7 +27,7 @@ import comfy_tree  # noqa: E402
 import make_reference  # noqa: E402
 import minimax_h3 as h3  # noqa: E402
 
-from streamplan import comfy_nodes
+from streamplan import _module_state, comfy_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(os.environ.get("STREAMPLAN_CLI", ROOT / "build" / "streamplan"))
@@ -174,6 +174,8 @@ def test_format_runs_planned_and_agrees(comfy: Any, tiny_detection: Any, tmp_pat
     assert h.fallbacks == [] and h.planned_calls == h.calls >= 1, text
     # attached once: the metadata ComfyUI's state_dict makes anew per call is not a change
     assert h._attaches == 1 and h.calls > 1, (h._attaches, h.calls)
+    # and the state_dict fingerprint, where the cheap check cannot decide, sees no change either
+    assert h._state.fingerprint == _module_state.fingerprint(h.module, h._state.fingerprint[-1])
     quantized = [f for f in held if f != "dense"]
     assert quantized, f"{fmt}: ComfyUI holds no quantized weight: {held}"
     formats = {f for p in h.plans for f, _n, _provider in p["formats"]}
