@@ -55,16 +55,15 @@ std::string cpu_model() {
   return "";
 }
 
-// Seconds one call of f takes on the device: the median of `reps` (at least 5) timings of
-// `inner` calls each (one untimed warm-up call first). Repeating short calls keeps a busy
-// scheduler's delays out of each timing, and the median keeps an odd slow or fast timing out
-// of the figure.
+// Seconds one call of f takes on the device: the median of 5 timings of `inner` calls each
+// (one untimed warm-up call first). Repeating short calls keeps a busy scheduler's delays out
+// of each timing, and the median keeps an odd slow or fast timing out of the figure.
 template <typename F>
-double best_seconds(const at::Device& d, int reps, int inner, F&& f) {
+double median_seconds(const at::Device& d, int inner, F&& f) {
   f();
   synchronize(d);
   std::vector<double> t;
-  for (int i = 0; i < std::max(reps, 5); ++i) {
+  for (int i = 0; i < 5; ++i) {
     const auto t0 = Clock::now();
     for (int j = 0; j < inner; ++j) f();
     synchronize(d);
@@ -102,7 +101,7 @@ double gemm_rate(const at::Device& d, at::ScalarType dt, int64_t rows, int64_t n
   at::Tensor out = at::empty({rows, n}, o);
   const double flops = 2.0 * double(rows) * double(n) * double(n);
   const int inner = static_cast<int>(std::clamp(flops_per_timing / flops, 1.0, 64.0));
-  return flops / best_seconds(d, 3, inner, [&] { at::mm_out(out, a, w); });
+  return flops / median_seconds(d, inner, [&] { at::mm_out(out, a, w); });
 }
 
 // Throughput = peak · rows / (rows + k). The peak is the best throughput measured (at the
@@ -224,11 +223,11 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
   {
     const auto o = at::TensorOptions().dtype(at::kByte).device(d);
     at::Tensor src = at::zeros({bytes}, o), dst = at::empty({bytes}, o);
-    r.bytes_per_s = 2.0 * double(bytes) / best_seconds(d, 3, 1, [&] { dst.copy_(src); });
+    r.bytes_per_s = 2.0 * double(bytes) / median_seconds(d, 1, [&] { dst.copy_(src); });
     // Host to device (weights streamed from host memory): from pinned memory, asynchronously,
     // as the residency's loads copy. On the CPU the same copy within host memory.
     at::Tensor host = at::zeros({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(gpu));
-    r.host_bytes_per_s = double(bytes) / best_seconds(d, 3, 1, [&] { dst.copy_(host, /*non_blocking=*/true); });
+    r.host_bytes_per_s = double(bytes) / median_seconds(d, 1, [&] { dst.copy_(host, /*non_blocking=*/true); });
   }
   // Matmuls. A GPU needs wide weights to reach its peak, and its efficiency curve is taken
   // in the 16-bit dtype large models run in. A CPU is near its peak early and slow, so its
@@ -293,7 +292,7 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
     };
     if (gpu)
       for (int i = 0; i < 50; ++i) attend();
-    return best_seconds(d, 3, inner, attend);
+    return median_seconds(d, inner, attend);
   };
   // t(calls) = F / (peak · ratio) · (1 / eff(q / calls) + calls · c · units / tiles(q)), with
   // c the tiles a call loses: two timings give c and the ratio.
@@ -318,12 +317,12 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
     const auto o = at::TensorOptions().dtype(half).device(d);
     at::Tensor x = at::randn({8192, 5120}, o), out = at::empty({8192, 5120}, o), w = at::ones({5120}, o);
     const double moved = 2.0 * double(x.nbytes());
-    r.row_bytes_per_s = moved / best_seconds(d, 3, 8, [&] { fused::norm_modulate(x, out, {true, 1e-6, w, {}}, {}, {}); });
+    r.row_bytes_per_s = moved / median_seconds(d, 8, [&] { fused::norm_modulate(x, out, {true, 1e-6, w, {}}, {}, {}); });
     // Q/K norm per head + split-half RoPE on 96 of 128 dims, written head-major.
     const int64_t heads = 40, hd = 128, rot = 96;
     at::Tensor qk = at::randn({8192, heads * hd}, o), dst = at::empty({heads, 8192, hd}, o), qw = at::ones({hd}, o);
     at::Tensor cs = at::ones({8192, rot / 2}, o.dtype(at::kFloat)), sn = at::zeros({8192, rot / 2}, o.dtype(at::kFloat));
-    r.qk_bytes_per_s = 2.0 * double(qk.nbytes()) / best_seconds(d, 3, 8, [&] {
+    r.qk_bytes_per_s = 2.0 * double(qk.nbytes()) / median_seconds(d, 8, [&] {
       fused::qk_norm_rope(qk, dst.transpose(0, 1), ir::QkNormKind::PerHead, 1e-6, qw, {ir::RopeStyle::SplitHalf, rot, cs, sn});
     });
   }
@@ -333,7 +332,7 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
   // ahead of its kernels costs its device time (plan/cost.hpp).
   {
     at::Tensor t = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(d));
-    r.launch_s = best_seconds(d, 3, 200, [&] { t.add_(1.0); });
+    r.launch_s = median_seconds(d, 200, [&] { t.add_(1.0); });
     r.launch_gap_s = r.launch_s;
     if (gpu) {
       const auto o = at::TensorOptions().dtype(half).device(d);
@@ -383,22 +382,24 @@ std::vector<std::string> sanity_problems(const ProbeResult& r, bool gpu) {
     within("attention_ratio_ragged / attention_ratio", r.attention_ratio_ragged / r.attention_ratio, 0.05, 1.1, "", 1.0);
   if (r.flops_per_s > 0)
     within("flops_per_s_f32 / flops_per_s", r.flops_per_s_f32 / r.flops_per_s, 1.0 / 64, gpu ? 2.0 : 200.0, "", 1.0);
-  if (gpu && r.launch_gap_s > r.launch_s * 1.5) {
-    char b[160];
-    std::snprintf(b, sizeof b, "launch_gap_s %.3g us above launch_s %.3g us", r.launch_gap_s * 1e6, r.launch_s * 1e6);
-    out.push_back(b);
-  }
+  if (gpu && r.launch_s > 0) within("launch_gap_s / launch_s", r.launch_gap_s / r.launch_s, 0.0, 1.5, "", 1.0);
   return out;
 }
 
-ProbeResult probe_device(const at::Device& d, const contracts::DeviceCaps& caps, bool use_cache) {
+std::optional<ProbeResult> cached_probe(const contracts::DeviceCaps& caps) {
   const std::string path = probe_cache_path(caps);
   ProbeResult r;
-  if (use_cache && !path.empty() && read_cache(path, probe_key(caps), r)) {
-    r.from_cache = r.cached = true;
-    r.cache_path = path;
-    return r;
-  }
+  if (path.empty() || !read_cache(path, probe_key(caps), r)) return std::nullopt;
+  r.from_cache = r.cached = true;
+  r.cache_path = path;
+  return r;
+}
+
+ProbeResult probe_device(const at::Device& d, const contracts::DeviceCaps& caps, bool use_cache) {
+  if (use_cache)
+    if (auto cached = cached_probe(caps)) return *cached;
+  const std::string path = probe_cache_path(caps);
+  ProbeResult r;
   // Other processes busy on more than this many cores during the probe: its figures are this
   // moment's, not the machine's.
   constexpr double kOtherCores = 0.25;
@@ -424,15 +425,6 @@ ProbeResult probe_device(const at::Device& d, const contracts::DeviceCaps& caps,
       r.cached = true;
     }
   }
-  return r;
-}
-
-std::optional<ProbeResult> cached_probe(const contracts::DeviceCaps& caps) {
-  const std::string path = probe_cache_path(caps);
-  ProbeResult r;
-  if (path.empty() || !read_cache(path, probe_key(caps), r)) return std::nullopt;
-  r.from_cache = r.cached = true;
-  r.cache_path = path;
   return r;
 }
 
