@@ -47,6 +47,7 @@ import contextlib
 import glob
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -153,7 +154,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--token-chunks", default="", metavar="LIST",
                     help="comma-separated rows per slab: each also sampled with the node forced to that token chunk "
                          "(rows with token_chunk set; the default rows have it null)")
+    ap.add_argument("--reps", type=int, default=1, metavar="N",
+                    help="time N samplings of ComfyUI alone and of the node (default chunk), alternating; the "
+                         "medians are the row's times (default 1)")
     a = ap.parse_args(argv)
+    if a.reps < 1:
+        ap.error(f"--reps: expected a positive count, got {a.reps}")
     formats = a.formats.split(",")
     bad = [f for f in formats if f != "bf16" and f not in FORMATS]
     if bad or not a.formats:
@@ -452,6 +458,7 @@ def main() -> int:
                 ref, ref_s, ref_peak = None, None, None
                 print(f"[comfy_check] {name}: ComfyUI alone raised {raised}", file=sys.stderr)
             own = got_default = None
+            comfy_times = [] if ref_s is None else [ref_s]
             for chunk in [None, *a.token_chunks]:
                 planned_model, _status = comfy_nodes.StreamplanMemoryPlanner().patch(p, "none", "comfy", False)
                 wrapper = planned_model.wrappers["diffusion_model"]["streamplan"][0]
@@ -461,6 +468,12 @@ def main() -> int:
                 run = f"{name}, with the node" + (f", token chunk {chunk}" if chunk else "")
                 sample(planned_model)  # the plans of this geometry
                 got, got_s, got_peak = sample(planned_model, run)
+                node_times = [got_s]
+                if chunk is None and ref is not None:
+                    for _ in range(a.reps - 1):  # alternating, so that a drift of the clocks hits both alike
+                        comfy_times.append(sample(p)[1])
+                        node_times.append(sample(planned_model)[1])
+                    got_s = statistics.median(node_times)
                 print(f"[comfy_check] {run}:\n{wrapper.status()}", file=sys.stderr)
                 handles = list(wrapper.handles.values())
                 if a.profile:
@@ -479,7 +492,8 @@ def main() -> int:
                              "rel_l2": rel(got, ref), "vs_default_node": rel(got, got_default),
                              "lora_changes_latents_by": lora_effect, "comfy_rel_l2_vs_fp32": rel(ref, fp32),
                              "streamplan_rel_l2_vs_fp32": rel(got, fp32), "comfy_raised": raised,
-                             "comfy_s": ref_s, "streamplan_s": got_s, "comfy_peak_bytes": ref_peak,
+                             "comfy_s": statistics.median(comfy_times) if comfy_times else None,
+                             "streamplan_s": got_s, "comfy_s_all": comfy_times, "streamplan_s_all": node_times, "comfy_peak_bytes": ref_peak,
                              "streamplan_peak_bytes": got_peak, "planned_calls": planned_calls, "calls": calls,
                              "fallbacks": fallbacks, "report": reports[-1] if reports else "", "status": wrapper.status()})
                 if a.out:

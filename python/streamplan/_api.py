@@ -32,7 +32,7 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Attention consumers registered from Python: name -> (function, checked caps).
 _CONSUMERS: dict[str, tuple[Callable[..., torch.Tensor], dict[str, Any]]] = {}
-_CAP_FLAGS = ("accepts_bounded_q", "requires_global_k", "requires_global_v", "slab_output")
+_CAP_FLAGS = ("accepts_bounded_q", "requires_global_k", "requires_global_v", "slab_output", "strided_heads")
 _CAP_KEYS = (*_CAP_FLAGS, "dtypes", "q_align", "kv_align", "call_bytes")
 
 
@@ -163,8 +163,9 @@ def register_consumer(
     are views of the planned run's buffers, valid during the call.
 
     ``caps`` are the fields of the C++ consumer contract: ``accepts_bounded_q``,
-    ``requires_global_k``, ``requires_global_v``, ``slab_output`` (True, False, or absent:
-    undeclared), ``dtypes`` (``"fp32"``, ``"bf16"``, ``"fp16"``), ``q_align``, ``kv_align``
+    ``requires_global_k``, ``requires_global_v``, ``slab_output``, ``strided_heads`` (True,
+    False, or absent: undeclared; ``strided_heads``: q, k and v may be views of token-major
+    ``[rows, heads, head_dim]`` buffers, heads strided inside rows), ``dtypes`` (``"fp32"``, ``"bf16"``, ``"fp16"``), ``q_align``, ``kv_align``
     (ints) and ``call_bytes`` (a function of the call's shape dict returning the bytes a call
     allocates; default: its output slab). What a consumer leaves undeclared fails closed for
     the transformations that need it (streamed Q), with the reason in the plan.

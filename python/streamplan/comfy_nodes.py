@@ -79,6 +79,15 @@ COMFY_CAPS = {"accepts_bounded_q": True, "requires_global_k": True, "requires_gl
               "dtypes": ["fp32", "bf16", "fp16"]}
 
 
+def comfy_caps() -> dict:
+    """COMFY_CAPS, with strided heads where ComfyUI's selected attention is its PyTorch one
+    (scaled_dot_product_attention reads strided heads in place; its other attention functions
+    reshape, which would copy K and V)."""
+    from comfy.ldm.modules import attention
+
+    return {**COMFY_CAPS, "strided_heads": attention.optimized_attention is attention.attention_pytorch}
+
+
 def _options_of(module: torch.nn.Module, args: tuple, kwargs: dict) -> dict:
     try:
         bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
@@ -118,7 +127,7 @@ class PlannerWrapper:
             return h
         if override is None:
             if self.consumer == COMFY_CONSUMER and COMFY_CONSUMER not in _api.consumers():
-                _api.register_consumer(COMFY_CONSUMER, comfy_attention, caps=COMFY_CAPS)
+                _api.register_consumer(COMFY_CONSUMER, comfy_attention, caps=comfy_caps())
             h = _api.apply(module, budget=self.budget, consumer=self.consumer, token_chunk=self.token_chunk,
                            install=False, dtype=self.dtype)
         else:

@@ -60,6 +60,10 @@ struct ConsumerCaps {
   Cap requires_global_k = Cap::Unknown;  // Yes: K must be complete before any Q slab
   Cap requires_global_v = Cap::Unknown;
   Cap slab_output = Cap::Unknown;        // output produced per Q slab
+  // Yes: Q, K and V may arrive as views of token-major [rows, heads, head_dim] buffers (heads
+  // strided inside each row, the last dimension contiguous); the planner then keeps them
+  // token-major, which saves V's head-major copy.
+  Cap strided_heads = Cap::Unknown;
   std::set<ir::DType> dtypes;            // accepted activation dtypes
   int64_t q_align = 1;                   // Q slab rows must be a multiple (except the last)
   int64_t kv_align = 1;                  // global K/V length must be a multiple

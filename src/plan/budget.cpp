@@ -290,12 +290,18 @@ std::string dominant_terms(const Program& p, const Placement& pl) {
     if (p.buffers[i].role == BufRole::GlobalK) k = int(i);
     if (p.buffers[i].role == BufRole::GlobalV) v = int(i);
   }
-  if (k >= 0 && v >= 0 && p.buffers[size_t(k)].shape.size() != 3) k = v = -1;  // a consumer's K carrier: its own term
+  // The attend step reading them says their heads and head_dim (K and V head-major or
+  // token-major); a consumer's K carrier (another dtype than V) is a term of its own.
+  const AttendStep* reader = nullptr;
+  for (const Step& st : p.steps)
+    if (const auto* a = std::get_if<AttendStep>(&st.body); a && a->k.buf == k && a->v.buf == v) reader = a;
+  if (!reader || (k >= 0 && p.buffers[size_t(k)].dtype != p.buffers[size_t(v)].dtype)) k = v = -1;
   if (k >= 0 && v >= 0) {
     const Buffer& kb = p.buffers[size_t(k)];
     const int64_t kx = kb.bytes(), vx = p.buffers[size_t(v)].bytes();
-    terms.push_back({"global K/V for " + std::to_string(kb.shape[1]) + " tokens at " + std::to_string(kb.shape[0]) +
-                         "x" + std::to_string(kb.shape[2]) + " " + ir::to_string(kb.dtype) + " (" +
+    const int64_t rows = kb.shape[reader->kv_layout == Layout::Same ? 0 : 1];
+    terms.push_back({"global K/V for " + std::to_string(rows) + " tokens at " + std::to_string(reader->kv_heads) +
+                         "x" + std::to_string(reader->head_dim) + " " + ir::to_string(kb.dtype) + " (" +
                          (kx == vx ? "2 x " + human_bytes(kx) : human_bytes(kx) + " + " + human_bytes(vx)) + ")",
                      kx + vx});
   }

@@ -72,9 +72,16 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     c.copy(s32, dst, layout, groups, rep, hd);
   };
   // K as it is, or the consumer's carrier of it, filled slab by slab at its row alignment.
+  // Token-major K/V (and Q where no heads fold) for a consumer that takes strided heads: the
+  // projections write V in place and the Q/K kernels write rows as they are.
   const int carrier = c.k_carrier(a.consumer, G, L, hd);
-  const int K = carrier >= 0 ? carrier : c.buffer(BufRole::GlobalK, "K", {G, L, hd}, dt);
-  const int V = c.buffer(BufRole::GlobalV, "V", {G, L, hd}, dt);
+  const bool tm = carrier < 0 && c.reg().consumer(a.consumer).strided_heads == contracts::Cap::Yes;
+  const Layout kv_layout = tm ? Layout::Same : Layout::HeadMajor;
+  const Layout q_layout = tm && rep == 1 ? Layout::Same : Layout::Folded;
+  const int kv_dim = tm ? 0 : 1;  // the rows' dimension in K and V
+  const std::vector<int64_t> kv_shape = tm ? std::vector<int64_t>{L, wkv} : std::vector<int64_t>{G, L, hd};
+  const int K = carrier >= 0 ? carrier : c.buffer(BufRole::GlobalK, "K", kv_shape, dt);
+  const int V = c.buffer(BufRole::GlobalV, "V", kv_shape, dt);
   int64_t kv_chunk = p.token_chunk;
   if (carrier >= 0) {
     const int64_t align = c.reg().consumer(a.consumer).k_carrier_align;
@@ -95,15 +102,16 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       const Operand h = cross ? Operand{Src::Context, -1, a.context, -1, {n, kv_in}}
                               : c.normed(s.norm, b.modulation, s.mod, n, pieces);
       const Operand k = c.whole(c.buffer(BufRole::KV, "k", {n, wkv}, dt));
-      const Operand v = c.whole(c.buffer(BufRole::KV, "v", {n, wkv}, dt));
+      const Operand vdst = c.slab_of(V, kv_dim, n);
+      const Operand v = tm ? vdst : c.whole(c.buffer(BufRole::KV, "v", {n, wkv}, dt));
       c.project(h, k, cross ? only_default(wk) : wk.ws, kv_in, wkv, n, pieces);
       c.project(h, v, cross ? only_default(wv) : wv.ws, kv_in, wkv, n, pieces);
-      const Operand kdst = carrier >= 0 ? c.whole(c.buffer(BufRole::KSlab, "KS", {G, n, hd}, dt)) : c.slab_of(K, 1, n);
-      const Operand vdst = c.slab_of(V, 1, n);
-      qk_rows(k, kdst, Layout::HeadMajor, cross ? only_default(wk) : wk.ws, G, 1, TensorRole::K, n, pieces);
+      const Operand kdst =
+          carrier >= 0 ? c.whole(c.buffer(BufRole::KSlab, "KS", {G, n, hd}, dt)) : c.slab_of(K, kv_dim, n);
+      qk_rows(k, kdst, kv_layout, cross ? only_default(wk) : wk.ws, G, 1, TensorRole::K, n, pieces);
       if (carrier >= 0) c.carry_k(a.consumer, kdst, carrier, L);
       c.patches(a.patches, TensorRole::V, v);
-      c.copy(v, vdst, Layout::HeadMajor, G, 1, hd);
+      if (!tm) c.copy(v, vdst, Layout::HeadMajor, G, 1, hd);
     });
     release_all(c, wk);
     release_all(c, wv);
@@ -151,10 +159,13 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
       const Operand q = c.whole(c.buffer(BufRole::Q, "Q", {n, wq}, dt));
       c.project(h, q, wqh.ws, D, wq, n, pieces);
-      const Operand qf = c.whole(c.buffer(BufRole::QFolded, "QF", {G, rep * n, hd}, dt));
-      qk_rows(q, qf, Layout::Folded, wqh.ws, G, rep, TensorRole::Q, n, pieces);
+      const Operand qf = c.whole(c.buffer(BufRole::QFolded, "QF",
+                                          q_layout == Layout::Same ? std::vector<int64_t>{n, wq}
+                                                                   : std::vector<int64_t>{G, rep * n, hd},
+                                          dt));
+      qk_rows(q, qf, q_layout, wqh.ws, G, rep, TensorRole::Q, n, pieces);
       const Operand o = streamed ? c.whole(c.buffer(BufRole::AttnOut, "O", {n, wq}, dt)) : c.slab_of(ofull, 0, n);
-      c.attend(a, qf, K, V, o, n, L);
+      c.attend(a, qf, K, V, o, n, L, q_layout, kv_layout);
       if (!streamed) return;
       c.patches(a.patches, TensorRole::AttnOut, o);
       if (mlp) {

@@ -283,7 +283,8 @@ class Compiler {
            {0, 2 * elems * elem_size(t), 2}, dev_.round_alloc(scratch));
     }
   }
-  void attend(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L) {
+  void attend(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L,
+              Layout q_layout, Layout kv_layout) {
     const int64_t G = a.kv_heads, rep = a.heads / a.kv_heads, hd = a.head_dim;
     const auto& consumer = reg_.consumer(a.consumer);
     const bool carried = bool(consumer.k_carrier_bytes);  // k is the carrier k_carrier() made
@@ -300,7 +301,8 @@ class Compiler {
             (2.0 * q_rows + double(L)) * double(G * hd) * esz_ + k_bytes + 2.0 * double(scratch) +
                 2.0 * double(n) * double(a.heads * hd) * esz_,
             2, rep * n, dt_, true, G, L};
-    emit(AttendStep{a.consumer, qf, whole(k), whole(v), out, G, rep, hd, 1.0 / std::sqrt(double(hd)), carried, L},
+    emit(AttendStep{a.consumer, qf, whole(k), whole(v), out, q_layout, kv_layout, G, rep, hd, 1.0 / std::sqrt(double(hd)),
+                    carried, L},
          "attend (consumer '" + a.consumer + "'" + (carried ? ", K carrier" : "") + ")", t, dev_.round_alloc(scratch));
   }
   // The K carrier of `consumer` for L rows, or -1 where the consumer takes K as it is.

@@ -174,7 +174,7 @@ struct NormStep {
   Operand stats;  // staged: [n, 1] fp32 row statistics
 };
 enum class Layout {
-  Same,       // dst := src (a cast where dtypes differ)
+  Same,       // dst := src (a cast where dtypes differ); token-major [n, heads*hd]
   HeadMajor,  // dst [heads, n, hd] := src [n, heads*hd]
   Folded,     // dst [G, rep*n, hd] := src [n, G*rep*hd]
 };
@@ -226,11 +226,14 @@ struct CarryKStep {
   Operand carrier;
   int64_t kv_rows = 0;
 };
-// out [n, heads*hd] token-major := consumer(q folded, K, V); `carried`: k is the consumer's
-// K carrier of kv_rows rows.
+// out [n, heads*hd] token-major := consumer(q, K, V); `carried`: k is the consumer's K carrier
+// of kv_rows rows. q is folded [G, rep*n, hd] or token-major (Same), K and V head-major
+// [G, kv_rows, hd] or token-major [kv_rows, G*hd]; token-major operands reach the consumer as
+// [1, G, rows, hd] views with strided heads.
 struct AttendStep {
   std::string consumer;
   Operand q, k, v, out;
+  Layout q_layout = Layout::Folded, kv_layout = Layout::HeadMajor;
   int64_t kv_heads = 0, rep = 1, head_dim = 0;
   double scale = 1.0;
   bool carried = false;

@@ -97,3 +97,36 @@ def test_registration_errors_name_the_field() -> None:
         streamplan.register_consumer("py-x", lambda *a: a[0], caps={"dtypes": ["int4"]})
     with pytest.raises(ValueError, match="no consumer 'py-x'"):
         streamplan.unregister_consumer("py-x")
+
+
+@pytest.mark.parametrize("strided", [True, False])
+def test_python_consumer_with_strided_heads(wan_pipe: Any, strided: bool) -> None:
+    """A consumer that takes strided heads gets token-major views (and V without its
+    head-major copy); one that does not gets contiguous head-major tensors. Both compute
+    the original's output."""
+    layouts: list[tuple[bool, bool, bool]] = []
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any) -> torch.Tensor:
+        layouts.append((q.is_contiguous(), k.is_contiguous(), v.is_contiguous()))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    streamplan.register_consumer("py-strided", attend, caps={
+        "accepts_bounded_q": True, "requires_global_k": True, "requires_global_v": True, "slab_output": True,
+        "strided_heads": strided, "dtypes": ["fp32", "bf16"]})
+    try:
+        reference = run_wan(wan_pipe)
+        handle = streamplan.apply(wan_pipe.transformer, consumer="py-strided", token_chunk=16)
+        planned = run_wan(wan_pipe)
+        programs = handle.to_dict()["programs"]
+        streamplan.remove(wan_pipe.transformer)
+    finally:
+        streamplan.unregister_consumer("py-strided")
+    assert rel_l2(planned, reference) <= 1e-4
+    assert handle.fallbacks == [] and layouts
+    # Several heads per row: token-major views are strided, head-major tensors contiguous.
+    assert set(layouts) == ({(False, False, False)} if strided else {(True, True, True)})
+    # V's slab buffer (projected, then copied head-major) exists only for head-major V.
+    v_slabs = [b for p in programs for b in p["buffers"] if b["label"] == "v"]
+    assert (v_slabs == []) == strided
+    # V token-major [rows, heads * head_dim], or head-major [heads, rows, head_dim].
+    assert {len(b["shape"]) for p in programs for b in p["buffers"] if b["label"] == "V"} == ({2} if strided else {3})

@@ -53,6 +53,7 @@ void register_sdpa(contracts::Registry& reg) {
   c.name = "sdpa";
   c.description = "ATen scaled_dot_product_attention (flash / cuDNN / memory-efficient / math)";
   c.accepts_bounded_q = c.requires_global_k = c.requires_global_v = c.slab_output = Cap::Yes;
+  c.strided_heads = Cap::Yes;  // its flash, cuDNN and CPU kernels read strided heads in place
   c.dtypes = floats;
   c.call_bytes = sdpa_call_bytes;
   c.impl = consumer_from(sdpa);

@@ -193,8 +193,6 @@ cudaError_t run_as(const ScaledGemmParams& p, int sms, cudaStream_t stream) {
 
 }  // namespace
 
-bool scaled_gemm_sm90_built() { return true; }
-
 bool scaled_gemm_sm90_ready() {
   static std::atomic<int> state[kDevices];  // 0 unknown, 1 ready, 2 not
   int dev = 0;

@@ -73,8 +73,6 @@ struct ScaledGemmParams {
   GemmTile tile = GemmTile::Auto;
 };
 
-// Whether this build holds the kernels (the CUTLASS headers were found).
-bool scaled_gemm_sm90_built();
 // True when the current device is compute capability 9.0 and the sm_90a image of every kernel
 // scaled_gemm_sm90 may launch was built and loads (probed once per device).
 bool scaled_gemm_sm90_ready();

@@ -251,9 +251,11 @@ class Interpreter {
   void step(const QkNormRopeStep& s) {
     const at::Tensor in = operand(s.in), dst = operand(s.dst);
     const int64_t n = in.size(0);
-    // [n, heads, hd] view of the destination: K rows (head-major) or the folded Q slab.
-    const at::Tensor out3 = s.layout == Layout::HeadMajor ? dst.transpose(0, 1)
-                                                          : dst.view({s.heads, n, s.head_dim}).transpose(0, 1);
+    // [n, heads, hd] view of the destination: token-major rows, K rows (head-major) or the
+    // folded Q slab.
+    const at::Tensor out3 = s.layout == Layout::Same        ? dst.view({n, s.heads, s.head_dim})
+                            : s.layout == Layout::HeadMajor ? dst.transpose(0, 1)
+                                                            : dst.view({s.heads, n, s.head_dim}).transpose(0, 1);
     const bool roped = s.rope->style != ir::RopeStyle::None;
     by_segment(s.weights, n, [&](int64_t lb, int64_t len, const SegWeight& w) {
       at::Tensor cos, sin;
@@ -273,14 +275,19 @@ class Interpreter {
         .carry_k(operand(s.k).unsqueeze(0), operand(s.carrier), f_.token, s.kv_rows);
   }
   void step(const AttendStep& s) {
-    const at::Tensor qf = operand(s.q), out = operand(s.out);
+    const at::Tensor out = operand(s.out);
     const int64_t n = out.size(0);
+    // [1, G, rows, hd]: as stored (head-major, folded), or a view of token-major rows.
+    auto heads4 = [&](const at::Tensor& t, Layout layout) {
+      return (layout == Layout::Same ? t.view({t.size(0), s.kv_heads, s.head_dim}).transpose(0, 1) : t).unsqueeze(0);
+    };
+    const at::Tensor q = heads4(operand(s.q), s.q_layout), v = heads4(operand(s.v), s.kv_layout);
     const auto& consumer = impl_of<ConsumerImpl>(reg_.consumer(s.consumer));
-    at::Tensor o4 = s.carried ? consumer.attend_carried(qf.unsqueeze(0), bufs_[size_t(s.k.buf)], operand(s.v).unsqueeze(0),
-                                                        s.scale, row0(), s.kv_rows)
-                              : consumer.attend_rows(qf.unsqueeze(0), operand(s.k).unsqueeze(0), operand(s.v).unsqueeze(0),
-                                                     s.scale, row0());
-    out.view({n, s.kv_heads, s.rep, s.head_dim}).copy_(o4.view({s.kv_heads, s.rep, n, s.head_dim}).permute({2, 0, 1, 3}));
+    at::Tensor o4 = s.carried ? consumer.attend_carried(q, bufs_[size_t(s.k.buf)], v, s.scale, row0(), s.kv_rows)
+                              : consumer.attend_rows(q, heads4(operand(s.k), s.kv_layout), v, s.scale, row0());
+    // [G, rep*n, hd] -> [n, G, rep, hd]: strides of whatever layout the consumer returned.
+    const at::Tensor o = s.rep == 1 ? o4[0].unsqueeze(1) : o4[0].view({s.kv_heads, s.rep, n, s.head_dim});
+    out.view({n, s.kv_heads, s.rep, s.head_dim}).copy_(o.permute({2, 0, 1, 3}));
   }
   void step(const LoraStep& s) {
     const at::Tensor in = operand(s.in), out = operand(s.out), ax = operand(s.ax);
