@@ -1,6 +1,7 @@
 #include "plan/budget.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <limits>
@@ -290,18 +291,24 @@ std::string dominant_terms(const Program& p, const Placement& pl) {
     if (p.buffers[i].role == BufRole::GlobalK) k = int(i);
     if (p.buffers[i].role == BufRole::GlobalV) v = int(i);
   }
-  // The attend step reading them says their heads and head_dim (K and V head-major or
-  // token-major); a consumer's K carrier (another dtype than V) is a term of its own.
-  const AttendStep* reader = nullptr;
-  for (const Step& st : p.steps)
-    if (const auto* a = std::get_if<AttendStep>(&st.body); a && a->k.buf == k && a->v.buf == v) reader = a;
-  if (!reader || (k >= 0 && p.buffers[size_t(k)].dtype != p.buffers[size_t(v)].dtype)) k = v = -1;
+  // Rows, heads and head_dim: of head-major K and V [G, rows, hd], or from the attend step
+  // reading token-major ones [rows, G*hd]. A consumer's K carrier (another dtype than V) is
+  // a term of its own.
+  std::array<int64_t, 3> shape{};
+  if (k >= 0 && v >= 0 && p.buffers[size_t(k)].dtype == p.buffers[size_t(v)].dtype) {
+    const auto& ks = p.buffers[size_t(k)].shape;
+    if (ks.size() == 3) shape = {ks[1], ks[0], ks[2]};
+    for (const Step& st : p.steps)
+      if (const auto* a = std::get_if<AttendStep>(&st.body);
+          a && a->k.buf == k && a->kv_layout == Layout::Same && ks.size() == 2)
+        shape = {ks[0], a->kv_heads, a->head_dim};
+  }
+  if (shape[0] == 0) k = v = -1;
   if (k >= 0 && v >= 0) {
     const Buffer& kb = p.buffers[size_t(k)];
     const int64_t kx = kb.bytes(), vx = p.buffers[size_t(v)].bytes();
-    const int64_t rows = kb.shape[reader->kv_layout == Layout::Same ? 0 : 1];
-    terms.push_back({"global K/V for " + std::to_string(rows) + " tokens at " + std::to_string(reader->kv_heads) +
-                         "x" + std::to_string(reader->head_dim) + " " + ir::to_string(kb.dtype) + " (" +
+    terms.push_back({"global K/V for " + std::to_string(shape[0]) + " tokens at " + std::to_string(shape[1]) +
+                         "x" + std::to_string(shape[2]) + " " + ir::to_string(kb.dtype) + " (" +
                          (kx == vx ? "2 x " + human_bytes(kx) : human_bytes(kx) + " + " + human_bytes(vx)) + ")",
                      kx + vx});
   }

@@ -48,7 +48,7 @@ const char* describe(BufRole r) {
     case BufRole::Staged32: return "Q/K slab for norm and RoPE";
     case BufRole::RopeTmp: return "RoPE scratch";
     case BufRole::Q: return "projected Q slab";
-    case BufRole::QFolded: return "folded Q slab";
+    case BufRole::QFolded: return "Q slab in the attention layout";
     case BufRole::AttnOut: return "attention output slab";
     case BufRole::AttnOutFull: return "complete attention output";
     case BufRole::Proj: return "projection slab";
