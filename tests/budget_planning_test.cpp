@@ -284,9 +284,9 @@ TEST(BudgetCost, RatesEfficiencyAndDefaults) {
   EXPECT_DOUBLE_EQ(pl::gemm_efficiency(256, 0, k256), 0.5);  // width unknown: rows alone
   ct::DeviceCaps d = cpu();
   const pl::Rates def = pl::rates_of(d);
-  EXPECT_DOUBLE_EQ(def.flops_f32, pl::default_rates(ct::DeviceKind::CPU).flops_f32);
-  d.bytes_per_s = 123e9;
-  d.gemm_half_rows = 7;
+  EXPECT_DOUBLE_EQ(def.flops_per_s_f32, pl::default_rates(ct::DeviceKind::CPU).flops_per_s_f32);
+  d.rates.bytes_per_s = 123e9;
+  d.rates.gemm_half_rows = 7;
   const pl::Rates r = pl::rates_of(d);
   EXPECT_DOUBLE_EQ(r.bytes_per_s, 123e9);
   EXPECT_DOUBLE_EQ(r.gemm_half_rows, 7);
@@ -310,11 +310,11 @@ TEST(BudgetCost, ProgramTimeIsTheLargerOfDeviceAndHost) {
   p.steps = {open, work, close};
   ct::DeviceCaps d = cpu();
   d.kind = ct::DeviceKind::CUDA;
-  d.bytes_per_s = 1e9;
-  d.launch_gap_s = 1e-6;
-  d.launch_s = 5e-6;  // host: 10 x 0.5 ms, under the device's 10 x 1.1 ms
+  d.rates.bytes_per_s = 1e9;
+  d.rates.launch_gap_s = 1e-6;
+  d.rates.launch_s = 5e-6;  // host: 10 x 0.5 ms, under the device's 10 x 1.1 ms
   EXPECT_NEAR(pl::program_cost(p, d).seconds, 10 * (1e-3 + 100 * 1e-6), 1e-12);
-  d.launch_s = 20e-6;  // host: 10 x 2 ms, over the device's
+  d.rates.launch_s = 20e-6;  // host: 10 x 2 ms, over the device's
   EXPECT_NEAR(pl::program_cost(p, d).seconds, 10 * 100 * 20e-6, 1e-12);
   EXPECT_EQ(pl::program_cost(p, d).launches, 1000);
   const pl::Rates cpu_rates = pl::default_rates(ct::DeviceKind::CPU);
@@ -326,10 +326,10 @@ TEST(BudgetCost, AnAttentionCallCostsItsTilesPerCall) {
   ct::DeviceCaps d = cpu();
   d.kind = ct::DeviceKind::CUDA;
   d.compute_units = 64;
-  d.flops_per_s = 64e12;
-  d.attention_ratio = 1.0;
-  d.bytes_per_s = 1e15;
-  d.launch_gap_s = 1e-9;
+  d.rates.flops_per_s = 64e12;
+  d.rates.attention_ratio = 1.0;
+  d.rates.bytes_per_s = 1e15;
+  d.rates.launch_gap_s = 1e-9;
   pl::Terms t;
   t.attention = true;
   t.dtype = ir::DType::BF16;
@@ -340,7 +340,7 @@ TEST(BudgetCost, AnAttentionCallCostsItsTilesPerCall) {
   t.launches = 1;
   const double base = pl::step_seconds(t, pl::rates_of(d));
   EXPECT_NEAR(base, 1e-3, 1e-8);
-  d.attention_call_tiles = 0.4;
+  d.rates.attention_call_tiles = 0.4;
   EXPECT_NEAR(pl::step_seconds(t, pl::rates_of(d)), base + 0.4e-3, 1e-8);
   // Half the rows in one call: half a wave, still one tile's time, and the same tail.
   t.gemm_rows = 512;

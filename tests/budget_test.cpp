@@ -221,14 +221,14 @@ TEST(MeasuredBudget, ProbeMeasuresAndCachesPerDevice) {
   EXPECT_EQ(path.find(' '), std::string::npos) << path;
 
   const exec::ProbeResult a = exec::probe_device(d, caps);
-  std::cout << "probe " << a.key << ": " << a.flops_per_s_f32 / 1e9 << " GFLOP/s fp32, " << a.flops_per_s / 1e9
-            << " GFLOP/s 16-bit, " << a.bytes_per_s / 1e9 << " GB/s, " << a.launch_s * 1e6 << " us/op, k "
-            << a.gemm_half_rows << " rows; " << a.probe_ms << " ms\n";
+  std::cout << "probe " << a.key << ": " << a.rates.flops_per_s_f32 / 1e9 << " GFLOP/s fp32, " << a.rates.flops_per_s / 1e9
+            << " GFLOP/s 16-bit, " << a.rates.bytes_per_s / 1e9 << " GB/s, " << a.rates.launch_s * 1e6 << " us/op, k "
+            << a.rates.gemm_half_rows << " rows; " << a.probe_ms << " ms\n";
   EXPECT_FALSE(a.from_cache);
   EXPECT_EQ(a.cache_path, path);
-  for (double v : {a.flops_per_s, a.flops_per_s_f32, a.bytes_per_s, a.launch_s}) EXPECT_GT(v, 0);
-  EXPECT_DOUBLE_EQ(a.launch_gap_s, a.launch_s);  // a CPU's operations run as they are dispatched
-  EXPECT_GE(a.gemm_half_rows, 0);
+  for (double v : {a.rates.flops_per_s, a.rates.flops_per_s_f32, a.rates.bytes_per_s, a.rates.launch_s}) EXPECT_GT(v, 0);
+  EXPECT_DOUBLE_EQ(a.rates.launch_gap_s, a.rates.launch_s);  // a CPU's operations run as they are dispatched
+  EXPECT_GE(a.rates.gemm_half_rows, 0);
 
   // Cached only where trusted: sane figures, and no other process busy on a quarter of a core
   // or more while it measured (a parallel test run may be); then the next call reads it back.
@@ -241,17 +241,17 @@ TEST(MeasuredBudget, ProbeMeasuresAndCachesPerDevice) {
   }
   const exec::ProbeResult b = exec::probe_device(d, caps);
   EXPECT_TRUE(b.from_cache);
-  EXPECT_DOUBLE_EQ(b.flops_per_s_f32, a.flops_per_s_f32);
-  EXPECT_DOUBLE_EQ(b.launch_s, a.launch_s);
-  EXPECT_DOUBLE_EQ(b.launch_gap_s, a.launch_gap_s);
-  exec::apply_rates(b, caps);
-  EXPECT_DOUBLE_EQ(caps.bytes_per_s, a.bytes_per_s);
-  EXPECT_DOUBLE_EQ(plan::rates_of(caps).gemm_half_rows, a.gemm_half_rows);
-  EXPECT_GT(a.gemm_cols, 0);
-  EXPECT_DOUBLE_EQ(b.gemm_cols, a.gemm_cols);
-  EXPECT_DOUBLE_EQ(plan::rates_of(caps).gemm_probe_cols, a.gemm_cols);
-  EXPECT_EQ(a.attention_call_tiles, 0);  // measured on a GPU's waves only
-  EXPECT_DOUBLE_EQ(b.attention_call_tiles, a.attention_call_tiles);
+  EXPECT_DOUBLE_EQ(b.rates.flops_per_s_f32, a.rates.flops_per_s_f32);
+  EXPECT_DOUBLE_EQ(b.rates.launch_s, a.rates.launch_s);
+  EXPECT_DOUBLE_EQ(b.rates.launch_gap_s, a.rates.launch_gap_s);
+  caps.rates = b.rates;
+  EXPECT_DOUBLE_EQ(caps.rates.bytes_per_s, a.rates.bytes_per_s);
+  EXPECT_DOUBLE_EQ(plan::rates_of(caps).gemm_half_rows, a.rates.gemm_half_rows);
+  EXPECT_GT(a.rates.gemm_probe_cols, 0);
+  EXPECT_DOUBLE_EQ(b.rates.gemm_probe_cols, a.rates.gemm_probe_cols);
+  EXPECT_DOUBLE_EQ(plan::rates_of(caps).gemm_probe_cols, a.rates.gemm_probe_cols);
+  EXPECT_EQ(a.rates.attention_call_tiles, 0);  // measured on a GPU's waves only
+  EXPECT_DOUBLE_EQ(b.rates.attention_call_tiles, a.rates.attention_call_tiles);
 
   // A damaged cache is measured again.
   std::ofstream(path) << "{\"version\": 1, \"key\": ";
@@ -261,7 +261,7 @@ TEST(MeasuredBudget, ProbeMeasuresAndCachesPerDevice) {
   EXPECT_NE(exec::probe_key(caps).find("torch"), std::string::npos) << exec::probe_key(caps);
   std::ofstream(path) << exec::probe_json(a).dump() << "\n";
   ASSERT_TRUE(exec::cached_probe(caps).has_value());
-  EXPECT_DOUBLE_EQ(exec::cached_probe(caps)->flops_per_s, a.flops_per_s);
+  EXPECT_DOUBLE_EQ(exec::cached_probe(caps)->rates.flops_per_s, a.rates.flops_per_s);
   // A run within 2x of its estimate keeps the cache; one off by more drops it.
   EXPECT_EQ(exec::forget_if_off(caps, 150.0, 100.0), "");
   EXPECT_EQ(exec::forget_if_off(caps, 60.0, 100.0), "");
@@ -280,23 +280,23 @@ TEST(MeasuredBudget, ProbeMeasuresAndCachesPerDevice) {
 // 7% of the matmul peak), and accept this machine's own.
 TEST(MeasuredBudget, ProbeSanityBounds) {
   exec::ProbeResult r;
-  r.flops_per_s = 3.4e9;
-  r.flops_per_s_f32 = 2.0e11;
-  r.bytes_per_s = 2.7e10;
-  r.host_bytes_per_s = 1.5e10;
-  r.launch_s = r.launch_gap_s = 1.8e-6;
-  r.attention_ratio = 0.72;
-  r.attention_ratio_ragged = 0.74;
+  r.rates.flops_per_s = 3.4e9;
+  r.rates.flops_per_s_f32 = 2.0e11;
+  r.rates.bytes_per_s = 2.7e10;
+  r.rates.host_bytes_per_s = 1.5e10;
+  r.rates.launch_s = r.rates.launch_gap_s = 1.8e-6;
+  r.rates.attention_ratio = 0.72;
+  r.rates.attention_ratio_ragged = 0.74;
   EXPECT_TRUE(exec::sanity_problems(r, false).empty());
-  r.attention_ratio = 0.068;
+  r.rates.attention_ratio = 0.068;
   const auto bad = exec::sanity_problems(r, false);
   ASSERT_FALSE(bad.empty());
   EXPECT_NE(bad.front().find("attention_ratio 0.068"), std::string::npos) << bad.front();
-  r.attention_ratio = 0.72;
-  r.launch_s = 5e-3;  // 5 ms per one-element addition
+  r.rates.attention_ratio = 0.72;
+  r.rates.launch_s = 5e-3;  // 5 ms per one-element addition
   EXPECT_FALSE(exec::sanity_problems(r, false).empty());
-  r.launch_s = 1.8e-6;
-  r.flops_per_s_f32 = 1e12;  // fp32 300x the 16-bit rate
+  r.rates.launch_s = 1.8e-6;
+  r.rates.flops_per_s_f32 = 1e12;  // fp32 300x the 16-bit rate
   EXPECT_FALSE(exec::sanity_problems(r, false).empty());
   EXPECT_FALSE(exec::sanity_problems(r, true).empty());  // and far below any GPU
 }
@@ -309,11 +309,11 @@ TEST(MeasuredBudget, CudaSweepWithProbedRates) {
   const at::Device d = exec::pick_device("cuda");
   auto dev = exec::describe_device(d);
   const exec::ProbeResult pr = exec::probe_device(d, dev, false);
-  std::cout << "probe " << pr.key << ": " << pr.flops_per_s / 1e12 << " TFLOP/s 16-bit, " << pr.flops_per_s_f32 / 1e12
-            << " TFLOP/s fp32, " << pr.bytes_per_s / 1e12 << " TB/s, " << pr.launch_s * 1e6 << " us/op, k "
-            << pr.gemm_half_rows << " rows; " << pr.probe_ms << " ms\n";
-  for (double v : {pr.flops_per_s, pr.flops_per_s_f32, pr.bytes_per_s, pr.launch_s}) EXPECT_GT(v, 0);
-  exec::apply_rates(pr, dev);
+  std::cout << "probe " << pr.key << ": " << pr.rates.flops_per_s / 1e12 << " TFLOP/s 16-bit, " << pr.rates.flops_per_s_f32 / 1e12
+            << " TFLOP/s fp32, " << pr.rates.bytes_per_s / 1e12 << " TB/s, " << pr.rates.launch_s * 1e6 << " us/op, k "
+            << pr.rates.gemm_half_rows << " rows; " << pr.probe_ms << " ms\n";
+  for (double v : {pr.rates.flops_per_s, pr.rates.flops_per_s_f32, pr.rates.bytes_per_s, pr.rates.launch_s}) EXPECT_GT(v, 0);
+  dev.rates = pr.rates;
 
   auto cfg = models::demo_config();
   cfg.dtype = ir::DType::BF16;

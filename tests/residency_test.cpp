@@ -76,7 +76,7 @@ models::Instance instance(const contracts::Registry& reg, int layers, const std:
 
 contracts::DeviceCaps cpu_caps() {
   contracts::DeviceCaps dev = exec::describe_device(at::Device(at::kCPU));
-  dev.host_bytes_per_s = 1e9;  // fixed rates: the arithmetic below does not depend on a probe
+  dev.rates.host_bytes_per_s = 1e9;  // fixed rates: the arithmetic below does not depend on a probe
   return dev;
 }
 

@@ -54,7 +54,7 @@ int bench(const Args& a) {
   auto caps = exec::describe_device(d);
   if (a.row_kernels == "aten") caps.fused_row_kernels = contracts::Cap::No;
   exec::install_cpu_meter();
-  exec::apply_rates(exec::probe_device(d, caps), caps);  // the chooser compares estimated times
+  caps.rates = exec::probe_device(d, caps).rates;  // the chooser compares estimated times
   report::BenchOptions opt;
   opt.reps = a.reps;
   opt.tiny = a.tiny;

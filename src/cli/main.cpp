@@ -133,7 +133,7 @@ models::ModelConfig config_from(const ModelArgs& a, const contracts::Registry& r
 // The chooser compares estimated times: the device's rates are measured once (cached per
 // device) first.
 plan::Options plan_options(const ModelArgs& a, contracts::DeviceCaps& dev, const at::Device& d) {
-  exec::apply_rates(exec::probe_device(d, dev), dev);
+  dev.rates = exec::probe_device(d, dev).rates;
   plan::Options o;
   o.token_chunk = a.chunk;
   o.feature_slice = a.feature_slice;

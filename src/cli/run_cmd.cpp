@@ -65,7 +65,7 @@ int run(const Args& a) {
   // Under a device-memory budget the weights are read into host memory; the residency moves
   // what stays on the device there once it is planned.
   const bool residency = !a.device_memory.empty() || !a.resident_blocks.empty();
-  exec::apply_rates(exec::probe_device(d, dev), dev);  // the chooser compares estimated times
+  dev.rates = exec::probe_device(d, dev).rates;  // the chooser compares estimated times
   // Before any weight is read: the model at its geometry from the checkpoint's header
   // (cli/checkpoint_model.hpp), and whether the run can fit at all (report/feasibility.hpp).
   const MetaModel mm = [&] {

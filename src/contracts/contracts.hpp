@@ -145,6 +145,52 @@ struct PatchCaps {
   bool touches(TensorRole r) const { return reads.count(r) != 0 || modifies.count(r) != 0; }
 };
 
+// Rates of the time estimate (plan/cost.hpp), measured by exec/device/probe.hpp; 0 means not
+// measured, and the cost model uses its documented defaults for the device kind. A new rate
+// is a member here and an entry of kRateFields, and its measurement in the probe.
+struct Rates {
+  double flops_per_s = 0;      // dense matmul throughput in 16-bit floats (bf16, fp16)
+  double flops_per_s_f32 = 0;  // dense matmul throughput in fp32 (fp64 is taken as half)
+  double bytes_per_s = 0;      // memory bandwidth: bytes read + written per second by a large copy
+  double launch_s = 0;         // fixed cost of one small operation: dispatch and kernel launch
+  double launch_gap_s = 0;     // the device's own cost of one, with the host ahead of it (a GPU)
+  double gemm_half_rows = 0;   // rows at which a matmul reaches half its peak (efficiency rows/(rows+k))
+  double gemm_probe_cols = 0;  // output features of the matmuls that curve was taken at (0: rows alone)
+  double attention_ratio = 0;  // attention (SDPA) throughput as a fraction of the matmul peak
+  double attention_ratio_ragged = 0;  // the same for a K/V length that is not a multiple of 128
+  double attention_call_tiles = 0;    // time one attention call loses besides its waves, in tiles
+  double row_bytes_per_s = 0;   // bandwidth of the fused norm + modulation kernel (bytes read + written)
+  double qk_bytes_per_s = 0;    // bandwidth of the fused Q/K norm + RoPE kernel (bytes read + written)
+  double host_bytes_per_s = 0;  // copies from pinned host memory onto the device (bytes per second)
+  bool operator==(const Rates&) const = default;
+};
+
+// Each rate once: its name (the probe's JSON cache and `streamplan probe`), its member, how
+// `streamplan probe` prints it, and whether a measured probe always has it above 0 (else it
+// may be 0: not applicable on the device).
+struct RateField {
+  const char* name;
+  double Rates::*member;
+  const char* unit;
+  double scale;
+  bool positive;
+};
+inline constexpr RateField kRateFields[] = {
+    {"flops_per_s", &Rates::flops_per_s, "GFLOP/s (16-bit matmul peak)", 1e9, true},
+    {"flops_per_s_f32", &Rates::flops_per_s_f32, "GFLOP/s (fp32 matmul peak)", 1e9, true},
+    {"gemm_half_rows", &Rates::gemm_half_rows, "rows at half the peak", 1, false},
+    {"gemm_probe_cols", &Rates::gemm_probe_cols, "output features of those matmuls", 1, true},
+    {"bytes_per_s", &Rates::bytes_per_s, "GB/s (copy)", 1e9, true},
+    {"host_bytes_per_s", &Rates::host_bytes_per_s, "GB/s (host to device)", 1e9, true},
+    {"launch_s", &Rates::launch_s, "us per operation", 1e-6, true},
+    {"launch_gap_s", &Rates::launch_gap_s, "us per operation on the device", 1e-6, true},
+    {"attention_ratio", &Rates::attention_ratio, "of the matmul peak", 1, true},
+    {"attention_ratio_ragged", &Rates::attention_ratio_ragged, "of the matmul peak (ragged K/V)", 1, false},
+    {"attention_call_tiles", &Rates::attention_call_tiles, "tiles per call", 1, false},
+    {"row_bytes_per_s", &Rates::row_bytes_per_s, "GB/s (fused row kernels)", 1e9, false},
+    {"qk_bytes_per_s", &Rates::qk_bytes_per_s, "GB/s (fused Q/K norm + RoPE)", 1e9, false},
+};
+
 struct DeviceCaps {
   std::string name;
   DeviceKind kind = DeviceKind::CPU;
@@ -156,21 +202,7 @@ struct DeviceCaps {
   int compute_units = 0;
   // CUDA's caching allocator rounds each block up; CPU allocations are exact.
   int64_t alloc_round = 1;
-  // Rates of the time estimate (plan/cost.hpp), measured by exec/device/probe.hpp; 0 means not
-  // measured, and the cost model uses its documented defaults for the device kind.
-  double flops_per_s = 0;      // dense matmul throughput in 16-bit floats (bf16, fp16)
-  double flops_per_s_f32 = 0;  // dense matmul throughput in fp32 (fp64 is taken as half)
-  double bytes_per_s = 0;      // memory bandwidth: bytes read + written per second by a large copy
-  double launch_s = 0;         // fixed cost of one small operation: dispatch and kernel launch
-  double launch_gap_s = 0;     // the device's own cost of one, with the host ahead of it (a GPU)
-  double gemm_half_rows = 0;   // rows at which a matmul reaches half its peak (efficiency rows/(rows+k))
-  double gemm_probe_cols = 0;  // output features of the matmuls that curve was taken at (0: rows alone)
-  double attention_ratio = 0;  // attention (SDPA) throughput as a fraction of the matmul peak
-  double attention_ratio_ragged = 0;  // the same for a K/V length that is not a multiple of 128
-  double attention_call_tiles = 0;    // time one attention call loses besides its waves, in tiles
-  double row_bytes_per_s = 0;  // bandwidth of the fused norm + modulation kernel (bytes read + written)
-  double qk_bytes_per_s = 0;   // bandwidth of the fused Q/K norm + RoPE kernel (bytes read + written)
-  double host_bytes_per_s = 0;  // copies from pinned host memory onto the device (bytes per second)
+  Rates rates;  // of the time estimate; 0 where not measured
   // One-pass row kernels: norm + modulation into the activation dtype, and Q/K norm + RoPE
   // into the attention layout (exec/kernels/fused.hpp). Yes drops the fp32 staging buffers.
   Cap fused_row_kernels = Cap::Unknown;

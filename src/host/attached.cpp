@@ -108,7 +108,7 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
   }
   lora_ = models::load_loras(options_.loras, rec_.config, exec::to_aten(dtype_), options_.streams() ? held_on : device_);
   dev_ = exec::describe_device(device_);
-  exec::apply_rates(exec::probe_device(device_, dev_), dev_);
+  dev_.rates = exec::probe_device(device_, dev_).rates;
 }
 
 at::Tensor Attached::forward(const models::TensorMap& raw) {

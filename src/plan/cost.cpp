@@ -10,20 +10,20 @@ using ir::DType;
 
 double Rates::flops(DType dt) const {
   switch (dt) {
-    case DType::F32: return flops_f32;
-    case DType::F64: return flops_f32 / 2;
+    case DType::F32: return flops_per_s_f32;
+    case DType::F64: return flops_per_s_f32 / 2;
     // 8-bit tensor cores (a format's native GEMM): twice the 16-bit rate, not probed.
     case DType::I8:
-    case DType::F8E4M3: return 2 * flops_f16;
-    default: return flops_f16;
+    case DType::F8E4M3: return 2 * flops_per_s;
+    default: return flops_per_s;
   }
 }
 
 Rates default_rates(contracts::DeviceKind kind) {
   Rates r;
   const bool gpu = kind == contracts::DeviceKind::CUDA;
-  r.flops_f16 = gpu ? 700e12 : 50e9;
-  r.flops_f32 = gpu ? 50e12 : 50e9;
+  r.flops_per_s = gpu ? 700e12 : 50e9;
+  r.flops_per_s_f32 = gpu ? 50e12 : 50e9;
   r.bytes_per_s = gpu ? 3.5e12 : 10e9;
   r.launch_s = gpu ? 8e-6 : 5e-6;
   r.launch_gap_s = gpu ? 2e-6 : r.launch_s;
@@ -36,22 +36,8 @@ Rates default_rates(contracts::DeviceKind kind) {
 
 Rates rates_of(const contracts::DeviceCaps& dev) {
   Rates r = default_rates(dev.kind);
-  auto take = [](double measured, double& into) {
-    if (measured > 0) into = measured;
-  };
-  take(dev.flops_per_s, r.flops_f16);
-  take(dev.flops_per_s_f32, r.flops_f32);
-  take(dev.bytes_per_s, r.bytes_per_s);
-  take(dev.launch_s, r.launch_s);
-  take(dev.launch_gap_s, r.launch_gap_s);
-  take(dev.gemm_half_rows, r.gemm_half_rows);
-  take(dev.gemm_probe_cols, r.gemm_probe_cols);
-  take(dev.attention_ratio, r.attention_ratio);
-  take(dev.attention_ratio_ragged, r.attention_ratio_ragged);
-  take(dev.attention_call_tiles, r.attention_call_tiles);
-  take(dev.row_bytes_per_s, r.row_bytes_per_s);
-  take(dev.qk_bytes_per_s, r.qk_bytes_per_s);
-  take(dev.host_bytes_per_s, r.host_bytes_per_s);
+  for (const auto& f : contracts::kRateFields)
+    if (dev.rates.*f.member > 0) r.*f.member = dev.rates.*f.member;
   r.compute_units = dev.compute_units;
   return r;
 }

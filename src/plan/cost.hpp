@@ -35,21 +35,9 @@
 
 namespace sp::plan {
 
-struct Rates {
-  double flops_f16 = 0;       // matmul FLOP/s in bf16 / fp16
-  double flops_f32 = 0;       // matmul FLOP/s in fp32 (fp64: half)
-  double bytes_per_s = 0;     // bandwidth (bytes read + written)
-  double launch_s = 0;        // per operation, on the host (dispatch and launch)
-  double launch_gap_s = 0;    // per operation, on the device with the host ahead of it
-  double gemm_half_rows = 0;  // k of the efficiency rows/(rows + k)
-  double gemm_probe_cols = 0;  // output features k was measured at (0: k is in rows whatever the width)
-  double attention_ratio = 1;  // attention FLOP/s as a fraction of the matmul's
-  double attention_ratio_ragged = 0;  // ... with a K/V length not a multiple of 128 (0: attention_ratio)
-  double attention_call_tiles = 0;    // per attention call (GPU): the time of this many of its tiles more
-  double row_bytes_per_s = 0;  // bandwidth of the fused norm kernel (0: bytes_per_s)
-  double qk_bytes_per_s = 0;   // bandwidth of the fused Q/K norm + RoPE kernel (0: bytes_per_s)
-  int compute_units = 0;       // GPU multiprocessors (attention_efficiency); 0: none
-  double host_bytes_per_s = 0;  // copies from (pinned) host memory onto the device: bytes per second
+// The rates the estimate runs on: the device's measured ones, defaults for the others.
+struct Rates : contracts::Rates {
+  int compute_units = 0;  // GPU multiprocessors (attention_efficiency); 0: none
   double flops(ir::DType dt) const;
 };
 

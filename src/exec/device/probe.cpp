@@ -27,7 +27,7 @@ namespace sp::exec {
 
 namespace {
 
-constexpr int kCacheVersion = 10;
+constexpr int kCacheVersion = 11;
 
 using Clock = std::chrono::steady_clock;
 
@@ -120,18 +120,13 @@ std::pair<double, double> fit_efficiency(const std::vector<std::pair<int64_t, do
 }
 
 nlohmann::json cache_json(const ProbeResult& r) {
-  return {{"version", kCacheVersion},        {"key", r.key},
-          {"flops_per_s", r.flops_per_s},    {"flops_per_s_f32", r.flops_per_s_f32},
-          {"bytes_per_s", r.bytes_per_s},    {"launch_s", r.launch_s}, {"launch_gap_s", r.launch_gap_s},
-          {"gemm_half_rows", r.gemm_half_rows}, {"gemm_cols", r.gemm_cols},
-          {"attention_ratio", r.attention_ratio},
-          {"attention_ratio_ragged", r.attention_ratio_ragged}, {"attention_call_tiles", r.attention_call_tiles},
-          {"row_bytes_per_s", r.row_bytes_per_s}, {"qk_bytes_per_s", r.qk_bytes_per_s},
-          {"host_bytes_per_s", r.host_bytes_per_s}, {"probe_ms", r.probe_ms}};
+  nlohmann::json j{{"version", kCacheVersion}, {"key", r.key}, {"probe_ms", r.probe_ms}};
+  for (const auto& f : contracts::kRateFields) j[f.name] = r.rates.*f.member;
+  return j;
 }
 
 // A cached result, or nothing when the file is missing, unreadable, of another version or
-// device, or holds a non-positive rate.
+// device, or lacks a rate a measured probe always has.
 bool read_cache(const std::string& path, const std::string& key, ProbeResult& r) {
   std::ifstream f(path);
   if (!f) return false;
@@ -139,25 +134,16 @@ bool read_cache(const std::string& path, const std::string& key, ProbeResult& r)
     const nlohmann::json j = nlohmann::json::parse(f);
     if (j.at("version").get<int>() != kCacheVersion || j.at("key").get<std::string>() != key) return false;
     r.key = key;
-    r.flops_per_s = j.at("flops_per_s").get<double>();
-    r.flops_per_s_f32 = j.at("flops_per_s_f32").get<double>();
-    r.bytes_per_s = j.at("bytes_per_s").get<double>();
-    r.launch_s = j.at("launch_s").get<double>();
-    r.launch_gap_s = j.at("launch_gap_s").get<double>();
-    r.gemm_half_rows = j.at("gemm_half_rows").get<double>();
-    r.gemm_cols = j.at("gemm_cols").get<double>();
-    r.attention_ratio = j.at("attention_ratio").get<double>();
-    r.attention_ratio_ragged = j.at("attention_ratio_ragged").get<double>();
-    r.attention_call_tiles = j.at("attention_call_tiles").get<double>();
-    r.row_bytes_per_s = j.at("row_bytes_per_s").get<double>();
-    r.qk_bytes_per_s = j.at("qk_bytes_per_s").get<double>();
-    r.host_bytes_per_s = j.at("host_bytes_per_s").get<double>();
+    for (const auto& field : contracts::kRateFields) {
+      const double v = j.at(field.name).get<double>();
+      if (field.positive ? !(v > 0) : !(v >= 0)) return false;
+      r.rates.*field.member = v;
+    }
     r.probe_ms = j.value("probe_ms", 0.0);
   } catch (const nlohmann::json::exception&) {
     return false;
   }
-  return r.flops_per_s > 0 && r.flops_per_s_f32 > 0 && r.bytes_per_s > 0 && r.launch_s > 0 && r.launch_gap_s > 0 && r.gemm_half_rows >= 0 && r.gemm_cols > 0 &&
-         r.attention_ratio > 0 && r.attention_call_tiles >= 0 && r.host_bytes_per_s > 0;
+  return true;
 }
 
 // mkdir -p; POSIX calls rather than std::filesystem, whose symbols libtorch also exports.
@@ -223,11 +209,11 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
   {
     const auto o = at::TensorOptions().dtype(at::kByte).device(d);
     at::Tensor src = at::zeros({bytes}, o), dst = at::empty({bytes}, o);
-    r.bytes_per_s = 2.0 * double(bytes) / median_seconds(d, 1, [&] { dst.copy_(src); });
+    r.rates.bytes_per_s = 2.0 * double(bytes) / median_seconds(d, 1, [&] { dst.copy_(src); });
     // Host to device (weights streamed from host memory): from pinned memory, asynchronously,
     // as the residency's loads copy. On the CPU the same copy within host memory.
     at::Tensor host = at::zeros({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(gpu));
-    r.host_bytes_per_s = double(bytes) / median_seconds(d, 1, [&] { dst.copy_(host, /*non_blocking=*/true); });
+    r.rates.host_bytes_per_s = double(bytes) / median_seconds(d, 1, [&] { dst.copy_(host, /*non_blocking=*/true); });
   }
   // Matmuls. A GPU needs wide weights to reach its peak, and its efficiency curve is taken
   // in the 16-bit dtype large models run in. A CPU is near its peak early and slow, so its
@@ -252,18 +238,18 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
     // out. A CPU's matmuls work from its caches.
     const double flops = 2.0 * double(r0) * double(n) * double(n);
     const double moved = double(2 * r0 * n + n * n) * double(at::elementSize(curve));
-    if (!gpu || moved / r.bytes_per_s < 0.5 * flops / rate || r0 == rows.back()) pts.push_back({r0, rate});
+    if (!gpu || moved / r.rates.bytes_per_s < 0.5 * flops / rate || r0 == rows.back()) pts.push_back({r0, rate});
   }
   const auto [peak, k] = fit_efficiency(pts);
-  r.gemm_half_rows = k;
-  r.gemm_cols = double(n);
+  r.rates.gemm_half_rows = k;
+  r.rates.gemm_probe_cols = double(n);
   auto scaled = [k = k](double rate, int64_t at_rows) { return rate * (double(at_rows) + k) / double(at_rows); };
   if (gpu) {
-    r.flops_per_s = peak;
-    r.flops_per_s_f32 = scaled(gemm_rate(d, at::kFloat, rows.back(), n, per_timing), rows.back());
+    r.rates.flops_per_s = peak;
+    r.rates.flops_per_s_f32 = scaled(gemm_rate(d, at::kFloat, rows.back(), n, per_timing), rows.back());
   } else {
-    r.flops_per_s_f32 = peak;
-    r.flops_per_s = scaled(gemm_rate(d, half, 256, 256, 0), 256);
+    r.rates.flops_per_s_f32 = peak;
+    r.rates.flops_per_s = scaled(gemm_rate(d, half, 256, 256, 0), 256);
   }
 
   // Attention: the SDPA kernel large models run (16-bit on a GPU, fp32 on a CPU) on a slab of
@@ -296,7 +282,7 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
   };
   // t(calls) = F / (peak · ratio) · (1 / eff(q / calls) + calls · c · units / tiles(q)), with
   // c the tiles a call loses: two timings give c and the ratio.
-  const double peak16 = gpu ? r.flops_per_s : r.flops_per_s_f32;
+  const double peak16 = gpu ? r.rates.flops_per_s : r.rates.flops_per_s_f32;
   const double e1 = plan::attention_efficiency(q, heads, units);
   const double a = units > 0 ? double(units) / double((q + plan::kAttentionTileRows - 1) / plan::kAttentionTileRows * heads) : 0;
   auto ratio_of = [&](int64_t kv, double t1, double c) {
@@ -308,21 +294,21 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
   if (gpu && units > 0) {
     const double t4 = attention_seconds(kv, 4), ratio = t4 / t1;
     const double e4 = plan::attention_efficiency(q / 4, heads, units);
-    if (ratio < 4.0) r.attention_call_tiles = std::max(0.0, (ratio / e1 - 1.0 / e4) / (a * (4.0 - ratio)));
+    if (ratio < 4.0) r.rates.attention_call_tiles = std::max(0.0, (ratio / e1 - 1.0 / e4) / (a * (4.0 - ratio)));
   }
-  r.attention_ratio = ratio_of(kv, t1, r.attention_call_tiles);
-  r.attention_ratio_ragged = ratio_of(kv + 37, attention_seconds(kv + 37, 1), r.attention_call_tiles);
+  r.rates.attention_ratio = ratio_of(kv, t1, r.rates.attention_call_tiles);
+  r.rates.attention_ratio_ragged = ratio_of(kv + 37, attention_seconds(kv + 37, 1), r.rates.attention_call_tiles);
   // The fused row kernels' bandwidth: norm + modulation of a slab of wide 16-bit rows.
   if (gpu && fused::fused_rows_built()) {
     const auto o = at::TensorOptions().dtype(half).device(d);
     at::Tensor x = at::randn({8192, 5120}, o), out = at::empty({8192, 5120}, o), w = at::ones({5120}, o);
     const double moved = 2.0 * double(x.nbytes());
-    r.row_bytes_per_s = moved / median_seconds(d, 8, [&] { fused::norm_modulate(x, out, {true, 1e-6, w, {}}, {}, {}); });
+    r.rates.row_bytes_per_s = moved / median_seconds(d, 8, [&] { fused::norm_modulate(x, out, {true, 1e-6, w, {}}, {}, {}); });
     // Q/K norm per head + split-half RoPE on 96 of 128 dims, written head-major.
     const int64_t heads = 40, hd = 128, rot = 96;
     at::Tensor qk = at::randn({8192, heads * hd}, o), dst = at::empty({heads, 8192, hd}, o), qw = at::ones({hd}, o);
     at::Tensor cs = at::ones({8192, rot / 2}, o.dtype(at::kFloat)), sn = at::zeros({8192, rot / 2}, o.dtype(at::kFloat));
-    r.qk_bytes_per_s = 2.0 * double(qk.nbytes()) / median_seconds(d, 8, [&] {
+    r.rates.qk_bytes_per_s = 2.0 * double(qk.nbytes()) / median_seconds(d, 8, [&] {
       fused::qk_norm_rope(qk, dst.transpose(0, 1), ir::QkNormKind::PerHead, 1e-6, qw, {ir::RopeStyle::SplitHalf, rot, cs, sn});
     });
   }
@@ -332,8 +318,8 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
   // ahead of its kernels costs its device time (plan/cost.hpp).
   {
     at::Tensor t = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(d));
-    r.launch_s = median_seconds(d, 200, [&] { t.add_(1.0); });
-    r.launch_gap_s = r.launch_s;
+    r.rates.launch_s = median_seconds(d, 200, [&] { t.add_(1.0); });
+    r.rates.launch_gap_s = r.rates.launch_s;
     if (gpu) {
       const auto o = at::TensorOptions().dtype(half).device(d);
       at::Tensor a = at::randn({8192, 4096}, o), w = at::randn({4096, 4096}, o), out = at::empty({8192, 4096}, o);
@@ -344,7 +330,7 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
         for (int i = 0; i < kOps; ++i) t.add_(1.0);
         const Mark stop(d);
         synchronize(d);
-        r.launch_gap_s = std::min(r.launch_gap_s, std::max(start.ms_until(stop) / 1e3 / kOps, 1e-9));
+        r.rates.launch_gap_s = std::min(r.rates.launch_gap_s, std::max(start.ms_until(stop) / 1e3 / kOps, 1e-9));
       }
     }
   }
@@ -366,23 +352,23 @@ std::vector<std::string> sanity_problems(const ProbeResult& r, bool gpu) {
   };
   // Physical limits, wide: no device of either kind falls outside them.
   const double flops_hi = gpu ? 1e16 : 1e14;
-  within("flops_per_s", r.flops_per_s, gpu ? 1e12 : 2e8, flops_hi, "GFLOP/s", 1e9);
-  within("flops_per_s_f32", r.flops_per_s_f32, gpu ? 1e11 : 2e8, flops_hi, "GFLOP/s", 1e9);
-  within("bytes_per_s", r.bytes_per_s, gpu ? 1e11 : 5e8, 5e13, "GB/s", 1e9);
-  within("launch_s", r.launch_s, 2e-7, 2e-3, "us", 1e-6);
-  within("host_bytes_per_s", r.host_bytes_per_s, 1e8, 5e12, "GB/s", 1e9);
+  within("flops_per_s", r.rates.flops_per_s, gpu ? 1e12 : 2e8, flops_hi, "GFLOP/s", 1e9);
+  within("flops_per_s_f32", r.rates.flops_per_s_f32, gpu ? 1e11 : 2e8, flops_hi, "GFLOP/s", 1e9);
+  within("bytes_per_s", r.rates.bytes_per_s, gpu ? 1e11 : 5e8, 5e13, "GB/s", 1e9);
+  within("launch_s", r.rates.launch_s, 2e-7, 2e-3, "us", 1e-6);
+  within("host_bytes_per_s", r.rates.host_bytes_per_s, 1e8, 5e12, "GB/s", 1e9);
   // Related rates. SDPA runs matmuls of the same dtype with a softmax between: between 20%
   // and 150% of the matmul peak (the noisy probes seen gave 7%), and with a ragged K/V length
   // not faster than without, nor 20 times slower. On a GPU fp32 matmuls are not faster than
   // twice the 16-bit ones nor 64 times slower; a CPU may emulate 16-bit matmuls (this
   // project's CPU machine: 29 times slower than fp32), not beyond 200 times. A GPU's launch gap
   // is not above the host's cost of the operation.
-  within("attention_ratio", r.attention_ratio, 0.2, 1.5, "of the matmul peak", 1.0);
-  if (r.attention_ratio > 0)
-    within("attention_ratio_ragged / attention_ratio", r.attention_ratio_ragged / r.attention_ratio, 0.05, 1.1, "", 1.0);
-  if (r.flops_per_s > 0)
-    within("flops_per_s_f32 / flops_per_s", r.flops_per_s_f32 / r.flops_per_s, 1.0 / 64, gpu ? 2.0 : 200.0, "", 1.0);
-  if (gpu && r.launch_s > 0) within("launch_gap_s / launch_s", r.launch_gap_s / r.launch_s, 0.0, 1.5, "", 1.0);
+  within("attention_ratio", r.rates.attention_ratio, 0.2, 1.5, "of the matmul peak", 1.0);
+  if (r.rates.attention_ratio > 0)
+    within("attention_ratio_ragged / attention_ratio", r.rates.attention_ratio_ragged / r.rates.attention_ratio, 0.05, 1.1, "", 1.0);
+  if (r.rates.flops_per_s > 0)
+    within("flops_per_s_f32 / flops_per_s", r.rates.flops_per_s_f32 / r.rates.flops_per_s, 1.0 / 64, gpu ? 2.0 : 200.0, "", 1.0);
+  if (gpu && r.rates.launch_s > 0) within("launch_gap_s / launch_s", r.rates.launch_gap_s / r.rates.launch_s, 0.0, 1.5, "", 1.0);
   return out;
 }
 
@@ -462,18 +448,8 @@ std::string probe_text(const ProbeResult& r) {
     os << b;
   };
   os << "device rates for " << r.key << "\n";
-  line("flops_per_s", r.flops_per_s, "GFLOP/s (16-bit matmul peak)", 1e9);
-  line("flops_per_s_f32", r.flops_per_s_f32, "GFLOP/s (fp32 matmul peak)", 1e9);
-  line("gemm_half_rows", r.gemm_half_rows, "rows at half the peak", 1);
-  line("bytes_per_s", r.bytes_per_s, "GB/s (copy)", 1e9);
-  line("host_bytes_per_s", r.host_bytes_per_s, "GB/s (host to device)", 1e9);
-  line("launch_s", r.launch_s, "us per operation", 1e-6);
-  line("launch_gap_s", r.launch_gap_s, "us per operation on the device", 1e-6);
-  line("attention_ratio", r.attention_ratio, "of the matmul peak", 1);
-  line("attention_ratio_ragged", r.attention_ratio_ragged, "of the matmul peak (ragged K/V)", 1);
-  line("attention_call_tiles", r.attention_call_tiles, "tiles per call", 1);
-  if (r.row_bytes_per_s > 0) line("row_bytes_per_s", r.row_bytes_per_s, "GB/s (fused row kernels)", 1e9);
-  if (r.qk_bytes_per_s > 0) line("qk_bytes_per_s", r.qk_bytes_per_s, "GB/s (fused Q/K norm + RoPE)", 1e9);
+  for (const auto& f : contracts::kRateFields)
+    if (f.positive || r.rates.*f.member > 0) line(f.name, r.rates.*f.member, f.unit, f.scale);
   line("probe_ms", r.probe_ms, "ms to measure", 1);
   if (r.from_cache) os << "  from the cache " << r.cache_path << "\n";
   else if (r.cached) os << "  measured now (" << r.attempts << (r.attempts == 1 ? " probe" : " probes") << "), cached in " << r.cache_path << "\n";
@@ -485,20 +461,5 @@ std::string probe_text(const ProbeResult& r) {
   return os.str();
 }
 
-void apply_rates(const ProbeResult& r, contracts::DeviceCaps& caps) {
-  caps.flops_per_s = r.flops_per_s;
-  caps.flops_per_s_f32 = r.flops_per_s_f32;
-  caps.bytes_per_s = r.bytes_per_s;
-  caps.launch_s = r.launch_s;
-  caps.launch_gap_s = r.launch_gap_s;
-  caps.gemm_half_rows = r.gemm_half_rows;
-  caps.gemm_probe_cols = r.gemm_cols;
-  caps.attention_ratio = r.attention_ratio;
-  caps.attention_ratio_ragged = r.attention_ratio_ragged;
-  caps.attention_call_tiles = r.attention_call_tiles;
-  caps.row_bytes_per_s = r.row_bytes_per_s;
-  caps.qk_bytes_per_s = r.qk_bytes_per_s;
-  caps.host_bytes_per_s = r.host_bytes_per_s;
-}
 
 }  // namespace sp::exec

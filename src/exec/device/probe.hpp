@@ -22,7 +22,7 @@
 //     at::Device d = sp::exec::pick_device("auto");
 //     sp::contracts::DeviceCaps caps = sp::exec::describe_device(d);
 //     sp::exec::ProbeResult r = sp::exec::probe_device(d, caps);   // cached after the first call
-//     sp::exec::apply_rates(r, caps);                              // caps.flops_per_s, ... set
+//     caps.rates = r.rates;                                        // the estimate runs on them
 #pragma once
 
 #include <ATen/ATen.h>
@@ -39,19 +39,7 @@ namespace sp::exec {
 
 struct ProbeResult {
   std::string key;               // sanitized device key (file name part)
-  double flops_per_s = 0;        // bf16 (fp16 where bf16 is unsupported) matmul peak
-  double flops_per_s_f32 = 0;    // fp32 matmul peak
-  double bytes_per_s = 0;        // copy bandwidth, bytes read + written
-  double launch_s = 0;           // per small operation, dispatched and run
-  double launch_gap_s = 0;       // per small operation on the device, the host ahead (CPU: launch_s)
-  double gemm_half_rows = 0;     // k of rows / (rows + k)
-  double gemm_cols = 0;          // output features of the matmuls k was measured at
-  double attention_ratio = 0;    // SDPA FLOP/s over the matmul peak, in the probe's dtype
-  double attention_ratio_ragged = 0;  // the same with a K/V length not a multiple of 128
-  double attention_call_tiles = 0;    // per call besides its waves, in its tiles (GPU; CPU: 0)
-  double row_bytes_per_s = 0;    // fused norm kernel bandwidth (0: none built / not a GPU)
-  double qk_bytes_per_s = 0;     // fused Q/K norm + RoPE kernel bandwidth (0: none built / not a GPU)
-  double host_bytes_per_s = 0;   // pinned host memory -> device copies (CPU: a copy within memory), bytes/s
+  contracts::Rates rates;        // what was measured (0: not applicable on the device)
   double probe_ms = 0;           // time the measurement took (as measured, also when cached)
   double other_cores = 0;        // CPU cores other processes kept busy meanwhile (/proc/stat; 0 where unknown)
   int attempts = 0;              // probes taken (more than 1: earlier ones were not trusted)
@@ -76,7 +64,6 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
 // The cached result when a valid one exists and use_cache; otherwise measures and (re)writes
 // the cache (a cache that cannot be written is skipped silently: it is only a shortcut).
 ProbeResult probe_device(const at::Device& d, const contracts::DeviceCaps& caps, bool use_cache = true);
-void apply_rates(const ProbeResult& r, contracts::DeviceCaps& caps);
 
 // The cached result of the device, without measuring (nullopt when none is valid).
 std::optional<ProbeResult> cached_probe(const contracts::DeviceCaps& caps);
