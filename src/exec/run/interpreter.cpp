@@ -276,10 +276,12 @@ class Interpreter {
     const at::Tensor qf = operand(s.q), out = operand(s.out);
     const int64_t n = out.size(0);
     const auto& consumer = impl_of<ConsumerImpl>(reg_.consumer(s.consumer));
+    contracts::AttnCall call = s.call;
+    call.q_begin = row0();
     at::Tensor o4 = s.carried ? consumer.attend_carried(qf.unsqueeze(0), bufs_[size_t(s.k.buf)], operand(s.v).unsqueeze(0),
-                                                        s.scale, row0(), s.kv_rows)
+                                                        s.scale, call, s.kv_rows)
                               : consumer.attend_rows(qf.unsqueeze(0), operand(s.k).unsqueeze(0), operand(s.v).unsqueeze(0),
-                                                     s.scale, row0());
+                                                     s.scale, call);
     out.view({n, s.kv_heads, s.rep, s.head_dim}).copy_(o4.view({s.kv_heads, s.rep, n, s.head_dim}).permute({2, 0, 1, 3}));
   }
   void step(const LoraStep& s) {
