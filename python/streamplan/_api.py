@@ -291,7 +291,7 @@ class Handle:
     @property
     def plans(self) -> list[dict[str, Any]]:
         """One entry per geometry planned and kept (the streamplan.PLAN_CACHE_SIZE most recently
-        used): key, calls, estimated_peak_bytes, estimated_ms, floor_bytes, retry."""
+        used): key, calls, estimated_peak_bytes, floor_bytes, retry."""
         return list(self._attached.plans())
 
     @property

