@@ -2,9 +2,9 @@
 // weights without copies, and an attached planner computes what the canonical weights do.
 #include <gtest/gtest.h>
 
+#include "exec/consumers/consumer.hpp"
 #include "exec/registry.hpp"
 #include "host/attached.hpp"
-#include "host/slab_positions.hpp"
 #include "models/checkpoint.hpp"
 #include "models/families.hpp"
 #include "report/report.hpp"
@@ -116,29 +116,90 @@ TEST_F(Flux, BadOptionsAndModulesNameWhatIsWrong) {
   }
 }
 
-TEST_F(Flux, SlabPositionsFollowTheSublayersOfTheConsumer) {
-  auto w = std::make_shared<exec::TensorWeights>(&reg);
-  for (const auto& [name, t] : canonical) w->add(name, t);
-  const auto fr = models::prepare(config, *w, models::random_raw_inputs(config, {.tokens = 20, .text_tokens = 5}, 1),
-                                  ir::DType::F32, "sdpa");
-  host::SlabPositions pos("sdpa");
-  pos.reset(fr.model);  // 1 double + 2 single blocks, 25 query rows each
-  for (int64_t layer = 0; layer < 3; ++layer) {
-    const auto a = pos.next(16), b = pos.next(9);
-    EXPECT_EQ(a.layer, layer);
-    EXPECT_EQ(a.q_start, 0);
-    EXPECT_EQ(b.q_start, 16);
-    EXPECT_EQ(b.q_total, 25);
+// A consumer that records the arguments of its calls and attends as "math" does; a cost model
+// reading its work as the call's KV budget where the call routes video rows.
+struct Recording : exec::ConsumerImpl {
+  explicit Recording(const contracts::Registry& reg) : math(reg.consumer("math").impl) {}
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const override {
+    return dynamic_cast<const exec::ConsumerImpl&>(*math).attend(q, k, v, scale);
   }
-  pos.finish();
-  EXPECT_THROW(pos.next(1), std::logic_error);
-  pos.reset(fr.model);
-  pos.next(20);
-  EXPECT_THROW(pos.next(10), std::logic_error);  // past the sublayer's 25 rows
-  EXPECT_THROW(pos.finish(), std::logic_error);
-  host::SlabPositions other("math");
-  other.reset(fr.model);
-  other.finish();  // no sublayer uses it
+  at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                         const contracts::AttnCall& call) const override {
+    calls.push_back(call);
+    rows.push_back(q.size(2));
+    return attend(q, k, v, scale);
+  }
+  std::shared_ptr<const contracts::Impl> math;
+  mutable std::vector<contracts::AttnCall> calls;
+  mutable std::vector<int64_t> rows;
+};
+
+std::shared_ptr<Recording> add_recording(contracts::Registry& reg) {
+  auto impl = std::make_shared<Recording>(reg);
+  contracts::ConsumerCaps c = reg.consumer("math");
+  c.name = "recording";
+  c.impl = impl;
+  c.work_fraction = [](const contracts::AttnShape& s, const contracts::AttnCall& call) {
+    return call.routed(s.kv_rows) ? call.kv_budget : 1.0;
+  };
+  reg.add(c);
+  return impl;
+}
+
+// A host's consumer learns where each call lies from the attend step: the slab's first row
+// among its sublayer's query rows, their number and the block.
+TEST_F(Flux, ConsumersGetTheirSlabsPlaceFromTheAttendStep) {
+  const auto rec = add_recording(reg);
+  host::AttachOptions o;
+  o.consumer = "recording";
+  o.token_chunk = 16;
+  host::Attached a(tensors, recognize::sidecar_for(config), o, reg);
+  a.forward(models::random_raw_inputs(config, {.tokens = 20, .text_tokens = 5}, 1));
+  // 1 double + 2 single blocks, 25 query rows each, in slabs of 16 and 9.
+  ASSERT_EQ(rec->calls.size(), 6u);
+  for (int64_t layer = 0; layer < 3; ++layer)
+    for (int64_t i = 0; i < 2; ++i) {
+      const contracts::AttnCall& c = rec->calls[size_t(2 * layer + i)];
+      EXPECT_EQ(c.layer, layer);
+      EXPECT_EQ(c.q_begin - c.queries.begin, 16 * i);
+      EXPECT_EQ(rec->rows[size_t(2 * layer + i)], i == 0 ? 16 : 9);
+      EXPECT_EQ(c.queries.size(), 25);
+      EXPECT_EQ(c.kv_budget, 1.0);
+    }
+}
+
+// The KV budget is a plan input and part of the plan cache's key: each budget gets its own plan,
+// whose estimate follows it, and its calls get that budget; a budget used before finds its plan.
+TEST(AttachedWan, EachKvBudgetHasItsPlan) {
+  const auto config = recognize::preset("wan2.1-1.3b", 1, true);
+  const auto tensors = module_tensors(config, "diffusers", models::random_canonical(config, 5));
+  contracts::Registry reg = exec::builtin_registry();
+  const auto rec = add_recording(reg);
+  host::AttachOptions o;
+  o.consumer = "recording";
+  host::Attached a(tensors, recognize::sidecar_for(config), o, reg);
+  const auto raw = models::random_raw_inputs(config, {.tokens = 256, .text_tokens = 4}, 2);
+  a.forward(raw);
+  EXPECT_THROW(a.set_kv_budget(0.0), std::invalid_argument);
+  a.set_kv_budget(0.25);
+  a.forward(raw);
+  ASSERT_EQ(a.plans().size(), 2u);
+  const host::GeometryPlan& dense = *a.plans()[0];
+  const host::GeometryPlan& routed = *a.plans()[1];
+  EXPECT_NE(dense.key, routed.key);
+  EXPECT_NE(routed.key.find("kv budget 0.25"), std::string::npos) << routed.key;
+  EXPECT_EQ(routed.plan.kv_budget, 0.25);
+  EXPECT_LT(routed.plan.estimated_ms, dense.plan.estimated_ms);
+  // The self-attention calls of the second run route the video rows under 0.25.
+  bool routed_call = false;
+  for (size_t i = rec->calls.size() / 2; i < rec->calls.size(); ++i)
+    routed_call |= rec->calls[i].kv_budget == 0.25 && rec->calls[i].video.size() > 0;
+  EXPECT_TRUE(routed_call);
+  a.set_kv_budget(1.0);
+  a.forward(raw);
+  ASSERT_EQ(a.plans().size(), 2u);
+  EXPECT_EQ(a.last(), &dense);
+  EXPECT_EQ(dense.calls, 2);
 }
 
 }  // namespace

@@ -78,7 +78,7 @@ double rel_l2(const at::Tensor& o, const at::Tensor& ref) {
 int bench_attention(const Args& a) {
   const at::Device d = exec::pick_device(a.device);
   if (!d.is_cuda()) throw std::invalid_argument("bench-attention: needs a CUDA device, --device gave " + d.str());
-  auto reg = exec::builtin_registry();
+  const auto reg = exec::builtin_registry();
   nlohmann::json rows = nlohmann::json::array();
   for (const std::string& name : a.cases) {
     const auto it = std::find_if(attn_cases().begin(), attn_cases().end(), [&](const AttnCase& c) { return c.name == name; });
@@ -125,11 +125,13 @@ int bench_attention(const Args& a) {
     });
     row("int8", 1.0, int8_ms, rel_l2(o, ref), 1.0);
     for (double budget : a.budgets) {
-      exec::configure_sparse(reg, {.budget = budget, .video = {c.text_rows, c.tokens}, .rows = c.tokens});
       const auto& sparse = exec::impl_of<exec::ConsumerImpl>(reg.consumer("sparse"));
+      contracts::AttnCall call;
+      call.kv_budget = budget;
+      call.video = {c.text_rows, c.tokens};
       const double ms = time_ms(d, a.reps, [&] {
         exec::int8c::drop_carrier();
-        o = sparse.attend_rows(q, k, v, scale, 0);
+        o = sparse.attend_rows(q, k, v, scale, call);
       });
       const auto phases = exec::sparse_phases(reg);
       row("sparse", budget, ms, rel_l2(o, ref), phases.empty() ? 1.0 : phases.back().density());

@@ -72,7 +72,7 @@ int bench(const Args& a) {
   reg.consumer(opt.consumer);  // an unknown name is an error listing the known ones
   check_kv_options(*a.cmd, a.kv, opt.consumer);
   require_consumer_device(opt.consumer, d, opt.dtype);
-  if (opt.consumer == "sparse") exec::set_sparse_budget(reg.consumer("sparse"), kv_budget(a.kv));
+  if (opt.consumer == "sparse") opt.plan.kv_budget = kv_budget(a.kv);
   std::vector<int64_t> memories;
   std::stringstream list(a.device_memory);
   for (std::string item; std::getline(list, item, ',');) memories.push_back(plan::parse_budget(item));

@@ -72,6 +72,7 @@ int run(const Args& a) {
     const auto phase = progress.phase("building the model from the checkpoint's header");
     return meta_model(file, rec, a.inputs, a.geom, a.seed, dtype, consumer, reg);
   }();
+  const SparseRun sparse = prepare_sparse(consumer, mm.model, a.kv);
   const report::Fit fit = [&] {
     const auto phase = progress.phase("planning " + std::to_string(mm.model.blocks.size()) + " blocks against " +
                                       (d.is_cpu() ? "the host's memory" : "the device's memory"));
@@ -89,6 +90,7 @@ int run(const Args& a) {
     po.token_chunk = a.chunk;
     po.feature_slice = a.feature_slice;
     if (rq.budget_given) po.budget_bytes = plan::parse_budget(a.budget);
+    po.kv_budget = sparse.budget;
     return report::check_fit(mm.model, reg, dev, po, rq);
   }();
   if (mm.raw.empty()) throw plan::BudgetError("run: " + mm.note, 0, 0);
@@ -98,7 +100,6 @@ int run(const Args& a) {
   }();
   const models::TensorMap& raw = mm.raw;  // the inputs the check was made with
   models::FamilyRun fr = models::prepare_loaded(rec.config, *weights, reg, raw, dtype, consumer);
-  const SparseRun sparse = prepare_sparse(reg, consumer, fr.model, a.kv);
   if (residency)
     for (auto* group : {&fr.inputs.tokens, &fr.inputs.tables})
       for (auto& [name, t] : *group) t = t.to(d);
@@ -114,6 +115,7 @@ int run(const Args& a) {
   plan::Options po;
   po.token_chunk = a.chunk;
   po.feature_slice = a.feature_slice;
+  po.kv_budget = sparse.budget;
   // The chooser compares estimated times; an automatic budget is read once the weights and
   // inputs are resident.
   if (!a.budget.empty()) {

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "exec/consumers/int8_common.hpp"
+#include "exec/consumers/sparse.hpp"
 #include "exec/formats/weights.hpp"
 
 namespace sp::cli {
@@ -12,13 +13,14 @@ void require_consumer_device(const std::string& consumer, const at::Device& devi
   exec::int8c::require(consumer, at::empty({1, 1, 0, 64}, at::TensorOptions().dtype(exec::to_aten(dtype)).device(device)));
 }
 
-SparseRun prepare_sparse(contracts::Registry& reg, const std::string& consumer, const ir::Model& m, const KvArgs& kv) {
+SparseRun prepare_sparse(const std::string& consumer, const ir::Model& m, const KvArgs& kv) {
   SparseRun r;
   if (consumer != "sparse") return r;
   r.active = true;
   r.kv = kv;
-  r.options = exec::sparse_options(m, kv_budget(kv));
-  exec::configure_sparse(reg, r.options);
+  r.budget = kv_budget(kv);
+  for (const auto& s : m.segments)
+    if (s.name == "video") r.video = m.rows({s.name});
   return r;
 }
 
@@ -26,13 +28,13 @@ nlohmann::json SparseRun::json(const contracts::Registry& reg) const {
   nlohmann::json phases = nlohmann::json::array();
   for (const auto& p : exec::sparse_phases(reg))
     phases.push_back({{"kv_rows", p.kv_rows}, {"density", p.density()}, {"routed", p.density() < 1.0}});
-  return {{"kv_budget", options.budget}, {"step", kv.step}, {"steps", kv.steps},
-          {"video_rows", {options.video.begin, options.video.end}}, {"phases", phases}};
+  return {{"kv_budget", budget}, {"step", kv.step}, {"steps", kv.steps},
+          {"video_rows", {video.begin, video.end}}, {"phases", phases}};
 }
 
 std::string SparseRun::text(const contracts::Registry& reg) const {
   std::ostringstream os;
-  os << "sparse attention: kv budget " << options.budget << " at step " << kv.step << " of " << kv.steps
+  os << "sparse attention: kv budget " << budget << " at step " << kv.step << " of " << kv.steps
      << "; tile density per attention phase (naive run first, then planned):";
   for (const auto& p : exec::sparse_phases(reg)) os << " " << p.density();
   os << "\n";

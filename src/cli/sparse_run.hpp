@@ -1,10 +1,11 @@
 // What `run` does for the int8 attention consumers: the early device check (before any weight
-// is read), the sparse consumer's options for this step, and its report.
+// is read), the sparse consumer's KV budget for this step (a plan option), and its report.
 //
 // Example:
 //     sp::cli::require_consumer_device("sparse", device, ir::DType::BF16);
-//     const sp::cli::SparseRun s = sp::cli::prepare_sparse(reg, "sparse", model, kv);
-//     ... run ...
+//     const sp::cli::SparseRun s = sp::cli::prepare_sparse("sparse", model, kv);
+//     po.kv_budget = s.budget;
+//     ... plan, run ...
 //     j["sparse_attention"] = s.json(reg);
 #pragma once
 
@@ -15,7 +16,6 @@
 
 #include "cli/kv_options.hpp"
 #include "contracts/contracts.hpp"
-#include "exec/consumers/sparse.hpp"
 #include "ir/model.hpp"
 
 namespace sp::cli {
@@ -23,7 +23,8 @@ namespace sp::cli {
 struct SparseRun {
   bool active = false;  // consumer "sparse"
   KvArgs kv;
-  exec::SparseOptions options;
+  double budget = 1.0;  // of --step (plan::Options::kv_budget)
+  ir::RowRange video;   // the model's video rows
   nlohmann::json json(const contracts::Registry& reg) const;  // budget, step and the density per phase
   std::string text(const contracts::Registry& reg) const;
 };
@@ -35,8 +36,7 @@ inline std::string resolve_consumer(const std::string& name) { return name == "a
 // and self-test), before anything is loaded; other consumers pass.
 void require_consumer_device(const std::string& consumer, const at::Device& device, ir::DType dtype);
 
-// For sparse: registers it with the budget of --step and the model's video rows (its "video"
-// segment; an error naming the segments when it has none). Other consumers: inactive.
-SparseRun prepare_sparse(contracts::Registry& reg, const std::string& consumer, const ir::Model& m, const KvArgs& kv);
+// For sparse: the budget of --step and the model's video rows. Other consumers: inactive, budget 1.
+SparseRun prepare_sparse(const std::string& consumer, const ir::Model& m, const KvArgs& kv);
 
 }  // namespace sp::cli

@@ -53,6 +53,21 @@ struct AttnShape {
   bool k_carried = false;  // K arrives as the consumer's own carrier (ConsumerCaps::k_carrier_bytes)
 };
 
+// Where an attention call runs and under which run-time inputs, as the plan fixes them (the
+// attend step carries it; the executor sets q_begin per Q slab): the block's index, the
+// sublayer's query rows, and what a routed (block-sparse) consumer keeps: `kv_budget` of the
+// video key tiles per video query tile, the video rows in the model's token order, set only
+// where the K/V rows are the model's rows [0, kv_rows).
+struct AttnCall {
+  int64_t layer = 0;
+  ir::RowRange queries;
+  double kv_budget = 1.0;
+  ir::RowRange video;
+  int64_t q_begin = 0;  // the first query row of the call, in the model's token order
+  // Whether a call against kv_rows keys drops key tiles.
+  bool routed(int64_t kv_rows) const { return kv_budget < 1.0 && video.begin < video.end && video.end <= kv_rows; }
+};
+
 struct ConsumerCaps {
   std::string name;
   std::string description;
@@ -77,7 +92,7 @@ struct ConsumerCaps {
   int64_t k_carrier_align = 1;
   // The share of dense attention's work a call does (a block-sparse consumer's visited tiles),
   // for the cost model. Unset: 1.
-  std::function<double(const AttnShape&)> work_fraction;
+  std::function<double(const AttnShape&, const AttnCall&)> work_fraction;
   std::shared_ptr<const Impl> impl;
 };
 

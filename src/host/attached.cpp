@@ -3,6 +3,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 
 #include "exec/device/device.hpp"
@@ -10,6 +11,7 @@
 #include "exec/patches/lora.hpp"
 #include "models/families.hpp"
 #include "plan/budget.hpp"
+#include "plan/kv_budget.hpp"
 #include "report/report.hpp"
 #include "report/retry.hpp"
 
@@ -57,11 +59,18 @@ at::Device module_device(const NamedTensors& tensors) {
   return d;
 }
 
-std::string geometry_key(const ir::Model& m) {
+// The plan cache's key: the geometry and the run-time inputs the plan is made for.
+std::string geometry_key(const ir::Model& m, double kv_budget) {
   std::string key;
   for (const auto& s : m.segments) key += (key.empty() ? "" : ", ") + s.name + " " + std::to_string(s.length);
   for (const auto& c : m.contexts) key += (key.empty() ? "" : ", ") + c.name + " " + std::to_string(c.length);
-  return key + " (" + ir::to_string(m.dtype) + ")";
+  key += " (" + std::string(ir::to_string(m.dtype));
+  if (kv_budget < 1.0) {
+    char b[32];
+    std::snprintf(b, sizeof b, ", kv budget %g", kv_budget);
+    key += b;
+  }
+  return key + ")";
 }
 
 }  // namespace
@@ -94,6 +103,7 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
       throw std::invalid_argument(std::string("budget: ") + e.what());
     }
   }
+  set_kv_budget(options_.kv_budget);
   rec_ = recognize_module(tensors, sidecar);
   weights_ = std::make_unique<ModuleWeights>(tensors, rec_, &reg_, dtype_);
   if (options_.streams() && !weights_->quantized().empty()) {
@@ -109,6 +119,13 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
   lora_ = models::load_loras(options_.loras, rec_.config, exec::to_aten(dtype_), options_.streams() ? held_on : device_);
   dev_ = exec::describe_device(device_);
   dev_.rates = exec::probe_device(device_, dev_).rates;
+}
+
+void Attached::set_kv_budget(double budget) {
+  plan::KvSchedule s;
+  s.budget = budget;
+  plan::validate(s);
+  options_.kv_budget = budget;
 }
 
 at::Tensor Attached::forward(const models::TensorMap& raw) {
@@ -183,13 +200,14 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   c10::NoGradGuard no_grad;  // the planned run records no autograd graph
   weights_->refresh();
   models::FamilyRun fr = prepare(raw);
-  const std::string key = geometry_key(fr.model);
+  const std::string key = geometry_key(fr.model, options_.kv_budget);
   std::unique_ptr<GeometryPlan>& slot = cache_[key];
   std::shared_ptr<exec::TensorWeights> host;  // the module's tensors, where planning read them
   if (!slot) {
     plan::Options po;
     po.token_chunk = options_.token_chunk;
     po.feature_slice = options_.feature_slice;
+    po.kv_budget = options_.kv_budget;
     if (!options_.budget.empty()) {
       contracts::DeviceCaps now = dev_;
       now.memory_free = exec::describe_device(device_).memory_free;
@@ -219,12 +237,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   }
   const exec::LoraWeights with_lora(*weights_, lora_.tensors);
   const exec::WeightSource& w = streamed_ ? static_cast<const exec::WeightSource&>(*streamed_) : with_lora;
-  const auto before = [&] {
-    if (options_.before_run) options_.before_run(fr.model);
-  };
-  const report::Retried r =
-      report::run_planned_retrying(fr.model, w, fr.inputs, slot->plan, reg_, dev_, device_, {}, before);
-  if (options_.after_run) options_.after_run();
+  const report::Retried r = report::run_planned_retrying(fr.model, w, fr.inputs, slot->plan, reg_, dev_, device_);
   if (r.retried) {
     slot->plan = r.plan;
     slot->retry = r.note;

@@ -6,7 +6,7 @@
 // module's config. Each call is one batch element in the raw-input format of the family
 // (models/families.hpp, the format of `streamplan run --inputs`): the family's prologue
 // builds the IR for that geometry and its tables, the plan of that geometry comes from the
-// cache (made on first sight, under the attach options' budget), and the planned schedule
+// cache (made on first sight, under the attach options' budget and KV budget), and the planned schedule
 // runs on the module's weights (host/module_weights.hpp), retried once under what is free
 // when it runs out of memory (report/retry.hpp). The output is the family's reference
 // layout, in fp32. What a call may carry besides those inputs (masks, ControlNet residuals,
@@ -45,10 +45,9 @@ struct AttachOptions {
   std::string budget;       // empty: none; "auto"; or a size ("12GiB", "512MiB", bytes)
   int64_t token_chunk = 0;  // 0: automatic
   int64_t feature_slice = 0;  // 0: automatic; < 0: never slice features
-  // Called with the call's IR before each planned run (a retry runs again), and after the
-  // run succeeded: a host's consumers that track their calls (host/slab_positions.hpp).
-  std::function<void(const ir::Model&)> before_run;
-  std::function<void()> after_run;
+  // The KV budget of routed block-sparse attention (consumer "sparse"; 1: dense): a plan
+  // input, so each budget has plans of its own (set_kv_budget changes it between calls).
+  double kv_budget = 1.0;
   // A weight hook (module_weights.hpp) over the module tensors named in `hooked` (state_dict
   // names; all of them where empty); none where unset.
   WeightHook weight_hook;
@@ -73,7 +72,7 @@ struct AttachOptions {
 
 // The plan of one geometry, with what it needs to be shown.
 struct GeometryPlan {
-  std::string key;   // "video 3072, text 512 (fp32)": tokens per segment and context, dtype
+  std::string key;   // "video 3072, text 512 (fp32)": tokens per segment and context, dtype (, kv budget)
   ir::Model model;   // the IR of that geometry
   plan::Plan plan;
   int64_t calls = 0;
@@ -107,6 +106,8 @@ class Attached {
   ir::DType dtype() const { return dtype_; }  // activations: the dtype of most parameter bytes
   const at::Device& device() const { return device_; }
   const AttachOptions& options() const { return options_; }
+  // From the next call on: plans made under this KV budget (plan::PlanError unless in (0, 1]).
+  void set_kv_budget(double budget);
   const contracts::Registry& registry() const { return reg_; }
   const contracts::DeviceCaps& device_caps() const { return dev_; }
   const ModuleWeights& weights() const { return *weights_; }

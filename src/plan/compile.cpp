@@ -4,6 +4,7 @@
 // MLP); compile_ends.cpp holds the embedding and the final layer, plan/compiler.hpp the
 // Compiler both build programs with.
 #include "plan/compiler.hpp"
+#include "plan/kv_budget.hpp"
 
 namespace sp::plan {
 
@@ -43,7 +44,7 @@ void release_all(Compiler& c, const Held& h) {
 }
 
 void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, const ir::Attention& a,
-                       const Schedule& p) {
+                       const Schedule& p, double kv_budget) {
   const ir::Model& m = c.m();
   const ir::RowRange rr = m.rows(s.segments);
   const int64_t T = rr.size(), D = m.dim, H = a.heads, G = a.kv_heads, hd = a.head_dim;
@@ -53,6 +54,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
   const bool fq = fused_qk(m, a, c.reg(), c.dev());
   const bool streamed = p.streamed_out;
   const DType dt = c.dt(), acc = c.acc();
+  const contracts::AttnCall call = attn_call(m, b, s, kv_budget);
   using Pick = std::tuple<const ir::Linear*, SliceExpr, SliceExpr, bool, std::string>;
 
   // Projected Q or K rows [n, heads*hd] into the attention layout `dst`: Q/K norm and RoPE in
@@ -165,7 +167,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
                                           dt));
       qk_rows(q, qf, q_layout, wqh.ws, G, rep, TensorRole::Q, n, pieces);
       const Operand o = streamed ? c.whole(c.buffer(BufRole::AttnOut, "O", {n, wq}, dt)) : c.slab_of(ofull, 0, n);
-      c.attend(a, qf, K, V, o, n, L, q_layout, kv_layout);
+      c.attend(a, qf, K, V, o, n, L, q_layout, kv_layout, call);
       if (!streamed) return;
       c.patches(a.patches, TensorRole::AttnOut, o);
       if (mlp) {
@@ -304,9 +306,9 @@ void compile_mlp(Compiler& c, const ir::Block& b, const ir::Sublayer& s, const i
 int64_t programs_compiled() { return detail::compiled; }
 
 Program compile_sublayer(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const Schedule& p,
-                         const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
+                         const contracts::Registry& reg, const contracts::DeviceCaps& dev, double kv_budget) {
   Compiler c(m, reg, dev, b.name + "." + s.name, m.rows(s.segments));
-  if (const auto* a = std::get_if<ir::Attention>(&s.body)) compile_attention(c, b, s, *a, p);
+  if (const auto* a = std::get_if<ir::Attention>(&s.body)) compile_attention(c, b, s, *a, p, kv_budget);
   else compile_mlp(c, b, s, std::get<ir::Mlp>(s.body), p);
   return c.take();
 }

@@ -284,7 +284,7 @@ class Compiler {
     }
   }
   void attend(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L,
-              Layout q_layout, Layout kv_layout) {
+              Layout q_layout, Layout kv_layout, const contracts::AttnCall& call) {
     const int64_t G = a.kv_heads, rep = a.heads / a.kv_heads, hd = a.head_dim;
     const auto& consumer = reg_.consumer(a.consumer);
     const bool carried = bool(consumer.k_carrier_bytes);  // k is the carrier k_carrier() made
@@ -292,7 +292,7 @@ class Compiler {
     sh.k_carried = carried;
     sh.gemm_scratch_per_thread = dev_.gemm_scratch(dt_);
     const int64_t scratch = consumer.call_bytes(sh);
-    const double work = consumer.work_fraction ? std::clamp(consumer.work_fraction(sh), 0.0, 1.0) : 1.0;
+    const double work = consumer.work_fraction ? std::clamp(consumer.work_fraction(sh, call), 0.0, 1.0) : 1.0;
     const double q_rows = double(rep * n);
     // The consumer reads Q, K (or its carrier), V and writes its output (and scratch); its
     // output is then copied token-major into `out`.
@@ -301,9 +301,12 @@ class Compiler {
             (2.0 * q_rows + double(L)) * double(G * hd) * esz_ + k_bytes + 2.0 * double(scratch) +
                 2.0 * double(n) * double(a.heads * hd) * esz_,
             2, rep * n, dt_, true, G, L};
+    std::ostringstream what;
+    what << "attend (consumer '" << a.consumer << "'" << (carried ? ", K carrier" : "");
+    if (call.routed(L)) what << ", kv budget " << call.kv_budget;
     emit(AttendStep{a.consumer, qf, whole(k), whole(v), out, q_layout, kv_layout, G, rep, hd, 1.0 / std::sqrt(double(hd)),
-                    carried, L},
-         "attend (consumer '" + a.consumer + "'" + (carried ? ", K carrier" : "") + ")", t, dev_.round_alloc(scratch));
+                    carried, L, call},
+         what.str() + ")", t, dev_.round_alloc(scratch));
   }
   // The K carrier of `consumer` for L rows, or -1 where the consumer takes K as it is.
   int k_carrier(const std::string& consumer, int64_t G, int64_t L, int64_t hd) {

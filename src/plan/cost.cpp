@@ -109,8 +109,8 @@ Cost program_cost(const Program& p, const Placement& pl, const contracts::Device
 }
 
 Cost sublayer_cost(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const Schedule& p,
-                   const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
-  return program_cost(compile_sublayer(m, b, s, p, reg, dev), dev);
+                   const contracts::Registry& reg, const contracts::DeviceCaps& dev, double kv_budget) {
+  return program_cost(compile_sublayer(m, b, s, p, reg, dev, kv_budget), dev);
 }
 
 Cost final_cost(const ir::Model& m, int64_t chunk, const contracts::Registry& reg, const contracts::DeviceCaps& dev) {

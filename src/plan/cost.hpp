@@ -88,7 +88,7 @@ Cost program_cost(const Program& p, const Placement& pl, const contracts::Device
 
 // compile_* (plan/program.hpp), then program_cost.
 Cost sublayer_cost(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const Schedule& p,
-                   const contracts::Registry& reg, const contracts::DeviceCaps& dev);
+                   const contracts::Registry& reg, const contracts::DeviceCaps& dev, double kv_budget = 1.0);
 Cost final_cost(const ir::Model& m, int64_t chunk, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
 
 }  // namespace sp::plan

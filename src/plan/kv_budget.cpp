@@ -46,4 +46,24 @@ int64_t kept_tiles(double budget, int64_t tiles) {
   return std::clamp<int64_t>(k, 1, tiles);
 }
 
+contracts::AttnCall attn_call(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, double kv_budget) {
+  check_budget("--kv-budget", kv_budget);
+  contracts::AttnCall c;
+  while (c.layer < int64_t(m.blocks.size()) && &m.blocks[size_t(c.layer)] != &b) ++c.layer;
+  c.queries = m.rows(s.segments);
+  c.kv_budget = kv_budget;
+  const auto video = std::find_if(m.segments.begin(), m.segments.end(), [](const ir::Segment& g) { return g.name == "video"; });
+  if (video == m.segments.end()) {
+    if (kv_budget >= 1.0) return c;
+    std::string names;
+    for (const auto& g : m.segments) names += (names.empty() ? "" : ", ") + g.name;
+    throw PlanError("--kv-budget " + std::to_string(kv_budget) + ": the model has no 'video' segment to route (segments: " +
+                    names + ")");
+  }
+  const auto* a = std::get_if<ir::Attention>(&s.body);
+  if (a && a->kind != ir::AttnKind::Cross && c.queries.begin == 0 && c.queries.end == m.tokens())
+    c.video = {m.segment_begin("video"), m.segment_begin("video") + video->length};
+  return c;
+}
+
 }  // namespace sp::plan

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "contracts/contracts.hpp"
+
 namespace sp::plan {
 
 struct KvSchedule {
@@ -36,5 +38,11 @@ double kv_budget_at(const KvSchedule& s, int step, int steps);
 
 // Key tiles one query tile keeps of `tiles`: ceil(budget x tiles), at least 1, at most tiles.
 int64_t kept_tiles(double budget, int64_t tiles);
+
+// The consumer call's arguments of attention sublayer `s` of block `b` (one of m.blocks) under
+// `kv_budget` (q_begin aside): its video rows where it is self-attention over every row of the
+// model (its K row i is token row i), none elsewhere. Throws PlanError naming --kv-budget where
+// the budget is not in (0, 1], or is below 1 for a model without a "video" segment.
+contracts::AttnCall attn_call(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, double kv_budget);
 
 }  // namespace sp::plan

@@ -357,7 +357,7 @@ class Chooser {
     std::vector<Candidate> cands;
     cands.reserve(plans.size());
     for (const auto& p : plans) {
-      const Cost c = costs_.of(at.form, at.si, p, [&] { return sublayer_cost(m_, b, s, p, reg_, dev_); });
+      const Cost c = costs_.of(at.form, at.si, p, [&] { return sublayer_cost(m_, b, s, p, reg_, dev_, opt_.kv_budget); });
       cands.push_back({p.strategy, p.token_chunk, p.q_chunk, p.feature_slice, c, allocator_reserve(dev_)});
     }
     const Choice ch = decide_among(cands);
@@ -365,12 +365,12 @@ class Chooser {
       const SublayerPlan& k = plans[ch.smallest];
       note_bottleneck(cands[ch.smallest], "block " + b.name + " " + s.name,
                       k.strategy + ", " + chunks_text(k.attention, false, k.token_chunk, k.q_chunk, k.feature_slice),
-                      [&] { return compile_sublayer(m_, b, s, k, reg_, dev_); });
+                      [&] { return compile_sublayer(m_, b, s, k, reg_, dev_, opt_.kv_budget); });
       return k;
     }
     SublayerPlan p = std::move(plans[*ch.chosen]);
     if (!survey_) {
-      p.part = compiled(compile_sublayer(m_, b, s, p, reg_, dev_), dev_);
+      p.part = compiled(compile_sublayer(m_, b, s, p, reg_, dev_, opt_.kv_budget), dev_);
       weights_of(p.part.program, p);
     }
     p.estimated_peak = cands[*ch.chosen].cost.peak_bytes;
@@ -434,6 +434,7 @@ Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contra
   p.residual_bytes = dev.round_alloc(m.tokens() * m.dim * static_cast<int64_t>(ir::dtype_size(m.dtype)));
   p.floor_bytes = floor_bytes(m);
   p.budget_bytes = opt.budget_bytes;
+  p.kv_budget = opt.kv_budget;
   p.row_kernels = row_kernels_note(m, reg, dev);
   if (opt.budget_bytes > 0)
     p.policy = "budget " + human_bytes(opt.budget_bytes) + ": the fastest schedule whose estimated peak fits";

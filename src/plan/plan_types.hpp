@@ -84,6 +84,9 @@ struct Options {
   // whose estimated activation peak (residual included) fits; explicit token_chunk /
   // feature_slice above still fix those sizes.
   int64_t budget_bytes = 0;
+  // Run-time input: the KV budget of routed block-sparse attention at the step the plan runs
+  // (plan/kv_budget.hpp; 1: dense). The attend steps carry it; the estimates follow it.
+  double kv_budget = 1.0;
 };
 
 struct Plan {
@@ -97,6 +100,7 @@ struct Plan {
   int64_t floor_bytes = 0;
   int64_t estimated_peak_bytes = 0;
   int64_t budget_bytes = 0;  // 0: none
+  double kv_budget = 1.0;    // Options::kv_budget
   double estimated_ms = 0;   // sum of the sublayers', the final layer's and the embedding's
   std::string row_kernels;   // program.hpp row_kernels_note
   std::string policy;        // which rule chose the schedules

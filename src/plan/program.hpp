@@ -229,7 +229,8 @@ struct CarryKStep {
 // out [n, heads*hd] token-major := consumer(q, K, V); `carried`: k is the consumer's K carrier
 // of kv_rows rows. q is folded [G, rep*n, hd] or token-major (Same), K and V head-major
 // [G, kv_rows, hd] or token-major [kv_rows, G*hd]; token-major operands reach the consumer as
-// [1, G, rows, hd] views with strided heads.
+// [1, G, rows, hd] views with strided heads. `call`: the consumer's arguments besides the
+// tensors (its block, its sublayer's query rows, the KV budget and the video rows it routes).
 struct AttendStep {
   std::string consumer;
   Operand q, k, v, out;
@@ -238,6 +239,7 @@ struct AttendStep {
   double scale = 1.0;
   bool carried = false;
   int64_t kv_rows = 0;
+  contracts::AttnCall call;
 };
 struct ActivateStep {
   Operand t;
@@ -311,8 +313,9 @@ std::string row_kernels_note(const ir::Model& m, const contracts::Registry& reg,
 // fp32, or fp64 for an fp64 model: norms, RoPE, feature-slice accumulation, the output.
 ir::DType accumulation_dtype(ir::DType activations);
 
+// `kv_budget`: the run-time input of routed attention (plan::Options::kv_budget).
 Program compile_sublayer(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const Schedule& p,
-                         const contracts::Registry& reg, const contracts::DeviceCaps& dev);
+                         const contracts::Registry& reg, const contracts::DeviceCaps& dev, double kv_budget = 1.0);
 Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Registry& reg,
                       const contracts::DeviceCaps& dev);
 Program compile_embed(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev);

@@ -20,16 +20,20 @@ std::string shape_text(const at::Tensor& t) {
 struct Consumer : exec::ConsumerImpl {
   std::string name;
   std::shared_ptr<py::object> fn;
-  std::shared_ptr<host::SlabPositions> positions;
 
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const override {
+    contracts::AttnCall whole;
+    whole.queries = {0, q.size(2)};
+    return attend_rows(q, k, v, scale, whole);
+  }
+  at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                         const contracts::AttnCall& call) const override {
     const double standard = 1.0 / std::sqrt(double(q.size(3)));
     if (std::abs(scale - standard) > 1e-9 * standard)
       throw std::invalid_argument("consumer '" + name + "': the model scales scores by " + std::to_string(scale) +
                                   ", a Python consumer computes softmax(q k^T / sqrt(head_dim))");
-    const host::SlabPositions::Place place = positions->next(q.size(2));
     py::gil_scoped_acquire gil;
-    py::object r = (*fn)(q, k, v, place.q_start, place.q_total, place.layer);
+    py::object r = (*fn)(q, k, v, call.q_begin - call.queries.begin, call.queries.size(), call.layer);
     if (!THPVariable_Check(r.ptr()))
       throw std::invalid_argument("consumer '" + name + "' returned " + std::string(py::str(py::type::of(r))) +
                                   ", not a tensor");
@@ -48,10 +52,8 @@ contracts::Cap cap_of(const py::dict& caps, const char* key) {
 
 }  // namespace
 
-PythonConsumer python_consumer(const std::string& name, const py::function& fn, const py::dict& caps) {
-  PythonConsumer out;
-  out.positions = std::make_shared<host::SlabPositions>(name);
-  contracts::ConsumerCaps& c = out.caps;
+contracts::ConsumerCaps python_consumer(const std::string& name, const py::function& fn, const py::dict& caps) {
+  contracts::ConsumerCaps c;
   c.name = name;
   c.description = "Python function " + std::string(py::str(fn.attr("__qualname__")));
   c.accepts_bounded_q = cap_of(caps, "accepts_bounded_q");
@@ -85,9 +87,8 @@ PythonConsumer python_consumer(const std::string& name, const py::function& fn, 
   auto impl = std::make_shared<Consumer>();
   impl->name = name;
   impl->fn = keep(fn);
-  impl->positions = out.positions;
   c.impl = impl;
-  return out;
+  return c;
 }
 
 }  // namespace sp::python

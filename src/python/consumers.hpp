@@ -3,9 +3,9 @@
 //
 // Design note. The function receives the Q slab [1, G, rows, head_dim], the global K and V
 // [1, G, kv_rows, head_dim] (views of the planned run's buffers, valid during the call), the
-// slab's first query row, the sublayer's query rows and its block index
-// (host/slab_positions.hpp), and returns the output slab of the Q slab's shape, dtype and
-// device: softmax(q k^T / sqrt(head_dim)) v or whatever the host computes instead. Its
+// slab's first query row among its sublayer's, the sublayer's query rows and its block index
+// (the attend step's arguments, contracts::AttnCall), and returns the output slab of the Q
+// slab's shape, dtype and device: softmax(q k^T / sqrt(head_dim)) v or whatever the host computes instead. Its
 // capabilities come from a dict the package has checked; whatever it leaves out stays
 // undeclared, so legality fails closed for the transformations that need it and says so in
 // the plan. Without call_bytes, a call is taken to allocate its output slab.
@@ -17,18 +17,12 @@
 #include <string>
 
 #include "contracts/contracts.hpp"
-#include "host/slab_positions.hpp"
 
 namespace sp::python {
-
-struct PythonConsumer {
-  contracts::ConsumerCaps caps;
-  std::shared_ptr<host::SlabPositions> positions;
-};
 
 // `caps`: accepts_bounded_q, requires_global_k, requires_global_v, slab_output (True, False
 // or absent), dtypes (names), q_align, kv_align (ints), call_bytes (a function of the call's
 // shape dict returning bytes).
-PythonConsumer python_consumer(const std::string& name, const pybind11::function& fn, const pybind11::dict& caps);
+contracts::ConsumerCaps python_consumer(const std::string& name, const pybind11::function& fn, const pybind11::dict& caps);
 
 }  // namespace sp::python

@@ -4,7 +4,6 @@
 #include <torch/extension.h>
 #include <torch/headeronly/version.h>
 
-#include "exec/consumers/sparse.hpp"
 #include "exec/device/memory.hpp"
 #include "exec/registry.hpp"
 #include "host/attached.hpp"
@@ -82,29 +81,11 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
   o.resident_blocks = resident_blocks;
   o.device = device;
   o.dtype = dtype;
+  o.kv_budget = kv_budget;
   contracts::Registry reg = exec::builtin_registry();
-  std::vector<std::shared_ptr<host::SlabPositions>> positions;
   for (const auto& [name, fn, caps] : python_consumers) {
     if (reg.has_consumer(name)) throw std::invalid_argument("consumer '" + name + "' is registered already");
-    PythonConsumer c = python_consumer(name, fn, caps);
-    positions.push_back(c.positions);
-    reg.add(std::move(c.caps));
-  }
-  if (!positions.empty()) {
-    o.before_run = [positions](const ir::Model& m) {
-      for (const auto& p : positions) p->reset(m);
-    };
-    o.after_run = [positions] {
-      for (const auto& p : positions) p->finish();
-    };
-  }
-  if (consumer == "sparse") {  // routed by the video rows of each run's model
-    const contracts::ConsumerCaps sparse = reg.consumer("sparse");
-    exec::set_sparse_budget(sparse, kv_budget);
-    o.before_run = [sparse, then = o.before_run](const ir::Model& m) {
-      exec::set_sparse_model(sparse, m);
-      if (then) then(m);
-    };
+    reg.add(python_consumer(name, fn, caps));
   }
   return std::make_unique<host::Attached>(tensors, sidecar, o, std::move(reg));
 }
@@ -168,7 +149,7 @@ PYBIND11_MODULE(_C, m) {
           [](host::Attached& a, double budget) {
             if (a.options().consumer != "sparse")
               throw std::invalid_argument("kv_budget: the module runs consumer '" + a.options().consumer + "', not 'sparse'");
-            exec::set_sparse_budget(a.registry().consumer("sparse"), budget);
+            a.set_kv_budget(budget);
           },
           py::arg("budget"))
       .def_property_readonly("lora",

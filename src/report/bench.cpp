@@ -6,7 +6,6 @@
 #include <iostream>
 #include <sstream>
 
-#include "exec/consumers/sparse.hpp"
 #include "exec/device/device.hpp"
 #include "exec/device/memory.hpp"
 #include "models/builder.hpp"
@@ -61,7 +60,6 @@ CaseModel build_case(const BenchCase& c, const contracts::Registry& reg, const a
   auto weights = models::random_weights_on(cm.cfg, device, exec::to_aten(opt.dtype), opt.seed, reg);
   const models::FamilyRun fr =
       models::prepare(cm.cfg, *weights, models::random_raw_inputs(cm.cfg, c.geom, opt.seed), opt.dtype, opt.consumer);
-  if (opt.consumer == "sparse") exec::set_sparse_model(reg.consumer("sparse"), fr.model);
   cm.inst = {fr.model, weights, fr.inputs};
   if (!opt.format.empty() && device.type() != at::kMeta) convert_case(cm, opt);
   if (opt.lora_rank > 0)
@@ -139,7 +137,8 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
   r.estimated_ms = p.estimated_ms;
 
   auto naive = [&](const std::string& what) {
-    return exec::run_naive(inst.model, *inst.weights, inst.inputs, reg, progress.sublayers(inst.model, c.name + ": " + what));
+    return exec::run_naive(inst.model, *inst.weights, inst.inputs, reg, progress.sublayers(inst.model, c.name + ": " + what),
+                           p.kv_budget);
   };
   auto planned = [&](const std::string& what) {
     try {
@@ -227,7 +226,7 @@ nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& r
   double chosen_ms = 0;
   for (int i = 0; i < points; ++i) {
     const int64_t budget = lowest + (largest - lowest) * i / std::max(1, points - 1);
-    const plan::Plan p = plan::make_plan(inst.model, reg, caps, {.budget_bytes = budget});
+    const plan::Plan p = plan::make_plan(inst.model, reg, caps, {.budget_bytes = budget, .kv_budget = opt.plan.kv_budget});
     const auto [ms, peak] = run(p);
     chosen_ms = ms;
     sweep.push_back({{"budget_bytes", budget}, {"measured_peak_bytes", peak}, {"estimated_peak_bytes", p.estimated_peak_bytes},
@@ -243,6 +242,7 @@ nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& r
   for (int64_t chunk : fixed_chunks) {
     plan::Options o;
     o.token_chunk = chunk;
+    o.kv_budget = opt.plan.kv_budget;
     const plan::Plan p = plan::make_plan(inst.model, reg, caps, o);
     const auto [ms, peak] = run(p);
     if (best == 0 || ms < best) best = ms;

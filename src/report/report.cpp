@@ -150,7 +150,7 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
   const exec::WeightSource& w = opt.weights ? *opt.weights : *inst.weights;
   auto naive = [&](const std::string& what) {
     return schedule("naive", [&] {
-      return exec::run_naive(inst.model, w, inst.inputs, reg, progress.sublayers(inst.model, what));
+      return exec::run_naive(inst.model, w, inst.inputs, reg, progress.sublayers(inst.model, what), p.kv_budget);
     });
   };
   // Out of memory: one retry under what is free; later runs keep the plan that ran.

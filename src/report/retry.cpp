@@ -14,12 +14,10 @@ Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, 
 
 Retried run_planned_retrying(const ir::Model& m, const exec::WeightSource& w, const exec::Inputs& in,
                              const plan::Plan& p, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
-                             const at::Device& device, const exec::Progress& progress,
-                             const std::function<void()>& before_each_run) {
+                             const at::Device& device, const exec::Progress& progress) {
   Retried r;
   r.plan = p;
   try {
-    if (before_each_run) before_each_run();
     r.out = exec::run_planned(m, p, w, in, reg, dev, progress);
     return r;
   } catch (const std::exception& e) {
@@ -39,6 +37,7 @@ Retried run_planned_retrying(const ir::Model& m, const exec::WeightSource& w, co
                       p.estimated_peak_bytes, now.memory_free);
   plan::Options o;
   o.budget_bytes = budget;
+  o.kv_budget = p.kv_budget;
   try {
     r.plan = plan::make_plan(m, reg, now, o);
   } catch (const plan::BudgetError& e) {
@@ -49,7 +48,6 @@ Retried run_planned_retrying(const ir::Model& m, const exec::WeightSource& w, co
   r.note = "retried once: " + failed + "; planned again under a budget of " + plan::human_bytes(budget) +
            " (estimated peak " + plan::human_bytes(r.plan.estimated_peak_bytes) + ")";
   try {
-    if (before_each_run) before_each_run();
     r.out = exec::run_planned(m, r.plan, w, in, reg, now, progress);
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) throw;

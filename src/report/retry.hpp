@@ -16,7 +16,6 @@
 
 #include <ATen/ATen.h>
 
-#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -47,11 +46,9 @@ struct Retried {
 Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,
                              const contracts::DeviceCaps& dev, const at::Device& device,
                              const exec::Progress& progress = {});
-// The same for weights held by any source (a host's module, src/host); `before_each_run`, if
-// set, is called before the run and before its retry.
+// The same for weights held by any source (a host's module, src/host).
 Retried run_planned_retrying(const ir::Model& m, const exec::WeightSource& w, const exec::Inputs& in,
                              const plan::Plan& p, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
-                             const at::Device& device, const exec::Progress& progress = {},
-                             const std::function<void()>& before_each_run = {});
+                             const at::Device& device, const exec::Progress& progress = {});
 
 }  // namespace sp::report

@@ -45,3 +45,17 @@ def test_on_the_cpu_the_choice_is_an_error_not_a_fallback(wan_module: Any, consu
         wan_module(**wan_call(wan_module))
     assert handle.fallbacks == []
     handle.remove()
+
+
+def test_each_kv_budget_has_its_plan(wan_module: Any) -> None:
+    """The KV budget is a plan input: a budget gets a plan of its own, cached beside the others
+    (made before the CPU run refuses the consumer), and a budget used before finds its plan."""
+    handle = streamplan.apply(wan_module, consumer="sparse", kv_budget=0.5)
+    for budget in (0.5, 0.25, 0.5):
+        handle.set_kv_budget(budget)
+        with torch.no_grad(), pytest.raises(ValueError, match="needs a CUDA device"):
+            wan_module(**wan_call(wan_module))
+    plans = handle.plans
+    assert [p["key"].endswith(f"kv budget {b})") for p, b in zip(plans, ("0.5", "0.25"))] == [True, True], plans
+    assert len(plans) == 2
+    handle.remove()

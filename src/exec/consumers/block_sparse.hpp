@@ -19,14 +19,14 @@
 
 #include <cstdint>
 
+#include "ir/model.hpp"
+
 namespace sp::exec {
 
 inline constexpr int64_t kSparseTile = 64;
 
 // Rows [begin, end) of the video segment, in the attention's row order.
-struct VideoRows {
-  int64_t begin = 0, end = 0;
-};
+using VideoRows = ir::RowRange;
 
 // Per tile of the `rows` rows that start at row `first` (tiles counted from `first`): whether
 // it lies wholly inside the video rows, [ceil(rows / tile)] bool on the CPU.

@@ -26,10 +26,11 @@ namespace sp::exec {
 
 struct ConsumerImpl : contracts::Impl {
   virtual at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const = 0;
-  // The same for a Q slab whose first row is the model's token row `q_begin` (the
-  // executors call this; consumers whose result depends on the position override it).
+  // The same for one call of a planned (or naive) run with its arguments: the Q slab's first
+  // row, the block, the sublayer's query rows, the KV budget and the video rows (the attend
+  // step's). The executors call this; consumers whose result depends on them override it.
   virtual at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                                 int64_t q_begin) const {
+                                 const contracts::AttnCall& /*call*/) const {
     return attend(q, k, v, scale);
   }
   // Consumers that declare a K carrier (ConsumerCaps::k_carrier_bytes): the K slab
@@ -40,7 +41,7 @@ struct ConsumerImpl : contracts::Impl {
     throw contracts::ContractError("this consumer declares no K carrier");
   }
   virtual at::Tensor attend_carried(const at::Tensor& /*q*/, const at::Tensor& /*carrier*/, const at::Tensor& /*v*/,
-                                    double /*scale*/, int64_t /*q_begin*/, int64_t /*kv_rows*/) const {
+                                    double /*scale*/, const contracts::AttnCall& /*call*/, int64_t /*kv_rows*/) const {
     throw contracts::ContractError("this consumer declares no K carrier");
   }
 };

@@ -15,16 +15,16 @@ struct Int8Consumer : ConsumerImpl {
     return int8attn::attend(int8attn::quantize_q(q3, scale), kc.k, int8c::heads_rows(v, "v", "int8"), {}).unsqueeze(0);
   }
   at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                         int64_t q_begin) const override {
+                         const contracts::AttnCall& call) const override {
     at::Tensor o = attend(q, k, v, scale);
-    int8c::after_slab(q_begin, q.size(2), k.size(2));
+    int8c::after_slab(call.q_begin, q.size(2), k.size(2));
     return o;
   }
   void carry_k(const at::Tensor& k, const at::Tensor& carrier, int64_t row0, int64_t kv_rows) const override {
     int8c::carry_k("int8", k, carrier, row0, kv_rows);
   }
   at::Tensor attend_carried(const at::Tensor& q, const at::Tensor& carrier, const at::Tensor& v, double scale,
-                            int64_t, int64_t kv_rows) const override {
+                            const contracts::AttnCall&, int64_t kv_rows) const override {
     const at::Tensor q3 = int8c::heads_rows(q, "q", "int8");
     int8c::require("int8", q3);
     const int8c::Carrier kc = int8c::carried(carrier, kv_rows, q3.size(2));

@@ -24,61 +24,52 @@ int64_t tiles(int64_t rows) { return (rows + kSparseTile - 1) / kSparseTile; }
 constexpr int64_t kRouteBytesPerTriple = 4 + 12 + 16 + 4 + 1 + 4;
 
 struct SparseConsumer : ConsumerImpl {
-  explicit SparseConsumer(SparseOptions o) : opt(o) {}
-
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const override {
-    return attend_rows(q, k, v, scale, 0);
+    return attend_rows(q, k, v, scale, {});
   }
   at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                         int64_t q_begin) const override {
+                         const contracts::AttnCall& call) const override {
     const at::Tensor q3 = int8c::heads_rows(q, "q", "sparse");
     int8c::require("sparse", q3);
     const int8c::Carrier kc = int8c::carrier_for(int8c::heads_rows(k, "k", "sparse"));
-    at::Tensor o = attend_with(q3, kc, v, scale, q_begin);
-    int8c::after_slab(q_begin, q3.size(1), kc.k.rows);
+    at::Tensor o = attend_with(q3, kc, v, scale, call);
+    int8c::after_slab(call.q_begin, q3.size(1), kc.k.rows);
     return o;
   }
   void carry_k(const at::Tensor& k, const at::Tensor& carrier, int64_t row0, int64_t kv_rows) const override {
     int8c::carry_k("sparse", k, carrier, row0, kv_rows);
   }
   at::Tensor attend_carried(const at::Tensor& q, const at::Tensor& carrier, const at::Tensor& v, double scale,
-                            int64_t q_begin, int64_t kv_rows) const override {
+                            const contracts::AttnCall& call, int64_t kv_rows) const override {
     const at::Tensor q3 = int8c::heads_rows(q, "q", "sparse");
     int8c::require("sparse", q3);
-    return attend_with(q3, int8c::carried(carrier, kv_rows, q3.size(2)), v, scale, q_begin);
+    return attend_with(q3, int8c::carried(carrier, kv_rows, q3.size(2)), v, scale, call);
   }
 
   // The routed attention of q3 [G, rows, D] against a K carrier, its phase's figures counted.
   at::Tensor attend_with(const at::Tensor& q3, const int8c::Carrier& kc, const at::Tensor& v, double scale,
-                         int64_t q_begin) const {
-    const SparseOptions opt = options();
+                         const contracts::AttnCall& call) const {
     const int8attn::QTiles qt = int8attn::quantize_q(q3, scale);
-    const RoutedTiles r = route_slab(qt.tile_mean, kc.k.tile_mean, q_begin, qt.rows, kc.k.rows, opt);
+    const RoutedTiles r = route_slab(qt.tile_mean, kc.k.tile_mean, qt.rows, kc.k.rows, call);
     at::Tensor o = int8attn::attend(qt, kc.k, int8c::heads_rows(v, "v", "sparse"), {r.offsets, r.indices}).unsqueeze(0);
-    SparsePhase call;
-    call.kv_rows = kc.k.rows;
-    call.budget = opt.budget;
-    call.visited = r.visited;
-    call.tiles = r.tiles;
+    SparsePhase ph;
+    ph.kv_rows = kc.k.rows;
+    ph.budget = call.kv_budget;
+    ph.visited = r.visited;
+    ph.tiles = r.tiles;
     std::lock_guard<std::mutex> lock(mu);
     if (phases.empty() || phase_ids.back() != kc.phase) {
-      phases.push_back(call);
+      phases.push_back(ph);
       phase_ids.push_back(kc.phase);
     } else {
-      phases.back().visited += call.visited;
-      phases.back().tiles += call.tiles;
+      phases.back().visited += ph.visited;
+      phases.back().tiles += ph.tiles;
     }
     return o;
   }
 
-  SparseOptions options() const {
-    std::lock_guard<std::mutex> lock(mu);
-    return opt;
-  }
-
-  mutable SparseOptions opt;  // guarded by mu
   mutable std::mutex mu;
-  mutable std::vector<SparsePhase> phases;
+  mutable std::vector<SparsePhase> phases;  // guarded by mu
   mutable std::vector<uint64_t> phase_ids;
 };
 
@@ -87,19 +78,19 @@ int64_t sparse_call_bytes(const contracts::AttnShape& s) {
   return int8c::call_bytes(s) + g * tiles(rows) * tiles(s.kv_rows) * kRouteBytesPerTriple;
 }
 
-// The share of the dense work of a self-attention over o.rows that routing leaves, over the
-// whole sequence: a video query tile visits its kept video key tiles and every other key tile,
-// any other query tile every key tile (route_slab). Other attentions are not routed.
-double routed_share(const SparseOptions& o, const contracts::AttnShape& s) {
-  if (o.budget >= 1.0 || s.kv_rows != o.rows || o.video.end <= o.video.begin) return 1.0;
+// The share of the dense work of an attention call that routing leaves, over the whole
+// sequence: a video query tile visits its kept video key tiles and every other key tile, any
+// other query tile every key tile (route_slab).
+double routed_share(const contracts::AttnShape& s, const contracts::AttnCall& call) {
+  if (!call.routed(s.kv_rows)) return 1.0;
   const int64_t nk = tiles(s.kv_rows);
-  const int64_t nkv = video_tiles(0, s.kv_rows, o.video).sum().item<int64_t>();
+  const int64_t nkv = video_tiles(0, s.kv_rows, call.video).sum().item<int64_t>();
   if (nk == 0 || nkv == 0) return 1.0;
-  const int64_t dropped = nkv - plan::kept_tiles(o.budget, nkv);
+  const int64_t dropped = nkv - plan::kept_tiles(call.kv_budget, nkv);
   return 1.0 - double(nkv) / double(nk) * double(dropped) / double(nk);
 }
 
-contracts::ConsumerCaps sparse_caps(const SparseOptions& o) {
+contracts::ConsumerCaps sparse_caps() {
   using contracts::Cap;
   contracts::ConsumerCaps c;
   c.name = "sparse";
@@ -109,21 +100,15 @@ contracts::ConsumerCaps sparse_caps(const SparseOptions& o) {
   c.q_align = kSparseTile;
   c.call_bytes = sparse_call_bytes;
   int8c::declare_carrier(c);
-  const auto impl = std::make_shared<SparseConsumer>(o);
-  // The budget of the call's time (set_sparse_budget changes it after registration).
-  const std::weak_ptr<SparseConsumer> weak = impl;
-  c.work_fraction = [weak](const contracts::AttnShape& s) {
-    const auto live = weak.lock();
-    return live ? routed_share(live->options(), s) : 1.0;
-  };
-  c.impl = impl;
+  c.work_fraction = routed_share;
+  c.impl = std::make_shared<SparseConsumer>();
   return c;
 }
 
 }  // namespace
 
-RoutedTiles route_slab(const at::Tensor& qm, const at::Tensor& km, int64_t q_begin, int64_t q_rows, int64_t kv_rows,
-                       const SparseOptions& o) {
+RoutedTiles route_slab(const at::Tensor& qm, const at::Tensor& km, int64_t q_rows, int64_t kv_rows,
+                       const contracts::AttnCall& call) {
   const int64_t nq = tiles(q_rows), nk = tiles(kv_rows);
   if (qm.dim() != 3 || km.dim() != 3 || qm.size(1) != nq || km.size(1) != nk || km.size(0) != qm.size(0) ||
       km.size(2) != qm.size(2)) {
@@ -135,16 +120,16 @@ RoutedTiles route_slab(const at::Tensor& qm, const at::Tensor& km, int64_t q_beg
   const int64_t g = qm.size(0);
   RoutedTiles r;
   r.tiles = r.visited = g * nq * nk;
-  if (o.budget >= 1.0 || kv_rows != o.rows || o.video.end <= o.video.begin) return r;
+  if (!call.routed(kv_rows)) return r;
   const at::Device d = qm.device();
-  const at::Tensor vk = video_tiles(0, kv_rows, o.video);
-  const at::Tensor qi = video_tiles(q_begin, q_rows, o.video).nonzero().view(-1);
+  const at::Tensor vk = video_tiles(0, kv_rows, call.video);
+  const at::Tensor qi = video_tiles(call.q_begin, q_rows, call.video).nonzero().view(-1);
   const at::Tensor ki = vk.nonzero().view(-1), ni = vk.logical_not().nonzero().view(-1);
   const int64_t nqv = qi.numel(), nkv = ki.numel(), nn = ni.numel();
-  const int64_t kept = plan::kept_tiles(o.budget, std::max<int64_t>(nkv, 1));
+  const int64_t kept = plan::kept_tiles(call.kv_budget, std::max<int64_t>(nkv, 1));
   if (nqv == 0 || nkv == 0 || kept == nkv) return r;
   const at::Tensor qid = qi.to(d), kid = ki.to(d);
-  const at::Tensor top = top_tiles(qm.index_select(1, qid), km.index_select(1, kid), o.budget);
+  const at::Tensor top = top_tiles(qm.index_select(1, qid), km.index_select(1, kid), call.kv_budget);
   const auto i32 = at::TensorOptions().dtype(at::kInt).device(d);
   // Per video query tile its routed video key tiles, then every key tile outside the video rows.
   const at::Tensor routed = kid.to(at::kInt).index_select(0, top.flatten()).view(top.sizes());
@@ -168,45 +153,6 @@ RoutedTiles route_slab(const at::Tensor& qm, const at::Tensor& km, int64_t q_beg
   return r;
 }
 
-SparseOptions sparse_options(const ir::Model& m, double budget) {
-  const auto video = std::find_if(m.segments.begin(), m.segments.end(), [](const ir::Segment& s) { return s.name == "video"; });
-  if (video == m.segments.end()) {
-    std::string names;
-    for (const auto& s : m.segments) names += (names.empty() ? "" : ", ") + s.name;
-    throw std::invalid_argument("consumer 'sparse': the model has no 'video' segment to route (segments: " + names + ")");
-  }
-  SparseOptions o;
-  o.budget = budget;
-  o.video.begin = m.segment_begin("video");
-  o.video.end = o.video.begin + video->length;
-  o.rows = m.tokens();
-  return o;
-}
-
-void configure_sparse(contracts::Registry& reg, const SparseOptions& o) { reg.add(sparse_caps(o)); }
-
-namespace {
-const SparseConsumer& sparse_impl(const contracts::ConsumerCaps& sparse) {
-  auto* impl = dynamic_cast<const SparseConsumer*>(sparse.impl.get());
-  if (!impl) throw contracts::ContractError("consumer '" + sparse.name + "' is not the sparse attention consumer");
-  return *impl;
-}
-}  // namespace
-
-void set_sparse_budget(const contracts::ConsumerCaps& sparse, double budget) {
-  if (!(budget > 0.0 && budget <= 1.0))
-    throw std::invalid_argument("kv_budget: a fraction in (0, 1], got " + std::to_string(budget));
-  const SparseConsumer& c = sparse_impl(sparse);
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.opt.budget = budget;
-}
-
-void set_sparse_model(const contracts::ConsumerCaps& sparse, const ir::Model& m) {
-  const SparseConsumer& c = sparse_impl(sparse);
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.opt = sparse_options(m, c.opt.budget);
-}
-
 std::vector<SparsePhase> sparse_phases(const contracts::Registry& reg) {
   const auto* impl = dynamic_cast<const SparseConsumer*>(reg.consumer("sparse").impl.get());
   if (!impl) return {};
@@ -215,7 +161,7 @@ std::vector<SparsePhase> sparse_phases(const contracts::Registry& reg) {
 }
 
 namespace consumers {
-void register_sparse(contracts::Registry& reg) { configure_sparse(reg, {}); }
+void register_sparse(contracts::Registry& reg) { reg.add(sparse_caps()); }
 }  // namespace consumers
 
 }  // namespace sp::exec

@@ -61,8 +61,9 @@ struct StepProfile {
   int64_t runs = 0;  // profiled run_planned calls summed here
 };
 
+// kv_budget: routed attention's, as plan::Options::kv_budget (the plan's for run_planned).
 at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in, const contracts::Registry& reg,
-                     const Progress& progress = {});
+                     const Progress& progress = {}, double kv_budget = 1.0);
 // profile: where not null, every step is timed into it (a slower run).
 // Throws plan::PlanMismatch for a plan of another model, registry entry or device.
 at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSource& w, const Inputs& in,

@@ -283,8 +283,10 @@ class Interpreter {
     };
     const at::Tensor q = heads4(operand(s.q), s.q_layout), v = heads4(operand(s.v), s.kv_layout);
     const auto& consumer = impl_of<ConsumerImpl>(reg_.consumer(s.consumer));
-    at::Tensor o4 = s.carried ? consumer.attend_carried(q, bufs_[size_t(s.k.buf)], v, s.scale, row0(), s.kv_rows)
-                              : consumer.attend_rows(q, heads4(operand(s.k), s.kv_layout), v, s.scale, row0());
+    contracts::AttnCall call = s.call;
+    call.q_begin = row0();
+    at::Tensor o4 = s.carried ? consumer.attend_carried(q, bufs_[size_t(s.k.buf)], v, s.scale, call, s.kv_rows)
+                              : consumer.attend_rows(q, heads4(operand(s.k), s.kv_layout), v, s.scale, call);
     // [G, rep*n, hd] -> [n, G, rep, hd]: strides of whatever layout the consumer returned.
     const at::Tensor o = s.rep == 1 ? o4[0].unsqueeze(1) : o4[0].view({s.kv_heads, s.rep, n, s.head_dim});
     out.view({n, s.kv_heads, s.rep, s.head_dim}).copy_(o.permute({2, 0, 1, 3}));

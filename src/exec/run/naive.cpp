@@ -8,6 +8,7 @@
 #include "exec/patches/lora.hpp"
 #include "exec/patches/patch.hpp"
 #include "exec/run/executor.hpp"
+#include "plan/kv_budget.hpp"
 
 namespace sp::exec {
 
@@ -132,7 +133,8 @@ at::Tensor per_segment(const Span& sp, const ir::Attention& a, const at::Tensor&
   return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
 }
 
-at::Tensor attention(const Ctx& c, const Span& sp, const ir::Attention& a, const at::Tensor& h) {
+at::Tensor attention(const Ctx& c, const Span& sp, const ir::Attention& a, const at::Tensor& h,
+                     contracts::AttnCall call) {
   const int64_t T = h.size(0), wq = a.heads * a.head_dim, wkv = a.kv_heads * a.head_dim;
   const bool cross = a.kind == ir::AttnKind::Cross;
   const at::Tensor kv_src = cross ? c.in.table(a.context) : h;
@@ -171,7 +173,9 @@ at::Tensor attention(const Ctx& c, const Span& sp, const ir::Attention& a, const
     vv = vv.repeat_interleave(a.heads / a.kv_heads, 1);
   }
   (void)L;
-  at::Tensor o = impl_of<ConsumerImpl>(c.reg.consumer(a.consumer)).attend_rows(qp.transpose(0, 1).unsqueeze(0), kk, vv, 1.0 / std::sqrt(double(a.head_dim)), sp.begin);
+  call.q_begin = sp.begin;
+  at::Tensor o = impl_of<ConsumerImpl>(c.reg.consumer(a.consumer))
+                     .attend_rows(qp.transpose(0, 1).unsqueeze(0), kk, vv, 1.0 / std::sqrt(double(a.head_dim)), call);
   at::Tensor out = o.squeeze(0).transpose(0, 1).reshape({T, wq});
   apply_patches(c.reg, a.patches, contracts::TensorRole::AttnOut, out);
   if (a.parallel) {
@@ -210,7 +214,7 @@ at::Tensor mlp(const Ctx& c, const ir::Mlp& m, const at::Tensor& h) {
 }  // namespace
 
 at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in, const contracts::Registry& reg,
-                     const Progress& progress) {
+                     const Progress& progress, double kv_budget) {
   validate_inputs(m, in);
   Ctx c{m, w, in, reg, to_aten(m.dtype)};
   std::vector<at::Tensor> parts;
@@ -230,8 +234,9 @@ at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in
       const Span sp = span(m, s.segments);
       const at::Tensor xs = x.narrow(0, sp.begin, sp.end - sp.begin);
       at::Tensor h = norm_mod(c, s.norm, b.modulation, s.mod, x).narrow(0, sp.begin, sp.end - sp.begin).to(c.dt);
-      at::Tensor y = s.is_attention() ? attention(c, sp, std::get<ir::Attention>(s.body), h)
-                                      : mlp(c, std::get<ir::Mlp>(s.body), h);
+      at::Tensor y = s.is_attention()
+                         ? attention(c, sp, std::get<ir::Attention>(s.body), h, plan::attn_call(m, b, s, kv_budget))
+                         : mlp(c, std::get<ir::Mlp>(s.body), h);
       if (s.mod.gate >= 0)
         y = y * per_token_mod(c, b.modulation).select(1, s.mod.gate).narrow(0, sp.begin, sp.end - sp.begin);
       x = at::cat({x.narrow(0, 0, sp.begin), xs + y, x.narrow(0, sp.end, x.size(0) - sp.end)}, 0);
