@@ -493,7 +493,8 @@ def main() -> int:
                              "lora_changes_latents_by": lora_effect, "comfy_rel_l2_vs_fp32": rel(ref, fp32),
                              "streamplan_rel_l2_vs_fp32": rel(got, fp32), "comfy_raised": raised,
                              "comfy_s": statistics.median(comfy_times) if comfy_times else None,
-                             "streamplan_s": got_s, "comfy_s_all": comfy_times, "streamplan_s_all": node_times, "comfy_peak_bytes": ref_peak,
+                             "streamplan_s": got_s, "comfy_s_all": comfy_times, "streamplan_s_all": node_times,
+                             "comfy_peak_bytes": ref_peak,
                              "streamplan_peak_bytes": got_peak, "planned_calls": planned_calls, "calls": calls,
                              "fallbacks": fallbacks, "report": reports[-1] if reports else "", "status": wrapper.status()})
                 if a.out:

@@ -180,30 +180,34 @@ struct Rates {
   bool operator==(const Rates&) const = default;
 };
 
+// What 0 means for a rate of a measured probe: never measured so (a cached probe holding it is
+// not used), a measurement like any other, or nothing to measure on the device (no fused
+// kernels built; `streamplan probe` leaves it out).
+enum class RateZero { Invalid, Measured, Absent };
+
 // Each rate once: its name (the probe's JSON cache and `streamplan probe`), its member, how
-// `streamplan probe` prints it, and whether a measured probe always has it above 0 (else it
-// may be 0: not applicable on the device).
+// `streamplan probe` prints it, and what 0 means for it.
 struct RateField {
   const char* name;
   double Rates::*member;
   const char* unit;
   double scale;
-  bool positive;
+  RateZero zero;
 };
 inline constexpr RateField kRateFields[] = {
-    {"flops_per_s", &Rates::flops_per_s, "GFLOP/s (16-bit matmul peak)", 1e9, true},
-    {"flops_per_s_f32", &Rates::flops_per_s_f32, "GFLOP/s (fp32 matmul peak)", 1e9, true},
-    {"gemm_half_rows", &Rates::gemm_half_rows, "rows at half the peak", 1, false},
-    {"gemm_probe_cols", &Rates::gemm_probe_cols, "output features of those matmuls", 1, true},
-    {"bytes_per_s", &Rates::bytes_per_s, "GB/s (copy)", 1e9, true},
-    {"host_bytes_per_s", &Rates::host_bytes_per_s, "GB/s (host to device)", 1e9, true},
-    {"launch_s", &Rates::launch_s, "us per operation", 1e-6, true},
-    {"launch_gap_s", &Rates::launch_gap_s, "us per operation on the device", 1e-6, true},
-    {"attention_ratio", &Rates::attention_ratio, "of the matmul peak", 1, true},
-    {"attention_ratio_ragged", &Rates::attention_ratio_ragged, "of the matmul peak (ragged K/V)", 1, false},
-    {"attention_call_tiles", &Rates::attention_call_tiles, "tiles per call", 1, false},
-    {"row_bytes_per_s", &Rates::row_bytes_per_s, "GB/s (fused row kernels)", 1e9, false},
-    {"qk_bytes_per_s", &Rates::qk_bytes_per_s, "GB/s (fused Q/K norm + RoPE)", 1e9, false},
+    {"flops_per_s", &Rates::flops_per_s, "GFLOP/s (16-bit matmul peak)", 1e9, RateZero::Invalid},
+    {"flops_per_s_f32", &Rates::flops_per_s_f32, "GFLOP/s (fp32 matmul peak)", 1e9, RateZero::Invalid},
+    {"gemm_half_rows", &Rates::gemm_half_rows, "rows at half the peak", 1, RateZero::Measured},
+    {"gemm_probe_cols", &Rates::gemm_probe_cols, "output features of those matmuls", 1, RateZero::Invalid},
+    {"bytes_per_s", &Rates::bytes_per_s, "GB/s (copy)", 1e9, RateZero::Invalid},
+    {"host_bytes_per_s", &Rates::host_bytes_per_s, "GB/s (host to device)", 1e9, RateZero::Invalid},
+    {"launch_s", &Rates::launch_s, "us per operation", 1e-6, RateZero::Invalid},
+    {"launch_gap_s", &Rates::launch_gap_s, "us per operation on the device", 1e-6, RateZero::Invalid},
+    {"attention_ratio", &Rates::attention_ratio, "of the matmul peak", 1, RateZero::Invalid},
+    {"attention_ratio_ragged", &Rates::attention_ratio_ragged, "of the matmul peak (ragged K/V)", 1, RateZero::Measured},
+    {"attention_call_tiles", &Rates::attention_call_tiles, "tiles per call", 1, RateZero::Measured},
+    {"row_bytes_per_s", &Rates::row_bytes_per_s, "GB/s (fused row kernels)", 1e9, RateZero::Absent},
+    {"qk_bytes_per_s", &Rates::qk_bytes_per_s, "GB/s (fused Q/K norm + RoPE)", 1e9, RateZero::Absent},
 };
 
 struct DeviceCaps {

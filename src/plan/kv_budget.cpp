@@ -62,7 +62,7 @@ contracts::AttnCall attn_call(const ir::Model& m, const ir::Block& b, const ir::
   }
   const auto* a = std::get_if<ir::Attention>(&s.body);
   if (a && a->kind != ir::AttnKind::Cross && c.queries.begin == 0 && c.queries.end == m.tokens())
-    c.video = {m.segment_begin("video"), m.segment_begin("video") + video->length};
+    c.video = m.rows({"video"});
   return c;
 }
 

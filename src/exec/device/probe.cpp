@@ -136,7 +136,7 @@ bool read_cache(const std::string& path, const std::string& key, ProbeResult& r)
     r.key = key;
     for (const auto& field : contracts::kRateFields) {
       const double v = j.at(field.name).get<double>();
-      if (field.positive ? !(v > 0) : !(v >= 0)) return false;
+      if (field.zero == contracts::RateZero::Invalid ? !(v > 0) : !(v >= 0)) return false;
       r.rates.*field.member = v;
     }
     r.probe_ms = j.value("probe_ms", 0.0);
@@ -449,7 +449,7 @@ std::string probe_text(const ProbeResult& r) {
   };
   os << "device rates for " << r.key << "\n";
   for (const auto& f : contracts::kRateFields)
-    if (f.positive || r.rates.*f.member > 0) line(f.name, r.rates.*f.member, f.unit, f.scale);
+    if (f.zero != contracts::RateZero::Absent || r.rates.*f.member > 0) line(f.name, r.rates.*f.member, f.unit, f.scale);
   line("probe_ms", r.probe_ms, "ms to measure", 1);
   if (r.from_cache) os << "  from the cache " << r.cache_path << "\n";
   else if (r.cached) os << "  measured now (" << r.attempts << (r.attempts == 1 ? " probe" : " probes") << "), cached in " << r.cache_path << "\n";
