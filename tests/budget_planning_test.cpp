@@ -355,7 +355,7 @@ TEST(BudgetCost, WaveChunksFillWholeWaves) {
     ASSERT_FALSE(qs.empty()) << rep;
     for (int64_t q : qs) {
       EXPECT_LT(q, 75600);
-      EXPECT_DOUBLE_EQ(pl::attention_efficiency(rep * q, 40, 132), 1.0) << rep << " " << q;
+      EXPECT_DOUBLE_EQ(pl::attention_efficiency(rep * q, 40, {132}), 1.0) << rep << " " << q;
     }
   }
   EXPECT_TRUE(pl::wave_chunk_candidates(75600, 1, 40, 0, 1).empty());  // no GPU
@@ -364,12 +364,12 @@ TEST(BudgetCost, WaveChunksFillWholeWaves) {
 
 TEST(BudgetCost, AttentionEfficiencyIsTheFillOfTheLastWave) {
   // 40 heads x 33 tiles of 128 rows = 1320 tiles = 10 full waves of 132.
-  EXPECT_DOUBLE_EQ(pl::attention_efficiency(33 * 128, 40, 132), 1.0);
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(33 * 128, 40, {132}), 1.0);
   // One row more opens an 11th wave for 40 tiles: 1360 / (11 x 132).
-  EXPECT_DOUBLE_EQ(pl::attention_efficiency(33 * 128 + 1, 40, 132), 1360.0 / (11 * 132));
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(33 * 128 + 1, 40, {132}), 1360.0 / (11 * 132));
   // A partial tile costs a whole one.
-  EXPECT_DOUBLE_EQ(pl::attention_efficiency(1, 132, 132), pl::attention_efficiency(128, 132, 132));
-  EXPECT_DOUBLE_EQ(pl::attention_efficiency(1000, 8, 0), 1.0);  // no GPU: no waves
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(1, 132, {132}), pl::attention_efficiency(128, 132, {132}));
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(1000, 8, {0}), 1.0);  // no GPU: no waves
   // The cost model charges the Q slabs of one attention by their waves: splitting 33 x 128
   // rows per head into 2 slabs fills fewer waves than one call, and costs more.
   ct::DeviceCaps d = cpu();
@@ -381,6 +381,35 @@ TEST(BudgetCost, AttentionEfficiencyIsTheFillOfTheLastWave) {
   half.flops /= 2;
   half.gemm_rows = 4224 / 2;
   EXPECT_GT(2 * pl::step_seconds(half, r), 1.05 * pl::step_seconds(whole, r));
+}
+
+TEST(BudgetCost, TwoTilesPerUnitMakeWavesOfTwiceTheUnits) {
+  // 132 units of 2 tiles: waves of 264. 40 heads x 148 tiles = 5920 = 22 waves + 112 tiles,
+  // at most one on each unit: the last wave takes the lone share of a full one.
+  const pl::TileWaves w{132, 2, 0.7};
+  EXPECT_EQ(w.slots(), 264);
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(148 * 128, 40, w), 5920.0 / ((22 + 0.7) * 264));
+  // 40 x 149 tiles = 5960 = 22 waves + 152: some unit runs 2 of them, a whole wave.
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(149 * 128, 40, w), 5960.0 / (23 * 264));
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(33 * 128 * 2, 40, w), 1.0);  // 2640 = 10 waves
+  // One tile per unit at once: the lone share does not apply.
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(148 * 128, 40, {132, 1, 0.7}), 5920.0 / (45 * 132));
+  // From the rates: the measured tiles per unit, rounded, and the lone share where above 1.
+  pl::Rates r = pl::default_rates(ct::DeviceKind::CUDA);
+  r.compute_units = 132;
+  r.attention_unit_tiles = 2.0;
+  r.attention_lone_wave = 0.7;
+  const pl::TileWaves got = pl::tile_waves(r);
+  EXPECT_EQ(got.units, 132);
+  EXPECT_EQ(got.per_unit, 2);
+  EXPECT_DOUBLE_EQ(got.lone, 0.7);
+  r.attention_unit_tiles = 1.0;
+  EXPECT_DOUBLE_EQ(pl::tile_waves(r).lone, 1.0);
+  r.compute_units = 0;
+  EXPECT_EQ(pl::tile_waves(r).slots(), 0);
+  // The wave chunks fill waves of the slots: 2 x 132 over 40 heads.
+  for (int64_t q : pl::wave_chunk_candidates(75600, 1, 40, w.slots(), 1))
+    EXPECT_DOUBLE_EQ(pl::attention_efficiency(q, 40, w), 1.0) << q;
 }
 
 TEST(BudgetAuto, MarginOfTheDevice) {

@@ -252,6 +252,8 @@ TEST(MeasuredBudget, ProbeMeasuresAndCachesPerDevice) {
   EXPECT_DOUBLE_EQ(plan::rates_of(caps).gemm_probe_cols, a.rates.gemm_probe_cols);
   EXPECT_EQ(a.rates.attention_call_tiles, 0);  // measured on a GPU's waves only
   EXPECT_DOUBLE_EQ(b.rates.attention_call_tiles, a.rates.attention_call_tiles);
+  EXPECT_EQ(a.rates.attention_unit_tiles, 1);  // a CPU runs no tiles of waves
+  EXPECT_EQ(a.rates.attention_lone_wave, 1);
 
   // A damaged cache is measured again.
   std::ofstream(path) << "{\"version\": 1, \"key\": ";
@@ -287,7 +289,14 @@ TEST(MeasuredBudget, ProbeSanityBounds) {
   r.rates.launch_s = r.rates.launch_gap_s = 1.8e-6;
   r.rates.attention_ratio = 0.72;
   r.rates.attention_ratio_ragged = 0.74;
+  r.rates.attention_unit_tiles = r.rates.attention_lone_wave = 1;
   EXPECT_TRUE(exec::sanity_problems(r, false).empty());
+  r.rates.attention_unit_tiles = 0;  // never measured
+  EXPECT_FALSE(exec::sanity_problems(r, false).empty());
+  r.rates.attention_unit_tiles = 2;
+  r.rates.attention_lone_wave = 1.3;  // a wave of one tile per unit longer than a full one
+  EXPECT_FALSE(exec::sanity_problems(r, false).empty());
+  r.rates.attention_unit_tiles = r.rates.attention_lone_wave = 1;
   r.rates.attention_ratio = 0.068;
   const auto bad = exec::sanity_problems(r, false);
   ASSERT_FALSE(bad.empty());

@@ -26,7 +26,7 @@ namespace {
 
 using namespace sp;
 
-TEST(Gpu, ReducedPrecisionPlannedWithinTwiceNaiveErrorAndEstimateWithinFivePercent) {
+TEST(Gpu, ReducedPrecisionPlannedWithinTwiceNaiveErrorAndEstimateAtMostFivePercentAbove) {
   if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
   const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device("cuda");
@@ -69,7 +69,9 @@ TEST(Gpu, ReducedPrecisionPlannedWithinTwiceNaiveErrorAndEstimateWithinFivePerce
               << ", planned err " << ep << ", peak naive " << r.naive->peak_bytes << " planned "
               << r.planned.peak_bytes << " estimated " << r.estimated_peak_bytes << "\n";
     EXPECT_LE(ep, 2.0 * en);
-    EXPECT_LE(std::abs(double(r.estimated_peak_bytes - r.planned.peak_bytes)), 0.05 * double(r.planned.peak_bytes));
+    // Never below the measured peak (a budget holds), and not far above it.
+    EXPECT_GE(r.estimated_peak_bytes, r.planned.peak_bytes);
+    EXPECT_LE(double(r.estimated_peak_bytes), 1.05 * double(r.planned.peak_bytes));
     EXPECT_LT(r.planned.peak_bytes, r.naive->peak_bytes);
   }
 }

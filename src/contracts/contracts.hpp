@@ -174,6 +174,8 @@ struct Rates {
   double attention_ratio = 0;  // attention (SDPA) throughput as a fraction of the matmul peak
   double attention_ratio_ragged = 0;  // the same for a K/V length that is not a multiple of 128
   double attention_call_tiles = 0;    // time one attention call loses besides its waves, in tiles
+  double attention_unit_tiles = 0;    // attention tiles one GPU multiprocessor runs at once (1 on a CPU)
+  double attention_lone_wave = 0;     // time of a wave of one tile per multiprocessor, of a full wave's
   double row_bytes_per_s = 0;   // bandwidth of the fused norm + modulation kernel (bytes read + written)
   double qk_bytes_per_s = 0;    // bandwidth of the fused Q/K norm + RoPE kernel (bytes read + written)
   double host_bytes_per_s = 0;  // copies from pinned host memory onto the device (bytes per second)
@@ -206,6 +208,8 @@ inline constexpr RateField kRateFields[] = {
     {"attention_ratio", &Rates::attention_ratio, "of the matmul peak", 1, RateZero::Invalid},
     {"attention_ratio_ragged", &Rates::attention_ratio_ragged, "of the matmul peak (ragged K/V)", 1, RateZero::Measured},
     {"attention_call_tiles", &Rates::attention_call_tiles, "tiles per call", 1, RateZero::Measured},
+    {"attention_unit_tiles", &Rates::attention_unit_tiles, "attention tiles at once per multiprocessor", 1, RateZero::Invalid},
+    {"attention_lone_wave", &Rates::attention_lone_wave, "of a full wave's time (one tile per multiprocessor)", 1, RateZero::Invalid},
     {"row_bytes_per_s", &Rates::row_bytes_per_s, "GB/s (fused row kernels)", 1e9, RateZero::Absent},
     {"qk_bytes_per_s", &Rates::qk_bytes_per_s, "GB/s (fused Q/K norm + RoPE)", 1e9, RateZero::Absent},
 };
@@ -217,7 +221,8 @@ struct DeviceCaps {
   std::set<ir::DType> dtypes;
   int cc_major = 0, cc_minor = 0;
   int threads = 1;
-  // GPU: streaming multiprocessors, the number of attention tiles that run at once (0: not a GPU).
+  // GPU: streaming multiprocessors (0: not a GPU); rates.attention_unit_tiles attention tiles
+  // run on each at once.
   int compute_units = 0;
   // CUDA's caching allocator rounds each block up; CPU allocations are exact.
   int64_t alloc_round = 1;

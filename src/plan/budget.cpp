@@ -114,10 +114,10 @@ std::vector<int64_t> chunk_candidates(int64_t rows, int64_t align) {
   return out;
 }
 
-std::vector<int64_t> wave_chunk_candidates(int64_t rows, int64_t rep, int64_t kv_heads, int units, int64_t align) {
-  if (units <= 0 || kv_heads <= 0 || rep <= 0) return {};
+std::vector<int64_t> wave_chunk_candidates(int64_t rows, int64_t rep, int64_t kv_heads, int64_t slots, int64_t align) {
+  if (slots <= 0 || kv_heads <= 0 || rep <= 0) return {};
   // Rows per head of one full wave, then the query rows whose rep-fold is a multiple of it.
-  const int64_t wave = kAttentionTileRows * (units / std::gcd(int64_t{units}, kv_heads));
+  const int64_t wave = kAttentionTileRows * (slots / std::gcd(slots, kv_heads));
   const int64_t step = std::lcm(wave / std::gcd(wave, rep), std::max<int64_t>(align, 1));
   std::vector<int64_t> out;
   for (int64_t k : {2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32}) {

@@ -55,9 +55,9 @@ int64_t budget_from_option(const std::string& text, const contracts::DeviceCaps&
 // Each is a multiple of `align` (the consumer's Q alignment); the near-equal sizes also of 8.
 std::vector<int64_t> chunk_candidates(int64_t rows, int64_t align);
 // Query chunks whose attention calls run whole waves of tiles (plan::attention_efficiency):
-// multiples of the rows that make rep x rows fill waves of `units` tiles over `kv_heads`
-// heads, near each slab count chunk_candidates offers; none where units <= 0.
-std::vector<int64_t> wave_chunk_candidates(int64_t rows, int64_t rep, int64_t kv_heads, int units, int64_t align);
+// multiples of the rows that make rep x rows fill waves of `slots` tiles (TileWaves::slots)
+// over `kv_heads` heads, near each slab count chunk_candidates offers; none where slots <= 0.
+std::vector<int64_t> wave_chunk_candidates(int64_t rows, int64_t rep, int64_t kv_heads, int64_t slots, int64_t align);
 // Feature slices of a sliceable MLP: hidden/2, /4, /8, rounded up to `align` (the weight
 // formats' slice alignment), each < hidden. Narrower slices would shrink the scratch
 // further but turn each slice's matmuls skinny and multiply the accumulator passes.

@@ -1,6 +1,7 @@
 #include "plan/cost.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "plan/arena.hpp"
 
@@ -30,6 +31,8 @@ Rates default_rates(contracts::DeviceKind kind) {
   r.gemm_half_rows = gpu ? 256 : 32;
   r.gemm_probe_cols = gpu ? 4096 : 512;
   r.attention_ratio = gpu ? 0.7 : 0.5;
+  r.attention_unit_tiles = 1;
+  r.attention_lone_wave = 1;
   r.host_bytes_per_s = gpu ? 25e9 : 5e9;
   return r;
 }
@@ -48,17 +51,32 @@ double gemm_efficiency(int64_t rows, int64_t cols, const Rates& r) {
   return eq / (eq + r.gemm_half_rows);
 }
 
-double attention_efficiency(int64_t rows_per_head, int64_t heads, int units) {
-  if (units <= 0 || rows_per_head <= 0 || heads <= 0) return 1.0;
-  const int64_t tiles = (rows_per_head + kAttentionTileRows - 1) / kAttentionTileRows * heads;
-  const int64_t waves = (tiles + units - 1) / units;
-  return double(tiles) / double(waves * units);
+TileWaves tile_waves(const Rates& r) {
+  if (r.compute_units <= 0) return {};
+  const int per_unit = std::clamp(static_cast<int>(std::lround(r.attention_unit_tiles)), 1, 16);
+  return {r.compute_units, per_unit, per_unit > 1 ? std::clamp(r.attention_lone_wave, 0.05, 1.0) : 1.0};
 }
 
-double attention_tile_seconds(double flops, int64_t rows_per_head, int64_t heads, double peak, int units) {
-  if (units <= 0 || rows_per_head <= 0 || heads <= 0 || peak <= 0) return 0;
-  const int64_t tiles = (rows_per_head + kAttentionTileRows - 1) / kAttentionTileRows * heads;
-  return flops / double(tiles) / (peak / double(units));
+namespace {
+int64_t tiles_of(int64_t rows_per_head, int64_t heads) {
+  return (rows_per_head + kAttentionTileRows - 1) / kAttentionTileRows * heads;
+}
+}  // namespace
+
+double attention_efficiency(int64_t rows_per_head, int64_t heads, const TileWaves& w) {
+  if (w.units <= 0 || rows_per_head <= 0 || heads <= 0) return 1.0;
+  const int64_t tiles = tiles_of(rows_per_head, heads), slots = w.slots(), rest = tiles % slots;
+  double waves = double(tiles / slots);
+  if (rest > 0) {
+    const int64_t busiest = (rest + w.units - 1) / w.units;  // tiles on the fullest multiprocessor
+    waves += w.per_unit > 1 ? w.lone + (1.0 - w.lone) * double(busiest - 1) / double(w.per_unit - 1) : 1.0;
+  }
+  return double(tiles) / (waves * double(slots));
+}
+
+double attention_tile_seconds(double flops, int64_t rows_per_head, int64_t heads, double peak, const TileWaves& w) {
+  if (w.units <= 0 || rows_per_head <= 0 || heads <= 0 || peak <= 0) return 0;
+  return flops / double(tiles_of(rows_per_head, heads)) / (peak / double(w.slots()));
 }
 
 double step_seconds(const Terms& t, const Rates& r) {
@@ -70,10 +88,10 @@ double step_seconds(const Terms& t, const Rates& r) {
                                                                                          : r.attention_ratio;
     const double peak = r.flops(t.dtype) * ratio;
     double eff = t.gemm_rows > 0 ? gemm_efficiency(t.gemm_rows, t.gemm_cols, r) : 1.0;
-    if (t.attention && r.compute_units > 0) eff = attention_efficiency(t.gemm_rows, t.attention_heads, r.compute_units);
+    const TileWaves w = t.attention ? tile_waves(r) : TileWaves{};
+    if (w.units > 0) eff = attention_efficiency(t.gemm_rows, t.attention_heads, w);
     compute = t.flops / (peak * eff);
-    if (t.attention && r.compute_units > 0)
-      compute += r.attention_call_tiles * attention_tile_seconds(t.flops, t.gemm_rows, t.attention_heads, peak, r.compute_units);
+    if (w.units > 0) compute += r.attention_call_tiles * attention_tile_seconds(t.flops, t.gemm_rows, t.attention_heads, peak, w);
   }
   double bw = r.bytes_per_s;
   if (t.mover == Mover::NormKernel && r.row_bytes_per_s > 0) bw = r.row_bytes_per_s;

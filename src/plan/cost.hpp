@@ -37,7 +37,7 @@ namespace sp::plan {
 
 // The rates the estimate runs on: the device's measured ones, defaults for the others.
 struct Rates : contracts::Rates {
-  int compute_units = 0;  // GPU multiprocessors (attention_efficiency); 0: none
+  int compute_units = 0;  // GPU multiprocessors (tile_waves); 0: none
   double flops(ir::DType dt) const;
 };
 
@@ -49,7 +49,8 @@ struct Rates : contracts::Rates {
 //         default disables TF32), 3.5 TB/s, 8 us per operation on the host and 2 us on the device,
 //         k = 256 rows of 4096 outputs (a bf16 matmul
 //         of 4096 x 4096 weights is bound by reading its weight below ~300 rows), flash
-//         attention at 70% of the matmul rate, pinned host-to-device copies at 25 GB/s.
+//         attention at 70% of the matmul rate, one attention tile per multiprocessor at once,
+//         pinned host-to-device copies at 25 GB/s.
 Rates default_rates(contracts::DeviceKind kind);
 // The device's measured rates, each missing (0) one from default_rates().
 Rates rates_of(const contracts::DeviceCaps& dev);
@@ -60,16 +61,28 @@ Rates rates_of(const contracts::DeviceCaps& dev);
 // 1 when k <= 0.
 double gemm_efficiency(int64_t rows, int64_t cols, const Rates& r);
 
-// Fraction of peak an attention call reaches on a GPU of `units` multiprocessors: its tiles
-// (kAttentionTileRows query rows of one K/V head each) run in waves of `units`, and a last,
-// partly filled wave takes as long as a full one. With a long K/V a tile runs for about a
-// millisecond, so a slab of queries that leaves a wave mostly empty costs that much: measured
-// on an H200 (132 units), about 0.5 ms per attention call of a 75,600-token Wan block.
-// 1 when units <= 0.
+// How a GPU runs attention tiles (kAttentionTileRows query rows of one K/V head each): `units`
+// multiprocessors running `per_unit` tiles each at once, so waves of units x per_unit tiles. A
+// last, partly filled wave takes as long as a full one where some multiprocessor runs
+// per_unit tiles in it; with one tile on each it takes `lone` of a full wave (a tile alone on
+// a multiprocessor runs faster), and in between in proportion. units 0: not a GPU.
+struct TileWaves {
+  int units = 0;
+  int per_unit = 1;
+  double lone = 1.0;
+  int64_t slots() const { return int64_t{units} * per_unit; }
+};
+TileWaves tile_waves(const Rates& r);
+
+// Fraction of peak an attention call reaches on a GPU: its tiles over the time of its waves.
+// With a long K/V a tile runs for about a millisecond, so a slab of queries that leaves a wave
+// mostly empty costs that much: measured on an H200 (132 units of 2 tiles), about 0.5 ms per
+// attention call of a 75,600-token Wan block. 1 when units <= 0.
 inline constexpr int64_t kAttentionTileRows = 128;
-double attention_efficiency(int64_t rows_per_head, int64_t heads, int units);
-// The time one of those tiles takes, for a call of `flops` at `peak` FLOP/s on `units`.
-double attention_tile_seconds(double flops, int64_t rows_per_head, int64_t heads, double peak, int units);
+double attention_efficiency(int64_t rows_per_head, int64_t heads, const TileWaves& w);
+// The time one of those tiles takes, for a call of `flops` at `peak` FLOP/s (a wave's time
+// over its slots).
+double attention_tile_seconds(double flops, int64_t rows_per_head, int64_t heads, double peak, const TileWaves& w);
 
 struct Cost {
   int64_t peak_bytes = 0;  // above the residual stream

@@ -245,7 +245,8 @@ class Chooser {
       if (v.is_legal(Transform::GlobalKvStreamedQ) && v.is_legal(Transform::BoundedQkv)) {
         const int64_t align = reg_.consumer(a.consumer).q_align;
         auto qs = chunk_candidates(T, align);
-        for (int64_t q : wave_chunk_candidates(T, a.heads / a.kv_heads, a.kv_heads, dev_.compute_units, align))
+        const int64_t slots = tile_waves(rates_of(dev_)).slots();
+        for (int64_t q : wave_chunk_candidates(T, a.heads / a.kv_heads, a.kv_heads, slots, align))
           if (std::find(qs.begin(), qs.end(), q) == qs.end()) qs.push_back(q);
         for (int64_t q : qs)
           for (int64_t kv : kvs) plans.push_back(attention_candidate(v, T, L, kv, q));

@@ -27,7 +27,7 @@ namespace sp::exec {
 
 namespace {
 
-constexpr int kCacheVersion = 11;
+constexpr int kCacheVersion = 12;
 
 using Clock = std::chrono::steady_clock;
 
@@ -259,41 +259,72 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
   // kernel masks its last K/V tile). On a GPU each is timed sustained, after a second of the
   // same calls (~20 ms each, as a video model's attention runs): a GPU holds its highest
   // clocks for short bursts only. On a GPU the same queries are also timed in 4 calls of a
-  // quarter each (both fill their last wave alike): what a call costs besides its waves (the
-  // ramp of its first and last tiles), in tiles, is the difference, and the ratio is taken
-  // without it.
+  // quarter each: what a call costs besides its waves (the ramp of its first and last tiles),
+  // in tiles, is the difference, and the ratio is taken without it.
+  const at::ScalarType adt = gpu ? half : at::kFloat;
+  const auto fo = at::TensorOptions().dtype(at::kFloat).device(d);
+  auto sdpa = [](const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& vt) {
+    at::scaled_dot_product_attention(qt, kt, vt, {}, 0.0, false, 1.0 / std::sqrt(double(qt.size(-1))));
+  };
+  plan::Rates waves_of;
+  waves_of.compute_units = gpu ? caps.compute_units : 0;
+  r.rates.attention_unit_tiles = r.rates.attention_lone_wave = 1;
+  if (gpu && caps.compute_units > 0) {
+    // Tiles a multiprocessor runs at once: calls of m tiles per multiprocessor (as many heads
+    // as multiprocessors, m tiles of queries each) against a long K/V. Past what runs at once
+    // an added tile adds its whole share of the time; below, it shares a multiprocessor that
+    // had room. The count is the first m whose next tile adds at least 0.9 of its share (at
+    // most 4), and a wave of one tile per multiprocessor takes t(1) / t(m) of a full one.
+    const int64_t units = caps.compute_units, kvl = 16384, hd = 128;
+    at::Tensor kt = at::randn({1, units, kvl, hd}, fo).to(adt), vt = at::randn({1, units, kvl, hd}, fo).to(adt);
+    auto tiles_seconds = [&](int64_t m) {
+      at::Tensor qt = at::randn({1, units, m * plan::kAttentionTileRows, hd}, fo).to(adt);
+      for (int i = 0; i < 20; ++i) sdpa(qt, kt, vt);
+      return median_seconds(d, 4, [&] { sdpa(qt, kt, vt); });
+    };
+    const double t1 = tiles_seconds(1);
+    double tm = t1;
+    int m = 1;
+    for (; m < 4; ++m) {
+      const double next = tiles_seconds(m + 1);
+      if (next / tm >= 0.9 * double(m + 1) / double(m)) break;
+      tm = next;
+    }
+    r.rates.attention_unit_tiles = m;
+    r.rates.attention_lone_wave = std::min(1.0, t1 / tm);
+    waves_of.attention_unit_tiles = r.rates.attention_unit_tiles;
+    waves_of.attention_lone_wave = r.rates.attention_lone_wave;
+  }
+  const plan::TileWaves waves = plan::tile_waves(waves_of);
   const int64_t heads = gpu ? 40 : 2, q = gpu ? 8192 : 256, hd = gpu ? 128 : 64;
-  const int units = gpu ? caps.compute_units : 0;
   auto attention_seconds = [&](int64_t kv, int calls) {
-    const at::ScalarType adt = gpu ? half : at::kFloat;
-    const auto o = at::TensorOptions().dtype(at::kFloat).device(d);
     std::vector<at::Tensor> qs;
-    for (int i = 0; i < calls; ++i) qs.push_back(at::randn({1, heads, q / calls, hd}, o).to(adt));
-    at::Tensor kt = at::randn({1, heads, kv, hd}, o).to(adt), vt = at::randn({1, heads, kv, hd}, o).to(adt);
+    for (int i = 0; i < calls; ++i) qs.push_back(at::randn({1, heads, q / calls, hd}, fo).to(adt));
+    at::Tensor kt = at::randn({1, heads, kv, hd}, fo).to(adt), vt = at::randn({1, heads, kv, hd}, fo).to(adt);
     const double flops = 4.0 * double(q) * double(kv) * double(heads) * double(hd);
     const int inner = gpu ? 6 : static_cast<int>(std::clamp(per_timing / flops, 1.0, 64.0));
     auto attend = [&] {
-      for (const at::Tensor& qt : qs)
-        at::scaled_dot_product_attention(qt, kt, vt, {}, 0.0, false, 1.0 / std::sqrt(double(hd)));
+      for (const at::Tensor& qt : qs) sdpa(qt, kt, vt);
     };
     if (gpu)
       for (int i = 0; i < 50; ++i) attend();
     return median_seconds(d, inner, attend);
   };
-  // t(calls) = F / (peak · ratio) · (1 / eff(q / calls) + calls · c · units / tiles(q)), with
+  // t(calls) = F / (peak · ratio) · (1 / eff(q / calls) + calls · c · slots / tiles(q)), with
   // c the tiles a call loses: two timings give c and the ratio.
   const double peak16 = gpu ? r.rates.flops_per_s : r.rates.flops_per_s_f32;
-  const double e1 = plan::attention_efficiency(q, heads, units);
-  const double a = units > 0 ? double(units) / double((q + plan::kAttentionTileRows - 1) / plan::kAttentionTileRows * heads) : 0;
+  const double e1 = plan::attention_efficiency(q, heads, waves);
+  const double a =
+      waves.units > 0 ? double(waves.slots()) / double((q + plan::kAttentionTileRows - 1) / plan::kAttentionTileRows * heads) : 0;
   auto ratio_of = [&](int64_t kv, double t1, double c) {
     const double flops = 4.0 * double(q) * double(kv) * double(heads) * double(hd);
     return flops / (t1 * peak16) * (1.0 / e1 + c * a);
   };
   const int64_t kv = gpu ? 65536 : 1024;
   const double t1 = attention_seconds(kv, 1);
-  if (gpu && units > 0) {
+  if (waves.units > 0) {
     const double t4 = attention_seconds(kv, 4), ratio = t4 / t1;
-    const double e4 = plan::attention_efficiency(q / 4, heads, units);
+    const double e4 = plan::attention_efficiency(q / 4, heads, waves);
     if (ratio < 4.0) r.rates.attention_call_tiles = std::max(0.0, (ratio / e1 - 1.0 / e4) / (a * (4.0 - ratio)));
   }
   r.rates.attention_ratio = ratio_of(kv, t1, r.rates.attention_call_tiles);
@@ -364,6 +395,10 @@ std::vector<std::string> sanity_problems(const ProbeResult& r, bool gpu) {
   // project's CPU machine: 29 times slower than fp32), not beyond 200 times. A GPU's launch gap
   // is not above the host's cost of the operation.
   within("attention_ratio", r.rates.attention_ratio, 0.2, 1.5, "of the matmul peak", 1.0);
+  // At most 4 tiles at once per multiprocessor (what the probe tries), and a wave of one tile
+  // each not longer than a full one.
+  within("attention_unit_tiles", r.rates.attention_unit_tiles, 1.0, 4.0, "tiles", 1.0);
+  within("attention_lone_wave", r.rates.attention_lone_wave, 0.05, 1.0, "of a full wave", 1.0);
   if (r.rates.attention_ratio > 0)
     within("attention_ratio_ragged / attention_ratio", r.rates.attention_ratio_ragged / r.rates.attention_ratio, 0.05, 1.1, "", 1.0);
   if (r.rates.flops_per_s > 0)
