@@ -1,6 +1,6 @@
-"""What the Python benchmarks (scripts/bench_package.py, bench_peers.py, bench_minimax.py)
-share: the per-call time and activation peak of a module's forward, one warm-up then timed
-calls, the diffusers Wan 2.1 14B configuration, and writing results."""
+"""What the Python benchmarks (scripts/bench_package.py, bench_peers.py, bench_minimax.py,
+soak_package.py) share: the per-call time and activation peak of a module's forward, one
+warm-up then timed calls, the diffusers Wan 2.1 14B configuration, and writing results."""
 
 from __future__ import annotations
 
@@ -28,13 +28,14 @@ def add_wan_run_args(ap, layers: int, reps: int) -> None:
     ap.add_argument("--out", help="write the results as JSON")
 
 
-def wan14b_transformer(layers: int) -> torch.nn.Module:
-    """diffusers' WanTransformer3DModel at WAN14B widths with seeded random fp32 weights
+def wan14b_transformer(layers: int, config: dict | None = None) -> torch.nn.Module:
+    """diffusers' WanTransformer3DModel at WAN14B widths (or `config`'s, e.g. the tests' tiny
+    make_reference.WAN_CONFIG) with `layers` layers and seeded random fp32 weights
     (tests/reference/make_reference.py's randomization), in eval mode on the CPU."""
     import make_reference
     from diffusers import WanTransformer3DModel
 
-    model = WanTransformer3DModel(**WAN14B, num_layers=layers)
+    model = WanTransformer3DModel(**{**(config or WAN14B), "num_layers": layers})
     make_reference.randomize(model, torch.Generator().manual_seed(0))
     return model.eval()
 

@@ -22,6 +22,10 @@
 #                                    (14B widths, 8 layers) held in host memory and attached with
 #                                    device_memory (5 and 8 GiB), against the same module all on the
 #                                    GPU (scripts/bench_package_residency.py)
+#   scripts/device.sh OUT soak       the Python package built here, then 1,000 calls of diffusers' Wan
+#                                    transformer (14B widths, 2 layers) through streamplan.apply on
+#                                    random geometries: memory back at its baseline after every call,
+#                                    the plan cache bounded (scripts/soak_package.py; OUT/soak.json)
 #   scripts/device.sh OUT minimax    the Python package built here, then ComfyUI's MiniMaxH3Model
 #                                    (2 blocks, 10 s at 1376x768) with and without
 #                                    streamplan.apply (scripts/bench_minimax.py)
@@ -198,6 +202,13 @@ if [ "$mode" = package-residency ]; then
   build_package
   $py scripts/bench_package_residency.py ${BENCH_ARGS:-} --out "$out/package_residency.json" 2>>"$out/logs.txt" \
     || { tail -20 "$out/logs.txt"; exit 1; }
+  exit 0
+fi
+
+if [ "$mode" = soak ]; then
+  build_package
+  $py scripts/soak_package.py ${BENCH_ARGS:-} --out "$out/soak.json" 2>>"$out/logs.txt" | tee "$out/soak.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { tail -20 "$out/logs.txt"; exit 1; }
   exit 0
 fi
 
