@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A long session through `streamplan.apply` on a GPU (issue 34): 1,000 consecutive calls of
+"""A long session through `streamplan.apply` on a GPU: 1,000 consecutive calls of
 diffusers' Wan transformer on random geometries; the memory must stay flat and the plan cache
 bounded. tests/python/test_soak.py is the CPU version (300 calls of a tiny module).
 
