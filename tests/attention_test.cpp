@@ -190,6 +190,7 @@ TEST(GpuInt8Attention, TheBoundedSoftmaxRedoesTheRowsItsBoundDoesNotFit) {
 TEST(GpuSparseAttention, MatchesTheMaskedReferenceWholeAndInSlabs) {
   SKIP_WITHOUT_CUDA();
   auto reg = exec::builtin_registry();
+  exec::SparseTally tally;
   for (int64_t rows : {130, 200, 600})
     for (int64_t dim : {64, 128})
       for (double budget : {0.3, 1.0}) {
@@ -207,7 +208,7 @@ TEST(GpuSparseAttention, MatchesTheMaskedReferenceWholeAndInSlabs) {
           parts.push_back(attend(reg, "sparse", x, call, x.q.narrow(1, call.q_begin, std::min<int64_t>(128, rows - call.q_begin))));
         EXPECT_LE(rel_l2(at::cat(parts, 1), want), 2e-2) << what << " (slabs)";
         // The whole call ends its phase (its carrier is freed); the slabs share one carrier.
-        const auto all = exec::sparse_phases(reg);
+        const auto& all = tally.phases();
         ASSERT_GE(all.size(), 2u) << what;
         const std::vector<exec::SparsePhase> phases(all.end() - 2, all.end());
         const double kept = keep.to(at::kDouble).mean().item<double>();

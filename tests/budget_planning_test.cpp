@@ -146,7 +146,7 @@ TEST_F(Budget, OnlyLegalTransformationsAreUsed) {
       const pl::Plan p = plan_b(m, budget);
       for (size_t i = 0; i < p.blocks[0].sublayers.size(); ++i)
         for (const auto& d : p.blocks[0].sublayers[i].decisions) {
-          if (!d.rejections.empty()) EXPECT_FALSE(d.chosen) << lg::to_string(d.transform);
+          if (!d.rejections.empty()) EXPECT_FALSE(p.blocks[0].sublayers[i].chosen(d.transform)) << lg::to_string(d.transform);
           // Rejections stay as legality gave them.
           const auto& d0 = decision(unbudgeted.blocks[0].sublayers[i].decisions, d.transform);
           EXPECT_EQ(d.rejections.size(), d0.rejections.size());

@@ -19,7 +19,7 @@
 #include "recognize/recognize.hpp"
 #include "report/report.hpp"
 #include "plan/budget.hpp"
-#include "report/retry.hpp"
+#include "exec/run/retry.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -319,7 +319,7 @@ TEST(Gpu, OutOfMemoryRetriesOnceWithASmallerPlan) {
   // Room for the leanest plan (and the twentieth the retry leaves), not for the fastest.
   ASSERT_LT(least * 21 / 20, (least + fast.estimated_peak_bytes) / 2);
   cap((least + fast.estimated_peak_bytes) / 2);
-  const report::Retried r = report::run_planned_retrying(inst, fast, reg, dev, d);
+  const exec::Retried r = exec::run_planned_retrying(inst, fast, reg, dev, d);
   EXPECT_TRUE(r.retried);
   EXPECT_LT(r.plan.estimated_peak_bytes, fast.estimated_peak_bytes);
   std::cout << r.note << "\n";
@@ -328,9 +328,9 @@ TEST(Gpu, OutOfMemoryRetriesOnceWithASmallerPlan) {
   // Too little for any plan: OutOfMemory, naming what was needed.
   cap(least / 2);
   try {
-    report::run_planned_retrying(inst, fast, reg, dev, d);
+    exec::run_planned_retrying(inst, fast, reg, dev, d);
     ADD_FAILURE() << "ran with less memory than its smallest peak";
-  } catch (const report::OutOfMemory& e) {
+  } catch (const exec::OutOfMemory& e) {
     std::cout << e.what() << "\n";
     EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos);
   }

@@ -95,7 +95,7 @@ TEST_F(Legality, WholeConsumerFailsClosedForStreamedQOnly) {
   const pl::SublayerPlan& a = p.blocks[0].sublayers[0];
   const Transform t = Transform::GlobalKvStreamedQ;
   const auto& q = decision(a.decisions, t);
-  EXPECT_FALSE(q.chosen);
+  EXPECT_FALSE(a.chosen(t));
   EXPECT_TRUE(Rejected(q.rejections, {t, Check::ConsumerBoundedQ, by::consumer("whole"), "yes", "undeclared"}));
   EXPECT_TRUE(Rejected(q.rejections, {t, Check::ConsumerDeclaresGlobalK, by::consumer("whole"), "declared (yes or no)",
                                       "undeclared"}));
@@ -105,7 +105,7 @@ TEST_F(Legality, WholeConsumerFailsClosedForStreamedQOnly) {
   EXPECT_EQ(q.rejections.size(), 4u);
 
   const auto& o = decision(a.decisions, Transform::StreamedOutProj);
-  EXPECT_FALSE(o.chosen);
+  EXPECT_FALSE(a.chosen(Transform::StreamedOutProj));
   EXPECT_TRUE(Rejected(o.rejections, {Transform::StreamedOutProj, Check::Prerequisite,
                                       by::transformation(Transform::GlobalKvStreamedQ), "legal", "rejected"}));
   EXPECT_EQ(o.rejections.size(), 1u);
@@ -143,7 +143,7 @@ TEST_F(Legality, ConsumerWithoutModelDtype) {
 TEST_F(Legality, AttnOutRenormPatchBlocksStreamedOutProjOnly) {
   const pl::SublayerPlan a = bounded(build({.attn_patches = {"attn-out-renorm"}})).blocks[0].sublayers[0];
   const auto& o = decision(a.decisions, Transform::StreamedOutProj);
-  EXPECT_FALSE(o.chosen);
+  EXPECT_FALSE(a.chosen(Transform::StreamedOutProj));
   EXPECT_TRUE(Rejected(o.rejections, {Transform::StreamedOutProj, Check::PatchRowLocal, by::patch("attn-out-renorm"),
                                       "yes", "no"}));
   EXPECT_TRUE(a.chosen(Transform::GlobalKvStreamedQ));
@@ -153,7 +153,7 @@ TEST_F(Legality, AttnOutRenormPatchBlocksStreamedOutProjOnly) {
 TEST_F(Legality, MlpHiddenRownormPatchBlocksFeatureSlicingOnly) {
   const pl::SublayerPlan f = plan(build({.mlp_patches = {"mlp-hidden-rownorm"}}), {.token_chunk = 128}).blocks[0].sublayers[1];
   const auto& d = decision(f.decisions, Transform::FeatureSlicedMlp);
-  EXPECT_FALSE(d.chosen);
+  EXPECT_FALSE(f.chosen(Transform::FeatureSlicedMlp));
   EXPECT_TRUE(Rejected(d.rejections, {Transform::FeatureSlicedMlp, Check::PatchFeatureLocal,
                                       by::patch("mlp-hidden-rownorm"), "yes", "no"}));
   EXPECT_TRUE(f.chosen(Transform::TokenChunkedMlp));
@@ -333,10 +333,13 @@ TEST_F(Planning, ChunkCoveringAllTokensDeclinesWithNote) {
                                   &decision(a.decisions, Transform::StreamedOutProj),
                                   &decision(f.decisions, Transform::TokenChunkedMlp),
                                   &decision(p.final_layer.decisions, Transform::BoundedFinal)}) {
-      EXPECT_FALSE(d->chosen) << lg::to_string(d->transform);
       EXPECT_EQ(d->note, "one chunk covers all tokens") << lg::to_string(d->transform);
       EXPECT_TRUE(d->rejections.empty()) << lg::to_string(d->transform);
     }
+    for (Transform t : {Transform::BoundedQkv, Transform::GlobalKvStreamedQ, Transform::StreamedOutProj})
+      EXPECT_FALSE(a.chosen(t)) << lg::to_string(t);
+    EXPECT_FALSE(f.chosen(Transform::TokenChunkedMlp));
+    EXPECT_FALSE(p.final_layer.chosen(Transform::BoundedFinal));
     EXPECT_EQ(a.token_chunk, T);
     EXPECT_EQ(a.q_chunk, T);
     EXPECT_EQ(f.token_chunk, T);

@@ -129,11 +129,12 @@ int bench_attention(const Args& a) {
       contracts::AttnCall call;
       call.kv_budget = budget;
       call.video = {c.text_rows, c.tokens};
+      exec::SparseTally tally;
       const double ms = time_ms(d, a.reps, [&] {
         exec::int8c::drop_carrier();
         o = sparse.attend_rows(q, k, v, scale, call);
       });
-      const auto phases = exec::sparse_phases(reg);
+      const auto& phases = tally.phases();
       row("sparse", budget, ms, rel_l2(o, ref), phases.empty() ? 1.0 : phases.back().density());
     }
     exec::int8c::drop_carrier();

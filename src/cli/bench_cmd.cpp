@@ -51,16 +51,14 @@ int bench(const Args& a) {
       throw std::invalid_argument("--cases: unknown case '" + n + "' (see bench --list)");
   const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
-  auto caps = exec::describe_device(d);
+  auto caps = exec::run_device(d);
   if (a.row_kernels == "aten") caps.fused_row_kernels = contracts::Cap::No;
   exec::install_cpu_meter();
-  caps.rates = exec::probe_device(d, caps).rates;  // the chooser compares estimated times
   report::BenchOptions opt;
   opt.reps = a.reps;
   opt.tiny = a.tiny;
   opt.dtype = ir::parse_dtype(a.dtype, "--dtype");
-  opt.plan.token_chunk = a.chunk;
-  if (!a.budget.empty()) opt.plan.budget_bytes = plan::budget_from_option(a.budget, caps);
+  opt.plan = exec::plan_options({a.chunk, 0, a.budget}, d);
   opt.budget_floor = a.budget_floor;
   opt.sweep_min_floor = a.sweep_min_floor;
   opt.progress = !a.quiet;

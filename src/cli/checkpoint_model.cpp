@@ -9,6 +9,7 @@
 #include "models/quant_load.hpp"
 #include "models/tensor_io.hpp"
 #include "plan/budget.hpp"
+#include "exec/run/retry.hpp"
 #include "report/report.hpp"
 
 namespace sp::cli {
@@ -173,7 +174,7 @@ std::optional<Built> extrapolate(const recognize::Recognized& rec, exec::TensorW
 }
 
 bool out_of_memory(const std::exception& e) {
-  return dynamic_cast<const std::bad_alloc*>(&e) || report::is_out_of_memory(e);
+  return dynamic_cast<const std::bad_alloc*>(&e) || exec::is_out_of_memory(e);
 }
 
 }  // namespace

@@ -44,7 +44,7 @@
 #include "report/feasibility.hpp"
 #include "report/formats_text.hpp"
 #include "report/report.hpp"
-#include "report/retry.hpp"
+#include "exec/run/retry.hpp"
 
 namespace {
 
@@ -130,16 +130,7 @@ models::ModelConfig config_from(const ModelArgs& a, const contracts::Registry& r
   return c;
 }
 
-// The chooser compares estimated times: the device's rates are measured once (cached per
-// device) first.
-plan::Options plan_options(const ModelArgs& a, contracts::DeviceCaps& dev, const at::Device& d) {
-  dev.rates = exec::probe_device(d, dev).rates;
-  plan::Options o;
-  o.token_chunk = a.chunk;
-  o.feature_slice = a.feature_slice;
-  if (!a.budget.empty()) o.budget_bytes = plan::budget_from_option(a.budget, dev);
-  return o;
-}
+exec::RunChoices choices(const ModelArgs& a) { return {a.chunk, a.feature_slice, a.budget}; }
 
 std::string planning(const ir::Model& m) { return "planning " + std::to_string(m.blocks.size()) + " blocks"; }
 
@@ -178,7 +169,7 @@ int cmd_plan(ModelArgs a) {
   check_plan_options(a);
   const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
-  auto dev = exec::describe_device(d);
+  const auto dev = exec::run_device(d);
   report::Progress progress("plan", !a.quiet);
   std::optional<cli::MetaModel> mm;
   std::string variant;
@@ -194,7 +185,7 @@ int cmd_plan(ModelArgs a) {
     mm = cli::meta_model(file, rec, "", a.geom, a.seed, dtype, cli::resolve_consumer(a.consumer), reg);
     return mm->model;
   }();
-  const plan::Options po = plan_options(a, dev, d);
+  const plan::Options po = exec::plan_options(choices(a), d);
   const plan::Plan p = [&] {
     const auto phase = progress.phase(planning(m));
     return plan::make_plan(m, reg, dev, po);
@@ -225,11 +216,11 @@ int cmd_plan(ModelArgs a) {
 int cmd_demo(const ModelArgs& a) {
   const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
-  auto dev = exec::describe_device(d);
+  const auto dev = exec::run_device(d);
   exec::install_cpu_meter();
   report::Progress progress("demo", !a.quiet);
   const models::ModelConfig config = config_from(a, reg);
-  plan::Options po = plan_options(a, dev, d);
+  plan::Options po = exec::plan_options(choices(a), d);
   // Before any weight is made: can the run fit at all (report/feasibility.hpp)?
   const report::Fit fit = [&] {
     const ir::Model m = models::build_ir(config);
@@ -390,12 +381,12 @@ int main(int argc, char** argv) {
     return fail(2, e.what());
   } catch (const sp::plan::DeviceMemoryError& e) {
     return fail(2, e.what());
-  } catch (const sp::report::OutOfMemory& e) {
+  } catch (const sp::exec::OutOfMemory& e) {
     return fail(3, e.what());
   } catch (const std::bad_alloc&) {
     return fail(3, "out of host memory in '" + command + "'");
   } catch (const c10::Error& e) {
-    if (sp::report::is_out_of_memory(e)) return fail(3, out_of_memory(command, e));
+    if (sp::exec::is_out_of_memory(e)) return fail(3, out_of_memory(command, e));
     return fail(4, "internal error in '" + command + "': " + first_line(e.what_without_backtrace()) + " (please report it)");
   } catch (const std::invalid_argument& e) {
     return fail(1, e.what());

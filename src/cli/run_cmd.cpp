@@ -52,7 +52,6 @@ plan::ResidencyRequest residency_request(const models::Instance& inst, const con
 int run(const Args& a) {
   auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
-  auto dev = exec::describe_device(d);
   exec::install_cpu_meter();
   report::Progress progress("run", !a.quiet);
   const auto file = io::SafetensorsFile::open(a.checkpoint);
@@ -65,7 +64,7 @@ int run(const Args& a) {
   // Under a device-memory budget the weights are read into host memory; the residency moves
   // what stays on the device there once it is planned.
   const bool residency = !a.device_memory.empty() || !a.resident_blocks.empty();
-  dev.rates = exec::probe_device(d, dev).rates;  // the chooser compares estimated times
+  const auto dev = exec::run_device(d);
   // Before any weight is read: the model at its geometry from the checkpoint's header
   // (cli/checkpoint_model.hpp), and whether the run can fit at all (report/feasibility.hpp).
   const MetaModel mm = [&] {
@@ -86,11 +85,8 @@ int run(const Args& a) {
     rq.streams_weights = residency;
     rq.budget_given = !a.budget.empty() && a.budget != "auto";
     rq.command = "run";
-    plan::Options po;
-    po.token_chunk = a.chunk;
-    po.feature_slice = a.feature_slice;
-    if (rq.budget_given) po.budget_bytes = plan::parse_budget(a.budget);
-    po.kv_budget = sparse.budget;
+    const plan::Options po =
+        exec::plan_options({a.chunk, a.feature_slice, rq.budget_given ? a.budget : "", sparse.budget}, d);
     return report::check_fit(mm.model, reg, dev, po, rq);
   }();
   if (mm.raw.empty()) throw plan::BudgetError("run: " + mm.note, 0, 0);
@@ -112,15 +108,9 @@ int run(const Args& a) {
   const models::Precision precision = models::parse_precision(a.precision);
   models::apply_precision(fr.model, *weights, precision, dev);
   const models::Instance inst{fr.model, weights, fr.inputs};
-  plan::Options po;
-  po.token_chunk = a.chunk;
-  po.feature_slice = a.feature_slice;
-  po.kv_budget = sparse.budget;
-  // The chooser compares estimated times; an automatic budget is read once the weights and
-  // inputs are resident.
-  if (!a.budget.empty()) {
-    po.budget_bytes = plan::budget_from_option(a.budget, exec::describe_device(d));
-  } else if (fit.auto_budget) {
+  // An automatic budget is read once the weights and inputs are resident.
+  plan::Options po = exec::plan_options({a.chunk, a.feature_slice, a.budget, sparse.budget}, d);
+  if (a.budget.empty() && fit.auto_budget) {
     std::cerr << "streamplan: warning: " << fit.note << "\n";
     po.budget_bytes = plan::budget_auto(exec::describe_device(d));
   }
@@ -184,11 +174,11 @@ int run(const Args& a) {
     if (!a.loras.empty()) j["lora"] = {{"adapters", lora.adapter_count()}, {"unmatched", lora.unmatched}, {"unapplied", lora.unapplied}};
     j["formats"] = models::formats_json(models::format_lines(inst.model, *weights, reg, dev, precision));
     j["nonfinite"] = nonfinite;
-    if (sparse.active) j["sparse_attention"] = sparse.json(reg);
+    if (sparse.active) j["sparse_attention"] = sparse.json();
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << report::to_table(r);
-    if (sparse.active) std::cout << sparse.text(reg);
+    if (sparse.active) std::cout << sparse.text();
   }
   return 0;
 }

@@ -19,24 +19,25 @@ SparseRun prepare_sparse(const std::string& consumer, const ir::Model& m, const 
   r.active = true;
   r.kv = kv;
   r.budget = kv_budget(kv);
+  r.tally = std::make_shared<exec::SparseTally>();
   for (const auto& s : m.segments)
     if (s.name == "video") r.video = m.rows({s.name});
   return r;
 }
 
-nlohmann::json SparseRun::json(const contracts::Registry& reg) const {
+nlohmann::json SparseRun::json() const {
   nlohmann::json phases = nlohmann::json::array();
-  for (const auto& p : exec::sparse_phases(reg))
+  for (const auto& p : tally->phases())
     phases.push_back({{"kv_rows", p.kv_rows}, {"density", p.density()}, {"routed", p.density() < 1.0}});
   return {{"kv_budget", budget}, {"step", kv.step}, {"steps", kv.steps},
           {"video_rows", {video.begin, video.end}}, {"phases", phases}};
 }
 
-std::string SparseRun::text(const contracts::Registry& reg) const {
+std::string SparseRun::text() const {
   std::ostringstream os;
   os << "sparse attention: kv budget " << budget << " at step " << kv.step << " of " << kv.steps
      << "; tile density per attention phase (naive run first, then planned):";
-  for (const auto& p : exec::sparse_phases(reg)) os << " " << p.density();
+  for (const auto& p : tally->phases()) os << " " << p.density();
   os << "\n";
   return os.str();
 }

@@ -6,16 +6,18 @@
 //     const sp::cli::SparseRun s = sp::cli::prepare_sparse("sparse", model, kv);
 //     po.kv_budget = s.budget;
 //     ... plan, run ...
-//     j["sparse_attention"] = s.json(reg);
+//     j["sparse_attention"] = s.json();
 #pragma once
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <string>
 
 #include "cli/kv_options.hpp"
 #include "contracts/contracts.hpp"
+#include "exec/consumers/sparse.hpp"
 #include "ir/model.hpp"
 
 namespace sp::cli {
@@ -25,8 +27,9 @@ struct SparseRun {
   KvArgs kv;
   double budget = 1.0;  // of --step (plan::Options::kv_budget)
   ir::RowRange video;   // the model's video rows
-  nlohmann::json json(const contracts::Registry& reg) const;  // budget, step and the density per phase
-  std::string text(const contracts::Registry& reg) const;
+  std::shared_ptr<exec::SparseTally> tally;  // the phases run on this thread since prepare_sparse
+  nlohmann::json json() const;  // budget, step and the density per phase
+  std::string text() const;
 };
 
 // --consumer auto: the fastest exact consumer (sdpa); any other name as given.

@@ -13,7 +13,7 @@
 #include "plan/budget.hpp"
 #include "plan/kv_budget.hpp"
 #include "report/report.hpp"
-#include "report/retry.hpp"
+#include "exec/run/retry.hpp"
 
 namespace sp::host {
 
@@ -117,8 +117,7 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
     register_hook_format(reg_, dtype_);
   }
   lora_ = models::load_loras(options_.loras, rec_.config, exec::to_aten(dtype_), options_.streams() ? held_on : device_);
-  dev_ = exec::describe_device(device_);
-  dev_.rates = exec::probe_device(device_, dev_).rates;
+  dev_ = exec::run_device(device_);
 }
 
 void Attached::set_kv_budget(double budget) {
@@ -204,15 +203,8 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   std::unique_ptr<GeometryPlan>& slot = cache_[key];
   std::shared_ptr<exec::TensorWeights> host;  // the module's tensors, where planning read them
   if (!slot) {
-    plan::Options po;
-    po.token_chunk = options_.token_chunk;
-    po.feature_slice = options_.feature_slice;
-    po.kv_budget = options_.kv_budget;
-    if (!options_.budget.empty()) {
-      contracts::DeviceCaps now = dev_;
-      now.memory_free = exec::describe_device(device_).memory_free;
-      po.budget_bytes = plan::budget_from_option(options_.budget, now);
-    }
+    const plan::Options po = exec::plan_options(
+        {options_.token_chunk, options_.feature_slice, options_.budget, options_.kv_budget}, device_);
     auto g = std::make_unique<GeometryPlan>();
     g->key = key;
     g->model = fr.model;
@@ -237,7 +229,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   }
   const exec::LoraWeights with_lora(*weights_, lora_.tensors);
   const exec::WeightSource& w = streamed_ ? static_cast<const exec::WeightSource&>(*streamed_) : with_lora;
-  const report::Retried r = report::run_planned_retrying(fr.model, w, fr.inputs, slot->plan, reg_, dev_, device_);
+  const exec::Retried r = exec::run_planned_retrying(fr.model, w, fr.inputs, slot->plan, reg_, dev_, device_);
   if (r.retried) {
     slot->plan = r.plan;
     slot->retry = r.note;

@@ -8,7 +8,7 @@
 // builds the IR for that geometry and its tables, the plan of that geometry comes from the
 // cache (made on first sight, under the attach options' budget and KV budget), and the planned schedule
 // runs on the module's weights (host/module_weights.hpp), retried once under what is free
-// when it runs out of memory (report/retry.hpp). The output is the family's reference
+// when it runs out of memory (exec/run/retry.hpp). The output is the family's reference
 // layout, in fp32. What a call may carry besides those inputs (masks, ControlNet residuals,
 // LoRA scales) is the host's to refuse before it calls: this side sees only the inputs
 // the family models.
@@ -115,7 +115,7 @@ class Attached {
   const models::LoraSet& lora() const { return lora_; }
 
   // One forward of one batch element; the output in the family's reference layout, fp32.
-  // Throws plan::BudgetError when no schedule meets the budget, report::OutOfMemory when the
+  // Throws plan::BudgetError when no schedule meets the budget, exec::OutOfMemory when the
   // run does not fit even after its retry.
   at::Tensor forward(const models::TensorMap& raw);
   // The same forward, with every output by name: the family's named outputs (MiniMax H3:

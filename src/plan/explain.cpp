@@ -10,9 +10,10 @@ namespace sp::plan {
 
 namespace {
 
-void explain_decisions(std::ostringstream& os, const std::vector<Decision>& ds) {
-  for (const auto& d : ds) {
-    os << "    " << (d.chosen ? "[x] " : "[ ] ") << legality::to_string(d.transform);
+template <typename P>
+void explain_decisions(std::ostringstream& os, const P& part) {
+  for (const auto& d : part.decisions) {
+    os << "    " << (part.chosen(d.transform) ? "[x] " : "[ ] ") << legality::to_string(d.transform);
     if (!d.note.empty()) os << " (legal; not chosen: " << d.note << ")";
     os << "\n";
     for (const auto& r : d.rejections)
@@ -87,7 +88,7 @@ std::string explain(const Plan& p, bool full) {
       bs << "   " << s.name << ": " << s.strategy << ", "
          << chunks_text(s.attention, false, s.token_chunk, s.q_chunk, s.feature_slice) << ", estimated "
          << human_bytes(s.estimated_peak) << " above the residual, " << human_ms(s.estimated_ms) << "\n";
-      explain_decisions(bs, s.decisions);
+      explain_decisions(bs, s);
       explain_weights(bs, s);
       explain_alternatives(bs, s.alternatives, s.attention, false);
     }
@@ -106,7 +107,7 @@ std::string explain(const Plan& p, bool full) {
     const FinalPlan& f = p.final_layer;
     os << "  final layer: " << f.strategy << ", chunk " << f.chunk << ", estimated " << human_bytes(f.estimated_peak)
        << " above the residual, " << human_ms(f.estimated_ms) << "\n";
-    explain_decisions(os, f.decisions);
+    explain_decisions(os, f);
     explain_alternatives(os, f.alternatives, false, true);
   }
   return os.str();

@@ -19,12 +19,6 @@ using legality::Verdict;
 
 namespace {
 
-bool is_chosen(const std::vector<Decision>& ds, Transform t) {
-  for (const auto& d : ds)
-    if (d.transform == t) return d.chosen;
-  return false;
-}
-
 int64_t kv_bytes(const ir::Model& m) {
   int64_t best = 0;
   for (const auto& b : m.blocks)
@@ -39,7 +33,7 @@ int64_t kv_bytes(const ir::Model& m) {
 std::vector<Decision> decide(const Verdict& v) {
   std::vector<Decision> out;
   for (Transform t : v.candidates) {
-    Decision d{t, v.is_legal(t), {}, {}};
+    Decision d{t, {}, {}};
     for (const auto& r : v.rejections)
       if (r.transform == t) d.rejections.push_back(r);
     out.push_back(std::move(d));
@@ -64,16 +58,34 @@ Decision* find(std::vector<Decision>& ds, Transform t) {
 
 }  // namespace
 
-bool SublayerPlan::chosen(Transform t) const { return is_chosen(decisions, t); }
-bool FinalPlan::chosen(Transform t) const { return is_chosen(decisions, t); }
+bool is_legal(const std::vector<Decision>& ds, Transform t) {
+  for (const auto& d : ds)
+    if (d.transform == t) return d.legal();
+  return false;
+}
+
+bool SublayerPlan::chosen(Transform t) const {
+  if (!is_legal(decisions, t)) return false;
+  switch (t) {
+    case Transform::BoundedQkv: return token_chunk < std::max(rows, kv_rows) || q_chunk < rows;
+    case Transform::GlobalKvStreamedQ: return q_chunk < rows;
+    case Transform::StreamedOutProj: return streamed_out;
+    case Transform::TokenChunkedMlp: return token_chunk < rows;
+    case Transform::FeatureSlicedMlp: return feature_slice < hidden;
+    default: return false;
+  }
+}
+
+bool FinalPlan::chosen(Transform t) const {
+  return t == Transform::BoundedFinal && is_legal(decisions, t) && chunk < rows;
+}
 
 namespace {
 
-void decline(std::vector<Decision>& ds, Transform t, const std::string& why) {
-  if (Decision* d = find(ds, t); d && d->chosen) {
-    d->chosen = false;
-    d->note = why;
-  }
+// Replaces the note of a legal transformation that the part's schedule does not take.
+template <typename P>
+void note(P& p, Transform t, const std::string& why) {
+  if (Decision* d = find(p.decisions, t); d && d->legal() && !p.chosen(t)) d->note = why;
 }
 
 // Attention with an explicit token chunk: K/V (and non-streamed output) slabs of the chunk,
@@ -83,19 +95,19 @@ SublayerPlan fixed_attention(const ir::Model& m, const ir::Sublayer& s, const ir
   const int64_t T = m.rows(s.segments).size(), L = m.kv_rows(s);
   SublayerPlan p;
   p.attention = true;
+  p.rows = T;
+  p.kv_rows = L;
   p.decisions = decide(v);
   p.token_chunk = std::max(T, L);
   p.q_chunk = T;
-  if (p.chosen(Transform::BoundedQkv)) p.token_chunk = std::min(std::max(T, L), chunk);
-  if (p.chosen(Transform::GlobalKvStreamedQ))
+  if (is_legal(p.decisions, Transform::BoundedQkv)) p.token_chunk = std::min(std::max(T, L), chunk);
+  const bool covers = p.token_chunk >= T && p.token_chunk >= L;
+  if (!covers && is_legal(p.decisions, Transform::GlobalKvStreamedQ))
     p.q_chunk = std::min(T, ir::round_up(chunk, reg.consumer(a.consumer).q_align));
-  if (p.token_chunk >= T && p.token_chunk >= L) {
-    const char* why = "one chunk covers all tokens";
-    decline(p.decisions, Transform::BoundedQkv, why);
-    decline(p.decisions, Transform::GlobalKvStreamedQ, why);
-    decline(p.decisions, Transform::StreamedOutProj, why);
-  }
-  p.streamed_out = p.chosen(Transform::StreamedOutProj);
+  p.streamed_out = !covers && is_legal(p.decisions, Transform::StreamedOutProj);
+  if (covers)
+    for (Transform t : {Transform::BoundedQkv, Transform::GlobalKvStreamedQ, Transform::StreamedOutProj})
+      note(p, t, "one chunk covers all tokens");
   return p;
 }
 
@@ -118,46 +130,35 @@ std::string strategy_of(const FinalPlan& f) { return f.chosen(Transform::Bounded
 // ---------------------------------------------------------------------------------------
 // Budget: candidate plans of each sublayer, the choice, and the error when nothing fits.
 
-// Sets each legal transformation chosen exactly when `on` says so; the others keep their
-// rejections. Legal ones left out get a note naming the strategy.
-template <typename P, typename F>
-void choose_transforms(P& p, F&& on) {
-  for (auto& d : p.decisions) d.chosen = d.rejections.empty() && on(d.transform);
-}
+// Legal transformations the schedule does not take get a note naming its strategy.
 template <typename P>
 void note_unchosen(P& p, const std::string& policy) {
   for (auto& d : p.decisions)
-    if (d.rejections.empty() && !d.chosen) d.note = policy + " is '" + p.strategy + "'";
-}
-// Replaces the note of a legal transformation that was not chosen.
-void note(std::vector<Decision>& ds, Transform t, const std::string& why) {
-  if (Decision* d = find(ds, t); d && d->rejections.empty() && !d->chosen) d->note = why;
+    if (d.legal() && !p.chosen(d.transform)) d.note = policy + " is '" + p.strategy + "'";
 }
 
 // Attention with kv rows per K/V (and non-streamed output) slab and q rows per Q slab.
 SublayerPlan attention_candidate(const Verdict& v, int64_t T, int64_t L, int64_t kv, int64_t q) {
   SublayerPlan p;
   p.attention = true;
+  p.rows = T;
+  p.kv_rows = L;
   p.decisions = decide(v);
   p.token_chunk = kv;
   p.q_chunk = q;
   p.feature_slice = 0;
-  const bool bounded = kv < std::max(T, L), streamed = q < T;
-  choose_transforms(p, [&](Transform t) {
-    if (t == Transform::BoundedQkv) return bounded || streamed;
-    return streamed;  // streamed Q, and with it the streamed output projection
-  });
-  p.streamed_out = p.chosen(Transform::StreamedOutProj);
+  p.streamed_out = q < T && is_legal(p.decisions, Transform::StreamedOutProj);  // with streamed Q
   p.strategy = strategy_of(p);
   return p;
 }
 
 SublayerPlan mlp_candidate(const Verdict& v, int64_t T, int64_t hidden, int64_t c, int64_t f) {
   SublayerPlan p;
+  p.rows = T;
+  p.hidden = hidden;
   p.decisions = decide(v);
   p.token_chunk = c;
   p.feature_slice = f;
-  choose_transforms(p, [&](Transform t) { return t == Transform::TokenChunkedMlp ? c < T : f < hidden; });
   p.strategy = strategy_of(p);
   return p;
 }
@@ -278,14 +279,15 @@ class Chooser {
     for (int64_t c : chunks)
       for (int64_t x : slices) plans.push_back(mlp_candidate(v, T, f.hidden, c, x));
     SublayerPlan p = pick(at, std::move(plans));
-    if (opt_.feature_slice < 0) note(p.decisions, Transform::FeatureSlicedMlp, "disabled by option");
+    if (opt_.feature_slice < 0) note(p, Transform::FeatureSlicedMlp, "disabled by option");
     return p;
   }
 
   void final_layer(FinalPlan& f) {
     const int64_t rows = m_.output_tokens();
     std::vector<int64_t> chunks = {rows};
-    if (f.chosen(Transform::BoundedFinal)) {
+    f.rows = rows;
+    if (is_legal(f.decisions, Transform::BoundedFinal)) {
       if (opt_.token_chunk > 0) chunks = {std::min(rows, opt_.token_chunk)};
       else for (int64_t c : chunk_candidates(rows, 1)) chunks.push_back(c);
     }
@@ -293,7 +295,6 @@ class Chooser {
     for (int64_t c : chunks) {
       FinalPlan k = f;
       k.chunk = c;
-      for (auto& d : k.decisions) d.chosen = d.rejections.empty() && c < rows;
       const Cost cost = costs_.of(Costs::kFinal, 0, {c}, [&] { return final_cost(m_, c, reg_, dev_); });
       cands.push_back({strategy_of(k), c, 0, 0, cost, allocator_reserve(dev_)});
     }
@@ -306,17 +307,14 @@ class Chooser {
     }
     const Candidate& c = cands[*ch.chosen];
     f.chunk = c.token_chunk;
-    for (auto& d : f.decisions) {
-      d.chosen = d.rejections.empty() && c.token_chunk < rows;
-      d.note.clear();
-    }
+    for (auto& d : f.decisions) d.note.clear();
     f.strategy = c.strategy;
     f.estimated_peak = c.cost.peak_bytes;
     f.estimated_ms = c.cost.ms();
     f.alternatives = ch.alternatives;
     if (!survey_) f.part = compiled(compile_final(m_, f.chunk, reg_, dev_), dev_);
     note_unchosen(f, policy_word());
-    if (rows <= c.token_chunk) note(f.decisions, Transform::BoundedFinal, "one chunk covers all tokens");
+    if (rows <= c.token_chunk) note(f, Transform::BoundedFinal, "one chunk covers all tokens");
   }
 
   Cost embedding(Part& into) {
@@ -381,8 +379,8 @@ class Chooser {
     const int64_t T = m_.rows(s.segments).size();
     if (p.attention && p.token_chunk >= std::max(T, m_.kv_rows(s)) && p.q_chunk >= T)
       for (Transform t : {Transform::BoundedQkv, Transform::GlobalKvStreamedQ, Transform::StreamedOutProj})
-        note(p.decisions, t, "one chunk covers all tokens");
-    if (!p.attention && p.token_chunk >= T) note(p.decisions, Transform::TokenChunkedMlp, "one chunk covers all tokens");
+        note(p, t, "one chunk covers all tokens");
+    if (!p.attention && p.token_chunk >= T) note(p, Transform::TokenChunkedMlp, "one chunk covers all tokens");
     return p;
   }
 

@@ -20,12 +20,16 @@ namespace sp::plan {
 using legality::Rejection;
 using legality::Transform;
 
+// A transformation's legality for a part; whether the part's schedule takes it follows from
+// its chunk sizes (SublayerPlan::chosen, FinalPlan::chosen).
 struct Decision {
   Transform transform;
-  bool chosen = false;
-  std::vector<Rejection> rejections;  // empty when chosen or when declined by option
+  std::vector<Rejection> rejections;  // empty: legal
   std::string note;                   // why a legal transformation was not chosen
+  bool legal() const { return rejections.empty(); }
 };
+// Whether `t` is among `ds` and legal.
+bool is_legal(const std::vector<Decision>& ds, Transform t);
 
 // A candidate schedule of a sublayer (or the final layer) that the budget chooser did not take.
 struct Alternative {
@@ -46,7 +50,11 @@ struct Part {
 struct SublayerPlan : Schedule {
   std::string name;
   bool attention = false;
+  int64_t rows = 0, kv_rows = 0, hidden = 0;  // what the chunks divide: query and K/V rows, or rows and MLP features
   std::vector<Decision> decisions;
+  // Legal, and taken by the chunk sizes: a K/V or Q chunk below the rows (bounded QKV), a Q
+  // chunk below them (streamed Q), streamed_out, a token chunk or feature slice below the rows
+  // or features (MLP).
   bool chosen(Transform t) const;
   int64_t estimated_peak = 0;  // bytes above the residual stream, this sublayer's worst phase
   std::string strategy;        // short name, e.g. "streamed-q", "chunked+sliced", "full"
@@ -68,7 +76,8 @@ struct BlockPlan {
 struct FinalPlan {
   bool present = false;
   std::vector<Decision> decisions;
-  int64_t chunk = 0;
+  int64_t rows = 0;   // the output rows
+  int64_t chunk = 0;  // below rows: the bounded final layer taken
   int64_t estimated_peak = 0;  // above the residual stream, output included
   std::string strategy;
   double estimated_ms = 0;

@@ -13,7 +13,7 @@
 #include "plan/kv_budget.hpp"
 #include "recognize/sidecar.hpp"
 #include "report/report.hpp"
-#include "report/retry.hpp"
+#include "exec/run/retry.hpp"
 
 namespace py = pybind11;
 
@@ -101,7 +101,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<recognize::RecognizeError>(m, "RecognizeError", PyExc_ValueError);
   py::register_exception<plan::BudgetError>(m, "BudgetError", PyExc_ValueError);
   py::register_exception<plan::DeviceMemoryError>(m, "DeviceMemoryError", PyExc_ValueError);
-  py::register_exception<report::OutOfMemory>(m, "OutOfMemoryError", PyExc_MemoryError);
+  py::register_exception<exec::OutOfMemory>(m, "OutOfMemoryError", PyExc_MemoryError);
 
   m.attr("__version__") = STREAMPLAN_VERSION;
   m.attr("torch_version") = TORCH_VERSION;  // the torch headers the extension was built against

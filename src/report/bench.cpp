@@ -13,6 +13,7 @@
 #include "models/quant_load.hpp"
 #include "models/lora_file.hpp"
 #include "plan/budget.hpp"
+#include "exec/run/retry.hpp"
 #include "report/report.hpp"
 
 namespace sp::report {
@@ -145,7 +146,7 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
       return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, caps,
                                progress.sublayers(inst.model, c.name + ": " + what));
     } catch (c10::Error& e) {
-      if (is_out_of_memory(e)) e.add_context("while running the planned schedule of bench case " + c.name);
+      if (exec::is_out_of_memory(e)) e.add_context("while running the planned schedule of bench case " + c.name);
       throw;
     }
   };
@@ -153,7 +154,7 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
   try {
     naive("naive warm-up");
   } catch (const std::exception& e) {
-    if (!is_out_of_memory(e)) throw;
+    if (!exec::is_out_of_memory(e)) throw;
     naive_fits = false;
     r.note = "naive schedule does not fit in device memory";
     exec::release_cached(device);

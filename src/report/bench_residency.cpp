@@ -10,7 +10,7 @@
 #include "plan/budget.hpp"
 #include "report/bench.hpp"
 #include "report/bench_common.hpp"
-#include "report/retry.hpp"
+#include "exec/run/retry.hpp"
 
 namespace sp::report {
 
@@ -64,8 +64,8 @@ nlohmann::json run_residency_case(const BenchCase& c, const contracts::Registry&
         try {
           run(streamed, "streamed, warm-up");
         } catch (const std::exception& e) {
-          if (!is_out_of_memory(e)) throw;
-          throw OutOfMemory("out of memory under --device-memory " + plan::human_bytes(memory) + " (" +
+          if (!exec::is_out_of_memory(e)) throw;
+          throw exec::OutOfMemory("out of memory under --device-memory " + plan::human_bytes(memory) + " (" +
                                 exec::allocator_state(device) + "; planned " +
                                 plan::human_bytes(rp.residency.device_bytes()) + ")",
                             rp.residency.device_bytes(), memory);

@@ -1,5 +1,5 @@
 #include "report/report.hpp"
-#include "report/retry.hpp"
+#include "exec/run/retry.hpp"
 
 #include "plan/arena.hpp"
 #include "plan/budget.hpp"
@@ -97,12 +97,6 @@ Progress::Phase::~Phase() {
   thread_.join();
 }
 
-bool is_out_of_memory(const std::exception& e) {
-  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
-  const auto* c = dynamic_cast<const c10::Error*>(&e);
-  return c && c->msg().find("DefaultCPUAllocator: can't allocate memory") != std::string::npos;
-}
-
 namespace {
 
 // Runs one schedule; an out-of-memory error leaves saying which schedule it was.
@@ -111,7 +105,7 @@ auto schedule(const char* name, F&& f) {
   try {
     return f();
   } catch (c10::Error& e) {
-    if (is_out_of_memory(e)) e.add_context(std::string("while running the ") + name + " schedule");
+    if (exec::is_out_of_memory(e)) e.add_context(std::string("while running the ") + name + " schedule");
     throw;
   }
 }
@@ -161,14 +155,14 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
         try {
           return exec::run_planned(inst.model, current, w, inst.inputs, reg, dev, progress.sublayers(inst.model, what));
         } catch (const std::exception& e) {
-          if (!is_out_of_memory(e)) throw;
-          throw OutOfMemory("out of memory under " + opt.memory_cap + " (" + exec::allocator_state(d) +
+          if (!exec::is_out_of_memory(e)) throw;
+          throw exec::OutOfMemory("out of memory under " + opt.memory_cap + " (" + exec::allocator_state(d) +
                                 "; the plan counted " + plan::human_bytes(current.estimated_peak_bytes) +
                                 " of activations)",
                             current.estimated_peak_bytes, 0);
         }
       }
-      Retried run = run_planned_retrying(inst.model, w, inst.inputs, current, reg, dev, d,
+      exec::Retried run = exec::run_planned_retrying(inst.model, w, inst.inputs, current, reg, dev, d,
                                          progress.sublayers(inst.model, what));
       if (run.retried) {
         current = run.plan;
@@ -227,10 +221,10 @@ nlohmann::json to_json(const plan::Residency& r) {
 }
 
 nlohmann::json to_json(const plan::Plan& p) {
-  auto decisions = [](const std::vector<plan::Decision>& ds) {
+  auto decisions = [](const auto& part) {
     nlohmann::json arr = nlohmann::json::array();
-    for (const auto& d : ds) {
-      nlohmann::json j{{"transformation", legality::to_string(d.transform)}, {"chosen", d.chosen}};
+    for (const auto& d : part.decisions) {
+      nlohmann::json j{{"transformation", legality::to_string(d.transform)}, {"chosen", part.chosen(d.transform)}};
       if (!d.note.empty()) j["note"] = d.note;
       nlohmann::json rs = nlohmann::json::array();
       for (const auto& r : d.rejections)
@@ -254,7 +248,7 @@ nlohmann::json to_json(const plan::Plan& p) {
                        {"kind", s.attention ? "attention" : "mlp"},
                        {"token_chunk", s.token_chunk},
                        {"estimated_peak_bytes", s.estimated_peak},
-                       {"transformations", decisions(s.decisions)}};
+                       {"transformations", decisions(s)}};
       if (s.attention) j["q_chunk"] = s.q_chunk;
       else j["feature_slice"] = s.feature_slice;
       if (!s.strategy.empty()) j["strategy"] = s.strategy;
@@ -286,7 +280,7 @@ nlohmann::json to_json(const plan::Plan& p) {
   if (p.final_layer.present)
     j["final_layer"] = {{"chunk", p.final_layer.chunk},
                         {"estimated_peak_bytes", p.final_layer.estimated_peak},
-                        {"transformations", decisions(p.final_layer.decisions)}};
+                        {"transformations", decisions(p.final_layer)}};
   return j;
 }
 

@@ -42,7 +42,7 @@ struct RunReport {
   int64_t estimated_peak_bytes = 0, floor_bytes = 0;
   std::optional<double> max_abs, rel_l2;
   nlohmann::json plan;
-  std::string retry;  // set when the planned run ran out of memory and ran again (report/retry.hpp)
+  std::string retry;  // set when the planned run ran out of memory and ran again (exec/run/retry.hpp)
   at::Tensor naive_out, planned_out;  // kept when CompareOptions::keep_outputs
 };
 
@@ -107,10 +107,6 @@ struct CompareOptions {
   // without the retry under a smaller plan.
   std::string memory_cap;
 };
-
-// Out of device or host memory: c10::OutOfMemoryError, and the failure of c10's CPU
-// allocator, which comes as a plain c10::Error.
-bool is_out_of_memory(const std::exception& e);
 
 // One metered call on the device: its output, time (device events on a GPU) and the
 // activation peak above what was live when it started.

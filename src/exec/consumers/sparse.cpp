@@ -2,7 +2,6 @@
 #include "exec/consumers/sparse.hpp"
 
 #include <algorithm>
-#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -52,26 +51,12 @@ struct SparseConsumer : ConsumerImpl {
     const int8attn::QTiles qt = int8attn::quantize_q(q3, scale);
     const RoutedTiles r = route_slab(qt.tile_mean, kc.k.tile_mean, qt.rows, kc.k.rows, call);
     at::Tensor o = int8attn::attend(qt, kc.k, int8c::heads_rows(v, "v", "sparse"), {r.offsets, r.indices}).unsqueeze(0);
-    SparsePhase ph;
-    ph.kv_rows = kc.k.rows;
-    ph.budget = call.kv_budget;
-    ph.visited = r.visited;
-    ph.tiles = r.tiles;
-    std::lock_guard<std::mutex> lock(mu);
-    if (phases.empty() || phase_ids.back() != kc.phase) {
-      phases.push_back(ph);
-      phase_ids.push_back(kc.phase);
-    } else {
-      phases.back().visited += ph.visited;
-      phases.back().tiles += ph.tiles;
-    }
+    if (SparseTally* t = SparseTally::current()) t->add({kc.k.rows, call.kv_budget, r.visited, r.tiles}, kc.phase);
     return o;
   }
-
-  mutable std::mutex mu;
-  mutable std::vector<SparsePhase> phases;  // guarded by mu
-  mutable std::vector<uint64_t> phase_ids;
 };
+
+thread_local SparseTally* current_tally = nullptr;
 
 int64_t sparse_call_bytes(const contracts::AttnShape& s) {
   const int64_t g = s.kv_heads > 0 ? s.kv_heads : s.heads, rows = s.q_rows * (s.heads / g);
@@ -153,11 +138,18 @@ RoutedTiles route_slab(const at::Tensor& qm, const at::Tensor& km, int64_t q_row
   return r;
 }
 
-std::vector<SparsePhase> sparse_phases(const contracts::Registry& reg) {
-  const auto* impl = dynamic_cast<const SparseConsumer*>(reg.consumer("sparse").impl.get());
-  if (!impl) return {};
-  std::lock_guard<std::mutex> lock(impl->mu);
-  return impl->phases;
+SparseTally::SparseTally() : outer_(current_tally) { current_tally = this; }
+SparseTally::~SparseTally() { current_tally = outer_; }
+SparseTally* SparseTally::current() { return current_tally; }
+
+void SparseTally::add(const SparsePhase& call, uint64_t id) {
+  if (phases_.empty() || ids_.back() != id) {
+    phases_.push_back(call);
+    ids_.push_back(id);
+  } else {
+    phases_.back().visited += call.visited;
+    phases_.back().tiles += call.tiles;
+  }
 }
 
 namespace consumers {

@@ -6,13 +6,15 @@
 // context) runs dense. Q slabs are routed by their position (AttnCall::q_begin), so a slab's
 // query tiles are the tiles of the full attention when slabs start at multiples of 64
 // (q_align). Grouped-query heads (rows folded per group) are not routed by position: use
-// kv_heads == heads models. Every call records the fraction of tiles it visited; calls that
-// share a K carrier form one phase (one attention sublayer run) in sparse_phases().
+// kv_heads == heads models. Every call counts the fraction of tiles it visited into the
+// caller's SparseTally, where one lives; calls that share a K carrier form one phase (one
+// attention sublayer run).
 //
 // Example:
+//     sp::exec::SparseTally tally;
 //     const auto& sparse = sp::exec::impl_of<sp::exec::ConsumerImpl>(reg.consumer("sparse"));
 //     at::Tensor o = sparse.attend_rows(q, k, v, scale, {.kv_budget = 0.3, .video = {512, 75584}});
-//     for (const auto& ph : sp::exec::sparse_phases(reg)) std::cout << ph.density() << "\n";
+//     for (const auto& ph : tally.phases()) std::cout << ph.density() << "\n";
 #pragma once
 
 #include <cstdint>
@@ -43,7 +45,24 @@ struct RoutedTiles {
 RoutedTiles route_slab(const at::Tensor& qm, const at::Tensor& km, int64_t q_rows, int64_t kv_rows,
                        const contracts::AttnCall& call);
 
-// The phases the registered "sparse" consumer ran so far, in order.
-std::vector<SparsePhase> sparse_phases(const contracts::Registry& reg);
+// The phases of routed attention that the "sparse" consumer runs on this thread while the
+// tally lives, in order (the innermost tally's, where they nest): the caller's record, not
+// the consumer's.
+class SparseTally {
+ public:
+  SparseTally();
+  ~SparseTally();
+  SparseTally(const SparseTally&) = delete;
+  SparseTally& operator=(const SparseTally&) = delete;
+  const std::vector<SparsePhase>& phases() const { return phases_; }
+  // A call of the phase `id` (its K carrier's): a new phase where the last one had another id.
+  void add(const SparsePhase& call, uint64_t id);
+  static SparseTally* current();
+
+ private:
+  SparseTally* outer_;
+  std::vector<SparsePhase> phases_;
+  std::vector<uint64_t> ids_;
+};
 
 }  // namespace sp::exec

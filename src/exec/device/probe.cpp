@@ -21,6 +21,7 @@
 
 #include "exec/device/device.hpp"
 #include "exec/kernels/fused.hpp"
+#include "plan/budget.hpp"
 #include "plan/cost.hpp"
 
 namespace sp::exec {
@@ -447,6 +448,21 @@ ProbeResult probe_device(const at::Device& d, const contracts::DeviceCaps& caps,
     }
   }
   return r;
+}
+
+contracts::DeviceCaps run_device(const at::Device& d) {
+  contracts::DeviceCaps caps = describe_device(d);
+  caps.rates = probe_device(d, caps).rates;
+  return caps;
+}
+
+plan::Options plan_options(const RunChoices& c, const at::Device& d) {
+  plan::Options o;
+  o.token_chunk = c.token_chunk;
+  o.feature_slice = c.feature_slice;
+  o.kv_budget = c.kv_budget;
+  if (!c.budget.empty()) o.budget_bytes = plan::budget_from_option(c.budget, describe_device(d));
+  return o;
 }
 
 bool forget_probe(const contracts::DeviceCaps& caps) {

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "contracts/contracts.hpp"
+#include "plan/plan_types.hpp"
 
 namespace sp::exec {
 
@@ -75,5 +76,20 @@ std::string forget_if_off(const contracts::DeviceCaps& caps, double estimated_ms
 // The figures as lines for people ("flops_per_s  812.3 GFLOP/s", ...).
 std::string probe_text(const ProbeResult& r);
 nlohmann::json probe_json(const ProbeResult& r);
+
+// A run's set-up, one for the commands, bench and the host: the device described now, with
+// the rates its time estimates use (probe_device: measured once per device, then cached).
+contracts::DeviceCaps run_device(const at::Device& d);
+
+// What a run's user chose for its plan: fixed chunk sizes (0: chosen by the planner), the
+// budget ("": none, "auto", or a size: plan::budget_from_option) and the KV budget.
+struct RunChoices {
+  int64_t token_chunk = 0;
+  int64_t feature_slice = 0;
+  std::string budget;
+  double kv_budget = 1.0;
+};
+// The plan options of those choices; "auto" takes the device's free memory now.
+plan::Options plan_options(const RunChoices& c, const at::Device& d);
 
 }  // namespace sp::exec

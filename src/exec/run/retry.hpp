@@ -1,4 +1,5 @@
-// Out of memory in the middle of a planned run: one retry with a smaller plan.
+// Out of memory in the middle of a planned run: one retry with a smaller plan (the execution
+// policy of the commands, bench and the host).
 //
 // Design note. The plan's estimate covers what the schedule allocates, but the device may
 // have less free memory than the plan assumed (another process, fragmentation, a budget of
@@ -10,7 +11,7 @@
 // writes only into memory it allocates, and the CLI writes its outputs after success).
 //
 // Example:
-//     sp::report::Retried r = sp::report::run_planned_retrying(inst, plan, reg, caps, device, {});
+//     sp::exec::Retried r = sp::exec::run_planned_retrying(inst, plan, reg, caps, device, {});
 //     if (r.retried) std::cerr << r.note << "\n";
 #pragma once
 
@@ -23,7 +24,7 @@
 #include "models/builder.hpp"
 #include "plan/plan.hpp"
 
-namespace sp::report {
+namespace sp::exec {
 
 // The run needed more device memory than there is, even with the leanest schedule that the
 // free memory allowed. needed_bytes: the smallest achievable peak (or the failed plan's
@@ -35,6 +36,10 @@ class OutOfMemory : public std::runtime_error {
   int64_t needed_bytes, free_bytes;
 };
 
+// Out of device or host memory: c10::OutOfMemoryError, and the failure of c10's CPU
+// allocator, which comes as a plain c10::Error.
+bool is_out_of_memory(const std::exception& e);
+
 struct Retried {
   at::Tensor out;
   plan::Plan plan;       // the plan that ran
@@ -45,10 +50,10 @@ struct Retried {
 // run_planned with `p`; on out of memory, one retry as described above. Throws OutOfMemory.
 Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,
                              const contracts::DeviceCaps& dev, const at::Device& device,
-                             const exec::Progress& progress = {});
+                             const Progress& progress = {});
 // The same for weights held by any source (a host's module, src/host).
-Retried run_planned_retrying(const ir::Model& m, const exec::WeightSource& w, const exec::Inputs& in,
+Retried run_planned_retrying(const ir::Model& m, const WeightSource& w, const Inputs& in,
                              const plan::Plan& p, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
-                             const at::Device& device, const exec::Progress& progress = {});
+                             const at::Device& device, const Progress& progress = {});
 
-}  // namespace sp::report
+}  // namespace sp::exec

@@ -1,31 +1,36 @@
-#include "report/retry.hpp"
+#include "exec/run/retry.hpp"
 
 #include "exec/device/device.hpp"
 #include "plan/budget.hpp"
-#include "report/report.hpp"
 
-namespace sp::report {
+namespace sp::exec {
+
+bool is_out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
+  const auto* c = dynamic_cast<const c10::Error*>(&e);
+  return c && c->msg().find("DefaultCPUAllocator: can't allocate memory") != std::string::npos;
+}
 
 Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,
                              const contracts::DeviceCaps& dev, const at::Device& device,
-                             const exec::Progress& progress) {
+                             const Progress& progress) {
   return run_planned_retrying(inst.model, *inst.weights, inst.inputs, p, reg, dev, device, progress);
 }
 
-Retried run_planned_retrying(const ir::Model& m, const exec::WeightSource& w, const exec::Inputs& in,
+Retried run_planned_retrying(const ir::Model& m, const WeightSource& w, const Inputs& in,
                              const plan::Plan& p, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                              const at::Device& device, const exec::Progress& progress) {
   Retried r;
   r.plan = p;
   try {
-    r.out = exec::run_planned(m, p, w, in, reg, dev, progress);
+    r.out = run_planned(m, p, w, in, reg, dev, progress);
     return r;
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) throw;
   }
-  exec::release_cached(device);
+  release_cached(device);
   contracts::DeviceCaps now = dev;  // the same rates, the memory free now
-  now.memory_free = exec::describe_device(device).memory_free;
+  now.memory_free = describe_device(device).memory_free;
   // What is free now, less a twentieth for what a run allocates besides its schedule (library
   // workspaces); the chooser keeps the allocator's reserve on top.
   const int64_t budget = now.memory_free - now.memory_free / 20;
@@ -48,14 +53,14 @@ Retried run_planned_retrying(const ir::Model& m, const exec::WeightSource& w, co
   r.note = "retried once: " + failed + "; planned again under a budget of " + plan::human_bytes(budget) +
            " (estimated peak " + plan::human_bytes(r.plan.estimated_peak_bytes) + ")";
   try {
-    r.out = exec::run_planned(m, r.plan, w, in, reg, now, progress);
+    r.out = run_planned(m, r.plan, w, in, reg, now, progress);
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) throw;
-    exec::release_cached(device);
+    release_cached(device);
     throw OutOfMemory("out of memory again after a retry under " + plan::human_bytes(budget) + " (" + failed + ")",
-                      r.plan.estimated_peak_bytes, exec::describe_device(device).memory_free);
+                      r.plan.estimated_peak_bytes, describe_device(device).memory_free);
   }
   return r;
 }
 
-}  // namespace sp::report
+}  // namespace sp::exec
