@@ -21,7 +21,9 @@ int64_t math_call_bytes(const contracts::AttnShape& s) {
   const int64_t esz = static_cast<int64_t>(ir::dtype_size(s.dtype));
   const int64_t scores = s.heads * s.q_rows * s.kv_rows;
   const bool upcast = s.dtype != ir::DType::F32 && s.dtype != ir::DType::F64;
-  return scores * (upcast ? esz + 4 + esz : esz) + s.q_rows * s.heads * s.head_dim * esz;
+  // Reduced dtypes: the two batched matmuls' packing buffers on a CPU that packs (one at a time).
+  const int64_t packing = upcast ? s.gemm_scratch_per_thread * s.threads : 0;
+  return scores * (upcast ? esz + 4 + esz : esz) + s.q_rows * s.heads * s.head_dim * esz + packing;
 }
 
 }  // namespace
