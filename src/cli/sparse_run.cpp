@@ -5,6 +5,7 @@
 #include "exec/consumers/int8_common.hpp"
 #include "exec/consumers/sparse.hpp"
 #include "exec/formats/weights.hpp"
+#include "plan/kv_budget.hpp"
 
 namespace sp::cli {
 
@@ -20,8 +21,7 @@ SparseRun prepare_sparse(const std::string& consumer, const ir::Model& m, const 
   r.kv = kv;
   r.budget = kv_budget(kv);
   r.tally = std::make_shared<exec::SparseTally>();
-  for (const auto& s : m.segments)
-    if (s.name == "video") r.video = m.rows({s.name});
+  r.video = plan::video_rows(m).value_or(ir::RowRange{});
   return r;
 }
 

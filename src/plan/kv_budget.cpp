@@ -46,14 +46,20 @@ int64_t kept_tiles(double budget, int64_t tiles) {
   return std::clamp<int64_t>(k, 1, tiles);
 }
 
+std::optional<ir::RowRange> video_rows(const ir::Model& m) {
+  for (const auto& g : m.segments)
+    if (g.name == "video") return m.rows({g.name});
+  return std::nullopt;
+}
+
 contracts::AttnCall attn_call(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, double kv_budget) {
   check_budget("--kv-budget", kv_budget);
   contracts::AttnCall c;
   while (c.layer < int64_t(m.blocks.size()) && &m.blocks[size_t(c.layer)] != &b) ++c.layer;
   c.queries = m.rows(s.segments);
   c.kv_budget = kv_budget;
-  const auto video = std::find_if(m.segments.begin(), m.segments.end(), [](const ir::Segment& g) { return g.name == "video"; });
-  if (video == m.segments.end()) {
+  const std::optional<ir::RowRange> video = video_rows(m);
+  if (!video) {
     if (kv_budget >= 1.0) return c;
     std::string names;
     for (const auto& g : m.segments) names += (names.empty() ? "" : ", ") + g.name;
@@ -62,7 +68,7 @@ contracts::AttnCall attn_call(const ir::Model& m, const ir::Block& b, const ir::
   }
   const auto* a = std::get_if<ir::Attention>(&s.body);
   if (a && a->kind != ir::AttnKind::Cross && c.queries.begin == 0 && c.queries.end == m.tokens())
-    c.video = m.rows({"video"});
+    c.video = *video;
   return c;
 }
 

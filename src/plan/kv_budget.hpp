@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "contracts/contracts.hpp"
 
@@ -38,6 +39,9 @@ double kv_budget_at(const KvSchedule& s, int step, int steps);
 
 // Key tiles one query tile keeps of `tiles`: ceil(budget x tiles), at least 1, at most tiles.
 int64_t kept_tiles(double budget, int64_t tiles);
+
+// The rows of the model's "video" segment, the rows routed attention routes; none without one.
+std::optional<ir::RowRange> video_rows(const ir::Model& m);
 
 // The consumer call's arguments of attention sublayer `s` of block `b` (one of m.blocks) under
 // `kv_budget` (q_begin aside): its video rows where it is self-attention over every row of the
