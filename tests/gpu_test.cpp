@@ -69,6 +69,12 @@ TEST(Gpu, ReducedPrecisionPlannedWithinTwiceNaiveErrorAndEstimateAtMostFivePerce
               << ", planned err " << ep << ", peak naive " << r.naive->peak_bytes << " planned "
               << r.planned.peak_bytes << " estimated " << r.estimated_peak_bytes << "\n";
     EXPECT_LE(ep, 2.0 * en);
+    // Each step within the transient its program declares: where not, the step kind that
+    // allocated more, and by how much.
+    exec::StepProfile prof;
+    exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev, {}, &prof);
+    for (const auto& [kind, k] : prof.kinds)
+      EXPECT_LE(k.transient_over, 0) << kind << ": a step allocated " << k.transient_over << " bytes beyond its declared transient";
     // Never below the measured peak (a budget holds), and not far above it.
     EXPECT_GE(r.estimated_peak_bytes, r.planned.peak_bytes);
     EXPECT_LE(double(r.estimated_peak_bytes), 1.05 * double(r.planned.peak_bytes));

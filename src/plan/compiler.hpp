@@ -228,7 +228,8 @@ class Compiler {
             n, cd};
     t.gemm_cols = out_features;
     const bool nat = std::find(native_.begin(), native_.end(), ws.front().weight) != native_.end();
-    int64_t workspace = 0;
+    // A GEMM on the CPU in a dtype whose kernels pack their operands (DeviceCaps::gemm_scratch).
+    int64_t workspace = dev_.kind == contracts::DeviceKind::CPU ? dev_.round_alloc(dev_.gemm_scratch(cd) * dev_.threads) : 0;
     if (nat) {  // 8-bit weights read, the activations quantized in one more pass per piece
       const DType st = p_.buffers[size_t(ws.front().weight)].dtype;
       const auto& f = native_format(ws.front().weight);

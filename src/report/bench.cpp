@@ -356,7 +356,8 @@ nlohmann::json to_json(const std::vector<BenchResult>& rs) {
     if (!rs[i].steps) continue;
     nlohmann::json k = nlohmann::json::object();
     for (const auto& [name, e] : rs[i].steps->kinds)
-      k[name] = {{"count", e.count}, {"device_ms", e.device_ms}, {"host_ms", e.host_ms}, {"estimated_ms", e.estimated_ms}};
+      k[name] = {{"count", e.count}, {"device_ms", e.device_ms}, {"host_ms", e.host_ms}, {"estimated_ms", e.estimated_ms},
+                 {"transient_over_bytes", e.transient_over}};
     a[i]["step_profile"] = {{"kinds", k}, {"between_ms", rs[i].steps->between_ms}};
   }
   return a;
@@ -402,15 +403,16 @@ std::string step_profile_table(const std::vector<BenchResult>& rs) {
   char line[200];
   for (const auto& r : rs) {
     if (!r.steps) continue;
-    os << r.name << ": where a profiled planned run's time goes (device ms: between events around each step)\n";
-    std::snprintf(line, sizeof line, "  %-13s %8s %11s %9s %12s %9s\n", "step", "count", "device ms", "host ms", "estimated ms",
-                  "est/dev");
+    os << r.name << ": where a profiled planned run's time goes (device ms: between events around each step; over: the most\n"
+       << "  a step allocated beyond the transient its program declares)\n";
+    std::snprintf(line, sizeof line, "  %-13s %8s %11s %9s %12s %9s %10s\n", "step", "count", "device ms", "host ms",
+                  "estimated ms", "est/dev", "over KiB");
     os << line;
     double dev = 0, host = 0, est = 0;
     for (const auto& [name, e] : r.steps->kinds) {
-      std::snprintf(line, sizeof line, "  %-13s %8lld %11.2f %9.2f %12.2f %9.3f\n", name.c_str(),
+      std::snprintf(line, sizeof line, "  %-13s %8lld %11.2f %9.2f %12.2f %9.3f %10.1f\n", name.c_str(),
                     static_cast<long long>(e.count), e.device_ms, e.host_ms, e.estimated_ms,
-                    e.device_ms > 0 ? e.estimated_ms / e.device_ms : 0.0);
+                    e.device_ms > 0 ? e.estimated_ms / e.device_ms : 0.0, double(e.transient_over) / 1024.0);
       os << line;
       dev += e.device_ms;
       host += e.host_ms;

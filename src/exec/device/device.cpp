@@ -7,6 +7,7 @@
 #include <ATen/Context.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -63,18 +64,25 @@ class MeasuredPerDtype {
 }  // namespace
 
 int64_t cpu_gemm_scratch(at::ScalarType dtype) {
-  // Small GEMMs under the counting allocator, shaped as the programs call them (activations
-  // times a transposed [out, in] weight, written and added to), with constant operands: the
-  // scratch does not depend on values, and the default generator stays untouched.
+  // GEMMs under the counting allocator, shaped as the programs call them (activations times a
+  // transposed [out, in] weight, written and added to), with constant operands: the scratch
+  // does not depend on values, and the default generator stays untouched. Packing grows with
+  // the operands up to the kernel's block sizes (reached at about 512 x 1536 x 1536 on
+  // oneDNN's bf16 kernels) and with the threads taking part: the largest of a small and a
+  // saturating shape, per thread of this process, in 4 KiB units.
   static MeasuredPerDtype measured([](at::ScalarType t) -> int64_t {
     const auto opt = at::TensorOptions().dtype(t);
-    const at::Tensor x = at::full({64, 256}, 0.5, opt), w = at::full({512, 256}, 0.25, opt);
-    at::Tensor out = at::empty({64, 512}, opt);
-    const bool packs = cpu_peak_of([&] {
-                         at::mm_out(out, x, w.t());
-                         out.addmm_(x, w.t());
-                       }) > 0;
-    return packs ? int64_t{64} << 10 : 0;
+    int64_t most = 0;
+    for (const auto& [n, k, m] : {std::array<int64_t, 3>{64, 256, 512}, std::array<int64_t, 3>{512, 1536, 1536}}) {
+      const at::Tensor x = at::full({n, k}, 0.5, opt), w = at::full({m, k}, 0.25, opt);
+      at::Tensor out = at::empty({n, m}, opt);
+      most = std::max(most, cpu_peak_of([&] {
+                        at::mm_out(out, x, w.t());
+                        out.addmm_(x, w.t());
+                      }));
+    }
+    const int64_t threads = std::max(1, at::get_num_threads()), unit = int64_t{4} << 10;
+    return (most + threads * unit - 1) / (threads * unit) * unit;
   });
   return measured(dtype);
 }

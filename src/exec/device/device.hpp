@@ -19,9 +19,9 @@ namespace sp::exec {
 // "cpu", "cuda", "cuda:N" or "auto"; throws std::invalid_argument for anything else or an absent GPU.
 at::Device pick_device(const std::string& name);
 contracts::DeviceCaps describe_device(const at::Device& d);
-// Bytes a CPU GEMM in `dtype` allocates per worker thread to pack its operands: 64 KiB where
-// one small GEMM allocates anything (oneDNN on AMX / AVX512-BF16 units), else 0. Measured once
-// per dtype.
+// Bytes a CPU GEMM in `dtype` allocates per worker thread, at most, to pack its operands
+// (oneDNN on AMX / AVX512-BF16 units; 0 where it packs nothing). Measured once per dtype, at
+// a shape that reaches the kernel's block sizes.
 int64_t cpu_gemm_scratch(at::ScalarType dtype);
 // Bytes per element an in-place CPU multiply of a `dtype` tensor by an fp32 one (a row scale)
 // allocates: fp32 temporaries where ATen's kernels have no mixed-dtype vectors (8 bytes on an

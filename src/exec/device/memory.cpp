@@ -92,6 +92,19 @@ int64_t cpu_peak_of(const std::function<void()>& f) {
   return peak - start;
 }
 
+int64_t peak_of(const at::Device& d, const std::function<void()>& f) {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (d.is_cuda()) {
+    namespace cca = c10::cuda::CUDACachingAllocator;
+    cca::resetPeakStats(d.index());
+    const int64_t start = cca::getDeviceStats(d.index()).allocated_bytes[0].current;
+    f();
+    return cca::getDeviceStats(d.index()).allocated_bytes[0].peak - start;
+  }
+#endif
+  return d.is_cpu() ? cpu_peak_of(f) : (f(), int64_t{0});
+}
+
 PeakMeter::PeakMeter(at::Device device) : device_(device) {
   if (device.is_cpu()) {
     install_cpu_meter();

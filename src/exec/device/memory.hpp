@@ -43,5 +43,8 @@ int64_t cpu_live_bytes();
 // The CPU bytes f allocates at its peak above those live before it, measured without
 // disturbing a PeakMeter around the call (whose peak then includes f's, as it would anyway).
 int64_t cpu_peak_of(const std::function<void()>& f);
+// The same on any device: on CUDA from the caching allocator's statistics, whose peak it
+// resets (a CUDA PeakMeter around the call no longer holds its own peak).
+int64_t peak_of(const at::Device& d, const std::function<void()>& f);
 
 }  // namespace sp::exec

@@ -51,10 +51,15 @@ using Progress = std::function<void(int64_t done, int64_t total)>;
 // time spent issuing them, and the cost model's estimate of the same steps. `between_ms` is
 // the device time of the run outside any step. Events around every step cost host time:
 // a profiled run is slower than an unprofiled one; the split is what it is for.
+// `transient_over` is the most bytes one step of the kind allocated, at its peak, beyond the
+// transient its program declares (0 where every step stayed within it): where a measured
+// peak exceeds the estimate, the step that did it. On CUDA a profiled run resets the caching
+// allocator's peak statistics at every step.
 struct StepProfile {
   struct Kind {
     int64_t count = 0;
     double device_ms = 0, host_ms = 0, estimated_ms = 0;
+    int64_t transient_over = 0;
   };
   std::map<std::string, Kind> kinds;
   double between_ms = 0;

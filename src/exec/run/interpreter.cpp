@@ -10,6 +10,7 @@
 
 #include "exec/consumers/consumer.hpp"
 #include "exec/device/device.hpp"
+#include "exec/device/memory.hpp"
 #include "exec/patches/lora.hpp"
 #include "exec/patches/patch.hpp"
 #include "exec/run/executor.hpp"
@@ -90,13 +91,15 @@ class Interpreter {
     const Step* step;
     Mark begin, end;
     double host_ms;
+    int64_t transient;  // bytes the step allocated at its peak
   };
   void timed(const Step& s) {
     const auto t0 = std::chrono::steady_clock::now();
     Mark begin(device_);
-    std::visit([&](const auto& b) { step(b); }, s.body);
+    const int64_t transient = peak_of(device_, [&] { std::visit([&](const auto& b) { step(b); }, s.body); });
     Mark end(device_);
-    timed_.push_back({&s, begin, end, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()});
+    timed_.push_back({&s, begin, end, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+                      transient});
   }
   void settle() {
     synchronize(device_);
@@ -109,6 +112,7 @@ class Interpreter {
       k.device_ms += ms;
       k.host_ms += t.host_ms;
       k.estimated_ms += 1e3 * step_seconds(t.step->terms, rates_);
+      k.transient_over = std::max(k.transient_over, t.transient - t.step->transient);
       inside += ms;
     }
     profile_->between_ms += std::max(0.0, timed_.front().begin.ms_until(timed_.back().end) - inside);
