@@ -284,12 +284,19 @@ TEST(GpuInt8Attention, PlannedWithTheKCarrierMatchesNaiveAndTheEstimatedPeak) {
   std::cout << "int8 planned (K carrier) vs naive rel_l2 " << e << ", peak " << r.planned.peak_bytes << " estimated "
             << r.estimated_peak_bytes << "\n";
   EXPECT_LE(e, 2e-2);
-  EXPECT_LE(std::abs(double(r.estimated_peak_bytes - r.planned.peak_bytes)), 0.05 * double(r.planned.peak_bytes));
-  // The same plan with 16-bit K needs more.
+  // Never below the measured peak; above it by 5% at most besides the allocator's reuse slack.
+  EXPECT_GE(r.estimated_peak_bytes, r.planned.peak_bytes);
+  EXPECT_LE(double(r.estimated_peak_bytes),
+            1.05 * double(r.planned.peak_bytes) + double(dev.reuse_slack * (3 + reg.consumer("int8").call_allocations)));
+  // The same plan with 16-bit K needs more bytes (the allocator's reuse slack aside, which
+  // counts allocations rather than bytes).
   auto sdpa = cfg;
   sdpa.consumer = "sdpa";
   const auto inst16 = models::instantiate(sdpa, reg, d);
-  EXPECT_LT(p.estimated_peak_bytes, plan::make_plan(inst16.model, reg, dev, {1000, 0}).estimated_peak_bytes);
+  auto exact = dev;
+  exact.reuse_slack = 0;
+  EXPECT_LT(plan::make_plan(inst.model, reg, exact, {1000, 0}).estimated_peak_bytes,
+            plan::make_plan(inst16.model, reg, exact, {1000, 0}).estimated_peak_bytes);
 }
 
 // The K/V phase of a consumer with a carrier fills it in slabs of whole tiles, and no 16-bit

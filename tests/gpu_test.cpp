@@ -26,7 +26,7 @@ namespace {
 
 using namespace sp;
 
-TEST(Gpu, ReducedPrecisionPlannedWithinTwiceNaiveErrorAndEstimateAtMostFivePercentAbove) {
+TEST(Gpu, ReducedPrecisionPlannedWithinTwiceNaiveErrorAndEstimateNotBelowMeasured) {
   if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
   const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device("cuda");
@@ -77,7 +77,10 @@ TEST(Gpu, ReducedPrecisionPlannedWithinTwiceNaiveErrorAndEstimateAtMostFivePerce
       EXPECT_LE(k.transient_over, 0) << kind << ": a step allocated " << k.transient_over << " bytes beyond its declared transient";
     // Never below the measured peak (a budget holds), and not far above it.
     EXPECT_GE(r.estimated_peak_bytes, r.planned.peak_bytes);
-    EXPECT_LE(double(r.estimated_peak_bytes), 1.05 * double(r.planned.peak_bytes));
+    // Above it by 5% at most, besides the caching allocator's reuse slack the estimate allows
+    // on the arena, the output, the residual stream and each of the consumer's allocations.
+    const int64_t slack = dev.reuse_slack * (3 + reg.consumer(v.consumer).call_allocations);
+    EXPECT_LE(double(r.estimated_peak_bytes), 1.05 * double(r.planned.peak_bytes) + double(slack));
     EXPECT_LT(r.planned.peak_bytes, r.naive->peak_bytes);
   }
 }

@@ -521,3 +521,26 @@ TEST_F(Planning, CheckPlacementFindsSharedBytes) {
 }
 
 }  // namespace
+
+// What the caching allocator may count for a request: small ones rounded to 512 bytes; a
+// large one (over 1 MiB) up to 1 MiB more (a cached block handed out whole, or a new segment's
+// rounding), for each separate large allocation; nothing added on the CPU.
+TEST(DeviceCapsHeld, RoundsSmallRequestsAndAllowsTheReuseSlackOfLargeOnes) {
+  sp::contracts::DeviceCaps cuda;
+  cuda.kind = sp::contracts::DeviceKind::CUDA;
+  cuda.alloc_round = 512;
+  cuda.reuse_slack = int64_t{1} << 20;
+  const int64_t MiB = int64_t{1} << 20;
+  EXPECT_EQ(cuda.held(0), 0);
+  EXPECT_EQ(cuda.held(1000), 1024);
+  EXPECT_EQ(cuda.held(MiB - 1), MiB);
+  EXPECT_EQ(cuda.held(3 * MiB + 1), 3 * MiB + 512 + MiB);
+  EXPECT_EQ(cuda.held(30 * MiB), 31 * MiB);  // covers the 2 MiB segment rounding (here none)
+  EXPECT_GE(cuda.held(11 * MiB - 4096), cuda.round_alloc(11 * MiB - 4096));
+  // Four allocations of 5 MiB in all: at most four large ones, each rounded on its own.
+  EXPECT_EQ(cuda.held(5 * MiB, 4), 5 * MiB + 3 * 511 + 4 * MiB);
+  // Three allocations of 2 MiB in all: at most two of them are large.
+  EXPECT_EQ(cuda.held(2 * MiB, 3), 2 * MiB + 2 * 511 + 2 * MiB);
+  sp::contracts::DeviceCaps host;
+  EXPECT_EQ(host.held(3 * MiB + 1, 4), 3 * MiB + 1);
+}

@@ -33,7 +33,7 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Attention consumers registered from Python: name -> (function, checked caps).
 _CONSUMERS: dict[str, tuple[Callable[..., torch.Tensor], dict[str, Any]]] = {}
 _CAP_FLAGS = ("accepts_bounded_q", "requires_global_k", "requires_global_v", "slab_output", "strided_heads")
-_CAP_KEYS = (*_CAP_FLAGS, "dtypes", "q_align", "kv_align", "call_bytes")
+_CAP_KEYS = (*_CAP_FLAGS, "dtypes", "q_align", "kv_align", "call_bytes", "call_allocations")
 
 
 def _size_bytes(name: str, text: str) -> int:
@@ -136,7 +136,7 @@ def _checked_caps(caps: Mapping[str, Any] | None) -> dict[str, Any]:
             bad = [d for d in value if d not in _DTYPES]
             if bad:
                 raise ValueError(f"caps['dtypes']: {bad} not among {sorted(_DTYPES)}")
-        elif key in ("q_align", "kv_align"):
+        elif key in ("q_align", "kv_align", "call_allocations"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"caps['{key}']: expected an int >= 1, got {value!r}")
         elif key == "call_bytes":
@@ -166,8 +166,9 @@ def register_consumer(
     ``requires_global_k``, ``requires_global_v``, ``slab_output``, ``strided_heads`` (True,
     False, or absent: undeclared; ``strided_heads``: q, k and v may be views of token-major
     ``[rows, heads, head_dim]`` buffers, heads strided inside rows), ``dtypes`` (``"fp32"``, ``"bf16"``, ``"fp16"``), ``q_align``, ``kv_align``
-    (ints) and ``call_bytes`` (a function of the call's shape dict returning the bytes a call
-    allocates; default: its output slab). What a consumer leaves undeclared fails closed for
+    (ints), ``call_bytes`` (a function of the call's shape dict returning the bytes a call
+    allocates; default: its output slab) and ``call_allocations`` (int: how many separate
+    tensors those bytes are, default 1; on CUDA each large one may hold up to 1 MiB more). What a consumer leaves undeclared fails closed for
     the transformations that need it (streamed Q), with the reason in the plan.
 
     Raises:

@@ -29,6 +29,14 @@ const char* to_string(TensorRole r) {
 // CUDA's caching allocator hands out blocks in multiples of 512 bytes. A request of 10 MiB
 // or more gets its own segment rounded to 2 MiB, and the block keeps the whole segment
 // unless more than 1 MiB would be left over (the allocator's split rule for large blocks).
+int64_t DeviceCaps::held(int64_t bytes, int allocations) const {
+  if (bytes <= 0) return 0;
+  const int64_t large = reuse_slack > 0 ? std::min<int64_t>(allocations, bytes >> 20) : 0;
+  if (allocations <= 1 && large == 0) return round_alloc(bytes);
+  // Each request rounded on its own; a large one's slack also covers a new segment's rounding.
+  return ir::round_up(bytes, alloc_round) + (allocations - 1) * (alloc_round - 1) + large * reuse_slack;
+}
+
 int64_t DeviceCaps::round_alloc(int64_t bytes) const {
   if (bytes <= 0) return 0;
   const int64_t r = ir::round_up(bytes, alloc_round);

@@ -84,6 +84,9 @@ struct ConsumerCaps {
   int64_t kv_align = 1;                  // global K/V length must be a multiple
   // Bytes the consumer allocates for one call (output + scratch), by shape.
   std::function<int64_t(const AttnShape&)> call_bytes;
+  // Separate allocations of those bytes that may be large (over 1 MiB): each may be counted
+  // up to DeviceCaps::reuse_slack above its size (DeviceCaps::held).
+  int call_allocations = 1;
   // Set: the consumer takes K as a carrier of its own (e.g. quantized K), which the K/V phase
   // fills slab by slab in place of K in the activation dtype; its bytes for kv_heads groups of
   // kv_rows rows of head_dim. Every slab but the last starts and ends at a multiple of
@@ -226,6 +229,10 @@ struct DeviceCaps {
   int compute_units = 0;
   // CUDA's caching allocator rounds each block up; CPU allocations are exact.
   int64_t alloc_round = 1;
+  // CUDA: the most bytes the caching allocator counts beyond a large request (over 1 MiB)
+  // when it hands out a cached block whole (it splits a block only where more than 1 MiB
+  // would be left); 0 where allocations are exact.
+  int64_t reuse_slack = 0;
   Rates rates;  // of the time estimate; 0 where not measured
   // One-pass row kernels: norm + modulation into the activation dtype, and Q/K norm + RoPE
   // into the attention layout (exec/kernels/fused.hpp). Yes drops the fp32 staging buffers.
@@ -238,6 +245,10 @@ struct DeviceCaps {
   // absent: none. Measured by exec::describe_device.
   std::map<ir::DType, int64_t> mixed_multiply_bytes_per_element;
   int64_t round_alloc(int64_t bytes) const;
+  // The most bytes `allocations` separate requests of `bytes` in all may hold at once: each
+  // rounded, and each large one with the reuse slack. The activation estimate counts every
+  // allocation a planned run makes outside the weights this way.
+  int64_t held(int64_t bytes, int allocations = 1) const;
   bool operator==(const DeviceCaps&) const = default;
   int64_t gemm_scratch(ir::DType dtype) const { return of(gemm_scratch_per_thread, dtype); }
   int64_t mixed_multiply_bytes(ir::DType dtype, int64_t elements) const {

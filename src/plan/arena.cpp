@@ -48,7 +48,7 @@ Placement place(const Program& p, const contracts::DeviceCaps& dev) {
     const Buffer& b = p.buffers[size_t(i)];
     if (b.bytes() == 0 || pl.live[size_t(i)].first < 0) continue;
     if (separate(b)) {
-      pl.separate_bytes += dev.round_alloc(b.bytes());
+      pl.separate_bytes += dev.held(b.bytes());
       continue;
     }
     order.push_back(i);
@@ -84,7 +84,7 @@ Placement place(const Program& p, const contracts::DeviceCaps& dev) {
       pl.transient_bytes = p.steps[size_t(i)].transient;
       pl.peak_step = i;
     }
-  pl.peak_bytes = dev.round_alloc(pl.arena_bytes) + pl.separate_bytes + pl.transient_bytes;
+  pl.peak_bytes = dev.held(pl.arena_bytes) + pl.separate_bytes + pl.transient_bytes;
   return pl;
 }
 

@@ -64,10 +64,8 @@ std::vector<int64_t> wave_chunk_candidates(int64_t rows, int64_t rep, int64_t kv
 std::vector<int64_t> feature_slice_candidates(int64_t hidden, int64_t align);
 
 // What the chooser keeps free besides a candidate's estimated peak, so that a plan which
-// fits by its estimate also fits measured: 4 KiB of scalars, and on CUDA 2 MiB for the
-// caching allocator, which may hand a large request a cached block up to 1 MiB larger than
-// asked (it splits only when more than 1 MiB would remain; measured at the smallest budgets
-// on an H200 this came to 0.7 MiB above the estimate).
+// fits by its estimate also fits measured: 4 KiB of scalars. (The caching allocator's reuse
+// slack on large blocks is in the estimate itself: DeviceCaps::held.)
 int64_t allocator_reserve(const contracts::DeviceCaps& dev);
 
 // Without a budget the planner takes the smallest peak whose schedule's estimated time is

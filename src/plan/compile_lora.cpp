@@ -58,8 +58,8 @@ void Compiler::lora(const Operand& in, const Operand& out, const std::vector<Seg
       // The adapters are held in the model dtype; a projection computing in another one (the
       // fp32 final projection) converts the A and B slices it uses while the step runs.
       if (cd != dt_)
-        transient = std::max(transient, dev_.round_alloc(ad.rank * cols.length * int64_t(csz)) +
-                                            dev_.round_alloc(r * ad.rank * int64_t(csz)));
+        transient = std::max(transient, dev_.held(ad.rank * cols.length * int64_t(csz)) +
+                                            dev_.held(r * ad.rank * int64_t(csz)));
       ++count;
     }
     if (!uses[i].empty()) target += (target.empty() ? "" : ", ") + l.weight;

@@ -237,7 +237,7 @@ class Compiler {
       t.bytes = (2.0 * double(n) * in_features + double(in_features) * out_features + double(n) * out_features) * e;
       t.launches = 2 * launches;
       if (f.gemm_workspace)
-        workspace = dev_.round_alloc(f.gemm_workspace({n, in_features, out_features, cd, accumulate}, dev_));
+        workspace = dev_.held(f.gemm_workspace({n, in_features, out_features, cd, accumulate}, dev_), 2);
     }
     emit(ProjectStep{in, out, ws, col_begin, col_len, accumulate, nat},
          std::string(accumulate ? "project (accumulate) " : "project ") + std::to_string(in_features) + " -> " +
@@ -281,7 +281,7 @@ class Compiler {
       if (!patch.modifies.count(role)) continue;
       const int64_t scratch = patch.scratch_bytes ? patch.scratch_bytes(rows, int64_t(elems) / std::max<int64_t>(rows, 1), dt, dev_.kind) : 0;
       emit(PatchStep{name, role, t}, "patch " + name + " on " + contracts::to_string(role),
-           {0, 2 * elems * elem_size(t), 2}, dev_.round_alloc(scratch));
+           {0, 2 * elems * elem_size(t), 2}, dev_.held(scratch));
     }
   }
   void attend(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L,
@@ -307,7 +307,7 @@ class Compiler {
     if (call.routed(L)) what << ", kv budget " << call.kv_budget;
     emit(AttendStep{a.consumer, qf, whole(k), whole(v), out, q_layout, kv_layout, G, rep, hd, 1.0 / std::sqrt(double(hd)),
                     carried, L, call},
-         what.str() + ")", t, dev_.round_alloc(scratch));
+         what.str() + ")", t, dev_.held(scratch, consumer.call_allocations));
   }
   // The K carrier of `consumer` for L rows, or -1 where the consumer takes K as it is.
   int k_carrier(const std::string& consumer, int64_t G, int64_t L, int64_t hd) {

@@ -430,7 +430,7 @@ Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contra
   p.tokens = m.tokens();
   p.dtype = m.dtype;
   p.device = dev.name;
-  p.residual_bytes = dev.round_alloc(m.tokens() * m.dim * static_cast<int64_t>(ir::dtype_size(m.dtype)));
+  p.residual_bytes = dev.held(m.tokens() * m.dim * static_cast<int64_t>(ir::dtype_size(m.dtype)));
   p.floor_bytes = floor_bytes(m);
   p.budget_bytes = opt.budget_bytes;
   p.kv_budget = opt.kv_budget;
@@ -475,7 +475,7 @@ Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contra
   // Without a final layer the residual stream is returned in the accumulation dtype: a
   // reduced-precision stream is converted beside itself.
   if (!m.final_layer && m.dtype != accumulation_dtype(m.dtype))
-    worst = std::max(worst, dev.round_alloc(m.tokens() * m.dim * int64_t(ir::dtype_size(accumulation_dtype(m.dtype)))));
+    worst = std::max(worst, dev.held(m.tokens() * m.dim * int64_t(ir::dtype_size(accumulation_dtype(m.dtype)))));
   chooser.check();
   p.estimated_peak_bytes = p.residual_bytes + worst;
   p.estimated_ms = seconds * 1e3;

@@ -65,6 +65,7 @@ contracts::ConsumerCaps python_consumer(const std::string& name, const py::funct
     for (const auto& d : caps["dtypes"]) c.dtypes.insert(ir::parse_dtype(d.cast<std::string>(), "caps['dtypes']"));
   if (caps.contains("q_align")) c.q_align = caps["q_align"].cast<int64_t>();
   if (caps.contains("kv_align")) c.kv_align = caps["kv_align"].cast<int64_t>();
+  if (caps.contains("call_allocations")) c.call_allocations = caps["call_allocations"].cast<int>();
   if (caps.contains("call_bytes") && !caps["call_bytes"].is_none()) {
     auto bytes = keep(caps["call_bytes"]);
     c.call_bytes = [bytes](const contracts::AttnShape& s) {

@@ -21,8 +21,8 @@
 namespace sp::python {
 
 // `caps`: accepts_bounded_q, requires_global_k, requires_global_v, slab_output (True, False
-// or absent), dtypes (names), q_align, kv_align (ints), call_bytes (a function of the call's
-// shape dict returning bytes).
+// or absent), dtypes (names), q_align, kv_align, call_allocations (ints), call_bytes (a
+// function of the call's shape dict returning bytes).
 contracts::ConsumerCaps python_consumer(const std::string& name, const pybind11::function& fn, const pybind11::dict& caps);
 
 }  // namespace sp::python

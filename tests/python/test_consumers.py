@@ -95,6 +95,8 @@ def test_registration_errors_name_the_field() -> None:
         streamplan.register_consumer("py-x", lambda *a: a[0], caps={"slab_output": "yes"})
     with pytest.raises(ValueError, match="caps\\['dtypes'\\]"):
         streamplan.register_consumer("py-x", lambda *a: a[0], caps={"dtypes": ["int4"]})
+    with pytest.raises(ValueError, match="caps\\['call_allocations'\\]: expected an int >= 1, got 0"):
+        streamplan.register_consumer("py-x", lambda *a: a[0], caps={"call_allocations": 0})
     with pytest.raises(ValueError, match="no consumer 'py-x'"):
         streamplan.unregister_consumer("py-x")
 

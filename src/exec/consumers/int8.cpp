@@ -42,6 +42,7 @@ void register_int8_attention(contracts::Registry& reg) {
   c.accepts_bounded_q = c.requires_global_k = c.requires_global_v = c.slab_output = Cap::Yes;
   c.dtypes = {ir::DType::BF16, ir::DType::F16};
   c.call_bytes = int8c::call_bytes;
+  c.call_allocations = 3;  // output, quantized Q; uncarried K: its carrier (scales and samples are small)
   int8c::declare_carrier(c);
   c.impl = std::make_shared<Int8Consumer>();
   reg.add(c);

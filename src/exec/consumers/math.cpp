@@ -36,6 +36,7 @@ void register_math(contracts::Registry& reg) {
   c.accepts_bounded_q = c.requires_global_k = c.requires_global_v = c.slab_output = Cap::Yes;
   c.dtypes = {ir::DType::F32, ir::DType::BF16, ir::DType::F16, ir::DType::F64};
   c.call_bytes = math_call_bytes;
+  c.call_allocations = 4;  // scores, their fp32 copy, the probabilities cast back, output
   c.impl = consumer_from(math);
   reg.add(c);
 }

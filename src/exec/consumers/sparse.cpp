@@ -84,6 +84,7 @@ contracts::ConsumerCaps sparse_caps() {
   c.dtypes = {ir::DType::BF16, ir::DType::F16};
   c.q_align = kSparseTile;
   c.call_bytes = sparse_call_bytes;
+  c.call_allocations = 4;  // int8's, and the routed tile lists
   int8c::declare_carrier(c);
   c.work_fraction = routed_share;
   c.impl = std::make_shared<SparseConsumer>();

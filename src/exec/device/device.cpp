@@ -159,6 +159,7 @@ contracts::DeviceCaps describe_device(const at::Device& d) {
   if (p->major >= 8) c.dtypes.insert(DType::BF16);
   if (p->major > 8 || (p->major == 8 && p->minor >= 9)) c.dtypes.insert(DType::F8E4M3);
   c.alloc_round = 512;  // the caching allocator rounds every block to 512 bytes
+  c.reuse_slack = int64_t{1} << 20;
   c.fused_row_kernels = fused::fused_rows_built() ? contracts::Cap::Yes : contracts::Cap::No;
   c.threads = 1;
   c.compute_units = p->multiProcessorCount;
