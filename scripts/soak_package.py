@@ -213,8 +213,8 @@ def main() -> int:
     base_alloc, base_reserved = counters.now()
     print(f"[soak] warm-up: rel L2 {warmup_error:.2e}; {len(draws)} calls", file=sys.stderr)
 
-    cols: dict[str, list] = {k: [] for k in ("allocated_bytes", "reserved_bytes", "peak_bytes", "ms", "plans",
-                                             "new_plan")}
+    cols: dict[str, list] = {k: [] for k in ("allocated_bytes", "reserved_bytes", "peak_bytes", "ms", "host_ms",
+                                             "plans", "new_plan")}
     checks, failures = [], []
     keys = {p["key"] for p in handle.plans}
     seen = set(keys)
@@ -240,6 +240,7 @@ def main() -> int:
         cols["reserved_bytes"].append(None if reserved is None else reserved - base_reserved)
         cols["peak_bytes"].append(None if peak is None else peak - base_alloc)
         cols["ms"].append(ms)
+        cols["host_ms"].append(handle.last_host_ms)
         cols["plans"].append(len(now))
         cols["new_plan"].append(bool(now - keys))
         keys = now
@@ -280,6 +281,8 @@ def main() -> int:
     made = 1 + sum(cols["new_plan"])  # the warm-up's too
     marks = sorted({n for n in MILESTONES if n <= done} | ({done} if done else set()))
     timed = [ms for ms, new in zip(cols["ms"], cols["new_plan"]) if not new]
+    # streamplan's own host time on a plan-cache hit, against the call's time.
+    host = [(h, ms) for h, ms, new in zip(cols["host_ms"], cols["ms"], cols["new_plan"]) if not new and h is not None]
     summary = {
         "calls": done,
         "at_calls": {str(n): {k: cols[k][n - 1] for k in ("allocated_bytes", "reserved_bytes", "peak_bytes", "plans")}
@@ -290,6 +293,9 @@ def main() -> int:
         "max_peak_bytes": max((p for p in cols["peak_bytes"] if p is not None), default=None),
         "median_ms": statistics.median(cols["ms"]) if done else None,
         "median_ms_without_planning": statistics.median(timed) if timed else None,
+        "median_host_ms_without_planning": statistics.median(h for h, _ in host) if host else None,
+        "median_host_share_without_planning": statistics.median(h / ms for h, ms in host) if host else None,
+        "max_host_share_without_planning": max((h / ms for h, ms in host), default=None),
         "checks": checks, "warmup_rel_l2": warmup_error,
         "max_rel_l2": max([c["rel_l2"] for c in checks] + [warmup_error]),
         "plan_cache_size": streamplan.PLAN_CACHE_SIZE, "max_plans": max(cols["plans"], default=0),
@@ -335,6 +341,10 @@ def print_table(s: dict[str, Any], a: argparse.Namespace) -> None:
           f"{s['evictions']} evicted, {s['geometries_seen']} geometries); reserved growth after call "
           f"{s['reserved_growth_from_call']}: {growth}; {s['planned_calls']} of {s['handle_calls']} calls "
           f"planned, {len(s['fallbacks'])} fallbacks")
+    if s["median_host_ms_without_planning"] is not None:
+        print(f"host time of streamplan per call without planning: median {ms(s['median_host_ms_without_planning'])}, "
+              f"{100 * s['median_host_share_without_planning']:.2f}% of the call (at most "
+              f"{100 * s['max_host_share_without_planning']:.2f}%)")
 
 if __name__ == "__main__":
     sys.exit(main())

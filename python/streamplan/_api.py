@@ -8,6 +8,7 @@ import json
 import os
 import re
 import sys
+import time
 import warnings
 import weakref
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -203,11 +204,15 @@ class Handle:
         fallbacks: every call that ran the original forward, with its code and reason, in order.
         calls: calls of the module since it was attached.
         planned_calls: calls that ran the planned schedule.
+        last_host_ms: host milliseconds the last planned call spent outside its planned runs
+            (the module's state checked, the arguments and outputs converted, each input's
+            IR prepared and its plan looked up or made); None before the first.
     """
 
     fallbacks: list[Fallback]
     calls: int
     planned_calls: int
+    last_host_ms: float | None
 
     def __init__(
         self,
@@ -238,6 +243,7 @@ class Handle:
         self.fallbacks = []
         self.calls = 0
         self.planned_calls = 0
+        self.last_host_ms = None
         self._attaches = 0  # the module's tensors read (1, and once more after each change)
         self._attach()
 
@@ -453,6 +459,7 @@ class Handle:
 
     def _call(self, args: Sequence[Any], kwargs: Mapping[str, Any], original: Callable[..., Any] | None = None) -> Any:
         self.calls += 1
+        t0 = time.perf_counter()
         why: Call | Fallback | None = self._module_fallback(args, kwargs)
         if why is None:
             self._adapter.host_wrapped = original is not None
@@ -473,11 +480,18 @@ class Handle:
                 )
             return (original or self._original)(*args, **kwargs)
         run = self._attached.forward_named if self._adapter.named_outputs else self._attached.forward
+        t1 = time.perf_counter()
+        outputs, prepare_ms = [], 0.0
         with record_function("streamplan.forward"):  # a profiler's name for the planned run
-            outputs = [run(raw) for raw in why.inputs]
+            for raw in why.inputs:
+                outputs.append(run(raw))
+                prepare_ms += self._attached.last_prepare_ms
+        t2 = time.perf_counter()
         self.planned_calls += 1
         _lora.warn(self._attached.lora, self._lora_warned)
-        return self._adapter.output(why, outputs)
+        result = self._adapter.output(why, outputs)
+        self.last_host_ms = 1e3 * (t1 - t0 + time.perf_counter() - t2) + prepare_ms
+        return result
 
 
 def _hook_names(hook: WeightHook | None) -> Any:

@@ -1,5 +1,6 @@
 #include "host/attached.hpp"
 
+#include <chrono>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
@@ -197,6 +198,7 @@ void Attached::evict_least_recent(const GeometryPlan* keep) {
 
 std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& raw) {
   c10::NoGradGuard no_grad;  // the planned run records no autograd graph
+  const auto t0 = std::chrono::steady_clock::now();
   weights_->refresh();
   models::FamilyRun fr = prepare(raw);
   const std::string key = geometry_key(fr.model, options_.kv_budget);
@@ -229,6 +231,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   }
   const exec::LoraWeights with_lora(*weights_, lora_.tensors);
   const exec::WeightSource& w = streamed_ ? static_cast<const exec::WeightSource&>(*streamed_) : with_lora;
+  last_prepare_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const exec::Retried r = exec::run_planned_retrying(fr.model, w, fr.inputs, slot->plan, reg_, dev_, device_);
   if (r.retried) {
     slot->plan = r.plan;

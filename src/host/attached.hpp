@@ -126,6 +126,9 @@ class Attached {
   // The plan of the most recent call's geometry (null before the first call), and all plans
   // made so far in the order they were made.
   const GeometryPlan* last() const { return last_; }
+  // Host milliseconds the last call spent before its planned run started: the inputs and the
+  // geometry's IR prepared, the plan looked up (or made), the weights' arrangement checked.
+  double last_prepare_ms() const { return last_prepare_ms_; }
   std::vector<const GeometryPlan*> plans() const;
   // Gives back what the streamed weights hold (device slots and kept weights, pinned host
   // buffers); a later call streams them again. The plans stay.
@@ -164,6 +167,7 @@ class Attached {
   std::vector<const GeometryPlan*> order_;
   const GeometryPlan* last_ = nullptr;
   uint64_t uses_ = 0;
+  double last_prepare_ms_ = 0;
   void evict_least_recent(const GeometryPlan* keep);  // down to kPlanCacheSize plans, `keep` kept
 
   // The prepared call and its planned output rows (what finish and named_outputs take).

@@ -200,6 +200,7 @@ PYBIND11_MODULE(_C, m) {
              }
              return out;
            })
+      .def_property_readonly("last_prepare_ms", &host::Attached::last_prepare_ms)
       .def_property_readonly("last_key",
                              [](const host::Attached& a) -> std::optional<std::string> {
                                if (!a.last()) return std::nullopt;

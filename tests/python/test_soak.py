@@ -7,6 +7,7 @@ the least recently used evicted)."""
 from __future__ import annotations
 
 import random
+import time
 
 import torch
 from conftest import make_wan_transformer, rel_l2, wan_call
@@ -23,7 +24,8 @@ def test_300_calls_return_their_memory_and_keep_the_cache_bounded() -> None:
     # More geometries than the cache holds, so that it evicts: frames 1..(2 x size) x batch 1, 2.
     frames = list(range(1, 2 * streamplan.PLAN_CACHE_SIZE + 1))
     handle = streamplan.apply(module, token_chunk=24)
-    kept, sizes, checked = [], [], 0
+    kept, sizes, checked, host = [], [], 0, []
+    assert handle.last_host_ms is None
     before = streamplan._C.cpu_allocated_bytes()
     probe = torch.empty(1000)  # the count sees a tensor made now
     assert streamplan._C.cpu_allocated_bytes() - before == probe.nbytes
@@ -34,7 +36,10 @@ def test_300_calls_return_their_memory_and_keep_the_cache_bounded() -> None:
         call["hidden_states"] = torch.randn((b, module.config.in_channels, f, 4, 6),
                                             generator=torch.Generator().manual_seed(i))
         before = streamplan._C.cpu_allocated_bytes()
+        t = time.perf_counter()
         run(module, call)
+        wall_ms = 1e3 * (time.perf_counter() - t)
+        host.append((handle.last_host_ms, wall_ms))
         kept.append(streamplan._C.cpu_allocated_bytes() - before)
         sizes.append(len(handle.plans))
         if i % 25 == 0:  # the answer, against the module's own forward
@@ -43,3 +48,5 @@ def test_300_calls_return_their_memory_and_keep_the_cache_bounded() -> None:
     assert kept == [0] * CALLS, [(i, k) for i, k in enumerate(kept) if k][:10]
     assert max(sizes) == streamplan.PLAN_CACHE_SIZE == sizes[-1], max(sizes)
     assert handle.fallbacks == [] and handle.planned_calls == handle.calls == CALLS + checked
+    # streamplan's own host time of each call: measured, and a part of the call's wall time.
+    assert all(0 < h < w for h, w in host), [(i, hw) for i, hw in enumerate(host) if not 0 < hw[0] < hw[1]][:5]
