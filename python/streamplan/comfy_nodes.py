@@ -21,6 +21,16 @@ After each sampling call that made a new plan or recorded a fallback, the node's
 progress text on the node, and the log) says what was planned: per geometry the estimated peak
 and floor, per call the fallbacks with their reasons; with ``explain`` the whole plan.
 
+"Streamplan Sparse Attention" (and its advanced variant) puts sparse-attention settings on a
+clone of the model (``transformer_options["streamplan_sparse"]``) and makes sure the model has
+the planner's wrapper (the Memory Planner's, or one with its defaults): the two nodes compose in
+either order. Per call the wrapper picks the backend once per device and dtype ("auto": the
+first of ``sparse`` and ``int8`` that passes its self-test there, else the planner's own dense
+consumer; an explicit backend that cannot run is an error) and sets the KV budget of the
+sampler's step (``sample_sigmas`` and the call's sigma: the densest of the video budget and the
+early / late windows covering the step). Text, audio and conditioning rows stay dense (the
+sparse consumer routes video query tiles only).
+
 This module imports ComfyUI only when a node runs, so that it loads (and its option handling is
 tested) without ComfyUI.
 """
@@ -28,6 +38,7 @@ tested) without ComfyUI.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import inspect
 import logging
 from typing import Any, Callable
@@ -97,6 +108,43 @@ def _options_of(module: torch.nn.Module, args: tuple, kwargs: dict) -> dict:
     return opts if isinstance(opts, dict) else {}
 
 
+SPARSE_KEY = "streamplan_sparse"  # transformer_options entry of the Sparse Attention node
+SPARSE_BACKENDS = ("auto", "sparse", "int8", "dense")
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseSettings:
+    """The Sparse Attention node's inputs: the video KV budget, the early and late windows of
+    the sampler's steps and their budgets, and the backend ("auto", "sparse", "int8", "dense")."""
+
+    kv_budget: float = 0.3
+    early_steps: int = 2
+    early_kv: float = 0.5
+    late_steps: int = 2
+    late_kv: float = 0.5
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.backend not in SPARSE_BACKENDS:
+            raise ValueError(f"backend: {self.backend!r} is not one of {', '.join(SPARSE_BACKENDS)}")
+        self.budget_at(0, 1)  # the extension names a bad budget or window
+
+    def budget_at(self, step: int, steps: int) -> float:
+        return _api.kv_budget_at(step, steps, self.kv_budget, early_steps=self.early_steps, early_kv=self.early_kv,
+                                 late_steps=self.late_steps, late_kv=self.late_kv)
+
+
+def sampler_step(opts: dict) -> tuple[int, int] | None:
+    """(step, steps) of the call from ComfyUI's ``sample_sigmas`` and the call's ``sigmas``:
+    the schedule's sigma nearest the call's; None outside a sampler."""
+    schedule, sigma = opts.get("sample_sigmas"), opts.get("sigmas")
+    if not isinstance(schedule, torch.Tensor) or not isinstance(sigma, torch.Tensor) or schedule.numel() < 2:
+        return None
+    s = schedule.detach().flatten().double().cpu()[:-1]
+    now = float(sigma.detach().flatten()[0])
+    return int(torch.argmin((s - now).abs())), int(s.numel())
+
+
 def consumer_names() -> list[str]:
     return [COMFY_CONSUMER] + [c for c in _api.consumers() if c != COMFY_CONSUMER]
 
@@ -113,19 +161,28 @@ class PlannerWrapper:
         self.report = report or self._report
         self.token_chunk = token_chunk  # streamplan.apply's option (scripts and tests; not a node input)
         self.dtype = dtype  # ComfyUI's compute dtype (what it casts 8-bit weights to); None: the module's
-        self.handles: dict[int, _api.Handle] = {}
+        self.handles: dict[tuple, _api.Handle] = {}
+        # Sparse attention (the Sparse Attention node): the backend chosen per (settings, device,
+        # dtype) with the self-test results, and the KV budget of each sampler step seen.
+        self.backends: dict[tuple, tuple[str, list[str]]] = {}
+        self.step_budgets: dict[str, dict[tuple[int, int], float]] = {}
         # Modules the planner cannot attach to (weights it does not run, a layout it does not
         # recognize): the fallback every call of theirs records, and the calls.
         self.refused: dict[int, tuple[torch.nn.Module, Fallback, list[Fallback]]] = {}
 
-    def handle(self, module: torch.nn.Module, override: Any = None) -> _api.Handle:
+    def handle(self, module: torch.nn.Module, override: Any = None, consumer: str | None = None) -> _api.Handle:
         """The module's handle; with an attention override, one whose consumer calls it, with
-        the capabilities it declares (a handle of its own: the plans differ)."""
-        key = (id(module), None if override is None else id(override))
+        the capabilities it declares (a handle of its own: the plans differ); with `consumer`
+        (a sparse-attention backend), one that runs that consumer."""
+        key = (id(module), None if override is None else id(override), consumer)
         h = self.handles.get(key)
         if h is not None and h.module is module:
             return h
-        if override is None:
+        if consumer is not None:
+            h = _api.Handle(module, _api.adapter_for(module), _api._budget_text(self.budget), consumer,
+                            _api._positive_or_none("token_chunk", self.token_chunk), 0,
+                            dtype=_api._dtype_name(self.dtype))
+        elif override is None:
             if self.consumer == COMFY_CONSUMER and COMFY_CONSUMER not in _api.consumers():
                 _api.register_consumer(COMFY_CONSUMER, comfy_attention, caps=comfy_caps())
             h = _api.apply(module, budget=self.budget, consumer=self.consumer, token_chunk=self.token_chunk,
@@ -151,14 +208,60 @@ class PlannerWrapper:
             self.refused[id(module)] = (module, why, [])
         return why
 
+    def backend(self, settings: SparseSettings, device: torch.device, dtype: torch.dtype) -> tuple[str, list[str]]:
+        """The sparse-attention backend for the device and dtype, and the self-test results:
+        "auto" takes the first of sparse and int8 that can run there, else dense (the planner's
+        own consumer); an explicit backend that cannot run raises RuntimeError with the reason."""
+        key = (settings.backend, str(device), dtype)
+        known = self.backends.get(key)
+        if known is not None:
+            return known
+        order = {"auto": ["sparse", "int8"], "dense": []}.get(settings.backend, [settings.backend])
+        results: list[str] = []
+        chosen = self.consumer
+        for name in order:
+            why = _api._C.consumer_unusable(name, str(device), _api._dtype_name(dtype))
+            if not why:
+                results.append(f"{name}: self-test passed on {device}")
+                chosen = name
+                break
+            if settings.backend != "auto":
+                raise RuntimeError(f"streamplan: sparse attention backend '{name}' was asked for and cannot run: {why}")
+            results.append(f"{name}: not used: {why}")
+        self.backends[key] = (chosen, results)
+        return chosen, results
+
+    def sparse_consumer(self, settings: SparseSettings, module: torch.nn.Module, args: tuple, kwargs: dict,
+                        opts: dict) -> tuple[str | None, float | None]:
+        """The consumer of a call under the Sparse Attention node's settings (None: the
+        planner's own) and the KV budget of the call's sampler step (None: not routed)."""
+        x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        device = x.device if x is not None else next(module.parameters()).device
+        dtype = self.dtype or next(module.parameters()).dtype
+        consumer, _ = self.backend(settings, device, dtype)
+        if consumer != "sparse":
+            return (None if consumer == self.consumer else consumer), None
+        at = sampler_step(opts)
+        step, steps = at if at is not None else (-1, 0)
+        kv = settings.budget_at(step, steps) if at is not None else settings.kv_budget
+        self.step_budgets.setdefault(consumer, {})[(step, steps)] = kv
+        return consumer, kv
+
     def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
         module = executor.class_obj
         why = self.refusal(module)
         opts = _options_of(module, args, kwargs)
         override = opts.get("optimized_attention_override")
+        sparse = opts.get(SPARSE_KEY)
+        consumer, kv = None, None
+        if why is None and isinstance(sparse, SparseSettings) and override is None:
+            # An explicit backend that cannot run is the user's hard requirement: it raises.
+            consumer, kv = self.sparse_consumer(sparse, module, args, kwargs, opts)
         if why is None:
             try:
-                h = self.handle(module, override)
+                h = self.handle(module, override, consumer)
+                if kv is not None:
+                    h.set_kv_budget(kv)
             except (ValueError, TypeError, RuntimeError) as e:  # RecognizeError is a ValueError
                 why = Fallback("unrecognized", f"{type(module).__name__}: {e}")
                 self.refused[id(module)] = (module, why, [])
@@ -200,6 +303,14 @@ class PlannerWrapper:
                          f"floor {_size(p['floor_bytes'])}, {p['calls']} calls")
             if formats:
                 lines.append(f"    weights: {formats}")
+        for (backend, device, dtype), (chosen, results) in self.backends.items():
+            lines.append(f"  sparse attention ({backend}) on {device}, {dtype}: backend {chosen}"
+                         + ("".join(f"; {r}" for r in results)))
+        steps = self.step_budgets.get(h.consumer)
+        if steps:
+            seen = ", ".join(f"step {s + 1} of {n}: {kv:g}" if n else f"outside a sampler: {kv:g}"
+                             for (s, n), kv in sorted(steps.items()))
+            lines.append(f"  video KV budget by sampler step: {seen} (text, audio and conditioning rows stay dense)")
         if h.consumer == OVERRIDE_CONSUMER:
             lines.append("  attention override: it runs as the consumer 'comfy-override' with the capabilities it "
                          "declares (streamplan_caps); what it leaves undeclared keeps attention unstreamed")
@@ -241,7 +352,16 @@ def attention_provider(consumer: str) -> str:
     return f"streamplan's '{consumer}'"
 
 
-class StreamplanMemoryPlanner:
+class _ModelNode:
+    """A node that takes a MODEL and returns a patched clone with its status text."""
+
+    RETURN_TYPES = ("MODEL", "STRING")
+    RETURN_NAMES = ("model", "status")
+    FUNCTION = "patch"
+    CATEGORY = CATEGORY
+
+
+class StreamplanMemoryPlanner(_ModelNode):
     """MODEL in, MODEL out: the model runs through streamplan's planned forward."""
 
     @classmethod
@@ -256,10 +376,6 @@ class StreamplanMemoryPlanner:
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
-    RETURN_TYPES = ("MODEL", "STRING")
-    RETURN_NAMES = ("model", "status")
-    FUNCTION = "patch"
-    CATEGORY = CATEGORY
     DESCRIPTION = ("Runs the diffusion model with bounded activation memory: plans the effective model (LoRA "
                    "and patches applied) before sampling and falls back per call where it cannot.")
 
@@ -271,6 +387,9 @@ class StreamplanMemoryPlanner:
         dtype = base.get_dtype_inference() if hasattr(base, "get_dtype_inference") else None
         wrapper = PlannerWrapper(parse_budget(budget), consumer, explain, unique_id, dtype=dtype)
         m = model.clone()
+        # One planner per model: this node's replaces one added before (the Sparse Attention
+        # node's defaults, or an earlier Memory Planner's); sparse settings stay on the model.
+        m.remove_wrappers_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan")
         m.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan", wrapper)
         module = getattr(base, "diffusion_model", None)
         if not isinstance(module, torch.nn.Module):
@@ -318,6 +437,64 @@ class StreamplanStatus:
         return (text,)
 
 
-NODE_CLASS_MAPPINGS = {"StreamplanMemoryPlanner": StreamplanMemoryPlanner, "StreamplanStatus": StreamplanStatus}
+KV_HELP = "fraction of video key tiles each video query tile keeps (1: dense)"
+BACKEND_HELP = ('"auto": the first of sparse and int8 that passes its self-test on this GPU, else dense attention; '
+                "an explicit backend must run (an error where it cannot)")
+
+
+class StreamplanSparseAttention(_ModelNode):
+    """MODEL in, MODEL out: sparse attention over the video rows, with the KV budget per sampler
+    step (the first and last 2 steps at 50%, the middle ones at the video budget)."""
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:  # noqa: N802 - ComfyUI's name
+        return {
+            "required": {
+                "model": ("MODEL",),
+                "kv_budget": ("FLOAT", {"default": 0.3, "min": 0.01, "max": 1.0, "step": 0.01, "tooltip": KV_HELP}),
+                "backend": (list(SPARSE_BACKENDS), {"default": "auto", "tooltip": BACKEND_HELP}),
+            },
+        }
+
+    DESCRIPTION = ("Block-sparse attention over the video rows (an approximation: the result changes), with the "
+                   "KV budget following the sampler's step; composes with the Streamplan Memory Planner in either order.")
+
+    def patch(self, model: Any, kv_budget: float, backend: str, early_steps: int = 2, early_kv: float = 0.5,
+              late_steps: int = 2, late_kv: float = 0.5) -> tuple[Any, str]:
+        import comfy.patcher_extension as ext
+
+        settings = SparseSettings(kv_budget, early_steps, early_kv, late_steps, late_kv, backend)
+        m = model.clone()
+        m.model_options.setdefault("transformer_options", {})[SPARSE_KEY] = settings
+        if planner_of(m) is None:  # the Memory Planner's defaults
+            base = getattr(m, "model", None)
+            dtype = base.get_dtype_inference() if hasattr(base, "get_dtype_inference") else None
+            m.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan",
+                                   PlannerWrapper(None, COMFY_CONSUMER, False, dtype=dtype))
+        return (m, f"streamplan: sparse attention, video KV budget {kv_budget:g} (first {early_steps} steps "
+                   f"{early_kv:g}, last {late_steps} steps {late_kv:g}), backend {backend}; the backend is chosen at "
+                   "the first sampling call (the Streamplan Status node shows it and each step's budget)")
+
+
+class StreamplanSparseAttentionAdvanced(StreamplanSparseAttention):
+    """The same with the early and late windows as inputs."""
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:  # noqa: N802 - ComfyUI's name
+        types = super().INPUT_TYPES()
+        types["required"].update({
+            "early_steps": ("INT", {"default": 2, "min": 0, "max": 1000}),
+            "early_kv": ("FLOAT", {"default": 0.5, "min": 0.01, "max": 1.0, "step": 0.01}),
+            "late_steps": ("INT", {"default": 2, "min": 0, "max": 1000}),
+            "late_kv": ("FLOAT", {"default": 0.5, "min": 0.01, "max": 1.0, "step": 0.01}),
+        })
+        return types
+
+
+NODE_CLASS_MAPPINGS = {"StreamplanMemoryPlanner": StreamplanMemoryPlanner, "StreamplanStatus": StreamplanStatus,
+                       "StreamplanSparseAttention": StreamplanSparseAttention,
+                       "StreamplanSparseAttentionAdvanced": StreamplanSparseAttentionAdvanced}
 NODE_DISPLAY_NAME_MAPPINGS = {"StreamplanMemoryPlanner": "Streamplan Memory Planner",
-                              "StreamplanStatus": "Streamplan Status"}
+                              "StreamplanStatus": "Streamplan Status",
+                              "StreamplanSparseAttention": "Streamplan Sparse Attention",
+                              "StreamplanSparseAttentionAdvanced": "Streamplan Sparse Attention (Advanced)"}

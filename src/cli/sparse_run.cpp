@@ -2,7 +2,8 @@
 
 #include <sstream>
 
-#include "exec/consumers/int8_common.hpp"
+#include "exec/registry.hpp"
+#include "exec/run/executor.hpp"
 #include "exec/consumers/sparse.hpp"
 #include "exec/formats/weights.hpp"
 #include "plan/kv_budget.hpp"
@@ -10,8 +11,10 @@
 namespace sp::cli {
 
 void require_consumer_device(const std::string& consumer, const at::Device& device, ir::DType dtype) {
-  if (consumer != "int8" && consumer != "sparse") return;
-  exec::int8c::require(consumer, at::empty({1, 1, 0, 64}, at::TensorOptions().dtype(exec::to_aten(dtype)).device(device)));
+  const auto reg = exec::builtin_registry();
+  if (!reg.has_consumer(consumer)) return;  // planning names the unknown consumer
+  if (const std::string why = exec::consumer_unusable(reg, consumer, device, dtype); !why.empty())
+    throw contracts::ContractError(why + (device.is_cuda() ? "" : " (choose --consumer sdpa or a CUDA --device)"));
 }
 
 SparseRun prepare_sparse(const std::string& consumer, const ir::Model& m, const KvArgs& kv) {

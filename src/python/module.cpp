@@ -127,6 +127,16 @@ PYBIND11_MODULE(_C, m) {
         "Names of the registered attention consumers.");
   m.def("parse_budget", &plan::parse_budget, py::arg("text"), "Bytes of a budget such as '12GiB'.");
   m.def(
+      "consumer_unusable",
+      [](const std::string& name, const std::string& device, const std::string& dtype) -> std::string {
+        const auto reg = exec::builtin_registry();
+        if (!reg.has_consumer(name)) return {};  // a consumer written in Python runs wherever its function does
+        return exec::consumer_unusable(reg, name, at::Device(device), ir::parse_dtype(dtype, "dtype"));
+      },
+      py::arg("name"), py::arg("device"), py::arg("dtype"),
+      "Why the built-in consumer cannot run on the device in the dtype (its kernels' requirements and "
+      "self-test there), or '' where it can.");
+  m.def(
       "kv_budget_at",
       [](int step, int steps, double budget, int early_steps, double early_kv, int late_steps, double late_kv) {
         const plan::KvSchedule s{budget, early_steps, early_kv, late_steps, late_kv};

@@ -104,7 +104,7 @@ def test_node_runs_the_sampler_call_planned(comfy: Any, make: Any, call: Any) ->
     want = run(dm, call())
     patcher, clone, reports = planner(comfy, dm)
     got = sampled(clone, call)
-    h = wrapper_of(clone).handles[(id(dm), None)]
+    h = wrapper_of(clone).handles[(id(dm), None, None)]
     try:
         assert h.planned_calls == h.calls == 1 and h.fallbacks == [] and h.consumer == "comfy"
         err = rel_l2(got, want)
@@ -123,7 +123,7 @@ def test_node_with_a_weight_patched_at_cast(comfy: Any) -> None:
     want = run(dm, wan_call())  # ComfyUI's own cast applies the patch
     _, clone, _ = planner(comfy, dm, consumer="sdpa")
     got = sampled(clone, wan_call)
-    h = wrapper_of(clone).handles[(id(dm), None)]
+    h = wrapper_of(clone).handles[(id(dm), None, None)]
     try:
         assert h.planned_calls == 1 and rel_l2(got, want) <= TOL
     finally:
@@ -144,7 +144,7 @@ def test_another_wrapper_runs_comfys_chain(comfy: Any) -> None:
 
     clone.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "other", other)
     got = sampled(clone, flux_call)
-    h = wrapper_of(clone).handles[(id(dm), None)]
+    h = wrapper_of(clone).handles[(id(dm), None, None)]
     try:
         assert h.planned_calls == 0 and [f.code for f in h.fallbacks] == ["wrappers"] and seen == [1]
         assert torch.equal(got, want) and "fallback wrappers" in reports[-1]
@@ -172,7 +172,7 @@ def test_attention_override_falls_back_for_attention_only(comfy: Any) -> None:
     w.token_chunk = 16  # a few rows per slab: what the plan bounds shows on this tiny model
     got = sampled(clone, wan_call, optimized_attention_override=override)
     try:
-        h = w.handles[(id(dm), id(override))]
+        h = w.handles[(id(dm), id(override), None)]
         assert h.planned_calls == 1 and h.fallbacks == [] and h.consumer == "comfy-override"
         assert len(calls) > n_original  # the override ran inside the planned call
         err = rel_l2(got, want)
@@ -189,3 +189,91 @@ def test_attention_override_falls_back_for_attention_only(comfy: Any) -> None:
         assert "attention override" in reports[-1]
     finally:
         assert streamplan.handle_of(dm) is None  # the override's handle is the node's own: nothing attached
+
+
+def test_sparse_node_declaration_and_settings() -> None:
+    basic = comfy_nodes.NODE_CLASS_MAPPINGS["StreamplanSparseAttention"].INPUT_TYPES()["required"]
+    advanced = comfy_nodes.NODE_CLASS_MAPPINGS["StreamplanSparseAttentionAdvanced"].INPUT_TYPES()["required"]
+    assert basic["kv_budget"][1]["default"] == 0.3 and basic["backend"][0] == ["auto", "sparse", "int8", "dense"]
+    assert set(advanced) - set(basic) == {"early_steps", "early_kv", "late_steps", "late_kv"}
+    assert comfy_nodes.NODE_DISPLAY_NAME_MAPPINGS["StreamplanSparseAttention"] == "Streamplan Sparse Attention"
+    with pytest.raises(ValueError, match="backend: 'sage' is not one of auto, sparse, int8, dense"):
+        comfy_nodes.SparseSettings(backend="sage")
+    with pytest.raises(ValueError, match="budget"):
+        comfy_nodes.SparseSettings(kv_budget=1.5)
+    # The step of a call: the schedule's sigma nearest the call's (the last sigma ends the run).
+    schedule = torch.tensor([1.0, 0.8, 0.6, 0.4, 0.2, 0.1, 0.0])
+    assert comfy_nodes.sampler_step({"sample_sigmas": schedule, "sigmas": torch.tensor([0.6])}) == (2, 6)
+    assert comfy_nodes.sampler_step({"sample_sigmas": schedule, "sigmas": torch.tensor([0.1001])}) == (5, 6)
+    assert comfy_nodes.sampler_step({"sigmas": torch.tensor([0.6])}) is None
+
+
+def sparse_model(comfy: Any, dm: torch.nn.Module, backend: str, planner_first: bool | None) -> Any:
+    """A patcher with the Sparse Attention node (advanced, default windows) and, before or after
+    it, the Memory Planner (None: none)."""
+    import comfy.model_patcher as mp
+
+    cpu = torch.device("cpu")
+    m = mp.ModelPatcher(Holder(dm), load_device=cpu, offload_device=cpu)
+    sparse = comfy_nodes.StreamplanSparseAttentionAdvanced()
+    if planner_first:
+        m, _ = comfy_nodes.StreamplanMemoryPlanner().patch(m, "none", "comfy", False)
+    m, status = sparse.patch(m, 0.3, backend, 2, 0.5, 2, 0.5)
+    assert status.startswith("streamplan: sparse attention, video KV budget 0.3 (first 2 steps 0.5, last 2 steps 0.5)")
+    if planner_first is False:
+        m, _ = comfy_nodes.StreamplanMemoryPlanner().patch(m, "none", "comfy", False)
+    assert len(m.wrappers["diffusion_model"]["streamplan"]) == 1  # one planner, whichever node came first
+    assert isinstance(m.model_options["transformer_options"][comfy_nodes.SPARSE_KEY], comfy_nodes.SparseSettings)
+    return m
+
+
+@pytest.mark.parametrize("planner_first", [None, True, False], ids=["alone", "after-planner", "before-planner"])
+def test_sparse_node_auto_falls_back_to_dense_where_no_backend_runs(comfy: Any, planner_first: bool | None) -> None:
+    """On the CPU neither sparse nor int8 passes (CUDA kernels): "auto" runs dense attention,
+    planned, with the exact answer, and the status says why each backend was passed over."""
+    dm = make_wan(comfy)
+    want = run(dm, wan_call())
+    m = sparse_model(comfy, dm, "auto", planner_first)
+    schedule = torch.tensor([1.0, 0.7, 0.4, 0.0])
+    got = sampled(m, wan_call, sample_sigmas=schedule, sigmas=torch.tensor([0.7]),
+                  **{comfy_nodes.SPARSE_KEY: m.model_options["transformer_options"][comfy_nodes.SPARSE_KEY]})
+    w = wrapper_of(m)
+    try:
+        h = w.handles[(id(dm), None, None)]
+        assert h.planned_calls == h.calls == 1 and h.fallbacks == [] and h.consumer == "comfy"
+        assert rel_l2(got, want) <= TOL
+        status = w.status()
+        print(status)
+        assert "sparse attention (auto) on cpu, torch.float32: backend comfy" in status, status
+        assert "sparse: not used: consumer 'sparse'" in status and "int8: not used: consumer 'int8'" in status, status
+        assert "video KV budget" not in status  # no routed call
+    finally:
+        streamplan.remove(dm) if streamplan.handle_of(dm) else None
+
+
+def test_sparse_node_explicit_backend_must_run(comfy: Any) -> None:
+    dm = make_wan(comfy)
+    m = sparse_model(comfy, dm, "sparse", None)
+    with pytest.raises(RuntimeError, match="sparse attention backend 'sparse' was asked for and cannot run: consumer "
+                                           "'sparse'"):
+        sampled(m, wan_call, **{comfy_nodes.SPARSE_KEY: m.model_options["transformer_options"][comfy_nodes.SPARSE_KEY]})
+
+
+def test_sparse_kv_budget_follows_the_sampler_step(comfy: Any) -> None:
+    """With the sparse backend chosen, each call's KV budget is its step's: the first and last 2
+    of 6 steps at 0.5, the middle ones at the video budget (the wrapper's choice alone; the
+    sparse kernels run on CUDA)."""
+    dm = make_wan(comfy)
+    m = sparse_model(comfy, dm, "auto", None)
+    w = wrapper_of(m)
+    settings = m.model_options["transformer_options"][comfy_nodes.SPARSE_KEY]
+    w.backends[("auto", "cpu", torch.float32)] = ("sparse", ["sparse: self-test passed (set by the test)"])
+    schedule = torch.tensor([1.0, 0.9, 0.7, 0.5, 0.3, 0.1, 0.0])
+    args, kwargs = wan_call()
+    got = []
+    for sigma in schedule[:-1]:
+        opts = {"sample_sigmas": schedule, "sigmas": sigma.reshape(1)}
+        got.append(w.sparse_consumer(settings, dm, args, kwargs, opts))
+    assert got == [("sparse", 0.5), ("sparse", 0.5), ("sparse", 0.3), ("sparse", 0.3), ("sparse", 0.5), ("sparse", 0.5)]
+    assert w.sparse_consumer(settings, dm, args, kwargs, {}) == ("sparse", 0.3)  # outside a sampler: the video budget
+    assert sorted(w.step_budgets["sparse"]) == [(-1, 0)] + [(s, 6) for s in range(6)]

@@ -26,6 +26,10 @@ namespace sp::exec {
 
 struct ConsumerImpl : contracts::Impl {
   virtual at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const = 0;
+  // Why the consumer cannot run on `device` in `dtype` (its kernels' requirements and their
+  // self-test on that device), or "" where it can. Checked before a run, so that a choice it
+  // cannot honour is refused (or, for a host's automatic choice, passed over) with the reason.
+  virtual std::string unusable(const at::Device& /*device*/, at::ScalarType /*dtype*/) const { return {}; }
   // The same for one call of a planned (or naive) run with its arguments: the Q slab's first
   // row, the block, the sublayer's query rows, the KV budget and the video rows (the attend
   // step's). The executors call this; consumers whose result depends on them override it.

@@ -8,6 +8,7 @@ namespace sp::exec::consumers {
 namespace {
 
 struct Int8Consumer : ConsumerImpl {
+  std::string unusable(const at::Device& d, at::ScalarType dt) const override { return int8c::unusable("int8", d, dt); }
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const override {
     const at::Tensor q3 = int8c::heads_rows(q, "q", "int8");
     int8c::require("int8", q3);

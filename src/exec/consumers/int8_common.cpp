@@ -105,12 +105,21 @@ at::Tensor heads_rows(const at::Tensor& t, const char* what, const std::string& 
   return t.select(0, 0);
 }
 
+std::string unusable(const std::string& consumer, const at::Device& device, at::ScalarType dtype) {
+  try {
+    require(consumer, at::empty({1, 0, 64}, at::TensorOptions().dtype(dtype).device(device)));
+  } catch (const contracts::ContractError& e) {
+    return e.what();
+  }
+  return {};
+}
+
 void require(const std::string& consumer, const at::Tensor& q) {
   const std::string who = "consumer '" + consumer + "' (int8 attention kernels)";
   if (!int8attn::built()) throw contracts::ContractError(who + " needs CUDA; this build has no CUDA kernels");
   if (!q.is_cuda()) {
     std::ostringstream os;
-    os << who << " needs a CUDA device; the attention runs on " << q.device() << " (choose --consumer sdpa or a CUDA --device)";
+    os << who << " needs a CUDA device; the attention runs on " << q.device();
     throw contracts::ContractError(os.str());
   }
   if (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf) {

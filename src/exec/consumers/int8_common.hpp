@@ -32,6 +32,8 @@ namespace sp::exec::int8c {
 
 // Throws contracts::ContractError unless the int8 kernels run on q's device.
 void require(const std::string& consumer, const at::Tensor& q);
+// require()'s reason for `device` and `dtype`, or "" where the kernels run there.
+std::string unusable(const std::string& consumer, const at::Device& device, at::ScalarType dtype);
 
 struct Carrier {
   int8attn::KCarrier k;

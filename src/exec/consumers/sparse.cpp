@@ -23,6 +23,7 @@ int64_t tiles(int64_t rows) { return (rows + kSparseTile - 1) / kSparseTile; }
 constexpr int64_t kRouteBytesPerTriple = 4 + 12 + 16 + 4 + 1 + 4;
 
 struct SparseConsumer : ConsumerImpl {
+  std::string unusable(const at::Device& d, at::ScalarType dt) const override { return int8c::unusable("sparse", d, dt); }
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const override {
     return attend_rows(q, k, v, scale, {});
   }

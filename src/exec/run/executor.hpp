@@ -66,6 +66,12 @@ struct StepProfile {
   int64_t runs = 0;  // profiled run_planned calls summed here
 };
 
+// Why the registered consumer `name` cannot run on `device` in `dtype`, or "" where it can
+// (its kernels' requirements and their self-test there: ConsumerImpl::unusable). Throws
+// contracts::ContractError for a name not registered.
+std::string consumer_unusable(const contracts::Registry& reg, const std::string& name, const at::Device& device,
+                              ir::DType dtype);
+
 // kv_budget: routed attention's, as plan::Options::kv_budget (the plan's for run_planned).
 at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in, const contracts::Registry& reg,
                      const Progress& progress = {}, double kv_budget = 1.0);

@@ -375,4 +375,9 @@ at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSour
   return run_part(m, p.final_layer.part, w, in, reg, dev, x, profile);
 }
 
+std::string consumer_unusable(const contracts::Registry& reg, const std::string& name, const at::Device& device,
+                              ir::DType dtype) {
+  return impl_of<ConsumerImpl>(reg.consumer(name)).unusable(device, to_aten(dtype));
+}
+
 }  // namespace sp::exec
