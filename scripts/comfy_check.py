@@ -154,6 +154,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--token-chunks", default="", metavar="LIST",
                     help="comma-separated rows per slab: each also sampled with the node forced to that token chunk "
                          "(rows with token_chunk set; the default rows have it null)")
+    ap.add_argument("--sparse", type=float, metavar="KV",
+                    help="with the Streamplan Sparse Attention node too (video KV budget KV, backend auto, the first "
+                         "and last step at 0.5); the node's error against ComfyUI is then the approximation's")
     ap.add_argument("--reps", type=int, default=1, metavar="N",
                     help="time N samplings of ComfyUI alone and of the node (default chunk), alternating; the "
                          "medians are the row's times (default 1)")
@@ -461,6 +464,9 @@ def main() -> int:
             comfy_times = [] if ref_s is None else [ref_s]
             for chunk in [None, *a.token_chunks]:
                 planned_model, _status = comfy_nodes.StreamplanMemoryPlanner().patch(p, "none", "comfy", False)
+                if a.sparse is not None:
+                    planned_model, _status = comfy_nodes.StreamplanSparseAttentionAdvanced().patch(
+                        planned_model, a.sparse, "auto", 1, 0.5, 1, 0.5)
                 wrapper = planned_model.wrappers["diffusion_model"]["streamplan"][0]
                 wrapper.token_chunk = chunk
                 reports: list[str] = []
@@ -487,7 +493,8 @@ def main() -> int:
                     got_default = got
                     own = got if ref is None else ref  # what the LoRA's effect is measured on
                 lora_effect = rel(own, plain)
-                rows.append({"model": family, "format": fmt, "lora": with_lora, "steps": a.steps, "dtype": str(compute),
+                rows.append({"model": family, "format": fmt, "lora": with_lora, "steps": a.steps, "sparse_kv": a.sparse,
+                             "dtype": str(compute),
                              "device": torch.cuda.get_device_name() if cuda else "cpu", "token_chunk": chunk,
                              "rel_l2": rel(got, ref), "vs_default_node": rel(got, got_default),
                              "lora_changes_latents_by": lora_effect, "comfy_rel_l2_vs_fp32": rel(ref, fp32),
