@@ -213,7 +213,8 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--resident-blocks", a->resident_blocks,
                   "with --device-memory: blocks whose weights are on the device at once (N or auto)");
   cmd->add_flag("--profile-steps", a->profile_steps,
-               "after the timed runs, one planned run with every step timed: device, host and estimated ms per step kind");
+               "after the timed runs, one planned run with every step timed: device, host and estimated ms per step kind, "
+               "and the bytes a step allocated beyond its declared transient");
   cmd->add_option("--out", a->out, "write the results as JSON (updated after every case)")->check(output_file());
   a->cmd = cmd;
   return [cmd, a]() { return cmd->parsed() ? bench(*a) : -1; };
