@@ -178,21 +178,19 @@ class PlannerWrapper:
         h = self.handles.get(key)
         if h is not None and h.module is module:
             return h
-        if consumer is not None:
-            h = _api.Handle(module, _api.adapter_for(module), _api._budget_text(self.budget), consumer,
-                            _api._positive_or_none("token_chunk", self.token_chunk), 0,
-                            dtype=_api._dtype_name(self.dtype))
-        elif override is None:
+        if consumer is None and override is None:
             if self.consumer == COMFY_CONSUMER and COMFY_CONSUMER not in _api.consumers():
                 _api.register_consumer(COMFY_CONSUMER, comfy_attention, caps=comfy_caps())
             h = _api.apply(module, budget=self.budget, consumer=self.consumer, token_chunk=self.token_chunk,
                            install=False, dtype=self.dtype)
-        else:
-            caps = dict(getattr(override, "streamplan_caps", None) or {})
-            if OVERRIDE_CONSUMER in _api.consumers():  # handles made already keep the caps they had
-                _api.unregister_consumer(OVERRIDE_CONSUMER)
-            _api.register_consumer(OVERRIDE_CONSUMER, comfy_attention, caps=caps)
-            h = _api.Handle(module, _api.adapter_for(module), _api._budget_text(self.budget), OVERRIDE_CONSUMER,
+        else:  # a handle of the wrapper's own, not attached to the module
+            if override is not None:
+                caps = dict(getattr(override, "streamplan_caps", None) or {})
+                if OVERRIDE_CONSUMER in _api.consumers():  # handles made already keep the caps they had
+                    _api.unregister_consumer(OVERRIDE_CONSUMER)
+                _api.register_consumer(OVERRIDE_CONSUMER, comfy_attention, caps=caps)
+                consumer = OVERRIDE_CONSUMER
+            h = _api.Handle(module, _api.adapter_for(module), _api._budget_text(self.budget), consumer,
                             _api._positive_or_none("token_chunk", self.token_chunk), 0,
                             dtype=_api._dtype_name(self.dtype))
         self.handles[key] = h
@@ -383,15 +381,14 @@ class StreamplanMemoryPlanner(_ModelNode):
               unique_id: str | None = None) -> tuple[Any, str]:
         import comfy.patcher_extension as ext
 
-        base = getattr(model, "model", None)
-        dtype = base.get_dtype_inference() if hasattr(base, "get_dtype_inference") else None
+        dtype = compute_dtype(model)
         wrapper = PlannerWrapper(parse_budget(budget), consumer, explain, unique_id, dtype=dtype)
         m = model.clone()
         # One planner per model: this node's replaces one added before (the Sparse Attention
         # node's defaults, or an earlier Memory Planner's); sparse settings stay on the model.
         m.remove_wrappers_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan")
         m.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan", wrapper)
-        module = getattr(base, "diffusion_model", None)
+        module = getattr(getattr(model, "model", None), "diffusion_model", None)
         if not isinstance(module, torch.nn.Module):
             return (m, "streamplan: the model has no diffusion_model to plan")
         why = wrapper.refusal(module)
@@ -402,6 +399,12 @@ class StreamplanMemoryPlanner(_ModelNode):
         return (m, f"streamplan: {type(module).__name__}, weights {formats}, compute {dtype}; attention: consumer "
                    f"{consumer} ({attention_provider(consumer)}); planned at the first sampling call (the Streamplan "
                    "Status node shows the plan after sampling)")
+
+
+def compute_dtype(model: Any) -> torch.dtype | None:
+    """ComfyUI's compute dtype of a ModelPatcher's model (what it casts stored weights to), if it says."""
+    base = getattr(model, "model", None)
+    return base.get_dtype_inference() if hasattr(base, "get_dtype_inference") else None
 
 
 def planner_of(model: Any) -> PlannerWrapper | None:
@@ -467,10 +470,8 @@ class StreamplanSparseAttention(_ModelNode):
         m = model.clone()
         m.model_options.setdefault("transformer_options", {})[SPARSE_KEY] = settings
         if planner_of(m) is None:  # the Memory Planner's defaults
-            base = getattr(m, "model", None)
-            dtype = base.get_dtype_inference() if hasattr(base, "get_dtype_inference") else None
             m.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan",
-                                   PlannerWrapper(None, COMFY_CONSUMER, False, dtype=dtype))
+                                   PlannerWrapper(None, COMFY_CONSUMER, False, dtype=compute_dtype(m)))
         return (m, f"streamplan: sparse attention, video KV budget {kv_budget:g} (first {early_steps} steps "
                    f"{early_kv:g}, last {late_steps} steps {late_kv:g}), backend {backend}; the backend is chosen at "
                    "the first sampling call (the Streamplan Status node shows it and each step's budget)")

@@ -69,7 +69,7 @@ int bench(const Args& a) {
   opt.consumer = resolve_consumer(a.consumer);
   reg.consumer(opt.consumer);  // an unknown name is an error listing the known ones
   check_kv_options(*a.cmd, a.kv, opt.consumer);
-  require_consumer_device(opt.consumer, d, opt.dtype);
+  require_consumer_device(reg, opt.consumer, d, opt.dtype);
   if (opt.consumer == "sparse") opt.plan.kv_budget = kv_budget(a.kv);
   std::vector<int64_t> memories;
   std::stringstream list(a.device_memory);

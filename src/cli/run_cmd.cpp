@@ -60,7 +60,7 @@ int run(const Args& a) {
   const ir::DType dtype = run_dtype(a.dtype, d);
   const std::string consumer = resolve_consumer(a.consumer);
   check_kv_options(*a.cmd, a.kv, consumer);  // the options' values first, then the device
-  require_consumer_device(consumer, d, dtype);
+  require_consumer_device(reg, consumer, d, dtype);
   // Under a device-memory budget the weights are read into host memory; the residency moves
   // what stays on the device there once it is planned.
   const bool residency = !a.device_memory.empty() || !a.resident_blocks.empty();

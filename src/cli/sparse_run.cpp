@@ -2,7 +2,6 @@
 
 #include <sstream>
 
-#include "exec/registry.hpp"
 #include "exec/run/executor.hpp"
 #include "exec/consumers/sparse.hpp"
 #include "exec/formats/weights.hpp"
@@ -10,8 +9,8 @@
 
 namespace sp::cli {
 
-void require_consumer_device(const std::string& consumer, const at::Device& device, ir::DType dtype) {
-  const auto reg = exec::builtin_registry();
+void require_consumer_device(const contracts::Registry& reg, const std::string& consumer, const at::Device& device,
+                             ir::DType dtype) {
   if (!reg.has_consumer(consumer)) return;  // planning names the unknown consumer
   if (const std::string why = exec::consumer_unusable(reg, consumer, device, dtype); !why.empty())
     throw contracts::ContractError(why + (device.is_cuda() ? "" : " (choose --consumer sdpa or a CUDA --device)"));

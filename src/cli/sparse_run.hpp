@@ -2,7 +2,7 @@
 // is read), the sparse consumer's KV budget for this step (a plan option), and its report.
 //
 // Example:
-//     sp::cli::require_consumer_device("sparse", device, ir::DType::BF16);
+//     sp::cli::require_consumer_device(reg, "sparse", device, ir::DType::BF16);
 //     const sp::cli::SparseRun s = sp::cli::prepare_sparse("sparse", model, kv);
 //     po.kv_budget = s.budget;
 //     ... plan, run ...
@@ -37,7 +37,8 @@ inline std::string resolve_consumer(const std::string& name) { return name == "a
 
 // For int8/sparse: throws unless they run on `device` in `dtype` (the consumers' own check
 // and self-test), before anything is loaded; other consumers pass.
-void require_consumer_device(const std::string& consumer, const at::Device& device, ir::DType dtype);
+void require_consumer_device(const contracts::Registry& reg, const std::string& consumer, const at::Device& device,
+                             ir::DType dtype);
 
 // For sparse: the budget of --step and the model's video rows. Other consumers: inactive, budget 1.
 SparseRun prepare_sparse(const std::string& consumer, const ir::Model& m, const KvArgs& kv);

@@ -65,8 +65,8 @@ void Compiler::lora(const Operand& in, const Operand& out, const std::vector<Seg
     if (!uses[i].empty()) target += (target.empty() ? "" : ", ") + l.weight;
   }
   if (count == 0) return;
-  // Its GEMMs on the CPU pack their operands as the projection's do.
-  if (dev_.kind == contracts::DeviceKind::CPU) transient += dev_.round_alloc(dev_.gemm_scratch(cd) * dev_.threads);
+  // Its GEMMs pack their operands as the projection's do (DeviceCaps::gemm_scratch).
+  transient += dev_.held(dev_.gemm_scratch(cd) * dev_.threads);
   const Operand ax = whole(buffer(BufRole::LoraAx, "LoraAx", {n, max_rank}, cd));
   Terms t{flops, bytes, launches, n, cd};
   emit(LoraStep{"lora", in, out, ws, std::move(uses), ax},

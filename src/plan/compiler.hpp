@@ -228,8 +228,9 @@ class Compiler {
             n, cd};
     t.gemm_cols = out_features;
     const bool nat = std::find(native_.begin(), native_.end(), ws.front().weight) != native_.end();
-    // A GEMM on the CPU in a dtype whose kernels pack their operands (DeviceCaps::gemm_scratch).
-    int64_t workspace = dev_.kind == contracts::DeviceKind::CPU ? dev_.round_alloc(dev_.gemm_scratch(cd) * dev_.threads) : 0;
+    // Where the device's GEMMs in this dtype pack their operands (DeviceCaps::gemm_scratch: CPUs
+    // with AMX / AVX512-BF16), that packing.
+    int64_t workspace = dev_.held(dev_.gemm_scratch(cd) * dev_.threads);
     if (nat) {  // 8-bit weights read, the activations quantized in one more pass per piece
       const DType st = p_.buffers[size_t(ws.front().weight)].dtype;
       const auto& f = native_format(ws.front().weight);

@@ -93,16 +93,10 @@ int64_t cpu_peak_of(const std::function<void()>& f) {
 }
 
 int64_t peak_of(const at::Device& d, const std::function<void()>& f) {
-#ifdef STREAMPLAN_WITH_CUDA
-  if (d.is_cuda()) {
-    namespace cca = c10::cuda::CUDACachingAllocator;
-    cca::resetPeakStats(d.index());
-    const int64_t start = cca::getDeviceStats(d.index()).allocated_bytes[0].current;
-    f();
-    return cca::getDeviceStats(d.index()).allocated_bytes[0].peak - start;
-  }
-#endif
-  return d.is_cpu() ? cpu_peak_of(f) : (f(), int64_t{0});
+  if (d.is_cpu()) return cpu_peak_of(f);
+  const PeakMeter meter(d);
+  f();
+  return meter.peak_above_start();
 }
 
 PeakMeter::PeakMeter(at::Device device) : device_(device) {
