@@ -209,13 +209,13 @@ def checked_environment(a: argparse.Namespace) -> None:
         fail(f"--device {a.device}: torch {torch.__version__} sees no CUDA device here; use --device cpu (with --tiny)")
 
 
-def model_config(comfy, family: str, tiny: bool, dtype: torch.dtype):
+def model_config(comfy, family: str, tiny: bool, dtype: torch.dtype, layers: int = 2):
     base = comfy.supported_models_base.BASE
     if family == "wan":
         # tiny: heads of 128, the smallest ComfyUI's detection of a checkpoint gives back
         unet = (dict(dim=256, ffn_dim=512, num_heads=2, freq_dim=256, text_dim=4096) if tiny else
                 dict(dim=5120, ffn_dim=13824, num_heads=40, freq_dim=256, text_dim=4096))
-        unet.update(model_type="t2v", patch_size=(1, 2, 2), in_dim=16, out_dim=16, num_layers=2, eps=1e-6,
+        unet.update(model_type="t2v", patch_size=(1, 2, 2), in_dim=16, out_dim=16, num_layers=layers, eps=1e-6,
                     qk_norm=True, cross_attn_norm=True, text_len=512, dtype=dtype)
 
         class Cfg(base):
@@ -242,13 +242,15 @@ def model_config(comfy, family: str, tiny: bool, dtype: torch.dtype):
     return Cfg(unet), comfy.model_base.Flux
 
 
-def h3_config(tiny: bool):
-    """MiniMax H3 with 2 blocks: its widths, or (tiny) what ComfyUI's loader detects at test widths."""
+def h3_config(tiny: bool, layers: int = 2):
+    """MiniMax H3 with `layers` blocks (0: all of them): its widths, or (tiny) what ComfyUI's
+    loader detects at test widths."""
     from dataclasses import replace
 
     import minimax_h3
 
-    return minimax_h3.COMFY_TINY if tiny else replace(minimax_h3.REAL, layers=2)
+    cfg = minimax_h3.COMFY_TINY if tiny else minimax_h3.REAL
+    return replace(cfg, layers=layers) if layers else cfg
 
 
 def h3_latent(comfy, tiny: bool, seed: int):
@@ -266,22 +268,28 @@ def flat(t) -> torch.Tensor:
     return t.float()
 
 
-def source_checkpoint(comfy, family: str, tiny: bool, work: Path) -> Path:
-    """The family's random model in fp32 saved in ComfyUI's layout (once per family): what
-    `streamplan convert` reads."""
+def source_checkpoint(comfy, family: str, tiny: bool, work: Path, layers: int = 2, dtype: torch.dtype = None,
+                      device: str = "cpu") -> Path:
+    """The family's random model (fp32 unless `dtype`, drawn on `device`) saved in ComfyUI's
+    layout (once per family, layers and dtype): what `streamplan convert` reads."""
     import make_reference
     from safetensors.torch import save_file
 
-    path = work / f"{family}{'-tiny' if tiny else ''}.safetensors"
+    dtype = dtype or torch.float32
+    blocks = "" if layers == 2 else f"-{layers or 'all'}"
+    name = f"{family}{'-tiny' if tiny else ''}{blocks}"
+    path = work / f"{name}{'' if dtype == torch.float32 else '-' + str(dtype).split('.')[-1]}.safetensors"
     if not path.exists() and family == "minimax":
         import minimax_h3
 
-        save_file(minimax_h3.make_state_dict(h3_config(tiny), seed=0), str(path))
+        save_file(minimax_h3.make_state_dict(h3_config(tiny, layers), seed=0, dtype=dtype), str(path))
     elif not path.exists():
-        cfg, cls = model_config(comfy, family, tiny, torch.float32)
-        model = cls(cfg, device=torch.device("cpu"))
-        make_reference.randomize(model.diffusion_model, torch.Generator().manual_seed(0))
-        save_file({k: v.contiguous() for k, v in model.diffusion_model.state_dict().items()}, str(path))
+        cfg, cls = model_config(comfy, family, tiny, dtype, layers)
+        model = cls(cfg, device=torch.device(device))
+        make_reference.randomize(model.diffusion_model, torch.Generator(device).manual_seed(0))
+        save_file({k: v.to("cpu", dtype).contiguous() for k, v in model.diffusion_model.state_dict().items()},
+                  str(path))
+        del model
     return path
 
 

@@ -34,6 +34,11 @@
 #                                    of Wan 14B (2 layers) and Flux-dev (2 + 4 blocks) with and
 #                                    without the node, and with a LoRA (scripts/comfy_check.py);
 #                                    COMFY_FORMATS=fp8,int8,...: from checkpoints in those formats
+#   scripts/device.sh OUT vram-check  whole models on an emulated 12 GiB card under ComfyUI's own
+#                                    sampling, one process per configuration (ComfyUI alone capped,
+#                                    with the planner dense and sparse, uncapped reference;
+#                                    scripts/comfy_vram_check.py); VRAM_ARGS: its arguments
+#                                    (default --model wan)
 #   scripts/device.sh OUT comfy-load  ComfyUI master's own loader and forward on the files
 #                                    `streamplan convert` writes (fp8, int8, convrot-int8 of Wan 2.1
 #                                    and Flux-dev checkpoints, both layouts; scripts/comfy_load_check.py);
@@ -258,6 +263,20 @@ if [ "$mode" = comfy-check ]; then
     COMFYUI_PATH=${COMFYUI_PATH:-$PWD/.deps/comfyui-full} $py scripts/comfy_check.py ${BENCH_ARGS:-} \
     ${COMFY_FORMATS:+--formats "$COMFY_FORMATS" --cli build-py-device/streamplan --work /tmp/comfy-check} \
     --out "$out/comfy_check.json" 2>>"$out/logs.txt" | tee "$out/comfy_check.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { tail -30 "$out/logs.txt"; exit 1; }
+  exit 0
+fi
+
+if [ "$mode" = vram-check ]; then
+  # scripts/comfy_vram_check.py with the package and the command of its build folder.
+  build_package
+  comfy_wheels
+  cmake --build build-py-device --parallel "$(nproc)" --target streamplan >>"$out/logs.txt" 2>&1 ||
+    { tail -30 "$out/logs.txt"; exit 1; }
+  PYTHONPATH=$PWD/.deps/ck312${PYTHONPATH:+:$PYTHONPATH} COMFY_SITE=$site \
+    COMFYUI_PATH=${COMFYUI_PATH:-$PWD/.deps/comfyui-full} $py scripts/comfy_vram_check.py ${VRAM_ARGS:---model wan} \
+    --cli build-py-device/streamplan --work /tmp/vram-check --out "$out/vram_check.json" 2>>"$out/logs.txt" |
+    tee "$out/vram_check.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { tail -30 "$out/logs.txt"; exit 1; }
   exit 0
 fi

@@ -131,13 +131,15 @@ TEST(Residency, PlannerKeepsAsManyBlocksAsFitAndStaysWithinTheDeviceMemory) {
 
 // The planned (and naive) output with the blocks of `r` streamed equals the all-resident one
 // bit for bit, on two calls in a row (the second starts from the previous call's prefetch).
+// In place, the blocks load from the weights' own tensors, with no host buffer of its own.
 void expect_streamed_equal(const models::Instance& inst, const contracts::Registry& reg,
-                           const contracts::DeviceCaps& dev, const plan::Residency& r, const plan::Plan& p) {
+                           const contracts::DeviceCaps& dev, const plan::Residency& r, const plan::Plan& p,
+                           bool in_place = false) {
   const at::Tensor ref = exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev);
   const at::Tensor naive_ref = exec::run_naive(inst.model, *inst.weights, inst.inputs, reg);
   auto copy = std::make_shared<exec::TensorWeights>(*inst.weights);  // the instance keeps its own
-  exec::StreamedWeights w(inst.model, copy, r, reg, at::kCPU);
-  EXPECT_GT(w.host_bytes(), 0);
+  exec::StreamedWeights w(inst.model, copy, r, reg, at::kCPU, exec::Prologue::Host, in_place);
+  EXPECT_EQ(w.host_bytes() > 0, !in_place);
   for (int call = 0; call < 2; ++call) {
     EXPECT_TRUE(at::equal(exec::run_planned(inst.model, p, w, inst.inputs, reg, dev), ref)) << "call " << call;
     EXPECT_TRUE(at::equal(exec::run_naive(inst.model, w, inst.inputs, reg), naive_ref)) << "call " << call;
@@ -162,6 +164,7 @@ TEST(Residency, StreamedOutputsEqualAllResidentExactly) {
         r.streamed.flip();
         r.slots = slots;
         expect_streamed_equal(inst, reg, dev, r, p);
+        expect_streamed_equal(inst, reg, dev, r, p, /*in_place=*/true);
       }
   }
 }
@@ -206,18 +209,23 @@ TEST(Residency, RestoreBringsEveryWeightBack) {
   for (const auto& [name, t] : inst.weights->all()) EXPECT_TRUE(at::equal(weights->tensor(name), t)) << name;
 }
 
+// A bf16 demo model of `layers` blocks on the GPU `d`.
+models::Instance gpu_instance(const contracts::Registry& reg, const at::Device& d, int layers, int64_t video) {
+  models::ModelConfig c = models::demo_config();
+  c.layers = layers;
+  c.dtype = ir::DType::BF16;
+  c.segments = {{"text", 77}, {"video", video}};
+  c.video_t = c.video_h = c.video_w = 0;
+  return models::instantiate(c, reg, d);
+}
+
 // On a GPU: loads on the side stream, ordered by events, give the same output bit for bit.
 TEST(GpuResidency, StreamedOutputsEqualAllResidentOnTheDevice) {
   if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
   const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device("cuda");
   const auto dev = exec::describe_device(d);
-  models::ModelConfig c = models::demo_config();
-  c.layers = 6;
-  c.dtype = ir::DType::BF16;
-  c.segments = {{"text", 77}, {"video", 1901}};
-  c.video_t = c.video_h = c.video_w = 0;
-  const auto inst = models::instantiate(c, reg, d);
+  const auto inst = gpu_instance(reg, d, 6, 1901);
   const plan::Plan p = plan::make_plan(inst.model, reg, dev, {});
   const at::Tensor ref = exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev);
   for (int slots : {1, 2}) {
@@ -229,6 +237,42 @@ TEST(GpuResidency, StreamedOutputsEqualAllResidentOnTheDevice) {
       EXPECT_TRUE(at::equal(exec::run_planned(inst.model, p, w, inst.inputs, reg, dev), ref))
           << "slots " << slots << ", call " << call;
   }
+}
+
+// A host that put part of the weights on the device itself (ComfyUI's partial loading): those
+// are read where they are and count in no block's bytes; the others stream from host memory in
+// place; the output is the all-resident one bit for bit.
+TEST(GpuResidency, InPlaceReadsWhatTheHostPutOnTheDevice) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const auto reg = exec::builtin_registry();
+  const at::Device d = exec::pick_device("cuda");
+  const auto dev = exec::describe_device(d);
+  const auto inst = gpu_instance(reg, d, 4, 901);
+  const plan::Plan p = plan::make_plan(inst.model, reg, dev, {});
+  const at::Tensor ref = exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, dev);
+  // Every other tensor of each block in host memory (pinned, as a host pins what it offloads),
+  // and the whole of block 2; the rest stays on the device.
+  const auto names = exec::block_tensors(inst.model, *inst.weights, reg);
+  auto mixed = std::make_shared<exec::TensorWeights>(*inst.weights);
+  for (size_t b = 0; b < names.size(); ++b)
+    for (size_t i = 0; i < names[b].size(); ++i)
+      if (b == 2 || i % 2 == 0) mixed->add(names[b][i], mixed->take(names[b][i]).to(at::kCPU).pin_memory());
+  const auto all_host = exec::residency_request(inst.model, *inst.weights, {}, reg, dev);
+  const auto rq = exec::residency_request(inst.model, *mixed, {}, reg, dev, exec::Prologue::Host, d);
+  for (size_t b = 0; b < names.size(); ++b) {
+    EXPECT_GT(rq.block_bytes[b], 0);
+    if (b == 2) EXPECT_EQ(rq.block_bytes[b], all_host.block_bytes[b]);
+    else EXPECT_LT(rq.block_bytes[b], all_host.block_bytes[b]);
+  }
+  const at::Tensor held = mixed->tensor(names[0][1]);  // on the device: read in place
+  plan::Residency r;
+  r.streamed = {true, true, false, true};
+  r.slots = 2;
+  exec::StreamedWeights w(inst.model, mixed, r, reg, d, exec::Prologue::Host, /*in_place=*/true);
+  EXPECT_EQ(w.host_bytes(), 0);
+  for (int call = 0; call < 3; ++call)
+    EXPECT_TRUE(at::equal(exec::run_planned(inst.model, p, w, inst.inputs, reg, dev), ref)) << "call " << call;
+  EXPECT_EQ(mixed->tensor(names[0][1]).data_ptr(), held.data_ptr());
 }
 
 // The cap is real: beyond it an allocation is an out-of-memory error; lifted afterwards.

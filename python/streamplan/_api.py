@@ -224,7 +224,7 @@ class Handle:
         feature_slice: int,
         weight_hook: WeightHook | None = None,
         loras: list[tuple[str, dict[str, torch.Tensor], float]] | None = None,
-        residency: tuple[int, int, str] = (0, -1, ""),
+        residency: tuple[int, int, str, bool] = (0, -1, "", False),
         dtype: str = "",
     ) -> None:
         self._module = module
@@ -321,6 +321,17 @@ class Handle:
         return None
 
     @property
+    def streamed_bytes(self) -> tuple[int, int]:
+        """What the streamed weights hold now: (device bytes of kept weights and slots, pinned
+        host bytes of streamplan's own); (0, 0) when nothing streams or after :meth:`release`."""
+        return tuple(self._attached.streamed_bytes())
+
+    def release(self) -> None:
+        """Gives back what the streamed weights hold on the device and in pinned host memory;
+        the next call streams them again (the plans stay)."""
+        self._attached.release_streamed()
+
+    @property
     def copies(self) -> list[tuple[str, int]]:
         """Canonical tensors held as copies (concatenated biases, swapped halves), with their bytes.
 
@@ -373,12 +384,12 @@ class Handle:
         sidecar = json.dumps(self._adapter_type.sidecar(m))
         tensors = list(m.state_dict().items())
         hook = self._hook_now()
-        device_memory, resident_blocks, device = self._residency
+        device_memory, resident_blocks, device, in_place = self._residency
         with _argument_names():
             self._attached = _C.Attached(tensors, sidecar, consumer, budget, chunk, fslice, self._python_consumers,
                                          hook.fn if hook else None, list(hook.names) if hook else [], self._loras,
                                          device_memory, resident_blocks, device, getattr(self, "_kv_budget", 1.0),
-                                         self._dtype)
+                                         self._dtype, in_place)
         _lora.warn(self._attached.lora, self._lora_warned)
         device = torch.device(self._attached.device)
         self._adapter = self._adapter_type(m, self._original, _DTYPES[self._attached.dtype], device)
@@ -472,7 +483,7 @@ class Handle:
                 warnings.warn(f"streamplan: {type(self._module).__name__} ({self.variant}) runs its original "
                               f"forward, not the planned one (fallback autograd): {why.reason}",
                               stacklevel=_caller_level())
-            if self.streams:
+            if self.streams and original is None:  # a host's own chain (`call`) places its weights itself
                 raise RuntimeError(
                     f"streamplan: this call cannot run planned ({why.code}: {why.reason}), and the module's own "
                     f"forward cannot run instead: its weights stream to {self._attached.device} from host memory "
@@ -623,7 +634,8 @@ def apply(
         _positive_or_none("feature_slice", feature_slice),
         hook,
         _lora.inputs(lora),
-        (_device_memory_bytes(device_memory), _resident_blocks(resident_blocks), "" if device is None else str(device)),
+        (_device_memory_bytes(device_memory), _resident_blocks(resident_blocks), "" if device is None else str(device),
+         False),
         _dtype_name(dtype),
     )
     if kv_budget is not None:

@@ -31,6 +31,16 @@ sampler's step (``sample_sigmas`` and the call's sigma: the densest of the video
 early / late windows covering the step). Text, audio and conditioning rows stay dense (the
 sparse consumer routes video query tiles only).
 
+Weights ComfyUI leaves in host memory (its low-VRAM partial loading: the rest of the model is on
+the GPU) stream through streamplan's device slots, prefetched on a side stream, instead of
+ComfyUI's cast layer by layer: the weights ComfyUI put on the GPU are read where they are, those in
+host memory are copied from where they are (ComfyUI pins them), so nothing is loaded twice.
+"Streamplan Residency" sets the device memory ("auto": what ComfyUI reports free when the call
+comes, less its reserve) and the resident blocks; without it, a call that finds weights in host
+memory streams them under those defaults. When a sampling ends and when ComfyUI unloads the
+model, the planner gives back its slots and the blocks it kept (ComfyUI's ON_CLEANUP and
+ON_DETACH callbacks), so that outside a sampling ComfyUI's accounting is all there is.
+
 This module imports ComfyUI only when a node runs, so that it loads (and its option handling is
 tested) without ComfyUI.
 """
@@ -145,6 +155,56 @@ def sampler_step(opts: dict) -> tuple[int, int] | None:
     return int(torch.argmin((s - now).abs())), int(s.numel())
 
 
+RESIDENCY_KEY = "streamplan_residency"  # transformer_options entry of the Residency node
+DEVICE_MEMORY_HELP = ('"auto": what ComfyUI\'s model management reports free on the device when sampling starts, '
+                      "less its reserve; or a size (\"6GiB\")")
+AUTO_STEP = 256 << 20  # "auto" device memory is rounded down to this
+RESIDENT_HELP = '"auto" (chosen under the device memory) or the most blocks streamplan keeps on the device'
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidencySettings:
+    """The Residency node's inputs: the device memory the planned calls may use beside the
+    weights ComfyUI holds on the device ("auto" or a size) and the most blocks streamplan keeps
+    there ("auto" or a count). The weights ComfyUI left in host memory stream through slots."""
+
+    device_memory: str = "auto"
+    resident_blocks: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.bytes_on(None)  # names a bad size
+        self.blocks()
+
+    def blocks(self) -> int | str:
+        t = str(self.resident_blocks).strip().lower()
+        if t == "auto":
+            return "auto"
+        if not t.isdigit() or int(t) < 1:
+            raise ValueError(f"resident_blocks: {self.resident_blocks!r} is not {RESIDENT_HELP}")
+        return int(t)
+
+    def bytes_on(self, device: torch.device | None) -> int:
+        """The device memory in bytes (0 for "auto" without a device)."""
+        t = str(self.device_memory).strip()
+        if t.lower() != "auto":
+            return _api._device_memory_bytes(t)
+        if device is None:
+            return 0
+        import comfy.model_management as mm
+
+        free = int(mm.get_free_memory(device)) - int(mm.extra_reserved_memory())
+        return max(free // AUTO_STEP * AUTO_STEP, AUTO_STEP)  # in steps: samplings alike share their plans
+
+
+def host_placed(module: torch.nn.Module, device: torch.device) -> bool:
+    """Whether ComfyUI left some of the module's weights in host memory while the call runs on
+    a GPU (its low-VRAM partial loading)."""
+    if device.type == "cpu":
+        return False
+    return any(t.device.type == "cpu" and t.dtype != torch.uint8
+               for t in (*module.parameters(), *module.buffers()))
+
+
 def consumer_names() -> list[str]:
     return [COMFY_CONSUMER] + [c for c in _api.consumers() if c != COMFY_CONSUMER]
 
@@ -166,21 +226,27 @@ class PlannerWrapper:
         # dtype) with the self-test results, and the KV budget of each sampler step seen.
         self.backends: dict[tuple, tuple[str, list[str]]] = {}
         self.step_budgets: dict[str, dict[tuple[int, int], float]] = {}
+        # Weight residency per (settings, device): (device memory bytes, resident blocks, device, in place).
+        self.residencies: dict[tuple, tuple[int, int, str, bool]] = {}
         # Modules the planner cannot attach to (weights it does not run, a layout it does not
         # recognize): the fallback every call of theirs records, and the calls.
         self.refused: dict[int, tuple[torch.nn.Module, Fallback, list[Fallback]]] = {}
 
-    def handle(self, module: torch.nn.Module, override: Any = None, consumer: str | None = None) -> _api.Handle:
+    def handle(self, module: torch.nn.Module, override: Any = None, consumer: str | None = None,
+               residency: tuple[int, int, str, bool] | None = None) -> _api.Handle:
         """The module's handle; with an attention override, one whose consumer calls it, with
         the capabilities it declares (a handle of its own: the plans differ); with `consumer`
-        (a sparse-attention backend), one that runs that consumer."""
-        key = (id(module), None if override is None else id(override), consumer)
+        (a sparse-attention backend), one that runs that consumer; with `residency`, one whose
+        weights in host memory stream (streamplan.Handle's residency)."""
+        key = (id(module), None if override is None else id(override), consumer, residency)
         h = self.handles.get(key)
         if h is not None and h.module is module:
             return h
-        if consumer is None and override is None:
-            if self.consumer == COMFY_CONSUMER and COMFY_CONSUMER not in _api.consumers():
-                _api.register_consumer(COMFY_CONSUMER, comfy_attention, caps=comfy_caps())
+        for other in [k for k in self.handles if k[:3] == key[:3] and k[3] is not None]:
+            del self.handles[other]  # the same module streamed under another device memory: replaced
+        if self.consumer == COMFY_CONSUMER and COMFY_CONSUMER not in _api.consumers():
+            _api.register_consumer(COMFY_CONSUMER, comfy_attention, caps=comfy_caps())
+        if consumer is None and override is None and residency is None:
             h = _api.apply(module, budget=self.budget, consumer=self.consumer, token_chunk=self.token_chunk,
                            install=False, dtype=self.dtype)
         else:  # a handle of the wrapper's own, not attached to the module
@@ -190,9 +256,9 @@ class PlannerWrapper:
                     _api.unregister_consumer(OVERRIDE_CONSUMER)
                 _api.register_consumer(OVERRIDE_CONSUMER, comfy_attention, caps=caps)
                 consumer = OVERRIDE_CONSUMER
-            h = _api.Handle(module, _api.adapter_for(module), _api._budget_text(self.budget), consumer,
+            h = _api.Handle(module, _api.adapter_for(module), _api._budget_text(self.budget), consumer or self.consumer,
                             _api._positive_or_none("token_chunk", self.token_chunk), 0,
-                            dtype=_api._dtype_name(self.dtype))
+                            residency=residency or (0, -1, "", False), dtype=_api._dtype_name(self.dtype))
         self.handles[key] = h
         return h
 
@@ -245,23 +311,52 @@ class PlannerWrapper:
         self.step_budgets.setdefault(consumer, {})[(step, steps)] = kv
         return consumer, kv
 
+    def residency(self, module: torch.nn.Module, args: tuple, kwargs: dict,
+                  opts: dict) -> tuple[int, int, str, bool] | None:
+        """The call's weight residency: the Residency node's settings, or its defaults where
+        ComfyUI left weights in host memory; None where every weight is on the call's device
+        and no Residency node asked. The handle's residency is fixed when it is made: "auto"
+        device memory is what ComfyUI reports free at the first call of a sampling."""
+        settings = opts.get(RESIDENCY_KEY)
+        x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        device = x.device if x is not None else next(module.parameters()).device
+        if not isinstance(settings, ResidencySettings):
+            if not host_placed(module, device):
+                return None
+            settings = ResidencySettings()
+        known = self.residencies.get((settings, str(device)))
+        if known is None:
+            blocks = settings.blocks()
+            known = (settings.bytes_on(device), 0 if blocks == "auto" else blocks, str(device), True)
+            self.residencies[(settings, str(device))] = known
+        return known
+
+    def release(self) -> None:
+        """Gives back what streamed weights hold (ComfyUI ended a sampling or unloads the model);
+        the next sampling takes the device memory ComfyUI reports free then."""
+        for h in self.handles.values():
+            if h.streams:
+                h.release()
+        self.residencies.clear()
+
     def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
         module = executor.class_obj
         why = self.refusal(module)
         opts = _options_of(module, args, kwargs)
         override = opts.get("optimized_attention_override")
         sparse = opts.get(SPARSE_KEY)
-        consumer, kv = None, None
+        consumer, kv, residency = None, None, None
         if why is None and isinstance(sparse, SparseSettings) and override is None:
             # An explicit backend that cannot run is the user's hard requirement: it raises.
             consumer, kv = self.sparse_consumer(sparse, module, args, kwargs, opts)
         if why is None:
             try:
-                h = self.handle(module, override, consumer)
+                residency = self.residency(module, args, kwargs, opts)
+                h = self.handle(module, override, consumer, residency)
                 if kv is not None:
                     h.set_kv_budget(kv)
             except (ValueError, TypeError, RuntimeError) as e:  # RecognizeError is a ValueError
-                why = Fallback("unrecognized", f"{type(module).__name__}: {e}")
+                why = Fallback("unrecognized" if residency is None else "residency", f"{type(module).__name__}: {e}")
                 self.refused[id(module)] = (module, why, [])
         if why is not None:
             calls = self.refused[id(module)][2]
@@ -309,6 +404,14 @@ class PlannerWrapper:
             seen = ", ".join(f"step {s + 1} of {n}: {kv:g}" if n else f"outside a sampler: {kv:g}"
                              for (s, n), kv in sorted(steps.items()))
             lines.append(f"  video KV budget by sampler step: {seen} (text, audio and conditioning rows stay dense)")
+        if h.streams:
+            r = h.residency
+            device_memory, resident, device, _ = h._residency
+            lines.append(f"  weights: those ComfyUI left in host memory stream to {device} (device memory "
+                         f"{_size(device_memory)}, resident blocks {resident or 'auto'})"
+                         + (f": {r['kept_blocks']} blocks kept, {len(r['streamed_blocks'])} streamed through {r['slots']} "
+                            f"slot{'s' if r['slots'] != 1 else ''}, predicted {r['predicted_ms']:.0f} ms against {r['all_resident_ms']:.0f} ms "
+                            "all resident" if r else ""))
         if h.consumer == OVERRIDE_CONSUMER:
             lines.append("  attention override: it runs as the consumer 'comfy-override' with the capabilities it "
                          "declares (streamplan_caps); what it leaves undeclared keeps attention unstreamed")
@@ -379,15 +482,12 @@ class StreamplanMemoryPlanner(_ModelNode):
 
     def patch(self, model: Any, budget: str, consumer: str, explain: bool,
               unique_id: str | None = None) -> tuple[Any, str]:
-        import comfy.patcher_extension as ext
-
         dtype = compute_dtype(model)
         wrapper = PlannerWrapper(parse_budget(budget), consumer, explain, unique_id, dtype=dtype)
         m = model.clone()
         # One planner per model: this node's replaces one added before (the Sparse Attention
-        # node's defaults, or an earlier Memory Planner's); sparse settings stay on the model.
-        m.remove_wrappers_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan")
-        m.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan", wrapper)
+        # or Residency node's defaults, or an earlier Memory Planner's); their settings stay.
+        install(m, wrapper)
         module = getattr(getattr(model, "model", None), "diffusion_model", None)
         if not isinstance(module, torch.nn.Module):
             return (m, "streamplan: the model has no diffusion_model to plan")
@@ -399,6 +499,32 @@ class StreamplanMemoryPlanner(_ModelNode):
         return (m, f"streamplan: {type(module).__name__}, weights {formats}, compute {dtype}; attention: consumer "
                    f"{consumer} ({attention_provider(consumer)}); planned at the first sampling call (the Streamplan "
                    "Status node shows the plan after sampling)")
+
+
+def install(model: Any, wrapper: PlannerWrapper) -> None:
+    """Puts the planner on a ModelPatcher (replacing one there) with ComfyUI's callbacks: when a
+    sampling ends (ON_CLEANUP) and when ComfyUI unloads the model (ON_DETACH) the planner gives
+    back what its streamed weights hold on the device and in pinned host memory."""
+    import comfy.patcher_extension as ext
+
+    model.remove_wrappers_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan")
+    model.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan", wrapper)
+    for when in (ext.CallbacksMP.ON_CLEANUP, ext.CallbacksMP.ON_DETACH):
+        model.remove_callbacks_with_key(when, "streamplan")
+        model.add_callback_with_key(when, "streamplan", _release_streamed)
+
+
+def _release_streamed(patcher: Any, *_: Any) -> None:
+    # No import here: ComfyUI also detaches from ModelPatcher.__del__, at interpreter exit too.
+    for w in getattr(patcher, "wrappers", {}).get("diffusion_model", {}).get("streamplan", []):
+        if isinstance(w, PlannerWrapper):
+            w.release()
+
+
+def ensure_planner(model: Any) -> None:
+    """The Memory Planner's defaults on a model that has no planner yet."""
+    if planner_of(model) is None:
+        install(model, PlannerWrapper(None, COMFY_CONSUMER, False, dtype=compute_dtype(model)))
 
 
 def compute_dtype(model: Any) -> torch.dtype | None:
@@ -464,14 +590,10 @@ class StreamplanSparseAttention(_ModelNode):
 
     def patch(self, model: Any, kv_budget: float, backend: str, early_steps: int = 2, early_kv: float = 0.5,
               late_steps: int = 2, late_kv: float = 0.5) -> tuple[Any, str]:
-        import comfy.patcher_extension as ext
-
         settings = SparseSettings(kv_budget, early_steps, early_kv, late_steps, late_kv, backend)
         m = model.clone()
         m.model_options.setdefault("transformer_options", {})[SPARSE_KEY] = settings
-        if planner_of(m) is None:  # the Memory Planner's defaults
-            m.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan",
-                                   PlannerWrapper(None, COMFY_CONSUMER, False, dtype=compute_dtype(m)))
+        ensure_planner(m)
         return (m, f"streamplan: sparse attention, video KV budget {kv_budget:g} (first {early_steps} steps "
                    f"{early_kv:g}, last {late_steps} steps {late_kv:g}), backend {backend}; the backend is chosen at "
                    "the first sampling call (the Streamplan Status node shows it and each step's budget)")
@@ -492,10 +614,43 @@ class StreamplanSparseAttentionAdvanced(StreamplanSparseAttention):
         return types
 
 
+class StreamplanResidency(_ModelNode):
+    """MODEL in, MODEL out: the weights ComfyUI leaves in host memory stream to the GPU through
+    streamplan's slots, prefetched on a side stream, under a device memory."""
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:  # noqa: N802 - ComfyUI's name
+        return {
+            "required": {
+                "model": ("MODEL",),
+                "device_memory": ("STRING", {"default": "auto", "tooltip": DEVICE_MEMORY_HELP}),
+                "resident_blocks": ("STRING", {"default": "auto", "tooltip": RESIDENT_HELP}),
+            },
+        }
+
+    DESCRIPTION = ("Streams the weights ComfyUI keeps in host memory (low-VRAM partial loading) through device slots "
+                   "with prefetch, instead of casting them layer by layer; composes with the other Streamplan nodes.")
+
+    def patch(self, model: Any, device_memory: str, resident_blocks: str) -> tuple[Any, str]:
+        settings = ResidencySettings(device_memory, resident_blocks)
+        m = model.clone()
+        dynamic = getattr(m, "is_dynamic", lambda: False)()
+        if dynamic:
+            return (m, "streamplan: residency is off: ComfyUI's DynamicVRAM places this model's weights on demand; "
+                       "start ComfyUI with --disable-dynamic-vram for streamplan to stream them")
+        m.model_options.setdefault("transformer_options", {})[RESIDENCY_KEY] = settings
+        ensure_planner(m)
+        return (m, f"streamplan: weights in host memory stream to the GPU, device memory {settings.device_memory}, "
+                   f"resident blocks {settings.resident_blocks}; arranged at the first sampling call (the Streamplan "
+                   "Status node shows it)")
+
+
 NODE_CLASS_MAPPINGS = {"StreamplanMemoryPlanner": StreamplanMemoryPlanner, "StreamplanStatus": StreamplanStatus,
                        "StreamplanSparseAttention": StreamplanSparseAttention,
-                       "StreamplanSparseAttentionAdvanced": StreamplanSparseAttentionAdvanced}
+                       "StreamplanSparseAttentionAdvanced": StreamplanSparseAttentionAdvanced,
+                       "StreamplanResidency": StreamplanResidency}
 NODE_DISPLAY_NAME_MAPPINGS = {"StreamplanMemoryPlanner": "Streamplan Memory Planner",
                               "StreamplanStatus": "Streamplan Status",
                               "StreamplanSparseAttention": "Streamplan Sparse Attention",
-                              "StreamplanSparseAttentionAdvanced": "Streamplan Sparse Attention (Advanced)"}
+                              "StreamplanSparseAttentionAdvanced": "Streamplan Sparse Attention (Advanced)",
+                              "StreamplanResidency": "Streamplan Residency"}

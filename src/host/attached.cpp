@@ -60,6 +60,40 @@ at::Device module_device(const NamedTensors& tensors) {
   return d;
 }
 
+// The device of a module whose host places its tensors itself (AttachOptions::in_place): the
+// one device besides host memory that its tensors are on, which must be `run_on` where that is
+// named; host memory where all of them are there.
+at::Device held_device(const NamedTensors& tensors, const std::string& run_on) {
+  std::optional<at::Device> device;
+  if (!run_on.empty()) device = exec::pick_device(run_on);
+  for (const auto& [name, t] : tensors) {
+    if (t.scalar_type() == at::kByte || t.device().is_cpu()) continue;
+    if (t.device().is_meta())
+      throw std::invalid_argument("module: tensor '" + name + "' is on the meta device (not loaded); load the weights first");
+    if (!device) device = t.device();
+    if (t.device() != *device)
+      throw std::invalid_argument("module: tensor '" + name + "' is on " + t.device().str() + ", the run's device is " +
+                                  device->str() + "; its tensors may be there or in host memory");
+  }
+  return device ? *device : at::Device(at::kCPU);
+}
+
+// A source's weights, each read onto one device.
+class OnDevice : public exec::WeightSource {
+ public:
+  OnDevice(const exec::WeightSource& w, const at::Device& d) : w_(w), d_(d) {}
+  at::Tensor tensor(const std::string& name) const override { return w_.tensor(name).to(d_); }
+  bool contains(const std::string& name) const override { return w_.contains(name); }
+  at::Tensor acquire(const ir::Linear& l, exec::Slice rows, exec::Slice cols, at::ScalarType dtype,
+                     const at::Tensor& out) const override {
+    return w_.acquire(l, rows, cols, dtype, out).to(d_);
+  }
+
+ private:
+  const exec::WeightSource& w_;
+  at::Device d_;
+};
+
 // The plan cache's key: the geometry and the run-time inputs the plan is made for.
 std::string geometry_key(const ir::Model& m, double kv_budget) {
   std::string key;
@@ -79,12 +113,13 @@ std::string geometry_key(const ir::Model& m, double kv_budget) {
 Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::Sidecar>& sidecar, AttachOptions options,
                    contracts::Registry reg)
     : reg_(std::move(reg)), options_(std::move(options)) {
-  const at::Device held_on = module_device(tensors);
+  const bool in_place = options_.in_place && options_.streams();
+  const at::Device held_on = in_place ? held_device(tensors, options_.device) : module_device(tensors);
   device_ = options_.device.empty() ? held_on : exec::pick_device(options_.device);
   if (options_.streams()) {
     if (options_.device_memory < 0)
       throw std::invalid_argument("device_memory: must be > 0 bytes, got " + std::to_string(options_.device_memory));
-    if (!held_on.is_cpu())
+    if (!in_place && !held_on.is_cpu())
       throw std::invalid_argument("device_memory: the module's tensors are on " + held_on.str() +
                                   "; streamed weights come from host memory: keep the module on the CPU "
                                   "(module.to('cpu')) and pass device='" + held_on.str() + "'");
@@ -107,17 +142,12 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
   set_kv_budget(options_.kv_budget);
   rec_ = recognize_module(tensors, sidecar);
   weights_ = std::make_unique<ModuleWeights>(tensors, rec_, &reg_, dtype_);
-  if (options_.streams() && !weights_->quantized().empty()) {
-    const auto& [name, q] = *weights_->quantized().begin();
-    throw std::invalid_argument("device_memory: the module holds " + std::to_string(weights_->quantized().size()) +
-                                " weights quantized (e.g. '" + name + "', " + q.origin +
-                                "); streamed weights are 16/32-bit: run without device_memory / resident_blocks");
-  }
   if (options_.weight_hook) {
     weights_->set_hook(options_.weight_hook, options_.hooked);
     register_hook_format(reg_, dtype_);
   }
-  lora_ = models::load_loras(options_.loras, rec_.config, exec::to_aten(dtype_), options_.streams() ? held_on : device_);
+  lora_ = models::load_loras(options_.loras, rec_.config, exec::to_aten(dtype_),
+                             options_.streams() ? at::Device(at::kCPU) : device_);
   dev_ = exec::run_device(device_);
 }
 
@@ -142,11 +172,14 @@ models::TensorMap Attached::forward_named(const models::TensorMap& raw) {
 }
 
 models::FamilyRun Attached::prepare(const models::TensorMap& raw) {
-  const exec::WeightSource& w = streamed_ ? static_cast<const exec::WeightSource&>(*streamed_) : *weights_;
-  // The prologue reads quantized weights whole, dequantized (ModuleWeights::prologue_view).
-  models::FamilyRun fr = streamed_ ? models::prepare(rec_.config, w, raw, dtype_, options_.consumer)
-                                   : models::prepare(rec_.config, weights_->prologue_view(), raw, dtype_,
-                                                     options_.consumer);
+  // The prologue reads quantized weights whole, dequantized (ModuleWeights::prologue_view);
+  // where a host placed them on several devices, each on the run's (until they stream).
+  const OnDevice on_device(weights_->prologue_view(), device_);
+  const auto over_streamed = streamed_ ? weights_->prologue_over(*streamed_) : nullptr;
+  const exec::WeightSource& prologue = over_streamed                              ? *over_streamed
+                                       : options_.in_place && options_.streams() ? on_device
+                                                                                 : weights_->prologue_view();
+  models::FamilyRun fr = models::prepare(rec_.config, prologue, raw, dtype_, options_.consumer);
   weights_->mark_quantized(fr.model);
   weights_->mark_stored(fr.model);
   weights_->mark_hooked(fr.model);
@@ -165,7 +198,8 @@ plan::ResidencyRequest Attached::residency_request(const models::FamilyRun& fr,
                                                    std::shared_ptr<exec::TensorWeights>& host) {
   if (!weight_request_) {
     host = host_weights();
-    weight_request_ = exec::residency_request(fr.model, *host, {}, reg_, dev_, exec::Prologue::Device);
+    weight_request_ = exec::residency_request(fr.model, *host, {}, reg_, dev_, exec::Prologue::Device,
+                                              options_.in_place ? device_ : at::Device(at::kCPU));
     weight_request_->device_memory = options_.device_memory;
     weight_request_->resident_blocks = std::max(options_.resident_blocks, 0);
   }
@@ -180,7 +214,7 @@ void Attached::stream_as(const plan::Residency& r, models::FamilyRun& fr, const 
   streamed_.reset();  // its device memory goes before the next arrangement takes its own
   exec::release_cached(device_);
   streamed_ = std::make_unique<exec::StreamedWeights>(fr.model, host ? std::move(host) : host_weights(), r, reg_, device_,
-                                                      exec::Prologue::Device);
+                                                      exec::Prologue::Device, options_.in_place);
   streamed_as_ = r;
   fr = prepare(raw);  // the inputs again, from the weights where the calls run
 }
@@ -225,7 +259,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   std::shared_ptr<void> cap;
   if (slot->residency) {
     stream_as(*slot->residency, fr, raw, std::move(host));
-    if (options_.device_memory > 0)
+    if (options_.device_memory > 0 && !options_.in_place)
       cap = exec::cap_device_memory_beside(device_, streamed_->device_bytes() + exec::input_bytes(fr.inputs, dev_),
                                            options_.device_memory);
   }
@@ -248,6 +282,11 @@ void Attached::release_streamed() {
   streamed_.reset();
   streamed_as_.reset();
   exec::release_cached(device_);
+}
+
+std::pair<int64_t, int64_t> Attached::streamed_bytes() const {
+  if (!streamed_) return {0, 0};
+  return {streamed_->device_bytes(), streamed_->host_bytes()};
 }
 
 std::vector<FormatUse> Attached::formats(const GeometryPlan& g) const {

@@ -63,6 +63,12 @@ struct AttachOptions {
   int64_t device_memory = 0;
   int resident_blocks = -1;  // -1: not set
   std::string device;
+  // A host that places the module's weights itself (ComfyUI's partial loading): its tensors
+  // may be on `device` and in host memory at once. Those on the device are read in place and
+  // count as neither kept nor streamed; those in host memory stream from where they are (the
+  // host pins them), with no pinned copy of streamplan's own; the allocator is not capped
+  // (the host accounts for the device memory it hands over).
+  bool in_place = false;
   // The compute (activation) dtype, "fp32" | "bf16" | "fp16"; empty: the 16/32-bit float dtype
   // holding most of the module's bytes. A host that stores weights in 8 bits and casts them per
   // use (ComfyUI's fp8 models) names the dtype it casts to.
@@ -133,6 +139,9 @@ class Attached {
   // Gives back what the streamed weights hold (device slots and kept weights, pinned host
   // buffers); a later call streams them again. The plans stay.
   void release_streamed();
+  // What the streamed weights hold now: device bytes (kept weights and slots) and pinned host
+  // bytes of streamplan's own (0, 0 when nothing streams or after release_streamed).
+  std::pair<int64_t, int64_t> streamed_bytes() const;
   // The JSON of `streamplan plan --explain --json` for one of them, with `residency` where
   // the weights stream.
   nlohmann::json document(const GeometryPlan& g) const;

@@ -28,16 +28,17 @@ bool is_8bit_float(const at::Tensor& t) { return t.is_floating_point() && t.elem
 // The prologue's reads (ModuleWeights::prologue_view).
 class PrologueView : public exec::WeightSource {
  public:
-  explicit PrologueView(const ModuleWeights& w) : w_(w) {}
-  at::Tensor tensor(const std::string& name) const override { return w_.prologue_tensor(name); }
+  explicit PrologueView(const ModuleWeights& w, const exec::WeightSource* stored = nullptr) : w_(w), stored_(stored) {}
+  at::Tensor tensor(const std::string& name) const override { return w_.prologue_tensor(name, stored_); }
   bool contains(const std::string& name) const override { return w_.contains(name); }
   at::Tensor acquire(const ir::Linear& l, exec::Slice rows, exec::Slice cols, at::ScalarType dtype,
                      const at::Tensor& out) const override {
-    return w_.acquire(l, rows, cols, dtype, out);
+    return stored_ ? stored_->acquire(l, rows, cols, dtype, out) : w_.acquire(l, rows, cols, dtype, out);
   }
 
  private:
   const ModuleWeights& w_;
+  const exec::WeightSource* stored_;
 };
 
 // A quantized weight and its scales as the module holds them, without hooks: what its format
@@ -140,7 +141,7 @@ at::Tensor ModuleWeights::cast_if_needed(const std::string& name, at::Tensor t) 
   return cast_.count(name) ? t.to(dtype_of(name)) : t;
 }
 
-at::Tensor ModuleWeights::dequantized(const std::string& name) const {
+at::Tensor ModuleWeights::dequantized(const std::string& name, const exec::WeightSource* stored) const {
   const Canonical& c = canonical(name);
   const recognize::QuantSpec& q = specs_.at(name);
   ir::Linear l;
@@ -148,13 +149,18 @@ at::Tensor ModuleWeights::dequantized(const std::string& name) const {
   l.out_features = c.parts.front().size(0);
   l.in_features = c.parts.front().dim() > 1 ? c.parts.front().size(1) : 1;
   l.format = q.format;
-  const StoredView stored(c.view.defined() ? c.view : c.parts.front(), name, side_);
-  return exec::impl_of<exec::FormatImpl>(reg_->format(q.format)).acquire(stored, l, {}, {}, dtype_of(name), {});
+  const StoredView own(c.view.defined() ? c.view : c.parts.front(), name, side_);
+  return exec::impl_of<exec::FormatImpl>(reg_->format(q.format))
+      .acquire(stored ? *stored : static_cast<const exec::WeightSource&>(own), l, {}, {}, dtype_of(name), {});
 }
 
-at::Tensor ModuleWeights::prologue_tensor(const std::string& name) const {
-  if (specs_.count(name) && !hooked(name)) return dequantized(name);
-  return tensor(name);
+at::Tensor ModuleWeights::prologue_tensor(const std::string& name, const exec::WeightSource* stored) const {
+  if (specs_.count(name) && !hooked(name)) return dequantized(name, stored);
+  return stored ? stored->tensor(name) : tensor(name);
+}
+
+std::unique_ptr<exec::WeightSource> ModuleWeights::prologue_over(const exec::WeightSource& stored) const {
+  return std::make_unique<PrologueView>(*this, &stored);
 }
 
 void ModuleWeights::mark_quantized(ir::Model& m) const {
@@ -290,6 +296,7 @@ std::vector<std::pair<std::string, at::Tensor>> ModuleWeights::canonical_tensors
   for (const auto& [name, c] : canon_)
     out.emplace_back(name, c.view.defined() ? c.view
                                             : cast_if_needed(name, models::assemble(name, c.src, c.parts).contiguous()));
+  for (const auto& [name, t] : side_) out.emplace_back(name, t);
   return out;
 }
 

@@ -89,7 +89,8 @@ class ModuleWeights : public exec::WeightSource {
 
   // Assembles the held copies again from the module's tensors.
   void refresh();
-  // Every canonical tensor: a view of the module's tensor, or assembled now (not held).
+  // Every canonical tensor: a view of the module's tensor, or assembled now (not held); and
+  // the quantized weights' scales by their formats' names ("<weight>.scale", ...).
   std::vector<std::pair<std::string, at::Tensor>> canonical_tensors() const;
 
   // Hooks the module tensors named (state_dict names; all of them where `names` is empty).
@@ -110,8 +111,12 @@ class ModuleWeights : public exec::WeightSource {
   // These weights as the family's prologue reads them: a quantized weight dequantized (whole,
   // in its dtype, not held), everything else as tensor() and acquire() serve it.
   const exec::WeightSource& prologue_view() const { return *prologue_; }
-  // One tensor as prologue_view() serves it.
-  at::Tensor prologue_tensor(const std::string& name) const;
+  // The same reads from `stored`, which holds these weights elsewhere in their stored form (the
+  // streamed weights): a quantized one dequantized from its tensors there. `stored` must
+  // outlive the view.
+  std::unique_ptr<exec::WeightSource> prologue_over(const exec::WeightSource& stored) const;
+  // One tensor as prologue_view() serves it (from `stored` where given).
+  at::Tensor prologue_tensor(const std::string& name, const exec::WeightSource* stored = nullptr) const;
 
   struct Copy {
     std::string name;  // canonical name
@@ -137,7 +142,8 @@ class ModuleWeights : public exec::WeightSource {
   at::Tensor acquire_spanning(const ir::Linear& l, const Canonical& c, exec::Slice rows, exec::Slice cols,
                               at::ScalarType dtype, const at::Tensor& out) const;
 
-  at::Tensor dequantized(const std::string& name) const;  // a quantized canonical through its format, unhooked
+  // A quantized canonical through its format, unhooked (from `stored` where given).
+  at::Tensor dequantized(const std::string& name, const exec::WeightSource* stored = nullptr) const;
   at::ScalarType dtype_of(const std::string& canonical) const;
   // Converted to its dtype where the module holds it in an 8-bit float (not quantized).
   at::Tensor cast_if_needed(const std::string& name, at::Tensor t) const;

@@ -64,7 +64,7 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
                                        const std::optional<py::function>& weight_hook, const std::vector<std::string>& hooked,
                                        const std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>& loras,
                                        int64_t device_memory, int resident_blocks, const std::string& device,
-                                       double kv_budget, const std::string& dtype) {
+                                       double kv_budget, const std::string& dtype, bool in_place) {
   std::optional<recognize::Sidecar> sidecar;
   if (sidecar_json) sidecar = recognize::parse_sidecar(*sidecar_json, "<module config>");
   host::AttachOptions o;
@@ -80,6 +80,7 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
   o.device_memory = device_memory;
   o.resident_blocks = resident_blocks;
   o.device = device;
+  o.in_place = in_place;
   o.dtype = dtype;
   o.kv_budget = kv_budget;
   contracts::Registry reg = exec::builtin_registry();
@@ -153,7 +154,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("weight_hook") = std::nullopt, py::arg("hooked") = std::vector<std::string>{},
            py::arg("loras") = std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>{},
            py::arg("device_memory") = 0, py::arg("resident_blocks") = -1, py::arg("device") = "",
-           py::arg("kv_budget") = 1.0, py::arg("dtype") = "")
+           py::arg("kv_budget") = 1.0, py::arg("dtype") = "", py::arg("in_place") = false)
       .def(
           "set_kv_budget",
           [](host::Attached& a, double budget) {
@@ -237,6 +238,8 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("release_streamed", &host::Attached::release_streamed,
            "Gives back the streamed weights' device and pinned host memory.")
+      .def("streamed_bytes", &host::Attached::streamed_bytes,
+           "(device bytes, pinned host bytes) the streamed weights hold now.")
       .def("copies", [](const host::Attached& a) {
         std::vector<std::pair<std::string, int64_t>> out;
         for (const auto& c : a.weights().copies()) out.emplace_back(c.name, c.bytes);

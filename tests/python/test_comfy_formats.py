@@ -27,6 +27,7 @@ import comfy_tree  # noqa: E402
 import make_reference  # noqa: E402
 import minimax_h3 as h3  # noqa: E402
 
+import streamplan
 from streamplan import _module_state, comfy_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -282,3 +283,63 @@ def test_lora_loaded_by_comfyui_on_quantized_weights(comfy: Any, tiny_detection:
           f"ComfyUI {comfy_err:.3e}, planned {err:.3e}\n{text}")
     assert rel_l2(without, reference) > 3 * max(comfy_err, FLOOR), "the LoRA changes too little to be seen"
     assert err <= max(2 * comfy_err, FLOOR)
+
+
+@pytest.mark.parametrize("family,fmt", [("wan", "fp8"), ("wan", "int8"), ("minimax-h3", "fp8"), ("flux", "fp8")])
+def test_residency_streams_the_weights_comfyui_keeps_in_host_memory(comfy: Any, tiny_detection: Any,
+                                                                    tmp_path_factory: Any, family: str,
+                                                                    fmt: str) -> None:
+    """The Residency node on a model whose weights ComfyUI keeps in host memory (the CPU here),
+    at most one block kept: the other blocks stream through streamplan's slots, quantized as
+    ComfyUI holds them, copied from the module's own tensors; the samples equal those with every
+    weight resident; what the slots held is given back when the sampling ends (ComfyUI's
+    cleanup) and when ComfyUI unloads the model."""
+    import comfy.model_management
+
+    tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
+    tmp.mkdir(exist_ok=True)
+    path = _convert(_source(comfy, family, tmp), fmt)
+    mp = _load(comfy, path, FORMATS[fmt].load_dtype())
+    resident, _wrapper, _status = _with_node(comfy, mp)
+    want = _sample(comfy, resident, family)
+    planned, wrapper, _status = _with_node(comfy, mp)
+    streamed, status = comfy_nodes.StreamplanResidency().patch(planned, "1GiB", "1")
+    assert "device memory 1GiB, resident blocks 1" in status, status
+    assert comfy_nodes.planner_of(streamed) is wrapper
+    got = _sample(comfy, streamed, family)
+    text = wrapper.status()
+    h, = wrapper.handles.values()
+    assert h.streams and h.fallbacks == [] and h.planned_calls == h.calls >= 1 and not wrapper.refused, text
+    r = h.residency
+    assert r is not None and r["kept_blocks"] <= 1 and len(r["streamed_blocks"]) >= 1, r
+    assert "streamed through" in text and "device memory 1.00 GiB, resident blocks 1" in text, text
+    err = rel_l2(got, want)
+    print(f"\n{family} {fmt} streamed: {r['kept_blocks']} kept, {len(r['streamed_blocks'])} streamed, rel L2 {err:.1e}\n{text}")
+    assert err <= 1e-6
+    assert h.streamed_bytes == (0, 0), h.streamed_bytes  # given back when the sampling ended
+    if family == "wan":  # a call outside a sampling streams again; unloading the model gives it back
+        _call_wan(comfy, streamed, family)
+        assert h.streamed_bytes[0] > 0 and h.streamed_bytes[1] == 0, h.streamed_bytes  # no pinned copy of its own
+        comfy.model_management.unload_all_models()
+        assert h.streamed_bytes == (0, 0), h.streamed_bytes
+        # The package's own residency on the same quantized weights: copied once into host buffers
+        # of its own, in their stored form with their scales; the same output.
+        dm = mp.model.diffusion_model
+        want_call = _call_wan(comfy, resident, family)
+        streamplan.remove(dm)  # the first planner's handle
+        own = streamplan.apply(dm, resident_blocks=1, dtype=mp.model.get_dtype_inference())
+        try:
+            got_call = _call_wan(comfy, mp, family)
+            assert own.streams and own.fallbacks == [] and own.planned_calls == 1 and own.streamed_bytes[1] > 0
+        finally:
+            streamplan.remove(dm)
+        assert torch.equal(got_call, want_call)
+
+
+def test_residency_settings_name_a_bad_value() -> None:
+    with pytest.raises(ValueError, match="device_memory"):
+        comfy_nodes.ResidencySettings("12 parsecs", "auto")
+    with pytest.raises(ValueError, match="resident_blocks: '0' is not"):
+        comfy_nodes.ResidencySettings("auto", "0")
+    assert comfy_nodes.ResidencySettings("6GiB", "3").blocks() == 3
+    assert comfy_nodes.ResidencySettings().bytes_on(None) == 0

@@ -104,7 +104,7 @@ def test_node_runs_the_sampler_call_planned(comfy: Any, make: Any, call: Any) ->
     want = run(dm, call())
     patcher, clone, reports = planner(comfy, dm)
     got = sampled(clone, call)
-    h = wrapper_of(clone).handles[(id(dm), None, None)]
+    h = wrapper_of(clone).handles[(id(dm), None, None, None)]
     try:
         assert h.planned_calls == h.calls == 1 and h.fallbacks == [] and h.consumer == "comfy"
         err = rel_l2(got, want)
@@ -123,7 +123,7 @@ def test_node_with_a_weight_patched_at_cast(comfy: Any) -> None:
     want = run(dm, wan_call())  # ComfyUI's own cast applies the patch
     _, clone, _ = planner(comfy, dm, consumer="sdpa")
     got = sampled(clone, wan_call)
-    h = wrapper_of(clone).handles[(id(dm), None, None)]
+    h = wrapper_of(clone).handles[(id(dm), None, None, None)]
     try:
         assert h.planned_calls == 1 and rel_l2(got, want) <= TOL
     finally:
@@ -144,7 +144,7 @@ def test_another_wrapper_runs_comfys_chain(comfy: Any) -> None:
 
     clone.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "other", other)
     got = sampled(clone, flux_call)
-    h = wrapper_of(clone).handles[(id(dm), None, None)]
+    h = wrapper_of(clone).handles[(id(dm), None, None, None)]
     try:
         assert h.planned_calls == 0 and [f.code for f in h.fallbacks] == ["wrappers"] and seen == [1]
         assert torch.equal(got, want) and "fallback wrappers" in reports[-1]
@@ -172,7 +172,7 @@ def test_attention_override_falls_back_for_attention_only(comfy: Any) -> None:
     w.token_chunk = 16  # a few rows per slab: what the plan bounds shows on this tiny model
     got = sampled(clone, wan_call, optimized_attention_override=override)
     try:
-        h = w.handles[(id(dm), id(override), None)]
+        h = w.handles[(id(dm), id(override), None, None)]
         assert h.planned_calls == 1 and h.fallbacks == [] and h.consumer == "comfy-override"
         assert len(calls) > n_original  # the override ran inside the planned call
         err = rel_l2(got, want)
@@ -239,7 +239,7 @@ def test_sparse_node_auto_falls_back_to_dense_where_no_backend_runs(comfy: Any, 
                   **{comfy_nodes.SPARSE_KEY: m.model_options["transformer_options"][comfy_nodes.SPARSE_KEY]})
     w = wrapper_of(m)
     try:
-        h = w.handles[(id(dm), None, None)]
+        h = w.handles[(id(dm), None, None, None)]
         assert h.planned_calls == h.calls == 1 and h.fallbacks == [] and h.consumer == "comfy"
         assert rel_l2(got, want) <= TOL
         status = w.status()

@@ -21,13 +21,6 @@ constexpr int64_t kAlign = 512;  // offsets in a block's buffer, as the caching 
 
 int64_t packed_bytes(const at::Tensor& t) { return ir::round_up(int64_t(t.nbytes()), kAlign); }
 
-// The tensors `names` of `w` packed one after the other.
-int64_t packed_bytes(const TensorWeights& w, const std::vector<std::string>& names) {
-  int64_t bytes = 0;
-  for (const auto& n : names) bytes += packed_bytes(w.tensor(n));
-  return bytes;
-}
-
 // The tensors stored beside l's weight, by its format.
 std::vector<std::string> companions(const contracts::Registry& reg, const ir::Linear& l) {
   return impl_of<FormatImpl>(reg.format(l.format)).companions(l);
@@ -107,6 +100,9 @@ std::set<std::string> device_tensors_outside_blocks(const ir::Model& m, const Te
   return out;
 }
 
+// Whether t is on `held`, a GPU where its host placed it: read there, neither kept nor streamed.
+bool held_there(const at::Tensor& t, const at::Device& held) { return !held.is_cpu() && t.device() == held; }
+
 // t's storage as the device allocates it, unless `counted` has it already.
 int64_t storage_bytes(const at::Tensor& t, const contracts::DeviceCaps& dev, std::set<const void*>& counted) {
   if (!t.defined()) return 0;
@@ -119,16 +115,23 @@ int64_t storage_bytes(const at::Tensor& t, const contracts::DeviceCaps& dev, std
 
 plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights& w, const Inputs& in,
                                          const contracts::Registry& reg, const contracts::DeviceCaps& dev,
-                                         Prologue prologue) {
+                                         Prologue prologue, const at::Device& held) {
   plan::ResidencyRequest rq;
-  for (const auto& names : block_tensors(m, w, reg)) rq.block_bytes.push_back(packed_bytes(w, names));
+  for (const auto& names : block_tensors(m, w, reg)) {
+    int64_t bytes = 0;
+    for (const auto& n : names) {
+      const at::Tensor t = w.tensor(n);
+      if (!held_there(t, held)) bytes += packed_bytes(t);
+    }
+    rq.block_bytes.push_back(bytes);
+  }
   // The embeddings' and final layer's weights and the inputs are held for the whole run; a
   // storage shared by several tensors counts once. Weights the run never reads (those the
   // family's prologue turned into the inputs) stay in host memory unless the prologue runs
   // on the device.
   std::set<const void*> counted;
   for (const auto& name : device_tensors_outside_blocks(m, w, reg, prologue))
-    rq.fixed_bytes += storage_bytes(w.tensor(name), dev, counted);
+    if (!held_there(w.tensor(name), held)) rq.fixed_bytes += storage_bytes(w.tensor(name), dev, counted);
   rq.fixed_bytes += input_bytes(in, dev);
   return rq;
 }
@@ -142,27 +145,39 @@ int64_t input_bytes(const Inputs& in, const contracts::DeviceCaps& dev) {
 }
 
 StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeights> w, const plan::Residency& r,
-                                 const contracts::Registry& reg, const at::Device& device, Prologue prologue)
+                                 const contracts::Registry& reg, const at::Device& device, Prologue prologue,
+                                 bool in_place)
     : w_(std::move(w)), reg_(&reg), device_(device) {
   if (r.streamed.size() != m.blocks.size())
     throw std::invalid_argument("residency of " + std::to_string(r.streamed.size()) + " blocks for a model of " +
                                 std::to_string(m.blocks.size()));
+  const at::Device held = in_place ? device_ : at::Device(at::kCPU);
   const auto names = block_tensors(m, *w_, reg);
   packs_.resize(m.blocks.size());
+  sources_.resize(m.blocks.size());
+  streams_.assign(m.blocks.size(), 0);
   int64_t slot_bytes = 0;
   for (size_t b = 0; b < m.blocks.size(); ++b) {
-    if (!r.streamed[b] || names[b].empty()) continue;
-    const int64_t bytes = packed_bytes(*w_, names[b]);
-    const bool pinned = device_.is_cuda();
-    at::Tensor pack = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned));
-    int64_t offset = 0;
+    if (!r.streamed[b]) continue;
+    std::vector<std::pair<std::string, at::Tensor>> host;  // the block's tensors to load
+    int64_t bytes = 0;
     for (const auto& n : names[b]) {
+      if (held_there(w_->tensor(n), held)) continue;
       at::Tensor t = w_->take(n).contiguous();
-      pack.narrow(0, offset, int64_t(t.nbytes())).copy_(t.view(-1).view(at::kByte));
+      bytes += packed_bytes(t);
+      host.emplace_back(n, std::move(t));
+    }
+    if (host.empty()) continue;
+    if (!in_place) packs_[b] = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(device_.is_cuda()));
+    int64_t offset = 0;
+    for (auto& [n, t] : host) {
+      const at::Tensor flat = t.view(-1).view(at::kByte);
+      if (in_place) sources_[b].emplace_back(flat, offset);
+      else packs_[b].narrow(0, offset, int64_t(t.nbytes())).copy_(flat);
       places_[n] = {b, offset, t.scalar_type(), t.sizes().vec()};
       offset += packed_bytes(t);
     }
-    packs_[b] = pack;
+    streams_[b] = 1;
     order_.push_back(b);
     slot_bytes = std::max(slot_bytes, bytes);
   }
@@ -175,6 +190,7 @@ StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeigh
   std::vector<std::string> rest;
   for (const auto& [name, t] : w_->all()) rest.push_back(name);
   for (const auto& name : rest) {
+    if (held_there(w_->tensor(name), held)) continue;
     at::Tensor t = w_->take(name);
     if (!read.count(name)) w_->add(name, t.to(at::kCPU));
     else if (!device_.is_cuda()) w_->add(name, t.to(device_));
@@ -226,10 +242,12 @@ void StreamedWeights::restore() {
   reset();
   slots_.clear();
   for (const auto& [name, p] : places_) {
-    w_->add(name, placed(packs_[p.block], p.offset, p.dtype, p.shape).to(device_, /*non_blocking=*/false, /*copy=*/true));
+    w_->add(name, placed(host_view(p.block), p.offset, p.dtype, p.shape).to(device_, /*non_blocking=*/false, /*copy=*/true));
   }
   places_.clear();
   packs_.assign(packs_.size(), at::Tensor());
+  sources_.assign(sources_.size(), {});
+  streams_.assign(streams_.size(), 0);
   order_.clear();
 }
 
@@ -252,22 +270,38 @@ StreamedWeights::Slot* StreamedWeights::slot_of(size_t block) const {
   return nullptr;
 }
 
+at::Tensor StreamedWeights::host_view(size_t block) const {
+  if (packs_[block].defined()) return packs_[block];
+  // In place: a host buffer of the block's layout (restore() only).
+  int64_t bytes = 0;
+  for (const auto& [t, offset] : sources_[block]) bytes = std::max(bytes, offset + int64_t(t.nbytes()));
+  at::Tensor out = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+  for (const auto& [t, offset] : sources_[block]) out.narrow(0, offset, int64_t(t.nbytes())).copy_(t);
+  return out;
+}
+
 void StreamedWeights::load_next() const {
   Slot& s = *slots_[size_t(load_count_ % int64_t(slots_.size()))];
   const size_t b = order_[next_];
-  const at::Tensor& pack = packs_[b];
-  at::Tensor dst = s.mem.narrow(0, 0, int64_t(pack.nbytes()));
+  // The block's copies: its buffer whole, or in place each tensor from where it is.
+  auto copy = [&](bool non_blocking) {
+    if (packs_[b].defined()) {
+      s.mem.narrow(0, 0, int64_t(packs_[b].nbytes())).copy_(packs_[b], non_blocking);
+      return;
+    }
+    for (const auto& [t, offset] : sources_[b]) s.mem.narrow(0, offset, int64_t(t.nbytes())).copy_(t, non_blocking);
+  };
 #ifdef STREAMPLAN_WITH_CUDA
   if (device_.is_cuda()) {
     at::cuda::CUDAStream& cs = as_stream(copy_stream_);
     if (s.freed_recorded) s.freed.block(cs);
     const at::cuda::CUDAStreamGuard guard(cs);
-    dst.copy_(pack, /*non_blocking=*/true);
+    copy(/*non_blocking=*/true);
     s.loaded.record(cs);
   } else
 #endif
   {
-    dst.copy_(pack);
+    copy(/*non_blocking=*/false);
   }
   s.block = int64_t(b);
   s.begun = s.ended = false;
@@ -294,7 +328,7 @@ void StreamedWeights::reset() const {
 }
 
 void StreamedWeights::begin_block(size_t block) const {
-  if (block >= packs_.size() || !packs_[block].defined()) return;
+  if (block >= streams_.size() || !streams_[block]) return;
   Slot* s = slot_of(block);
   if (!s || s->begun) {
     // Out of the rotation's order (a run that stopped half-way, or blocks run out of order):
@@ -315,7 +349,7 @@ void StreamedWeights::begin_block(size_t block) const {
 }
 
 void StreamedWeights::end_block(size_t block) const {
-  if (block >= packs_.size() || !packs_[block].defined()) return;
+  if (block >= streams_.size() || !streams_[block]) return;
   Slot* s = slot_of(block);
   if (!s || !s->begun) return;
 #ifdef STREAMPLAN_WITH_CUDA

@@ -53,10 +53,12 @@ std::set<std::string> tensors_outside_blocks(const ir::Model& m, const TensorWei
 enum class Prologue { Host, Device };
 
 // The byte counts residency planning needs: per block its tensors as the device allocates
-// them, and the other weights on the device plus the inputs as fixed bytes.
+// them, and the other weights on the device plus the inputs as fixed bytes. Tensors already
+// on `held` (a GPU where a host placed part of the weights itself) are read where they are
+// and count in neither.
 plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights& w, const Inputs& in,
                                          const contracts::Registry& reg, const contracts::DeviceCaps& dev,
-                                         Prologue prologue = Prologue::Host);
+                                         Prologue prologue = Prologue::Host, const at::Device& held = at::kCPU);
 // The inputs' bytes as the device allocates them (residency_request counts them as fixed).
 int64_t input_bytes(const Inputs& in, const contracts::DeviceCaps& dev);
 
@@ -64,8 +66,12 @@ class StreamedWeights : public WeightSource {
  public:
   // Moves the streamed blocks' tensors of `w` into host memory and every other tensor of `w`
   // onto `device` (where it is not already): weights loaded into host memory run this way.
+  // `in_place`: tensors already on a GPU `device` stay where they are, and the streamed
+  // blocks' tensors in host memory are copied into the slots from where they are (a host
+  // that pins them), with no buffer of this object's own.
   StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeights> w, const plan::Residency& r,
-                  const contracts::Registry& reg, const at::Device& device, Prologue prologue = Prologue::Host);
+                  const contracts::Registry& reg, const at::Device& device, Prologue prologue = Prologue::Host,
+                  bool in_place = false);
   ~StreamedWeights() override;
   StreamedWeights(const StreamedWeights&) = delete;
   StreamedWeights& operator=(const StreamedWeights&) = delete;
@@ -95,6 +101,7 @@ class StreamedWeights : public WeightSource {
   struct Slot;
   Slot* slot_of(size_t block) const;
   void load_next() const;  // the next block of the rotation into its slot
+  at::Tensor host_view(size_t block) const;  // the block's bytes in host memory, in its slot's layout
   void prefetch() const;   // loads while the next slot is free
   void reset() const;      // waits for every copy; empties the slots
 
@@ -103,6 +110,9 @@ class StreamedWeights : public WeightSource {
   at::Device device_;
   std::map<std::string, Place> places_;
   std::vector<at::Tensor> packs_;    // per block: its buffer in host memory (streamed blocks)
+  // In place: per block, its host tensors (flat bytes) and their offsets in the slot.
+  std::vector<std::vector<std::pair<at::Tensor, int64_t>>> sources_;
+  std::vector<char> streams_;        // per block: whether it is loaded into a slot
   at::Tensor resident_;              // CUDA: the weights that stay on the device, in one buffer
   std::vector<size_t> order_;        // the streamed blocks in order
   mutable std::vector<std::unique_ptr<Slot>> slots_;

@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Whole models on an emulated small GPU: ComfyUI's own sampling, one process per configuration.
+
+The model's random weights are saved in ComfyUI's layout (bf16), written as a comfy_quant fp8
+checkpoint by `streamplan convert` (--cli) and loaded by ComfyUI's own loader
+(tests/reference/comfy_formats.py), then sampled with comfy.sample.sample (CFG 5, --sampler,
+--steps) in four configurations, each in a process of its own:
+
+  a  ComfyUI alone under the cap (its estimate-based loading: what fits on the device, the rest
+     cast layer by layer from host memory); an out-of-memory error is a row
+  b  ComfyUI + the Streamplan Memory Planner (dense attention) under the cap
+  c  ComfyUI + the planner + Streamplan Sparse Attention (KV 0.3, the first and last 2 steps 0.5)
+     under the cap
+  d  ComfyUI alone without the cap: the reference time and output
+
+  wan      Wan 2.1 14B (--layers, default all 40), 81 frames at 1280 x 720
+  minimax  MiniMax H3 (--layers, default all 50, and its text refiner), 10 s at 1376 x 768
+
+The cap emulates a card of --cap-gib: before ComfyUI starts, the device memory beyond the cap
+is taken by one allocation outside torch's caching allocator (cudaMalloc), so that what ComfyUI's
+model management reads as free and total-less-used (cudaMemGetInfo) is what such a card has; its
+reserve is a 12 GB card's (--reserve-vram 400 MiB); and the caching allocator may hold at most
+the cap (torch.cuda.set_per_process_memory_fraction), so exceeding it is an out-of-memory error.
+The peaks below are the caching allocator's (the ballast allocation is not in them). A script does not start ComfyUI's DynamicVRAM (comfy-aimdo; main.py
+does): the configurations run its estimate-based loading, which the planner cooperates with.
+
+Per configuration: the time of each sampling step (from ComfyUI's pre_run, once it loaded the
+model, to each of the sampler's callbacks, after a device synchronization), the peak of the process's caching allocator (reserved and allocated), the
+output's rel L2 against (d), and for b and c the planner's status text.
+
+    .venv/bin/python scripts/comfy_vram_check.py --model wan [--layers 40] [--cap-gib 12] [--out FILE]
+    .venv/bin/python scripts/comfy_vram_check.py --model wan --tiny --device cpu   # the mechanics, on the CPU
+
+It needs what scripts/comfy_check.py needs (torch, streamplan, a ComfyUI tree, build/streamplan).
+The checkpoints are kept in --work (default .deps/vram-check) and written once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import comfy_check  # noqa: E402  (scripts/)
+from comfy_check import fail, torch  # noqa: E402
+
+CONFIGS = {"a": "ComfyUI alone, capped", "b": "ComfyUI + the planner, dense, capped",
+           "c": "ComfyUI + the planner, sparse 0.3, capped", "d": "ComfyUI alone, uncapped"}
+LAYERS = {"wan": 40, "minimax": 0}  # 0: the model's own count
+GiB = float(1 << 30)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = comfy_check._Parser(prog="comfy_vram_check", description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, choices=("wan", "minimax"))
+    ap.add_argument("--layers", type=int, help="blocks (default: all: Wan 40, MiniMax H3 50)")
+    ap.add_argument("--configs", default="d,a,b,c", help="comma-separated, of a, b, c, d (default: d,a,b,c)")
+    ap.add_argument("--cap-gib", type=float, default=12.0, help="the emulated card's memory in GiB (default 12)")
+    ap.add_argument("--steps", type=int, default=4, help="sampling steps (default 4)")
+    ap.add_argument("--sampler", default="euler", choices=("euler", "res_multistep"))
+    ap.add_argument("--tiny", action="store_true", help="test widths (the mechanics; with --device cpu)")
+    ap.add_argument("--device", default="auto", help="cuda, cuda:N, cpu or auto")
+    ap.add_argument("--cli", default=os.environ.get("STREAMPLAN_BIN", os.path.join(ROOT, "build", "streamplan")),
+                    help="the streamplan command that writes the fp8 checkpoint")
+    ap.add_argument("--comfyui", metavar="PATH", help="ComfyUI source tree (as comfy_check)")
+    ap.add_argument("--work", default=os.path.join(ROOT, ".deps", "vram-check"), help="checkpoints and outputs")
+    ap.add_argument("--out", metavar="FILE", help="write the rows as JSON")
+    ap.add_argument("--run-config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)  # one configuration, here
+    a = ap.parse_args(argv)
+    configs = a.configs.split(",")
+    if not a.configs or any(c not in CONFIGS for c in configs):
+        ap.error(f"--configs: expected a comma-separated list of a, b, c, d, got '{a.configs}'")
+    a.configs = list(dict.fromkeys(configs))
+    if a.layers is None:
+        a.layers = 2 if a.tiny else LAYERS[a.model]
+    if a.layers < 0:
+        ap.error(f"--layers: expected a count >= 1 (or 0: all), got {a.layers}")
+    if a.steps < 1:
+        ap.error(f"--steps: must be >= 1, got {a.steps}")
+    if a.cap_gib <= 0:
+        ap.error(f"--cap-gib: must be > 0, got {a.cap_gib}")
+    if not os.access(a.cli, os.X_OK):
+        ap.error(f"--cli {a.cli}: no streamplan command there (scripts/setup.sh builds build/streamplan)")
+    if a.out:
+        folder = os.path.dirname(os.path.abspath(a.out))
+        if os.path.isdir(a.out) or not os.access(folder, os.W_OK):
+            ap.error(f"--out {a.out}: cannot write there")
+    return a
+
+
+def tag(a: argparse.Namespace) -> str:
+    return f"{a.model}{'-tiny' if a.tiny else ''}-{a.layers or 'all'}"
+
+
+def checkpoint(a: argparse.Namespace, comfy) -> Path:
+    """The fp8 checkpoint, written once: random bf16 weights (drawn on the device), then
+    `streamplan convert --to fp8`."""
+    import comfy_formats
+
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    family = a.model
+    dtype = torch.float32 if a.tiny else torch.bfloat16
+    src = comfy_check.source_checkpoint(comfy, family, a.tiny, work, a.layers, dtype, a.device)
+    return comfy_formats.convert(Path(a.cli), src, "fp8")
+
+
+def ballast(device, cap: int) -> int:
+    """Takes the device memory beyond `cap` with one cudaMalloc outside torch's caching
+    allocator, for the rest of the process; its bytes."""
+    import ctypes
+
+    torch.cuda.init()
+    with torch.cuda.device(device):
+        torch.empty(1, device=device)  # the context: the card's memory holds it too
+        size = torch.cuda.mem_get_info(device)[1] - cap
+        for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+            try:
+                rt = ctypes.CDLL(name)
+                break
+            except OSError:
+                rt = None
+        if rt is None:
+            fail("cannot load the CUDA runtime (libcudart) to take the memory beyond the cap")
+        ptr = ctypes.c_void_p()
+        err = rt.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(max(size, 0)))
+        if err != 0:
+            fail(f"cudaMalloc of {size} bytes beyond the {cap} bytes cap failed (error {err})")
+        BALLAST.append(ptr)
+        return size
+
+
+BALLAST: list = []  # held for the process's life
+
+
+def run_config(a: argparse.Namespace) -> dict:
+    """One configuration in this process: its row."""
+    cuda = a.device.startswith("cuda")
+    capped = a.run_config != "d" and cuda
+    tree = comfy_check.comfy_tree(a.comfyui)
+    for p in (os.environ.get("COMFY_SITE", os.path.join(ROOT, ".deps", "comfy-site")), tree):
+        if os.path.isdir(p) and p not in sys.path:
+            sys.path.insert(0, p)
+    import comfy.cli_args
+
+    total = torch.cuda.get_device_properties(torch.device(a.device)).total_memory if cuda else 0
+    cap = int(a.cap_gib * GiB)
+    if capped:  # before model management reads the device
+        comfy.cli_args.args.reserve_vram = 400 / 1024  # a 12 GB card's default reserve, in GiB
+        ballast(torch.device(a.device), cap)
+    comfy = comfy_check.comfy_import(a.device, a.comfyui)
+    import comfy_formats
+
+    from streamplan import comfy_nodes
+
+    if capped:
+        torch.cuda.set_per_process_memory_fraction(cap / total)
+    path = checkpoint(a, comfy)
+    t0 = time.time()
+    patcher = comfy_formats.load(comfy, path, comfy_formats.FORMATS["fp8"].load_dtype())
+    load_s = time.time() - t0
+    wrapper = None
+    if a.run_config in ("b", "c"):
+        patcher, _ = comfy_nodes.StreamplanMemoryPlanner().patch(patcher, "none", "comfy", False)
+        if a.run_config == "c":
+            patcher, _ = comfy_nodes.StreamplanSparseAttention().patch(patcher, 0.3, "auto")
+        wrapper = comfy_nodes.planner_of(patcher)
+    g = torch.Generator().manual_seed(2)
+    if a.model == "minimax":
+        noise = comfy_check.h3_latent(comfy, a.tiny, 1)
+        latent = comfy.nested_tensor.NestedTensor([t * 0.0 for t in noise.unbind()])
+        ctx = comfy_check.h3_config(a.tiny, a.layers).text_dim
+    else:
+        shape = (1, 16, 3, 8, 12) if a.tiny else (1, 16, 21, 90, 160)
+        noise = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+        latent = noise * 0.0
+        ctx = 4096
+    positive = [[torch.randn(1, 512, ctx, generator=g), {}]]
+    negative = [[torch.randn(1, 512, ctx, generator=g), {}]]
+    marks: list[float] = []  # the steps' ends, after the start of the first (ComfyUI's pre_run, once loaded)
+
+    def step(*_args) -> None:
+        if cuda:
+            torch.cuda.synchronize()
+        marks.append(time.time())
+
+    import comfy.patcher_extension as ext
+
+    patcher.add_callback(ext.CallbacksMP.ON_PRE_RUN, step)
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    row = {"model": a.model, "layers": a.layers, "config": a.run_config, "what": CONFIGS[a.run_config],
+           "cap_gib": a.cap_gib if capped else None, "steps": a.steps, "sampler": a.sampler,
+           "device": torch.cuda.get_device_name() if cuda else "cpu", "checkpoint": path.name,
+           "checkpoint_bytes": path.stat().st_size, "load_s": load_s}
+    start = time.time()
+    try:
+        out = comfy.sample.sample(patcher, noise, a.steps, 5.0, a.sampler, "simple", positive, negative, latent,
+                                  disable_pbar=True, seed=4, callback=step)
+        if cuda:
+            torch.cuda.synchronize()
+        torch.save(comfy_check.flat(out).cpu(), Path(a.work) / f"{tag(a)}-{a.run_config}.pt")
+        row["oom"] = None
+    except torch.OutOfMemoryError as e:
+        row["oom"] = str(e).splitlines()[0][:300]
+    times = [b - a_ for a_, b in zip(marks, marks[1:])]
+    row.update(sample_s=time.time() - start, prepare_s=marks[0] - start if marks else None, step_s=times,
+               peak_reserved_bytes=torch.cuda.max_memory_reserved() if cuda else None,
+               peak_allocated_bytes=torch.cuda.max_memory_allocated() if cuda else None)
+    if wrapper is not None:
+        row["status"] = wrapper.status()
+        hs = list(wrapper.handles.values())
+        row["planned_calls"], row["calls"] = sum(h.planned_calls for h in hs), sum(h.calls for h in hs)
+    return row
+
+
+def main() -> int:
+    a = parse_args()
+    if torch is None:
+        fail(f"needs torch, which {sys.executable} cannot import; {comfy_check.VENV_HINT}")
+    if a.device == "auto":
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        fail(f"--device {a.device}: torch sees no CUDA device here; use --device cpu with --tiny")
+    if a.run_config:
+        print("ROW " + json.dumps(run_config(a)), flush=True)
+        return 0
+    rows = []
+    for c in a.configs:
+        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--run-config", c]
+        print(f"[comfy_vram_check] {tag(a)} {c}: {CONFIGS[c]}", file=sys.stderr, flush=True)
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        found = [line[4:] for line in r.stdout.splitlines() if line.startswith("ROW ")]
+        if r.returncode != 0 or not found:
+            rows.append({"model": a.model, "layers": a.layers, "config": c, "what": CONFIGS[c],
+                         "failed": f"exit status {r.returncode}"})
+            continue
+        rows.append(json.loads(found[-1]))
+    ref_path = Path(a.work) / f"{tag(a)}-d.pt"
+    ref = torch.load(ref_path) if ref_path.exists() else None
+    for r in rows:
+        got = Path(a.work) / f"{tag(a)}-{r['config']}.pt"
+        r["rel_l2_vs_d"] = comfy_check.rel(torch.load(got), ref) if got.exists() and not r.get("oom") else None
+        if r.get("status"):
+            print(f"[comfy_vram_check] {r['config']} status:\n{r['status']}", file=sys.stderr)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"{'cfg':3} {'what':42} {'s/step':>8} {'reserved GiB':>12} {'allocated GiB':>13} {'rel L2 vs d':>11} planned")
+    for r in rows:
+        if r.get("failed"):
+            print(f"{r['config']:3} {r['what']:42} failed: {r['failed']}")
+            continue
+        steps = r["step_s"]
+        per = f"{sum(steps) / len(steps):8.2f}" if steps else "-".rjust(8)
+        res = "-" if r["peak_reserved_bytes"] is None else f"{r['peak_reserved_bytes'] / GiB:.2f}"
+        alloc = "-" if r["peak_allocated_bytes"] is None else f"{r['peak_allocated_bytes'] / GiB:.2f}"
+        err = "-" if r["rel_l2_vs_d"] is None else f"{r['rel_l2_vs_d']:.2e}"
+        planned = f"{r['planned_calls']}/{r['calls']}" if "calls" in r else "-"
+        print(f"{r['config']:3} {r['what']:42} {per} {res:>12} {alloc:>13} {err:>11} {planned}"
+              + (f"  out of memory: {r['oom'][:80]}" if r.get("oom") else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
