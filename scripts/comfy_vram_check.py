@@ -245,6 +245,9 @@ def main() -> int:
                          "failed": f"exit status {r.returncode}"})
             continue
         rows.append(json.loads(found[-1]))
+        if a.out:  # as it goes: a run cut short keeps what finished
+            with open(a.out, "w") as f:
+                json.dump(rows, f, indent=1)
     ref_path = Path(a.work) / f"{tag(a)}-d.pt"
     ref = torch.load(ref_path) if ref_path.exists() else None
     for r in rows:
