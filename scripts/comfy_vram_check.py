@@ -12,6 +12,8 @@ checkpoint by `streamplan convert` (--cli) and loaded by ComfyUI's own loader
   c  ComfyUI + the planner + Streamplan Sparse Attention (KV 0.3, the first and last 2 steps 0.5)
      under the cap
   d  ComfyUI alone without the cap: the reference time and output
+  e  (on request) ComfyUI alone without the cap in fp32, on the weights ComfyUI dequantized: how
+     far ComfyUI's own reduced precision takes (d) from fp32 (d's rel L2 against e)
 
   wan      Wan 2.1 14B (--layers, default all 40), 81 frames at 1280 x 720
   minimax  MiniMax H3 (--layers, default all 50, and its text refiner), 10 s at 1376 x 768
@@ -21,12 +23,16 @@ is taken by one allocation outside torch's caching allocator (cudaMalloc), so th
 model management reads as free and total-less-used (cudaMemGetInfo) is what such a card has; its
 reserve is a 12 GB card's (--reserve-vram 400 MiB); and the caching allocator may hold at most
 the cap (torch.cuda.set_per_process_memory_fraction), so exceeding it is an out-of-memory error.
-The peaks below are the caching allocator's (the ballast allocation is not in them). A script does not start ComfyUI's DynamicVRAM (comfy-aimdo; main.py
-does): the configurations run its estimate-based loading, which the planner cooperates with.
+The peaks are the caching allocator's (the ballast allocation is not in them). A script does not
+start ComfyUI's DynamicVRAM (comfy-aimdo; main.py does): the configurations run its
+estimate-based loading, which the planner cooperates with.
 
 Per configuration: the time of each sampling step (from ComfyUI's pre_run, once it loaded the
-model, to each of the sampler's callbacks, after a device synchronization), the peak of the process's caching allocator (reserved and allocated), the
-output's rel L2 against (d), and for b and c the planner's status text.
+model, to each of the sampler's callbacks, after a device synchronization; s/step is the mean
+after the first, which also warms up kernels and, with the node, plans: the first is printed
+beside it), the peak of the process's caching allocator (reserved and allocated), the output's
+rel L2 against (d) and (e), and for b and c the planner's status text. The device's rates are
+probed (`streamplan probe`, cached) before the first configuration.
 
     .venv/bin/python scripts/comfy_vram_check.py --model wan [--layers 40] [--cap-gib 12] [--out FILE]
     .venv/bin/python scripts/comfy_vram_check.py --model wan --tiny --device cpu   # the mechanics, on the CPU
@@ -52,7 +58,8 @@ import comfy_check  # noqa: E402  (scripts/)
 from comfy_check import fail, torch  # noqa: E402
 
 CONFIGS = {"a": "ComfyUI alone, capped", "b": "ComfyUI + the planner, dense, capped",
-           "c": "ComfyUI + the planner, sparse 0.3, capped", "d": "ComfyUI alone, uncapped"}
+           "c": "ComfyUI + the planner, sparse 0.3, capped", "d": "ComfyUI alone, uncapped",
+           "e": "ComfyUI alone, uncapped, fp32 (dequantized)"}
 LAYERS = {"wan": 40, "minimax": 0}  # 0: the model's own count
 GiB = float(1 << 30)
 
@@ -62,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, choices=("wan", "minimax"))
     ap.add_argument("--layers", type=int, help="blocks (default: all: Wan 40, MiniMax H3 50)")
-    ap.add_argument("--configs", default="d,a,b,c", help="comma-separated, of a, b, c, d (default: d,a,b,c)")
+    ap.add_argument("--configs", default="d,a,b,c", help="comma-separated, of a, b, c, d, e (default: d,a,b,c)")
     ap.add_argument("--cap-gib", type=float, default=12.0, help="the emulated card's memory in GiB (default 12)")
     ap.add_argument("--steps", type=int, default=4, help="sampling steps (default 4)")
     ap.add_argument("--sampler", default="euler", choices=("euler", "res_multistep"))
@@ -77,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     configs = a.configs.split(",")
     if not a.configs or any(c not in CONFIGS for c in configs):
-        ap.error(f"--configs: expected a comma-separated list of a, b, c, d, got '{a.configs}'")
+        ap.error(f"--configs: expected a comma-separated list of a, b, c, d, e, got '{a.configs}'")
     a.configs = list(dict.fromkeys(configs))
     if a.layers is None:
         a.layers = 2 if a.tiny else LAYERS[a.model]
@@ -144,7 +151,7 @@ BALLAST: list = []  # held for the process's life
 def run_config(a: argparse.Namespace) -> dict:
     """One configuration in this process: its row."""
     cuda = a.device.startswith("cuda")
-    capped = a.run_config != "d" and cuda
+    capped = a.run_config in ("a", "b", "c") and cuda
     tree = comfy_check.comfy_tree(a.comfyui)
     for p in (os.environ.get("COMFY_SITE", os.path.join(ROOT, ".deps", "comfy-site")), tree):
         if os.path.isdir(p) and p not in sys.path:
@@ -166,6 +173,8 @@ def run_config(a: argparse.Namespace) -> dict:
     path = checkpoint(a, comfy)
     t0 = time.time()
     patcher = comfy_formats.load(comfy, path, comfy_formats.FORMATS["fp8"].load_dtype())
+    if a.run_config == "e":
+        patcher = comfy_formats.load(comfy, path, torch.float32, comfy_formats.dequantized_state_dict(patcher))
     load_s = time.time() - t0
     wrapper = None
     if a.run_config in ("b", "c"):
@@ -235,6 +244,8 @@ def main() -> int:
         print("ROW " + json.dumps(run_config(a)), flush=True)
         return 0
     rows = []
+    if a.device.startswith("cuda"):  # the device's rates, measured once and cached, outside every timing
+        subprocess.run([a.cli, "probe", "--device", a.device], stdout=subprocess.DEVNULL, check=False)
     for c in a.configs:
         cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--run-config", c]
         print(f"[comfy_vram_check] {tag(a)} {c}: {CONFIGS[c]}", file=sys.stderr, flush=True)
@@ -248,28 +259,36 @@ def main() -> int:
         if a.out:  # as it goes: a run cut short keeps what finished
             with open(a.out, "w") as f:
                 json.dump(rows, f, indent=1)
-    ref_path = Path(a.work) / f"{tag(a)}-d.pt"
-    ref = torch.load(ref_path) if ref_path.exists() else None
+    def output(config: str):
+        path = Path(a.work) / f"{tag(a)}-{config}.pt"
+        return torch.load(path) if path.exists() and config in a.configs else None
+
+    ref, fp32 = output("d"), output("e")
     for r in rows:
-        got = Path(a.work) / f"{tag(a)}-{r['config']}.pt"
-        r["rel_l2_vs_d"] = comfy_check.rel(torch.load(got), ref) if got.exists() and not r.get("oom") else None
+        got = None if r.get("oom") or r.get("failed") else output(r["config"])
+        r["rel_l2_vs_d"] = comfy_check.rel(got, ref)
+        r["rel_l2_vs_e"] = comfy_check.rel(got, fp32)
         if r.get("status"):
             print(f"[comfy_vram_check] {r['config']} status:\n{r['status']}", file=sys.stderr)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"{'cfg':3} {'what':42} {'s/step':>8} {'reserved GiB':>12} {'allocated GiB':>13} {'rel L2 vs d':>11} planned")
+    print(f"{'cfg':3} {'what':44} {'s/step':>8} {'first s':>8} {'reserved GiB':>12} {'allocated GiB':>13} "
+          f"{'rel L2 vs d':>11} {'vs e (fp32)':>11} planned")
     for r in rows:
         if r.get("failed"):
-            print(f"{r['config']:3} {r['what']:42} failed: {r['failed']}")
+            print(f"{r['config']:3} {r['what']:44} failed: {r['failed']}")
             continue
         steps = r["step_s"]
-        per = f"{sum(steps) / len(steps):8.2f}" if steps else "-".rjust(8)
+        later = steps[1:] or steps  # the first step also warms up kernels (and plans, with the node)
+        per = f"{sum(later) / len(later):8.2f}" if steps else "-".rjust(8)
+        first = f"{steps[0]:8.2f}" if steps else "-".rjust(8)
         res = "-" if r["peak_reserved_bytes"] is None else f"{r['peak_reserved_bytes'] / GiB:.2f}"
         alloc = "-" if r["peak_allocated_bytes"] is None else f"{r['peak_allocated_bytes'] / GiB:.2f}"
         err = "-" if r["rel_l2_vs_d"] is None else f"{r['rel_l2_vs_d']:.2e}"
+        err32 = "-" if r["rel_l2_vs_e"] is None else f"{r['rel_l2_vs_e']:.2e}"
         planned = f"{r['planned_calls']}/{r['calls']}" if "calls" in r else "-"
-        print(f"{r['config']:3} {r['what']:42} {per} {res:>12} {alloc:>13} {err:>11} {planned}"
+        print(f"{r['config']:3} {r['what']:44} {per} {first} {res:>12} {alloc:>13} {err:>11} {err32:>11} {planned}"
               + (f"  out of memory: {r['oom'][:80]}" if r.get("oom") else ""))
     return 0
 
