@@ -104,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def tag(a: argparse.Namespace) -> str:
-    return f"{a.model}{'-tiny' if a.tiny else ''}-{a.layers or 'all'}"
+    return f"{a.model}{'-tiny' if a.tiny else ''}-{a.layers or 'all'}-{a.sampler}-{a.steps}"
 
 
 def checkpoint(a: argparse.Namespace, comfy) -> Path:
@@ -247,6 +247,7 @@ def main() -> int:
     if a.device.startswith("cuda"):  # the device's rates, measured once and cached, outside every timing
         subprocess.run([a.cli, "probe", "--device", a.device], stdout=subprocess.DEVNULL, check=False)
     for c in a.configs:
+        (Path(a.work) / f"{tag(a)}-{c}.pt").unlink(missing_ok=True)
         cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--run-config", c]
         print(f"[comfy_vram_check] {tag(a)} {c}: {CONFIGS[c]}", file=sys.stderr, flush=True)
         r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -261,7 +262,7 @@ def main() -> int:
                 json.dump(rows, f, indent=1)
     def output(config: str):
         path = Path(a.work) / f"{tag(a)}-{config}.pt"
-        return torch.load(path) if path.exists() and config in a.configs else None
+        return torch.load(path) if path.exists() else None  # this run's, or an earlier one's alike
 
     ref, fp32 = output("d"), output("e")
     for r in rows:
