@@ -21,16 +21,6 @@ std::string input_scale_name(const std::string& weight) { return weight + ".inpu
 
 std::vector<std::string> companions(const ir::Linear& l) { return {scale_name(l.weight), input_scale_name(l.weight)}; }
 
-namespace {
-
-std::string shape_text(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
-}  // namespace
-
 at::Tensor row_scale(const WeightSource& src, const ir::Linear& l, Slice rows) {
   const std::string name = scale_name(l.weight);
   if (!src.contains(name))

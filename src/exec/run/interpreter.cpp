@@ -5,7 +5,6 @@
 // knows nothing of the transformations that produced the steps: the program's compiler
 // proved the order legal (e.g. K/V complete before any residual row changes).
 #include <chrono>
-#include <cmath>
 #include <map>
 
 #include "exec/consumers/consumer.hpp"
@@ -334,10 +333,6 @@ class Interpreter {
   Rates rates_;
   std::vector<Timed> timed_;
 };
-
-}  // namespace
-
-namespace {
 
 // Runs one part on the residual stream x (modified in place); returns the program's output
 // buffer (the final layer's), else an undefined tensor.
