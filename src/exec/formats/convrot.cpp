@@ -82,19 +82,11 @@ struct ConvRot : FormatImpl {
 }  // namespace
 
 void register_convrot_int8(contracts::Registry& reg) {
-  using contracts::Cap;
-  contracts::FormatCaps f;
-  f.name = "convrot-int8";
-  f.description = "int8 of Hadamard-rotated input features (groups of 256), one fp32 scale per output row";
-  f.storage = ir::DType::I8;
-  f.dense = false;
-  f.out_slicing = f.in_slicing = f.held_execution = Cap::Yes;
+  contracts::FormatCaps f = quant::format_caps(
+      "convrot-int8", "int8 of Hadamard-rotated input features (groups of 256), one fp32 scale per output row",
+      ir::DType::I8);
   f.in_align = kGroup;
-  f.native_gemm = [](const contracts::DeviceCaps& d) { return d.kind == contracts::DeviceKind::CUDA; };
-  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps& d) {
-    return quant::int8_gemm_workspace(g, d);
-  };
-  f.gemm_kernel = [](const contracts::DeviceCaps& d) { return quant::int8_gemm_kernel(d); };
+  quant::native_int8_gemm(f);
   f.tolerance = 0.02;
   f.impl = std::make_shared<ConvRot>();
   reg.add(f);

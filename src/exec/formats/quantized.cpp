@@ -283,4 +283,20 @@ void reference_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
   else y.copy_(r);
 }
 
+contracts::FormatCaps format_caps(std::string name, std::string description, ir::DType storage) {
+  contracts::FormatCaps f;
+  f.name = std::move(name);
+  f.description = std::move(description);
+  f.storage = storage;
+  f.dense = false;
+  f.out_slicing = f.in_slicing = f.held_execution = contracts::Cap::Yes;
+  return f;
+}
+
+void native_int8_gemm(contracts::FormatCaps& f) {
+  f.native_gemm = [](const contracts::DeviceCaps& d) { return d.kind == contracts::DeviceKind::CUDA; };
+  f.gemm_workspace = int8_gemm_workspace;
+  f.gemm_kernel = int8_gemm_kernel;
+}
+
 }  // namespace sp::exec::quant
