@@ -354,15 +354,11 @@ class Matcher {
                            " with head_dim " + hd + "; give rope.axes_dim (and rope.rotary_dim) " +
                            "in a sidecar");
     int64_t sum = 0;
-    std::string axes;
-    for (int64_t a : c.rope_axes_dim) {
-      sum += a;
-      axes += (axes.empty() ? "" : ", ") + std::to_string(a);
-    }
+    for (int64_t a : c.rope_axes_dim) sum += a;
     if (c.rotary_dim == 0) c.rotary_dim = sum;
     const std::string src = sc.rope_axes_dim ? "sidecar" : "default";
     if (sum != c.rotary_dim)
-      throw RecognizeError("rope.axes_dim [" + axes + "] (" + src + ") sums to " +
+      throw RecognizeError("rope.axes_dim " + shape_string(c.rope_axes_dim) + " (" + src + ") sums to " +
                            std::to_string(sum) + " but rope.rotary_dim is " +
                            std::to_string(c.rotary_dim) + " (head_dim " + hd + ")");
     if (c.rotary_dim > c.head_dim)

@@ -77,7 +77,8 @@ Sidecar parse_sidecar(std::string_view json_text, std::string_view source) {
     const json& v = j["family"];
     if (!v.is_string()) p.fail("family", "must be a string, got " + v.dump());
     std::string f = v.get<std::string>();
-    if (std::find(kFamilies.begin(), kFamilies.end(), f) == kFamilies.end()) p.fail("family", "is an unknown family \"" + f + "\"; known: " + join(kFamilies));
+    if (std::find(kFamilies.begin(), kFamilies.end(), f) == kFamilies.end())
+      p.fail("family", "is an unknown family \"" + f + "\"; known: " + join(kFamilies));
     s.family = f;
   }
   if (j.contains("head_dim")) {

@@ -120,12 +120,6 @@ void custom_defaults(FamilyConfig& c) {
   c.segments = {};
 }
 
-std::string axes_string(const std::vector<int64_t>& axes) {
-  std::string out;
-  for (int64_t a : axes) out += (out.empty() ? "" : ", ") + std::to_string(a);
-  return "[" + out + "]";
-}
-
 void check(const FamilyConfig& c, const Symbols& s) {
   const bool plain = s.count("freq_dim") > 0, curve = s.count("grid") > 0;
   if (plain && curve)
@@ -144,8 +138,8 @@ void check(const FamilyConfig& c, const Symbols& s) {
   const std::vector<int64_t> axes = {2 * pairs, 2 * pairs, 2 * pairs};
   if (c.rotary_dim != 6 * pairs || c.rope_axes_dim != axes)
     throw RecognizeError("rope.inv_freq has " + std::to_string(pairs) + " pairs per axis, so 3 axes rotate " +
-                         axes_string(axes) + " = " + std::to_string(6 * pairs) + " dims, but rope.axes_dim is " +
-                         axes_string(c.rope_axes_dim) + " and rope.rotary_dim " + std::to_string(c.rotary_dim));
+                         shape_string(axes) + " = " + std::to_string(6 * pairs) + " dims, but rope.axes_dim is " +
+                         shape_string(c.rope_axes_dim) + " and rope.rotary_dim " + std::to_string(c.rotary_dim));
   if (!c.segments.empty())
     throw RecognizeError(
         "sidecar field segments applies to avdit only (minimax-h3 picks modulation rows by timestep class and "
