@@ -40,9 +40,8 @@ void set_total_tokens(ModelConfig& c, int64_t tokens) {
 
 namespace {
 
+using detail::blk;
 using detail::linear;
-
-std::string blk(int i) { return "blocks." + std::to_string(i) + "."; }
 
 ir::Norm norm(const ModelConfig& c, const std::string& name) {
   ir::Norm n;

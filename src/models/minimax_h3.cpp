@@ -19,8 +19,6 @@ constexpr double kShiftVideo = 12, kShiftAudio = 3;
 constexpr double kFrameRescale = 5.0 / 3.0;
 constexpr int64_t kFramePerToken[5] = {1, 4, 4, 4, 4};
 
-std::string blk(int64_t i) { return "blocks." + std::to_string(i) + "."; }
-
 ir::Norm affine_rms(const std::string& weight, double eps) { return {ir::NormKind::RMSNorm, true, weight, "", eps}; }
 
 // The packed sequence: text runs of equal modality tag, then the audio rows, then the video.

@@ -111,12 +111,7 @@ bool load_quantized(const io::SafetensorsFile& f, const recognize::Recognized& r
   const recognize::QuantSpec& q = *specs.front();
   std::vector<at::Tensor> parts, scales;
   bool per_row = src.tensors.size() > 1;
-  for (const auto* s : specs)
-    if (!s->weight_scale.empty() && f.info(s->weight_scale).shape.size() > 0) {
-      int64_t n = 1;
-      for (int64_t d : f.info(s->weight_scale).shape) n *= d;
-      per_row = per_row || n > 1;
-    }
+  for (const auto* s : specs) per_row = per_row || (!s->weight_scale.empty() && f.info(s->weight_scale).numel() > 1);
   double input_scale = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     parts.push_back(read_tensor(f, src.tensors[i]));
