@@ -302,8 +302,8 @@ std::string dominant_terms(const Program& p, const Placement& pl) {
     const Buffer& b = p.buffers[i];
     if (int(i) == k || int(i) == v) continue;
     if (live(i) || (separate(b) && pl.live[i].first >= 0))
-      terms.push_back({std::string(describe(b.role)) + " " + ir::shape_text(b.shape) + " " + ir::to_string(b.dtype) + " (" +
-                           human_bytes(b.bytes()) + ")",
+      terms.push_back({std::string(describe(b.role)) + " " + ir::shape_text(b.shape) + " " + ir::to_string(b.dtype) +
+                           " (" + human_bytes(b.bytes()) + ")",
                        b.bytes()});
   }
   if (pl.transient_bytes > 0)

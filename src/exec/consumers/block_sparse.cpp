@@ -82,8 +82,8 @@ at::Tensor block_sparse_reference(const at::Tensor& q, const at::Tensor& k, cons
   const int64_t rows = q.size(1), kv = k.size(1);
   const int64_t qt = tiles_of(rows, tile), kt = tiles_of(kv, tile);
   if (keep.dim() != 3 || keep.size(0) != q.size(0) || keep.size(1) != qt || keep.size(2) != kt)
-    throw std::invalid_argument("block_sparse_reference: mask " + shape_text(keep) + " does not fit q " + shape_text(q) +
-                                " and k " + shape_text(k) + " in tiles of " + std::to_string(tile));
+    throw std::invalid_argument("block_sparse_reference: mask " + shape_text(keep) + " does not fit q " +
+                                shape_text(q) + " and k " + shape_text(k) + " in tiles of " + std::to_string(tile));
   // The tile mask per element: [heads, rows, kv].
   const at::Tensor mask = keep.repeat_interleave(tile, 1)
                               .narrow(1, 0, rows)

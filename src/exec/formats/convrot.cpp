@@ -1,9 +1,5 @@
-// convrot-int8: ConvRot int8 (ComfyUI's int8_tensorwise with "convrot": true). The weight's
-// input features were rotated by a normalized Hadamard matrix in groups of 256 (W' = W·H,
-// quantized.hpp) and stored in int8 with one fp32 scale per output row. Input slices must
-// hold whole groups (in_align 256). The CPU acquires the dequantized slice rotated back
-// (W = W'·H); on CUDA the format runs its own GEMM: the activation slab is rotated and
-// quantized per row in one kernel (kernels/hadamard.cuh), then quant::int8_gemm.
+// convrot-int8: ConvRot int8 (ComfyUI's int8_tensorwise with "convrot": true; what it stores
+// and runs: README.md). The CPU acquires the dequantized slice rotated back (W = W'·H).
 #include "exec/consumers/consumer.hpp"
 #include "exec/formats/quantized.hpp"
 
