@@ -1,15 +1,10 @@
 // streamplan bench-attention: cuDNN SDPA, int8 dense and routed sparse attention at the
-// attention shapes of video models, with the error of each against fp32 attention.
-//
-// Each row times one whole self-attention call (all query rows against all key rows, one K/V
-// phase): for int8 and sparse the K carrier, the Q quantization and the routing are included
-// (the cached carrier is dropped before every repetition). The error is the relative L2 on the
-// first --ref-rows query rows of every head against fp32 attention computed head by head.
+// attention shapes of video models, with the error of each against fp32 attention
+// (docs/bench.md). The cached K carrier is dropped before every repetition.
 #include <chrono>
 #include <cmath>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 

@@ -36,40 +36,6 @@ std::string geometry_given(const models::Geometry& g) {
   return s;
 }
 
-}  // namespace
-
-void check_geometry(const models::Geometry& g, const std::string& inputs) {
-  const std::string geometry = geometry_given(g);
-  if (!inputs.empty() && (g.tokens > 0 || !geometry.empty()))
-    throw std::invalid_argument("--inputs " + inputs + " and " +
-                                (g.tokens > 0 ? "--tokens " + std::to_string(g.tokens) : geometry) +
-                                ": the inputs file sets the geometry; give one or the other");
-  if (g.tokens > 0 && !geometry.empty())
-    throw std::invalid_argument("--tokens " + std::to_string(g.tokens) + " and " + geometry +
-                                ": give --tokens (video tokens in one row) or the geometry, not both");
-}
-
-void check_segments(const ir::Model& m, const models::Geometry& g) {
-  if (g.audio_tokens <= 0) return;
-  for (const auto& s : m.segments)
-    if (s.name == "audio") return;
-  for (const auto& c : m.contexts)
-    if (c.name == "audio") return;
-  std::string segments, contexts;
-  for (const auto& s : m.segments) segments += (segments.empty() ? "" : ", ") + s.name;
-  for (const auto& c : m.contexts) contexts += (contexts.empty() ? "" : ", ") + c.name;
-  throw std::invalid_argument("--audio-tokens " + std::to_string(g.audio_tokens) + ": " + m.name +
-                              " has no audio tokens (token segments: " + segments +
-                              (contexts.empty() ? "" : "; contexts: " + contexts) + ")");
-}
-
-ir::DType run_dtype(const std::string& option, const at::Device& d) {
-  if (option == "auto") return d.is_cuda() ? ir::DType::BF16 : ir::DType::F32;
-  return ir::parse_dtype(option, "--dtype");
-}
-
-namespace {
-
 // The ATen type of a stored dtype: the one models::to_io maps to it.
 at::ScalarType aten_of(io::DType d, const std::string& name) {
   for (at::ScalarType t : {at::kDouble, at::kFloat, at::kHalf, at::kBFloat16, at::kFloat8_e4m3fn, at::kFloat8_e5m2,
@@ -86,36 +52,6 @@ at::Tensor meta_tensor(const io::SafetensorsFile& f, const std::string& name) {
   const io::TensorInfo& info = f.info(name);
   return at::empty(info.shape, at::TensorOptions().dtype(aten_of(info.dtype, name)).device(at::kMeta));
 }
-
-}  // namespace
-
-std::shared_ptr<exec::TensorWeights> meta_weights(const io::SafetensorsFile& f, const recognize::Recognized& r,
-                                                  at::ScalarType dtype, const contracts::Registry& reg) {
-  auto w = std::make_shared<exec::TensorWeights>(&reg);
-  const auto meta = at::TensorOptions().dtype(at::kFloat).device(at::kMeta);
-  for (const auto& [canonical, src] : r.tensors) {
-    std::vector<at::Tensor> parts;
-    const recognize::QuantSpec* q = nullptr;
-    for (const auto& n : src.tensors) {
-      parts.push_back(meta_tensor(f, n));
-      if (auto it = r.quant.find(n); it != r.quant.end()) q = &it->second;
-    }
-    const at::Tensor t = models::assemble(canonical, src, parts);
-    if (!q) {
-      w->add(canonical, t.is_floating_point() ? t.to(models::weight_dtype(r.config, canonical, dtype)) : t);
-      continue;
-    }
-    // As stored, with a scale per output row (loading makes one where parts are joined).
-    w->add(canonical, t);
-    w->add(exec::quant::scale_name(canonical), at::empty({t.size(0)}, meta));
-    if (!q->input_scale.empty() && q->format == "fp8-e4m3")
-      w->add(exec::quant::input_scale_name(canonical), at::empty({}, meta));
-    w->note_format(canonical, {q->format, "checkpoint: " + q->origin});
-  }
-  return w;
-}
-
-namespace {
 
 int64_t input_bytes(const exec::Inputs& in) {
   int64_t n = 0;
@@ -178,6 +114,62 @@ bool out_of_memory(const std::exception& e) {
 }
 
 }  // namespace
+
+void check_geometry(const models::Geometry& g, const std::string& inputs) {
+  const std::string geometry = geometry_given(g);
+  if (!inputs.empty() && (g.tokens > 0 || !geometry.empty()))
+    throw std::invalid_argument("--inputs " + inputs + " and " +
+                                (g.tokens > 0 ? "--tokens " + std::to_string(g.tokens) : geometry) +
+                                ": the inputs file sets the geometry; give one or the other");
+  if (g.tokens > 0 && !geometry.empty())
+    throw std::invalid_argument("--tokens " + std::to_string(g.tokens) + " and " + geometry +
+                                ": give --tokens (video tokens in one row) or the geometry, not both");
+}
+
+void check_segments(const ir::Model& m, const models::Geometry& g) {
+  if (g.audio_tokens <= 0) return;
+  for (const auto& s : m.segments)
+    if (s.name == "audio") return;
+  for (const auto& c : m.contexts)
+    if (c.name == "audio") return;
+  std::string segments, contexts;
+  for (const auto& s : m.segments) segments += (segments.empty() ? "" : ", ") + s.name;
+  for (const auto& c : m.contexts) contexts += (contexts.empty() ? "" : ", ") + c.name;
+  throw std::invalid_argument("--audio-tokens " + std::to_string(g.audio_tokens) + ": " + m.name +
+                              " has no audio tokens (token segments: " + segments +
+                              (contexts.empty() ? "" : "; contexts: " + contexts) + ")");
+}
+
+ir::DType run_dtype(const std::string& option, const at::Device& d) {
+  if (option == "auto") return d.is_cuda() ? ir::DType::BF16 : ir::DType::F32;
+  return ir::parse_dtype(option, "--dtype");
+}
+
+std::shared_ptr<exec::TensorWeights> meta_weights(const io::SafetensorsFile& f, const recognize::Recognized& r,
+                                                  at::ScalarType dtype, const contracts::Registry& reg) {
+  auto w = std::make_shared<exec::TensorWeights>(&reg);
+  const auto meta = at::TensorOptions().dtype(at::kFloat).device(at::kMeta);
+  for (const auto& [canonical, src] : r.tensors) {
+    std::vector<at::Tensor> parts;
+    const recognize::QuantSpec* q = nullptr;
+    for (const auto& n : src.tensors) {
+      parts.push_back(meta_tensor(f, n));
+      if (auto it = r.quant.find(n); it != r.quant.end()) q = &it->second;
+    }
+    const at::Tensor t = models::assemble(canonical, src, parts);
+    if (!q) {
+      w->add(canonical, t.is_floating_point() ? t.to(models::weight_dtype(r.config, canonical, dtype)) : t);
+      continue;
+    }
+    // As stored, with a scale per output row (loading makes one where parts are joined).
+    w->add(canonical, t);
+    w->add(exec::quant::scale_name(canonical), at::empty({t.size(0)}, meta));
+    if (!q->input_scale.empty() && q->format == "fp8-e4m3")
+      w->add(exec::quant::input_scale_name(canonical), at::empty({}, meta));
+    w->note_format(canonical, {q->format, "checkpoint: " + q->origin});
+  }
+  return w;
+}
 
 MetaModel meta_model(const io::SafetensorsFile& f, const recognize::Recognized& rec, const std::string& inputs,
                      const models::Geometry& g, uint64_t seed, ir::DType dtype, const std::string& consumer,

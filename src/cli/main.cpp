@@ -1,24 +1,5 @@
-// streamplan command line.
-//
-//   streamplan demo [--tokens N] [--layers N] [--dtype fp32|bf16|fp16] [--json] ...
-//   streamplan plan --explain[=full] [--consumer NAME] [--format NAME] [--patch NAME]... [--json]
-//   streamplan plan --checkpoint F [--frames/--height/--width | --tokens N] [--explain[=full]|--program]
-//   streamplan run --checkpoint F [--frames/--height/--width | --tokens N | --inputs I] ...
-//   streamplan make-checkpoint --family NAME [--layers N] [--layout L] [--tiny] --out F
-//   streamplan bench [--cases a,b] [--reps N] [--out results.json]
-//   streamplan bench-attention [--cases wan14b,h3-10s] [--kv-budgets 0.3,1] [--out rows.json]
-//   streamplan --version
-//
-// Exit status (the table in README.md):
-//   0  success, also --help and --version
-//   1  bad input: an unknown, missing, malformed, conflicting or irrelevant option, an
-//      unreadable or unrecognized checkpoint, a model or geometry that cannot be built
-//   2  a memory budget (--budget) that no schedule meets, or a run that cannot fit on its
-//      device (checked before any weight is read: report/feasibility.hpp)
-//   3  out of memory while running
-//   4  internal error: a bug, to be reported
-// Every error is one line on stderr that starts with "streamplan: error: ". Work that runs
-// longer than 2 s reports progress on stderr unless --quiet.
+// streamplan command line: its commands, options and exit status are docs/cli.md. Every error
+// is one line on stderr that starts with "streamplan: error: ".
 #include <CLI/CLI.hpp>
 #include <torch/headeronly/version.h>
 
@@ -50,14 +31,8 @@ namespace {
 
 using namespace sp;
 
-int64_t demo_tokens() {
-  int64_t n = 0;
-  for (const auto& s : models::demo_config().segments) n += s.length;
-  return n;
-}
-
 struct ModelArgs {
-  int64_t tokens = demo_tokens();
+  int64_t tokens = models::demo_config().tokens();
   int layers = 2;
   std::string dtype = "fp32";
   std::string consumer = "sdpa";
@@ -155,10 +130,10 @@ std::pair<int64_t, int64_t> demo_kept_bytes(const ir::Model& m) {
 // without it those of a checkpoint's geometry.
 void check_plan_options(const ModelArgs& a) {
   const bool checkpoint = !a.checkpoint.empty();
-  const char* demo_only[] = {"--layers", "--format", "--patch"};
-  const char* checkpoint_only[] = {"--sidecar", "--frames", "--height", "--width", "--text-tokens", "--audio-tokens"};
-  for (const char* o : checkpoint ? std::vector<const char*>(std::begin(demo_only), std::end(demo_only))
-                                  : std::vector<const char*>(std::begin(checkpoint_only), std::end(checkpoint_only)))
+  const std::vector<const char*> demo_only = {"--layers", "--format", "--patch"},
+                                 checkpoint_only = {"--sidecar", "--frames",      "--height",
+                                                    "--width",   "--text-tokens", "--audio-tokens"};
+  for (const char* o : checkpoint ? demo_only : checkpoint_only)
     if (a.given(o))
       throw std::invalid_argument(std::string(o) + " " + a.cmd->get_option(o)->results().front() +
                                   (checkpoint ? ": applies to the demo model, not with --checkpoint (the checkpoint sets it)"

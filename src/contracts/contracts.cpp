@@ -4,26 +4,10 @@
 
 namespace sp::contracts {
 
-const char* to_string(Cap c) {
-  switch (c) {
-    case Cap::Unknown: return "undeclared";
-    case Cap::No: return "no";
-    case Cap::Yes: return "yes";
-  }
-  return "?";
-}
+const char* to_string(Cap c) { return ir::name_of(c, {"undeclared", "no", "yes"}); }
 
 const char* to_string(TensorRole r) {
-  switch (r) {
-    case TensorRole::Q: return "Q";
-    case TensorRole::K: return "K";
-    case TensorRole::V: return "V";
-    case TensorRole::AttnOut: return "attention output";
-    case TensorRole::MlpHidden: return "MLP hidden";
-    case TensorRole::BlockInput: return "block input";
-    case TensorRole::BlockOutput: return "block output";
-  }
-  return "?";
+  return ir::name_of(r, {"Q", "K", "V", "attention output", "MLP hidden", "block input", "block output"});
 }
 
 // CUDA's caching allocator hands out blocks in multiples of 512 bytes. A request of 10 MiB

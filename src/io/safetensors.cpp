@@ -192,6 +192,8 @@ std::optional<uint64_t> free_bytes_at(const std::string& path) {
   return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
 }
 
+constexpr size_t kWriteBuffer = size_t{1} << 20;
+
 }  // namespace
 
 // ---------------------------------------------------------------------------- dtypes
@@ -478,10 +480,6 @@ void SafetensorsWriter::write(const std::string& path) const {
 }
 
 // ---------------------------------------------------------------------------- stream writer
-
-namespace {
-constexpr size_t kWriteBuffer = size_t{1} << 20;
-}  // namespace
 
 SafetensorsStreamWriter::~SafetensorsStreamWriter() {
   if (fd_ >= 0) {

@@ -1,80 +1,28 @@
 #include "ir/model.hpp"
 
 #include <algorithm>
-
 #include <sstream>
 
 namespace sp::ir {
 
-const char* to_string(DType d) {
-  switch (d) {
-    case DType::F32: return "fp32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "fp16";
-    case DType::F64: return "fp64";
-    case DType::I8: return "int8";
-    case DType::F8E4M3: return "fp8_e4m3";
-    case DType::F8E5M2: return "fp8_e5m2";
-  }
-  return "?";
-}
-const char* to_string(NormKind k) { return k == NormKind::LayerNorm ? "layernorm" : "rmsnorm"; }
-const char* to_string(ActKind a) {
-  switch (a) {
-    case ActKind::Gelu: return "gelu";
-    case ActKind::GeluTanh: return "gelu-tanh";
-    case ActKind::Silu: return "silu";
-  }
-  return "?";
-}
-const char* to_string(RopeStyle r) {
-  switch (r) {
-    case RopeStyle::None: return "none";
-    case RopeStyle::Interleaved: return "interleaved";
-    case RopeStyle::SplitHalf: return "split-half";
-  }
-  return "?";
-}
-const char* to_string(QkNormKind k) {
-  switch (k) {
-    case QkNormKind::None: return "none";
-    case QkNormKind::PerHead: return "per-head";
-    case QkNormKind::AcrossHeads: return "across-heads";
-  }
-  return "?";
-}
-const char* to_string(GateUpLayout l) {
-  switch (l) {
-    case GateUpLayout::None: return "none";
-    case GateUpLayout::Separate: return "separate";
-    case GateUpLayout::FusedHalves: return "fused-halves";
-    case GateUpLayout::Interleaved: return "interleaved";
-  }
-  return "?";
-}
-const char* to_string(AttnKind k) { return k == AttnKind::Self ? "self" : "cross"; }
-
-const char* to_string(ModScope s) {
-  switch (s) {
-    case ModScope::None: return "none";
-    case ModScope::Shared: return "shared";
-    case ModScope::PerSegment: return "per-segment";
-    case ModScope::PerToken: return "per-token";
-  }
-  return "?";
-}
+const char* to_string(DType d) { return name_of(d, {"fp32", "bf16", "fp16", "fp64", "int8", "fp8_e4m3", "fp8_e5m2"}); }
+const char* to_string(NormKind k) { return name_of(k, {"layernorm", "rmsnorm"}); }
+const char* to_string(ActKind a) { return name_of(a, {"gelu", "gelu-tanh", "silu"}); }
+const char* to_string(RopeStyle r) { return name_of(r, {"none", "interleaved", "split-half"}); }
+const char* to_string(QkNormKind k) { return name_of(k, {"none", "per-head", "across-heads"}); }
+const char* to_string(GateUpLayout l) { return name_of(l, {"none", "separate", "fused-halves", "interleaved"}); }
+const char* to_string(AttnKind k) { return name_of(k, {"self", "cross"}); }
+const char* to_string(ModScope s) { return name_of(s, {"none", "shared", "per-segment", "per-token"}); }
 
 size_t dtype_size(DType d) {
-  switch (d) {
-    case DType::F32: return 4;
-    case DType::BF16:
-    case DType::F16: return 2;
-    case DType::F64: return 8;
-    case DType::I8:
-    case DType::F8E4M3:
-    case DType::F8E5M2: return 1;
-  }
-  return 0;
+  constexpr size_t kSizes[] = {4, 2, 2, 8, 1, 1, 1};
+  return kSizes[static_cast<size_t>(d)];
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
 }
 
 ActKind parse_act(const std::string& s, const std::string& field) {
@@ -85,112 +33,6 @@ ActKind parse_act(const std::string& s, const std::string& field) {
 
 namespace {
 constexpr DType kActivationDtypes[] = {DType::F32, DType::BF16, DType::F16};
-}  // namespace
-
-std::vector<std::string> activation_dtype_names() {
-  std::vector<std::string> out;
-  for (DType d : kActivationDtypes) out.push_back(to_string(d));
-  return out;
-}
-
-DType parse_dtype(const std::string& s, const std::string& field) {
-  for (DType d : kActivationDtypes)
-    if (s == to_string(d)) return d;
-  throw IrError(field + ": unknown dtype '" + s + "' (expected fp32, bf16 or fp16)");
-}
-
-const Region* Linear::out_region(const std::string& n) const {
-  for (const auto& r : out_regions)
-    if (r.name == n) return &r;
-  return nullptr;
-}
-
-int64_t Model::tokens() const {
-  int64_t t = 0;
-  for (const auto& s : segments) t += s.length;
-  return t;
-}
-
-const Segment& Model::segment(const std::string& n) const {
-  for (const auto& s : segments)
-    if (s.name == n) return s;
-  throw IrError("model.segments: no segment named '" + n + "'");
-}
-
-int64_t Model::segment_begin(const std::string& n) const {
-  int64_t at = 0;
-  for (const auto& s : segments) {
-    if (s.name == n) return at;
-    at += s.length;
-  }
-  throw IrError("model.segments: no segment named '" + n + "'");
-}
-
-RowRange Model::rows(const std::vector<std::string>& names) const {
-  if (names.empty()) return {0, tokens()};
-  RowRange r{segment_begin(names.front()), 0};
-  r.end = r.begin;
-  for (const auto& n : names) {
-    if (segment_begin(n) != r.end)
-      throw IrError("segments: '" + n + "' does not follow the previous segment (rows must be contiguous)");
-    r.end += segment(n).length;
-  }
-  return r;
-}
-
-const SegmentEmbed* Model::embed_for(const std::string& seg) const {
-  for (const auto& e : embeds)
-    if (e.segment == seg) return &e;
-  return nullptr;
-}
-
-const Linear& FinalLayer::proj_for(const std::string& segment) const {
-  for (const auto& [name, l] : heads)
-    if (name == segment) return l;
-  return proj;
-}
-
-int64_t Model::input_features(const std::string& seg) const {
-  const SegmentEmbed* e = embed_for(seg);
-  return e ? e->linear.in_features : dim;
-}
-
-int64_t Model::kv_rows(const Sublayer& s) const {
-  const auto* a = std::get_if<Attention>(&s.body);
-  if (a && a->kind == AttnKind::Cross) return context(a->context).length;
-  return rows(s.segments).size();
-}
-
-int64_t Model::inner_boundaries(RowRange r) const {
-  int64_t n = 0, start = 0;
-  for (const auto& seg : segments) {
-    if (start > r.begin && start < r.end) ++n;
-    start += seg.length;
-  }
-  return n;
-}
-
-int64_t Model::output_tokens() const { return final_layer ? rows(final_layer->segments).size() : tokens(); }
-
-const Context& Model::context(const std::string& n) const {
-  for (const auto& c : contexts)
-    if (c.name == n) return c;
-  throw IrError("model.contexts: no context named '" + n + "'");
-}
-
-const AttnProj& Attention::proj_for(const std::string& segment) const {
-  for (const auto& [name, p] : segment_proj)
-    if (name == segment) return p;
-  return proj;
-}
-
-std::vector<const AttnProj*> Attention::all_proj() const {
-  std::vector<const AttnProj*> out = {&proj};
-  for (const auto& [name, p] : segment_proj) out.push_back(&p);
-  return out;
-}
-
-namespace {
 
 template <typename... Args>
 [[noreturn]] void fail(const std::string& field, Args&&... parts) {
@@ -331,7 +173,152 @@ void check_rows(const std::string& field, const Model& m, const std::vector<std:
   }
 }
 
+// Every Linear of a block's sublayers, for a const or a mutable block.
+template <class B, class F>
+void block_linears(B& b, F&& fn) {
+  auto proj = [&](auto& p) {
+    for (auto* l : {&p.qkv, &p.q, &p.k, &p.v})
+      if (l->has_value()) fn(**l);
+    fn(p.out);
+  };
+  for (auto& s : b.sublayers) {
+    if (auto* a = std::get_if<Attention>(&s.body)) {
+      proj(a->proj);
+      for (auto& [segment, p] : a->segment_proj) proj(p);
+    } else {
+      auto& mlp = std::get<Mlp>(s.body);
+      for (auto* l : {&mlp.up, &mlp.gate})
+        if (l->has_value()) fn(**l);
+      fn(mlp.down);
+    }
+  }
+}
+
+// Tensor names in first-seen order, without repeats or empty ones.
+struct Names {
+  std::vector<std::string> list;
+  void add(const std::string& n) {
+    if (!n.empty() && std::find(list.begin(), list.end(), n) == list.end()) list.push_back(n);
+  }
+  void linear(const Linear& l) {
+    add(l.weight);
+    add(l.bias);
+    for (const auto& lora : l.loras) {
+      add(lora.a);
+      add(lora.b);
+    }
+  }
+  void norm(const Norm& n) {
+    if (!n.affine) return;
+    add(n.weight);
+    add(n.bias);
+  }
+};
+
 }  // namespace
+
+std::vector<std::string> activation_dtype_names() {
+  std::vector<std::string> out;
+  for (DType d : kActivationDtypes) out.push_back(to_string(d));
+  return out;
+}
+
+DType parse_dtype(const std::string& s, const std::string& field) {
+  for (DType d : kActivationDtypes)
+    if (s == to_string(d)) return d;
+  throw IrError(field + ": unknown dtype '" + s + "' (expected fp32, bf16 or fp16)");
+}
+
+const Region* Linear::out_region(const std::string& n) const {
+  for (const auto& r : out_regions)
+    if (r.name == n) return &r;
+  return nullptr;
+}
+
+int64_t Model::tokens() const {
+  int64_t t = 0;
+  for (const auto& s : segments) t += s.length;
+  return t;
+}
+
+const Segment& Model::segment(const std::string& n) const {
+  for (const auto& s : segments)
+    if (s.name == n) return s;
+  throw IrError("model.segments: no segment named '" + n + "'");
+}
+
+int64_t Model::segment_begin(const std::string& n) const {
+  int64_t at = 0;
+  for (const auto& s : segments) {
+    if (s.name == n) return at;
+    at += s.length;
+  }
+  throw IrError("model.segments: no segment named '" + n + "'");
+}
+
+RowRange Model::rows(const std::vector<std::string>& names) const {
+  if (names.empty()) return {0, tokens()};
+  RowRange r{segment_begin(names.front()), 0};
+  r.end = r.begin;
+  for (const auto& n : names) {
+    if (segment_begin(n) != r.end)
+      throw IrError("segments: '" + n + "' does not follow the previous segment (rows must be contiguous)");
+    r.end += segment(n).length;
+  }
+  return r;
+}
+
+const SegmentEmbed* Model::embed_for(const std::string& seg) const {
+  for (const auto& e : embeds)
+    if (e.segment == seg) return &e;
+  return nullptr;
+}
+
+const Linear& FinalLayer::proj_for(const std::string& segment) const {
+  for (const auto& [name, l] : heads)
+    if (name == segment) return l;
+  return proj;
+}
+
+int64_t Model::input_features(const std::string& seg) const {
+  const SegmentEmbed* e = embed_for(seg);
+  return e ? e->linear.in_features : dim;
+}
+
+int64_t Model::kv_rows(const Sublayer& s) const {
+  const auto* a = std::get_if<Attention>(&s.body);
+  if (a && a->kind == AttnKind::Cross) return context(a->context).length;
+  return rows(s.segments).size();
+}
+
+int64_t Model::inner_boundaries(RowRange r) const {
+  int64_t n = 0, start = 0;
+  for (const auto& seg : segments) {
+    if (start > r.begin && start < r.end) ++n;
+    start += seg.length;
+  }
+  return n;
+}
+
+int64_t Model::output_tokens() const { return final_layer ? rows(final_layer->segments).size() : tokens(); }
+
+const Context& Model::context(const std::string& n) const {
+  for (const auto& c : contexts)
+    if (c.name == n) return c;
+  throw IrError("model.contexts: no context named '" + n + "'");
+}
+
+const AttnProj& Attention::proj_for(const std::string& segment) const {
+  for (const auto& [name, p] : segment_proj)
+    if (name == segment) return p;
+  return proj;
+}
+
+std::vector<const AttnProj*> Attention::all_proj() const {
+  std::vector<const AttnProj*> out = {&proj};
+  for (const auto& [name, p] : segment_proj) out.push_back(&p);
+  return out;
+}
 
 void validate(const Model& m) {
   if (m.dim <= 0) fail("model.dim", "must be positive, got ", m.dim);
@@ -393,31 +380,6 @@ void validate(const Model& m) {
   }
 }
 
-namespace {
-
-// Every Linear of a block's sublayers, for a const or a mutable block.
-template <class B, class F>
-void block_linears(B& b, F&& fn) {
-  auto proj = [&](auto& p) {
-    for (auto* l : {&p.qkv, &p.q, &p.k, &p.v})
-      if (l->has_value()) fn(**l);
-    fn(p.out);
-  };
-  for (auto& s : b.sublayers) {
-    if (auto* a = std::get_if<Attention>(&s.body)) {
-      proj(a->proj);
-      for (auto& [segment, p] : a->segment_proj) proj(p);
-    } else {
-      auto& mlp = std::get<Mlp>(s.body);
-      for (auto* l : {&mlp.up, &mlp.gate})
-        if (l->has_value()) fn(**l);
-      fn(mlp.down);
-    }
-  }
-}
-
-}  // namespace
-
 void for_each_linear(Model& m, const std::function<void(Linear&)>& fn) {
   for (auto& e : m.embeds) fn(e.linear);
   for (auto& b : m.blocks) block_linears(b, fn);
@@ -449,31 +411,6 @@ Block anonymous(Block b) {
 }
 
 void for_each_linear(const Block& b, const std::function<void(const Linear&)>& fn) { block_linears(b, fn); }
-
-namespace {
-
-// Tensor names in first-seen order, without repeats or empty ones.
-struct Names {
-  std::vector<std::string> list;
-  void add(const std::string& n) {
-    if (!n.empty() && std::find(list.begin(), list.end(), n) == list.end()) list.push_back(n);
-  }
-  void linear(const Linear& l) {
-    add(l.weight);
-    add(l.bias);
-    for (const auto& lora : l.loras) {
-      add(lora.a);
-      add(lora.b);
-    }
-  }
-  void norm(const Norm& n) {
-    if (!n.affine) return;
-    add(n.weight);
-    add(n.bias);
-  }
-};
-
-}  // namespace
 
 std::vector<std::string> tensor_names_outside_blocks(const Model& m) {
   Names names;

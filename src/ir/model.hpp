@@ -40,6 +40,12 @@ enum class GateUpLayout { None /* plain MLP */, Separate, FusedHalves, Interleav
 enum class ModScope { None, Shared, PerSegment, PerToken };
 enum class AttnKind { Self, Cross };
 
+// The entry of `names`, written in the enum's declaration order, for enumerator e.
+template <typename E, size_t N>
+constexpr const char* name_of(E e, const char* const (&names)[N]) {
+  return static_cast<size_t>(e) < N ? names[static_cast<size_t>(e)] : "?";
+}
+
 const char* to_string(DType);
 const char* to_string(NormKind);
 const char* to_string(ActKind);
@@ -56,6 +62,9 @@ ActKind parse_act(const std::string& s, const std::string& field);
 DType parse_dtype(const std::string& s, const std::string& field);
 // The activation dtypes by name, as parse_dtype accepts them: "fp32", "bf16", "fp16".
 std::vector<std::string> activation_dtype_names();
+
+// "[2, 3]"
+std::string shape_text(const std::vector<int64_t>& shape);
 
 // The smallest multiple of `multiple` (> 0) that is >= v, for v >= 0: chunk sizes rounded
 // to a consumer's alignment, byte counts rounded to an allocator's granule.
@@ -274,7 +283,6 @@ struct Model {
   const SegmentEmbed* embed_for(const std::string& segment) const;
   int64_t input_features(const std::string& segment) const;
   int64_t output_tokens() const;
-  int64_t output_features() const { return final_layer ? final_layer->proj.out_features : dim; }
   const Context& context(const std::string& name) const;  // throws IrError
   // Rows of K and V of an attention sublayer: the context's for cross-attention, else its own.
   int64_t kv_rows(const Sublayer& s) const;

@@ -1,7 +1,9 @@
 #include "legality/legality.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
+#include <utility>
 
 namespace sp::legality {
 
@@ -11,104 +13,30 @@ using contracts::TensorRole;
 namespace {
 // component_name of the one model quantity a check is about: the MLP's hidden width.
 constexpr const char* kMlpHidden = "mlp.hidden";
-}  // namespace
 
-const char* to_string(Transform t) {
-  switch (t) {
-    case Transform::TokenChunkedMlp: return "token-chunked MLP";
-    case Transform::FeatureSlicedMlp: return "feature-sliced MLP";
-    case Transform::BoundedQkv: return "bounded QKV";
-    case Transform::GlobalKvStreamedQ: return "global K/V + streamed Q";
-    case Transform::StreamedOutProj: return "streamed output projection";
-    case Transform::BoundedFinal: return "bounded final layer";
-  }
-  return "?";
-}
-
-const char* code_name(Check c) {
-  switch (c) {
-    case Check::ConsumerRegistered: return "consumer.registered";
-    case Check::ConsumerBoundedQ: return "consumer.bounded_q";
-    case Check::ConsumerDeclaresGlobalK: return "consumer.declares_global_k";
-    case Check::ConsumerDeclaresGlobalV: return "consumer.declares_global_v";
-    case Check::ConsumerSlabOutput: return "consumer.slab_output";
-    case Check::ConsumerKvAligned: return "consumer.kv_aligned";
-    case Check::ConsumerDtype: return "consumer.dtype";
-    case Check::FormatHeld: return "format.held";
-    case Check::FormatRegionSlicing: return "format.region_slicing";
-    case Check::FormatRowSlicing: return "format.row_slicing";
-    case Check::FormatColumnSlicing: return "format.column_slicing";
-    case Check::RegionAligned: return "format.region_aligned";
-    case Check::UpHalfAligned: return "format.up_half_aligned";
-    case Check::PatchRowLocal: return "patch.row_local";
-    case Check::PatchFeatureLocal: return "patch.feature_local";
-    case Check::DeviceDtype: return "device.dtype";
-    case Check::DeviceFp32: return "device.fp32";
-    case Check::Prerequisite: return "transform.prerequisite";
-    case Check::HiddenTooNarrow: return "model.hidden_too_narrow";
-  }
-  return "?";
-}
-
-const char* to_string(ComponentKind k) {
-  switch (k) {
-    case ComponentKind::Consumer: return "consumer";
-    case ComponentKind::Weight: return "weight";
-    case ComponentKind::Patch: return "patch";
-    case ComponentKind::Device: return "device";
-    case ComponentKind::Model: return "model";
-    case ComponentKind::Transformation: return "transformation";
-  }
-  return "?";
-}
-
-std::string component_text(const Rejection& r) {
-  const std::string quoted = "'" + r.component_name + "'";
-  switch (r.component_kind) {
-    case ComponentKind::Consumer: return "consumer " + quoted;
-    case ComponentKind::Weight: return "weight " + quoted + " (format " + r.format + ")";
-    case ComponentKind::Patch:
-      return "patch " + quoted + (r.role ? std::string(" on ") + contracts::to_string(*r.role) : "");
-    case ComponentKind::Device: return "device " + quoted;
-    case ComponentKind::Model: return r.component_name == kMlpHidden ? "MLP hidden width" : "model " + quoted;
-    case ComponentKind::Transformation: return "transformation " + quoted;
-  }
-  return quoted;
-}
-
-std::string check_text(const Rejection& r) {
-  switch (r.check) {
-    case Check::ConsumerRegistered: return "is registered";
-    case Check::ConsumerBoundedQ: return "accepts bounded Q against global K/V";
-    case Check::ConsumerDeclaresGlobalK: return "states whether it needs complete K";
-    case Check::ConsumerDeclaresGlobalV: return "states whether it needs complete V";
-    case Check::ConsumerSlabOutput: return "produces output in Q-sized slabs";
-    case Check::ConsumerKvAligned: return "global K/V length aligned";
-    case Check::ConsumerDtype: return "accepts activation dtype";
-    case Check::FormatHeld: return "held execution (acquire once, reuse per slab)";
-    case Check::FormatRegionSlicing: return "output-feature (row) slicing for regions q|k|v";
-    case Check::FormatRowSlicing: return "output-feature (row) slicing";
-    case Check::FormatColumnSlicing: return "input-feature (column) slicing";
-    case Check::RegionAligned: return "region '" + r.region + "' offset aligned";
-    case Check::UpHalfAligned: return "up half's row offset aligned";
-    case Check::PatchRowLocal: return "runs on a token slab";
-    case Check::PatchFeatureLocal: return "runs on a feature slice";
-    case Check::DeviceDtype: return "supports activation dtype";
-    case Check::DeviceFp32: return "supports fp32 (final projection)";
-    case Check::Prerequisite: return "prerequisite is legal";
-    case Check::HiddenTooNarrow: return "at least two aligned slices";
-  }
-  return code_name(r.check);
-}
-
-std::string describe(const Rejection& r) {
-  return std::string(to_string(r.transform)) + ": " + component_text(r) + ": " + check_text(r) + " [" +
-         code_name(r.check) + "] — required " + r.required + ", actual " + r.actual;
-}
-
-bool Verdict::is_legal(Transform t) const { return std::find(legal.begin(), legal.end(), t) != legal.end(); }
-
-namespace {
+// Per Check, in declaration order: its code and what it checks.
+constexpr std::pair<const char*, const char*> kChecks[] = {
+    {"consumer.registered", "is registered"},
+    {"consumer.bounded_q", "accepts bounded Q against global K/V"},
+    {"consumer.declares_global_k", "states whether it needs complete K"},
+    {"consumer.declares_global_v", "states whether it needs complete V"},
+    {"consumer.slab_output", "produces output in Q-sized slabs"},
+    {"consumer.kv_aligned", "global K/V length aligned"},
+    {"consumer.dtype", "accepts activation dtype"},
+    {"format.held", "held execution (acquire once, reuse per slab)"},
+    {"format.region_slicing", "output-feature (row) slicing for regions q|k|v"},
+    {"format.row_slicing", "output-feature (row) slicing"},
+    {"format.column_slicing", "input-feature (column) slicing"},
+    {"format.region_aligned", "region offset aligned"},
+    {"format.up_half_aligned", "up half's row offset aligned"},
+    {"patch.row_local", "runs on a token slab"},
+    {"patch.feature_local", "runs on a feature slice"},
+    {"device.dtype", "supports activation dtype"},
+    {"device.fp32", "supports fp32 (final projection)"},
+    {"transform.prerequisite", "prerequisite is legal"},
+    {"model.hidden_too_narrow", "at least two aligned slices"},
+};
+static_assert(std::size(kChecks) == std::size(kAllChecks), "names for every check");
 
 // The component a check is about: the structured part of a Rejection that names it.
 struct Component {
@@ -271,6 +199,46 @@ void check_mlp(Verdict& v, const Context& ctx, const ir::Mlp& m) {
 }
 
 }  // namespace
+
+const char* to_string(Transform t) {
+  return ir::name_of(t, {"token-chunked MLP", "feature-sliced MLP", "bounded QKV", "global K/V + streamed Q",
+                         "streamed output projection", "bounded final layer"});
+}
+
+const char* code_name(Check c) {
+  return static_cast<size_t>(c) < std::size(kChecks) ? kChecks[static_cast<size_t>(c)].first : "?";
+}
+
+const char* to_string(ComponentKind k) {
+  return ir::name_of(k, {"consumer", "weight", "patch", "device", "model", "transformation"});
+}
+
+std::string component_text(const Rejection& r) {
+  const std::string quoted = "'" + r.component_name + "'";
+  switch (r.component_kind) {
+    case ComponentKind::Consumer: return "consumer " + quoted;
+    case ComponentKind::Weight: return "weight " + quoted + " (format " + r.format + ")";
+    case ComponentKind::Patch:
+      return "patch " + quoted + (r.role ? std::string(" on ") + contracts::to_string(*r.role) : "");
+    case ComponentKind::Device: return "device " + quoted;
+    case ComponentKind::Model: return r.component_name == kMlpHidden ? "MLP hidden width" : "model " + quoted;
+    case ComponentKind::Transformation: return "transformation " + quoted;
+  }
+  return quoted;
+}
+
+std::string check_text(const Rejection& r) {
+  if (r.check == Check::RegionAligned) return "region '" + r.region + "' offset aligned";
+  const auto i = static_cast<size_t>(r.check);
+  return i < std::size(kChecks) ? kChecks[i].second : code_name(r.check);
+}
+
+std::string describe(const Rejection& r) {
+  return std::string(to_string(r.transform)) + ": " + component_text(r) + ": " + check_text(r) + " [" +
+         code_name(r.check) + "] — required " + r.required + ", actual " + r.actual;
+}
+
+bool Verdict::is_legal(Transform t) const { return std::find(legal.begin(), legal.end(), t) != legal.end(); }
 
 int64_t feature_alignment(const contracts::Registry& reg, const ir::Mlp& m) {
   int64_t a = reg.format(m.down.format).in_align;

@@ -12,8 +12,6 @@ namespace sp::models::detail {
 
 namespace {
 
-std::string blk(int64_t i) { return "blocks." + std::to_string(i) + "."; }
-
 struct Lengths {
   int64_t video, text, audio;
 };

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "models/family_common.hpp"
+
 namespace sp::models {
 
 int64_t ModelConfig::tokens() const {
@@ -38,17 +40,8 @@ void set_total_tokens(ModelConfig& c, int64_t tokens) {
 
 namespace {
 
-std::string blk(int i) { return "blocks." + std::to_string(i) + "."; }
-
-ir::Linear linear(const std::string& name, int64_t in, int64_t out, bool bias, const std::string& format) {
-  ir::Linear l;
-  l.weight = name + ".weight";
-  if (bias) l.bias = name + ".bias";
-  l.in_features = in;
-  l.out_features = out;
-  l.format = format;
-  return l;
-}
+using detail::blk;
+using detail::linear;
 
 ir::Norm norm(const ModelConfig& c, const std::string& name) {
   ir::Norm n;
@@ -62,6 +55,56 @@ ir::Norm norm(const ModelConfig& c, const std::string& name) {
   return n;
 }
 
+struct Maker {
+  at::Generator gen;
+  at::ScalarType dt;
+  const contracts::Registry& reg;
+  exec::TensorWeights& w;
+
+  at::Tensor randn(at::IntArrayRef shape, double std, double mean = 0.0) {
+    return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).mul_(std).add_(mean);
+  }
+  void dense(const std::string& name, at::Tensor t) { w.add(name, t.to(dt)); }
+  void linear(const ir::Linear& l) {
+    w.store(l, randn({l.out_features, l.in_features}, 1.0 / std::sqrt(double(l.in_features))), dt);
+    if (!l.bias.empty()) dense(l.bias, randn({l.out_features}, 0.02));
+  }
+  void norm(const ir::Norm& n, int64_t dim) {
+    if (!n.affine) return;
+    dense(n.weight, randn({dim}, 0.1, 1.0));
+    if (!n.bias.empty()) dense(n.bias, randn({dim}, 0.05));
+  }
+};
+
+// cos/sin [T, half]: text (and any non-video segment) at position 0; video along (t, h, w)
+// with the frequencies split across the three axes, or along one axis without a grid.
+std::pair<at::Tensor, at::Tensor> rope_tables(const ModelConfig& c, int64_t half) {
+  const int64_t T = c.tokens();
+  at::Tensor angle = at::zeros({T, half}, at::kFloat);
+  int64_t start = 0;
+  for (const auto& s : c.segments) {
+    if (s.name == "video") {
+      at::Tensor idx = at::arange(s.length, at::kLong);
+      std::vector<std::pair<at::Tensor, int64_t>> axes;
+      if (c.video_h > 0 && c.video_w > 0) {
+        const int64_t hw = c.video_h * c.video_w, n = half / 3;
+        axes = {{idx.div(hw, "floor"), half - 2 * n}, {idx.remainder(hw).div(c.video_w, "floor"), n},
+                {idx.remainder(c.video_w), n}};
+      } else {
+        axes = {{idx, half}};
+      }
+      int64_t col = 0;
+      for (auto& [pos, n] : axes) {
+        at::Tensor inv = at::pow(10000.0, at::arange(n, at::kFloat).div_(-double(std::max<int64_t>(n, 1))));
+        angle.narrow(0, start, s.length).narrow(1, col, n).copy_(pos.to(at::kFloat).unsqueeze(1) * inv);
+        col += n;
+      }
+    }
+    start += s.length;
+  }
+  return {angle.cos(), angle.sin()};
+}
+
 }  // namespace
 
 ir::Model build_ir(const ModelConfig& c) {
@@ -71,7 +114,7 @@ ir::Model build_ir(const ModelConfig& c) {
   m.dtype = c.dtype;
   m.segments = c.segments;
   if (c.embed)
-    for (const auto& seg : c.segments) m.embeds.push_back({seg.name, linear("embed." + seg.name, c.in_features, c.dim, true, "dense")});
+    for (const auto& seg : c.segments) m.embeds.push_back({seg.name, linear("embed." + seg.name, c.in_features, c.dim, true)});
   const int64_t wq = c.heads * c.head_dim, wkv = c.kv_heads * c.head_dim;
   for (int i = 0; i < c.layers; ++i) {
     ir::Block b;
@@ -170,60 +213,6 @@ ir::Model build_ir(const ModelConfig& c) {
   ir::validate(m);
   return m;
 }
-
-namespace {
-
-struct Maker {
-  at::Generator gen;
-  at::ScalarType dt;
-  const contracts::Registry& reg;
-  exec::TensorWeights& w;
-
-  at::Tensor randn(at::IntArrayRef shape, double std, double mean = 0.0) {
-    return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).mul_(std).add_(mean);
-  }
-  void dense(const std::string& name, at::Tensor t) { w.add(name, t.to(dt)); }
-  void linear(const ir::Linear& l) {
-    w.store(l, randn({l.out_features, l.in_features}, 1.0 / std::sqrt(double(l.in_features))), dt);
-    if (!l.bias.empty()) dense(l.bias, randn({l.out_features}, 0.02));
-  }
-  void norm(const ir::Norm& n, int64_t dim) {
-    if (!n.affine) return;
-    dense(n.weight, randn({dim}, 0.1, 1.0));
-    if (!n.bias.empty()) dense(n.bias, randn({dim}, 0.05));
-  }
-};
-
-// cos/sin [T, half]: text (and any non-video segment) at position 0; video along (t, h, w)
-// with the frequencies split across the three axes, or along one axis without a grid.
-std::pair<at::Tensor, at::Tensor> rope_tables(const ModelConfig& c, int64_t half) {
-  const int64_t T = c.tokens();
-  at::Tensor angle = at::zeros({T, half}, at::kFloat);
-  int64_t start = 0;
-  for (const auto& s : c.segments) {
-    if (s.name == "video") {
-      at::Tensor idx = at::arange(s.length, at::kLong);
-      std::vector<std::pair<at::Tensor, int64_t>> axes;
-      if (c.video_h > 0 && c.video_w > 0) {
-        const int64_t hw = c.video_h * c.video_w, n = half / 3;
-        axes = {{idx.div(hw, "floor"), half - 2 * n}, {idx.remainder(hw).div(c.video_w, "floor"), n},
-                {idx.remainder(c.video_w), n}};
-      } else {
-        axes = {{idx, half}};
-      }
-      int64_t col = 0;
-      for (auto& [pos, n] : axes) {
-        at::Tensor inv = at::pow(10000.0, at::arange(n, at::kFloat).div_(-double(std::max<int64_t>(n, 1))));
-        angle.narrow(0, start, s.length).narrow(1, col, n).copy_(pos.to(at::kFloat).unsqueeze(1) * inv);
-        col += n;
-      }
-    }
-    start += s.length;
-  }
-  return {angle.cos(), angle.sin()};
-}
-
-}  // namespace
 
 Instance instantiate(const ModelConfig& c, const contracts::Registry& reg, const at::Device& device) {
   Instance inst;

@@ -36,38 +36,6 @@ at::Tensor as_linear(const std::string& canonical, at::Tensor t) {
   return (weight && t.dim() > 2) ? t.reshape({t.size(0), -1}) : t;
 }
 
-}  // namespace
-
-at::Tensor assemble_stored(const std::string& canonical, const recognize::Source& src,
-                           const std::vector<at::Tensor>& parts) {
-  if (parts.empty() || parts.size() != src.tensors.size())
-    throw std::invalid_argument("tensor '" + canonical + "': " + std::to_string(parts.size()) + " parts given, its source names " +
-                                std::to_string(src.tensors.size()));
-  at::Tensor t = src.op == Source::Op::Concat0 ? at::cat(parts, 0) : parts.front();
-  if (src.op == Source::Op::SwapHalves0) t = swap_halves(t, src.tensors.front());
-  return t;
-}
-
-at::Tensor assemble(const std::string& canonical, const recognize::Source& src, const std::vector<at::Tensor>& parts) {
-  return as_linear(canonical, assemble_stored(canonical, src, parts));
-}
-
-std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f, const recognize::Recognized& r,
-                                                    at::ScalarType dtype, const at::Device& device,
-                                                    const contracts::Registry& reg) {
-  auto w = std::make_shared<exec::TensorWeights>(&reg);
-  for (const auto& [canonical, src] : r.tensors) {
-    if (load_quantized(f, r, canonical, src, device, *w)) continue;
-    std::vector<at::Tensor> parts;
-    for (const auto& n : src.tensors) parts.push_back(read_tensor(f, n));
-    const at::Tensor t = assemble(canonical, src, parts);
-    w->add(canonical, t.is_floating_point() ? t.to(device, weight_dtype(r.config, canonical, dtype)) : t.to(device));
-  }
-  return w;
-}
-
-namespace {
-
 // Scales a standard normal draw into the kind of values the tensor holds: norm weights and
 // scales near 1, small biases and modulation tables, matrices with std 1/sqrt(fan in).
 void shape_values(const recognize::TensorSpec& spec, at::Tensor& t) {
@@ -103,6 +71,34 @@ at::Tensor random_tensor(const recognize::TensorSpec& spec, uint64_t seed) {
 }
 
 }  // namespace
+
+at::Tensor assemble_stored(const std::string& canonical, const recognize::Source& src,
+                           const std::vector<at::Tensor>& parts) {
+  if (parts.empty() || parts.size() != src.tensors.size())
+    throw std::invalid_argument("tensor '" + canonical + "': " + std::to_string(parts.size()) + " parts given, its source names " +
+                                std::to_string(src.tensors.size()));
+  at::Tensor t = src.op == Source::Op::Concat0 ? at::cat(parts, 0) : parts.front();
+  if (src.op == Source::Op::SwapHalves0) t = swap_halves(t, src.tensors.front());
+  return t;
+}
+
+at::Tensor assemble(const std::string& canonical, const recognize::Source& src, const std::vector<at::Tensor>& parts) {
+  return as_linear(canonical, assemble_stored(canonical, src, parts));
+}
+
+std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f, const recognize::Recognized& r,
+                                                    at::ScalarType dtype, const at::Device& device,
+                                                    const contracts::Registry& reg) {
+  auto w = std::make_shared<exec::TensorWeights>(&reg);
+  for (const auto& [canonical, src] : r.tensors) {
+    if (load_quantized(f, r, canonical, src, device, *w)) continue;
+    std::vector<at::Tensor> parts;
+    for (const auto& n : src.tensors) parts.push_back(read_tensor(f, n));
+    const at::Tensor t = assemble(canonical, src, parts);
+    w->add(canonical, t.is_floating_point() ? t.to(device, weight_dtype(r.config, canonical, dtype)) : t.to(device));
+  }
+  return w;
+}
 
 std::map<std::string, at::Tensor> random_canonical(const recognize::FamilyConfig& config, uint64_t seed) {
   std::map<std::string, at::Tensor> out;

@@ -1,34 +1,18 @@
 // Writing a checkpoint's block linears in a quantized format, in one of the weight layouts
-// ComfyUI loads.
+// ComfyUI loads (docs/checkpoints.md, "convert"; the layouts: docs/cli.md).
 //
-// Design note. The file is written in the family's original layout (the canonical names:
-// Wan repo, BFL Flux, ...), the one ComfyUI's loader detects, whatever layout it was read in:
-// a diffusers checkpoint's split projections are joined (to_q|to_k|to_v -> qkv) and swapped
-// halves put back before quantization. Names keep the prefix "model.diffusion_model." (which
-// ComfyUI strips) and lose any other. Converted are 2-D ".weight" tensors of blocks (a name
-// with a block index) in a 16/32-bit float dtype -- the modulation linears of the blocks
-// included, as ComfyUI's own quantized files store them (the run dequantizes those the model
-// reads outside its planned formats at load: quant_load.hpp prepare_loaded); for
-// convrot-int8 only those whose input width is a multiple of the format's input group (256).
-// Everything else, and the metadata (sidecar), is copied as is. Three layouts:
-//  - comfy_quant (ComfyUI's current convention): each converted "<layer>.weight" as the
-//    format stores it (float8_e4m3fn, or int8 of the ConvRot-rotated weight) with
-//    "<layer>.weight_scale" (fp32: [] for fp8, [out, 1] per row for int8) and
-//    "<layer>.comfy_quant" (uint8 bytes of the JSON recognize::comfy_quant_json gives) beside
-//    it -- what ComfyUI's mixed-precision Linear reads (comfy/ops.py) and writes back when it
-//    saves the model. No "<layer>.input_scale" (no calibration): ComfyUI then quantizes fp8
-//    activations with scale 1 where it runs fp8 matmuls. The quantization is the format's own
-//    store function, so a converted file loads back to exactly the weights that --precision
-//    would have made.
-//  - scaled_fp8 (ComfyUI's older convention, fp8-e4m3 only): the same float8_e4m3fn weights
-//    with a per-tensor fp32 "<layer>.scale_weight" ([]), the marker tensor "scaled_fp8"
-//    (float8_e4m3fn, 0 elements, under the names' prefix: comfy/utils.py convert_old_quants)
-//    and, with input_scale, "<layer>.scale_input" = 1 (fp32 []).
-//  - plain (fp8-e4m3, fp8-e5m2): bare float8 weights without scales, the values clamped to
-//    the type's finite range and cast, as "fp8 checkpoints" are commonly made.
-// The output's tensors and size follow from the input's header alone (Conversion), so the
-// size is known before any weight is read; the file is then streamed, one canonical tensor at
-// a time (memory bounded by the largest one), into "<out>.tmp" and renamed onto `out`.
+// Design note. The file is written in the family's original layout (the canonical names),
+// whatever layout it was read in, with the prefix "model.diffusion_model." kept and any other
+// dropped. Converted are 2-D ".weight" tensors of blocks in a 16/32-bit float dtype, the
+// modulation linears included as ComfyUI's own files store them (the run dequantizes those at
+// load: quant_load.hpp), for convrot-int8 only those whose input width is a multiple of 256;
+// everything else, and the metadata, is copied as is. Three layouts: comfy_quant ("<layer>.weight" as the format's own
+// store function makes it, with "weight_scale" and "comfy_quant" beside it, so a converted file
+// loads back to exactly the weights --precision would have made), scaled_fp8 (fp8-e4m3 with a
+// per-tensor "scale_weight", the "scaled_fp8" marker and, with input_scale, "scale_input" = 1)
+// and plain (bare float8 weights clamped to the type's finite range). The output's tensors and
+// size follow from the input's header alone (Conversion); the file is then streamed, one
+// canonical tensor at a time, into "<out>.tmp" and renamed onto `out`.
 //
 // Example:
 //     sp::models::Conversion c("wan.safetensors", {.format = "fp8-e4m3", .layout = "scaled_fp8"}, reg);

@@ -95,12 +95,13 @@ const at::Tensor& need(const TensorMap& raw, const std::string& name, std::vecto
   return t;
 }
 
-ir::Linear linear(const std::string& name, int64_t in, int64_t out, bool bias) {
+ir::Linear linear(const std::string& name, int64_t in, int64_t out, bool bias, const std::string& format) {
   ir::Linear l;
   l.weight = name + ".weight";
   if (bias) l.bias = name + ".bias";
   l.in_features = in;
   l.out_features = out;
+  l.format = format;
   return l;
 }
 

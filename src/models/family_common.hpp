@@ -26,7 +26,9 @@ ir::FinalLayer final_layer(std::vector<std::string> segments, ir::Norm norm, ir:
 at::Tensor grid_positions(int64_t f, int64_t h, int64_t w, const at::Device& d);
 const at::Tensor& need(const TensorMap& raw, const std::string& name, std::vector<int64_t> rank_dims);
 
-ir::Linear linear(const std::string& name, int64_t in, int64_t out, bool bias);
+// "blocks.<i>.", the prefix of block i's tensors.
+inline std::string blk(int64_t i) { return "blocks." + std::to_string(i) + "."; }
+ir::Linear linear(const std::string& name, int64_t in, int64_t out, bool bias, const std::string& format = "dense");
 ir::Norm layer_norm(double eps);                 // no affine
 ir::Norm rms_norm(double eps);                   // no affine
 

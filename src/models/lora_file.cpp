@@ -17,12 +17,7 @@ namespace sp::models {
 
 namespace {
 
-std::string shape_text(const at::Tensor& t) {
-  std::ostringstream s;
-  s << "[";
-  for (int64_t d = 0; d < t.dim(); ++d) s << (d ? ", " : "") << t.size(d);
-  return s.str() + "]";
-}
+using exec::shape_text;
 
 struct Module {
   at::Tensor down, up, alpha;

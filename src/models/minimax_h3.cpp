@@ -1,24 +1,6 @@
 // MiniMax H3 (joint video + stereo audio DiT), text to video + audio, as ComfyUI's
-// MiniMaxH3Model computes it (tests/reference/RECIPES.md, "MiniMax H3"; the plain-torch
-// statement is tests/reference/minimax_h3.py).
-//
-// Prologue (here, on small tensors): the timesteps of the two streams, the time embedding
-// (sinusoid + MLP, or the curve table), every block's and the final layer's modulation rows
-// (one per timestep class and modality tag, chosen per segment), the RoPE tables of the packed
-// sequence's positions. Everything the planner schedules is IR: the text path where the text
-// comes as encoder states (condition_proj as the text segments' embedding, the token refiner's
-// blocks over the text rows only, its final norm as the last refiner block's row norm;
-// ComfyUI hands over text refined already, once per prompt), the fp32 patch projections of
-// audio and video, the blocks (affine RMSNorm, per-segment 6-way modulation, fused QKV with
-// per-head Q/K RMSNorm and split-half RoPE on the leading rotary dims, SwiGLU), and the final
-// layer with its two fp32 heads (video, audio).
-// Epilogue: unpatchify, negate.
-//
-// Raw inputs (`streamplan run --inputs`):
-//   video [C, T, H, W] latents (H, W even), audio [C_a, 2, T_a] latents, text [L, text_dim]
-//   encoder states (or [L, dim], already refined), sigma [1] (the video sigma),
-//   text_tags [L] (optional: modality tag per text token, video 0 / text 1 / audio 2).
-// Output: the video prediction [C, T, H, W]; named outputs add "audio" [C_a, 2, T_a].
+// MiniMaxH3Model computes it: its inputs, prologue and epilogue are docs/checkpoints.md's
+// "MiniMax H3" section; the plain-torch statement is tests/reference/minimax_h3.py.
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
@@ -37,16 +19,7 @@ constexpr double kShiftVideo = 12, kShiftAudio = 3;
 constexpr double kFrameRescale = 5.0 / 3.0;
 constexpr int64_t kFramePerToken[5] = {1, 4, 4, 4, 4};
 
-std::string blk(int64_t i) { return "blocks." + std::to_string(i) + "."; }
-
-ir::Norm affine_rms(const std::string& weight, double eps) {
-  ir::Norm n;
-  n.kind = ir::NormKind::RMSNorm;
-  n.affine = true;
-  n.weight = weight;
-  n.eps = eps;
-  return n;
-}
+ir::Norm affine_rms(const std::string& weight, double eps) { return {ir::NormKind::RMSNorm, true, weight, "", eps}; }
 
 // The packed sequence: text runs of equal modality tag, then the audio rows, then the video.
 struct Layout {

@@ -111,12 +111,7 @@ bool load_quantized(const io::SafetensorsFile& f, const recognize::Recognized& r
   const recognize::QuantSpec& q = *specs.front();
   std::vector<at::Tensor> parts, scales;
   bool per_row = src.tensors.size() > 1;
-  for (const auto* s : specs)
-    if (!s->weight_scale.empty() && f.info(s->weight_scale).shape.size() > 0) {
-      int64_t n = 1;
-      for (int64_t d : f.info(s->weight_scale).shape) n *= d;
-      per_row = per_row || n > 1;
-    }
+  for (const auto* s : specs) per_row = per_row || (!s->weight_scale.empty() && f.info(s->weight_scale).numel() > 1);
   double input_scale = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     parts.push_back(read_tensor(f, src.tensors[i]));
@@ -136,20 +131,12 @@ bool load_quantized(const io::SafetensorsFile& f, const recognize::Recognized& r
 }
 
 Precision parse_precision(const std::string& s) {
-  if (s == "preserve") return Precision::Preserve;
-  if (s == "fp8") return Precision::Fp8;
-  if (s == "int8") return Precision::Int8;
+  for (Precision p : {Precision::Preserve, Precision::Fp8, Precision::Int8})
+    if (s == to_string(p)) return p;
   throw std::invalid_argument("--precision: '" + s + "' is not one of preserve, fp8, int8");
 }
 
-const char* to_string(Precision p) {
-  switch (p) {
-    case Precision::Preserve: return "preserve";
-    case Precision::Fp8: return "fp8";
-    case Precision::Int8: return "int8";
-  }
-  return "?";
-}
+const char* to_string(Precision p) { return ir::name_of(p, {"preserve", "fp8", "int8"}); }
 
 void apply_precision(ir::Model& m, exec::TensorWeights& w, Precision p, const contracts::DeviceCaps& dev) {
   if (p == Precision::Fp8 && !(dev.kind == contracts::DeviceKind::CUDA && dev.cc_major * 10 + dev.cc_minor >= 89))

@@ -2,47 +2,31 @@
 
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 namespace sp::models {
 
 namespace {
 
+constexpr std::pair<io::DType, at::ScalarType> kDtypes[] = {
+    {io::DType::F64, at::kDouble},          {io::DType::F32, at::kFloat},         {io::DType::F16, at::kHalf},
+    {io::DType::BF16, at::kBFloat16},       {io::DType::F8_E4M3, at::kFloat8_e4m3fn},
+    {io::DType::F8_E5M2, at::kFloat8_e5m2}, {io::DType::I64, at::kLong},          {io::DType::I32, at::kInt},
+    {io::DType::I16, at::kShort},           {io::DType::I8, at::kChar},           {io::DType::U8, at::kByte},
+    {io::DType::BOOL, at::kBool},
+};
+
 at::ScalarType to_aten(io::DType d, const std::string& name) {
-  switch (d) {
-    case io::DType::F64: return at::kDouble;
-    case io::DType::F32: return at::kFloat;
-    case io::DType::F16: return at::kHalf;
-    case io::DType::BF16: return at::kBFloat16;
-    case io::DType::F8_E4M3: return at::kFloat8_e4m3fn;
-    case io::DType::F8_E5M2: return at::kFloat8_e5m2;
-    case io::DType::I64: return at::kLong;
-    case io::DType::I32: return at::kInt;
-    case io::DType::I16: return at::kShort;
-    case io::DType::I8: return at::kChar;
-    case io::DType::U8: return at::kByte;
-    case io::DType::BOOL: return at::kBool;
-  }
+  for (const auto& [io_dtype, aten] : kDtypes)
+    if (io_dtype == d) return aten;
   throw std::invalid_argument("tensor '" + name + "': unsupported dtype");
 }
 
 }  // namespace
 
 io::DType to_io(at::ScalarType t, const std::string& name) {
-  switch (t) {
-    case at::kDouble: return io::DType::F64;
-    case at::kFloat: return io::DType::F32;
-    case at::kHalf: return io::DType::F16;
-    case at::kBFloat16: return io::DType::BF16;
-    case at::kFloat8_e4m3fn: return io::DType::F8_E4M3;
-    case at::kFloat8_e5m2: return io::DType::F8_E5M2;
-    case at::kLong: return io::DType::I64;
-    case at::kInt: return io::DType::I32;
-    case at::kShort: return io::DType::I16;
-    case at::kChar: return io::DType::I8;
-    case at::kByte: return io::DType::U8;
-    case at::kBool: return io::DType::BOOL;
-    default: break;
-  }
+  for (const auto& [io_dtype, aten] : kDtypes)
+    if (aten == t) return io_dtype;
   throw std::invalid_argument("tensor '" + name + "': dtype " + std::string(c10::toString(t)) +
                               " cannot be stored in safetensors");
 }

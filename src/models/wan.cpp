@@ -12,8 +12,6 @@ namespace sp::models::detail {
 
 namespace {
 
-std::string blk(int64_t i) { return "blocks." + std::to_string(i) + "."; }
-
 ir::Model build(const recognize::FamilyConfig& c, int64_t tokens, int64_t text, ir::DType dtype,
                 const std::string& consumer) {
   ir::Model m;

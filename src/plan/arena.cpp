@@ -1,7 +1,6 @@
 #include "plan/arena.hpp"
 
 #include <algorithm>
-#include <numeric>
 #include <stdexcept>
 
 namespace sp::plan {

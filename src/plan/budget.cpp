@@ -6,7 +6,6 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <sstream>
 
 #include "plan/cost.hpp"
 
@@ -31,6 +30,19 @@ int64_t unit_bytes(std::string u) {
   for (const auto& [name, mult] : units)
     if (u == name) return mult;
   return 0;
+}
+
+// "12.3 ms vs 10.1 ms", with more decimals where the usual ones would print two equal figures.
+std::string ms_pair(double a, double b) {
+  const auto [x, y] = distinct_ms(a, b);
+  return x + " vs " + y;
+}
+
+// Strict "a is a better pick than b": faster, then smaller peak, then enumeration order.
+bool better(const Candidate& a, size_t ia, const Candidate& b, size_t ib) {
+  if (a.cost.seconds != b.cost.seconds) return a.cost.seconds < b.cost.seconds;
+  if (a.cost.peak_bytes != b.cost.peak_bytes) return a.cost.peak_bytes < b.cost.peak_bytes;
+  return ia < ib;
 }
 
 }  // namespace
@@ -142,23 +154,6 @@ std::vector<int64_t> feature_slice_candidates(int64_t hidden, int64_t align) {
   return out;
 }
 
-namespace {
-
-// "12.3 ms vs 10.1 ms", with more decimals where the usual ones would print two equal figures.
-std::string ms_pair(double a, double b) {
-  const auto [x, y] = distinct_ms(a, b);
-  return x + " vs " + y;
-}
-
-// Strict "a is a better pick than b": faster, then smaller peak, then enumeration order.
-bool better(const Candidate& a, size_t ia, const Candidate& b, size_t ib) {
-  if (a.cost.seconds != b.cost.seconds) return a.cost.seconds < b.cost.seconds;
-  if (a.cost.peak_bytes != b.cost.peak_bytes) return a.cost.peak_bytes < b.cost.peak_bytes;
-  return ia < ib;
-}
-
-}  // namespace
-
 Choice choose(const std::vector<Candidate>& cs, int64_t available, const std::string& limit) {
   Choice ch;
   auto fits = [&](size_t i) { return cs[i].need() <= available; };
@@ -254,16 +249,6 @@ int64_t lean_cap(const std::vector<std::vector<Candidate>>& parts, double fixed_
   return caps[lo];
 }
 
-namespace {
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-}  // namespace
-
 std::string dominant_terms(const Program& p, const Placement& pl) {
   struct Term {
     std::string text;
@@ -317,8 +302,8 @@ std::string dominant_terms(const Program& p, const Placement& pl) {
     const Buffer& b = p.buffers[i];
     if (int(i) == k || int(i) == v) continue;
     if (live(i) || (separate(b) && pl.live[i].first >= 0))
-      terms.push_back({std::string(describe(b.role)) + " " + shape_text(b.shape) + " " + ir::to_string(b.dtype) + " (" +
-                           human_bytes(b.bytes()) + ")",
+      terms.push_back({std::string(describe(b.role)) + " " + ir::shape_text(b.shape) + " " + ir::to_string(b.dtype) +
+                           " (" + human_bytes(b.bytes()) + ")",
                        b.bytes()});
   }
   if (pl.transient_bytes > 0)

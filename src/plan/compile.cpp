@@ -1,8 +1,6 @@
-// The schedule compiler: plan decisions -> typed steps with buffers and cost terms.
-//
-// This file is the only place that knows the order of steps inside a sublayer (attention and
-// MLP); compile_ends.cpp holds the embedding and the final layer, plan/compiler.hpp the
-// Compiler both build programs with.
+// The schedule compiler: plan decisions -> typed steps with buffers and cost terms; the only
+// place that knows the order of steps inside a sublayer (compile_ends.cpp: the embedding and
+// the final layer; plan/compiler.hpp: the Compiler both build programs with).
 #include "plan/compiler.hpp"
 #include "plan/kv_budget.hpp"
 

@@ -1,14 +1,8 @@
 // The LoRA step of a projection: y[:, rows] += scale * B (A x) for every adapter of the
-// projected weight, lazily per slab (ir::LoraAdapter, exec/patches/lora.cpp).
-//
-// A projection may use a slice of its weight: output rows (a region of a fused weight, the
-// rows of a feature slab) and input columns (an input region, the columns of a feature
-// slab). Each adapter then contributes its rows that fall inside the projected ones, from
-// the columns the projection reads: summed over the column slices of one output (Flux's
-// linear2 over [attn | mlp], the MLP down projection over feature slabs) these partial
-// updates are B (A x) exactly, by linearity. So input-feature slicing composes by
-// accumulating each slice's partial product into the output that already accumulates the
-// base projection; the patch declares it (feature_local) and this compiler checks it.
+// projected weight, lazily per slab (ir::LoraAdapter, exec/patches/lora.cpp). Of a sliced
+// projection each adapter contributes its rows inside the projected ones from the columns it
+// reads; summed over input slices that is B (A x) by linearity (exec/patches/README.md), which
+// the patch declares (feature_local) and this compiler checks.
 #include "plan/compiler.hpp"
 
 namespace sp::plan::detail {

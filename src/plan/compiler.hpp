@@ -128,15 +128,16 @@ class Compiler {
   int acquire(const ir::Linear& l, SliceExpr rows, SliceExpr cols, DType compute) {
     const auto& f = reg_.format(l.format);
     const int64_t r = rows.length < 0 ? l.out_features : rows.length, c = cols.length < 0 ? l.in_features : cols.length;
+    const std::string label =
+        "weight " + l.weight + range_text(rows) + (cols.length >= 0 ? " cols" + range_text(cols) : "");
     if (native(l, compute)) {  // the stored slice, handed to the format's GEMM
-      const std::string label = "weight " + l.weight + range_text(rows) + (cols.length >= 0 ? " cols" + range_text(cols) : "") + " (native " + l.format + ")";
-      const int w = buffer(BufRole::Weight, label, {r, c}, f.storage, true);
+      const std::string native_label = label + " (native " + l.format + ")";
+      const int w = buffer(BufRole::Weight, native_label, {r, c}, f.storage, true);
       native_.push_back(w);
-      emit(AcquireStep{&l, {}, rows, cols, compute, w, true}, "acquire " + label, {});
+      emit(AcquireStep{&l, {}, rows, cols, compute, w, true}, "acquire " + native_label, {});
       return w;
     }
     const int64_t bytes = f.acquire_bytes(r, c, l.stored.value_or(dt_), compute);
-    const std::string label = "weight " + l.weight + range_text(rows) + (cols.length >= 0 ? " cols" + range_text(cols) : "");
     const int w = buffer(BufRole::Weight, label, {r, c}, compute, bytes == 0);
     Terms t;
     if (bytes > 0) {  // convert (read stored, write compute), then scale
@@ -212,9 +213,7 @@ class Compiler {
   }
   void copy(const Operand& src, const Operand& dst, Layout layout = Layout::Same, int64_t heads = 0, int64_t rep = 1,
             int64_t hd = 0) {
-    double elems = 1;
-    for (int64_t d : src.shape) elems *= double(d);
-    emit(CopyStep{src, dst, layout, heads, rep, hd}, "copy", {0, elems * (elem_size(src) + elem_size(dst)), 1});
+    emit(CopyStep{src, dst, layout, heads, rep, hd}, "copy", {0, elems(src) * (elem_size(src) + elem_size(dst)), 1});
   }
   // out (+)= in[:, cols] @ W^T (+ bias), one GEMM per segment piece where weights differ by segment.
   void project(const Operand& in, const Operand& out, std::vector<SegWeight> ws, int64_t in_features,
@@ -273,16 +272,15 @@ class Compiler {
          "Q/K norm + RoPE (fused)", t);
   }
   void patches(const std::vector<std::string>& names, TensorRole role, const Operand& t) {
-    double elems = 1;
-    for (int64_t d : t.shape) elems *= double(d);
+    const double n = elems(t);
     const DType dt = t.src == Src::Buffer ? p_.buffers[size_t(t.buf)].dtype : dt_;
     const int64_t rows = t.shape.empty() ? 0 : t.shape.front();
     for (const auto& name : names) {
       const auto& patch = reg_.patch(name);
       if (!patch.modifies.count(role)) continue;
-      const int64_t scratch = patch.scratch_bytes ? patch.scratch_bytes(rows, int64_t(elems) / std::max<int64_t>(rows, 1), dt, dev_.kind) : 0;
+      const int64_t scratch = patch.scratch_bytes ? patch.scratch_bytes(rows, int64_t(n) / std::max<int64_t>(rows, 1), dt, dev_.kind) : 0;
       emit(PatchStep{name, role, t}, "patch " + name + " on " + contracts::to_string(role),
-           {0, 2 * elems * elem_size(t), 2}, dev_.held(scratch));
+           {0, 2 * n * elem_size(t), 2}, dev_.held(scratch));
     }
   }
   void attend(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L,

@@ -1,26 +1,13 @@
-// Cost model: the peak bytes and the estimated time of a schedule program.
+// Cost model: the peak bytes and the estimated time of a schedule program (the model, its
+// terms and rates: docs/budgets.md).
 //
-// Design note. Both come from the program (plan/program.hpp) and nothing else. Memory is
-// exact accounting: the arena that plan/arena.hpp places by liveness (the executor
-// allocates exactly it), the buffers allocated on their own, and the largest transient a
-// step declares. Time is the larger of the device's and the host's, each summed over the
-// steps (loop bodies times their slab counts): the host queues work ahead of a GPU, so a
-// program takes its device time unless dispatching its operations takes longer.
-//
-//   device: max(FLOPs / (peak(dtype) · efficiency(rows)),  bytes moved / bandwidth)  +  launches · launch gap
-//   host:   launches · launch cost
-//
-// (on a CPU the host is the device: the gap is the launch cost and the device time counts).
-// where efficiency is rows/(rows + k) for a matmul over `rows` rows, and for attention on a
-// GPU the fill of its last wave of tiles (attention_efficiency; on a CPU rows/(rows + k) of
-// the query rows per K/V head), with the peak scaled by the measured attention ratio, plus
-// on a GPU the time of `attention_call_tiles` of its tiles per call (the ramp of its waves);
-// the
-// fused row kernels (Terms::mover) move their bytes at their own measured bandwidths. (k: the row count at
-// which a matmul reaches half its peak — with few rows it re-reads its whole weight for
-// little work) and 1 for everything else. The rates (peak matmul throughput per dtype,
-// bandwidth, launch cost, k) come from exec/device/probe.hpp where measured on the device, and
-// from default_rates() otherwise. Good for ranking candidates of one model on one device.
+// Design note. Both come from the program (plan/program.hpp) and nothing else. Memory is exact
+// accounting: the arena plan/arena.hpp places (the executor allocates exactly it), the buffers
+// allocated on their own, and the largest transient a step declares. Time is the larger of the
+// device's and the host's sums over the steps (loop bodies times their slab counts): the host
+// queues work ahead of a GPU, so a program takes its device time unless dispatching its
+// operations takes longer. The rates come from exec/device/probe.hpp where measured on the
+// device, from default_rates() otherwise. Good for ranking candidates of one model on one device.
 //
 // Example:
 //     sp::plan::Cost c = sp::plan::sublayer_cost(model, block, sub, splan, reg, dev);
@@ -41,16 +28,8 @@ struct Rates : contracts::Rates {
   double flops(ir::DType dt) const;
 };
 
-// Defaults when no probe ran (documented figures, not measurements):
-//   CPU:  50 GFLOP/s (fp32 and 16-bit), 10 GB/s, 5 us per operation (host and device alike), k = 32 rows of 512 outputs
-//         (a few cores of a server CPU; its matmuls are near peak from a few dozen rows),
-//         attention at half the matmul rate; host copies at 5 GB/s.
-//   CUDA: an H200: 700 TFLOP/s bf16/fp16 (achieved, of ~990 peak), 50 TFLOP/s fp32 (ATen's
-//         default disables TF32), 3.5 TB/s, 8 us per operation on the host and 2 us on the device,
-//         k = 256 rows of 4096 outputs (a bf16 matmul
-//         of 4096 x 4096 weights is bound by reading its weight below ~300 rows), flash
-//         attention at 70% of the matmul rate, one attention tile per multiprocessor at once,
-//         pinned host-to-device copies at 25 GB/s.
+// Defaults when no probe ran: documented figures of a server CPU and of an H200, not
+// measurements (docs/budgets.md, "Calibration").
 Rates default_rates(contracts::DeviceKind kind);
 // The device's measured rates, each missing (0) one from default_rates().
 Rates rates_of(const contracts::DeviceCaps& dev);

@@ -4,8 +4,6 @@
 #include <cstdio>
 #include <limits>
 #include <map>
-#include <optional>
-#include <sstream>
 #include <tuple>
 
 #include "plan/budget.hpp"
@@ -55,32 +53,6 @@ Decision* find(std::vector<Decision>& ds, Transform t) {
     if (d.transform == t) return &d;
   return nullptr;
 }
-
-}  // namespace
-
-bool is_legal(const std::vector<Decision>& ds, Transform t) {
-  for (const auto& d : ds)
-    if (d.transform == t) return d.legal();
-  return false;
-}
-
-bool SublayerPlan::chosen(Transform t) const {
-  if (!is_legal(decisions, t)) return false;
-  switch (t) {
-    case Transform::BoundedQkv: return token_chunk < std::max(rows, kv_rows) || q_chunk < rows;
-    case Transform::GlobalKvStreamedQ: return q_chunk < rows;
-    case Transform::StreamedOutProj: return streamed_out;
-    case Transform::TokenChunkedMlp: return token_chunk < rows;
-    case Transform::FeatureSlicedMlp: return feature_slice < hidden;
-    default: return false;
-  }
-}
-
-bool FinalPlan::chosen(Transform t) const {
-  return t == Transform::BoundedFinal && is_legal(decisions, t) && chunk < rows;
-}
-
-namespace {
 
 // Replaces the note of a legal transformation that the part's schedule does not take.
 template <typename P>
@@ -413,14 +385,6 @@ class Chooser {
   Bottleneck worst_;
 };
 
-}  // namespace
-
-int64_t floor_bytes(const ir::Model& m) {
-  return m.tokens() * m.dim * static_cast<int64_t>(ir::dtype_size(m.dtype)) + kv_bytes(m);
-}
-
-namespace {
-
 // The plan whose parts take their fastest candidate within the Chooser's limit (see Chooser).
 Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                 const Options& opt, int64_t cap, Survey* survey, Costs& costs) {
@@ -533,6 +497,32 @@ Plan choose_plan(const ir::Model& m, const contracts::Registry& reg, const contr
 
 }  // namespace
 
+bool is_legal(const std::vector<Decision>& ds, Transform t) {
+  for (const auto& d : ds)
+    if (d.transform == t) return d.legal();
+  return false;
+}
+
+bool SublayerPlan::chosen(Transform t) const {
+  if (!is_legal(decisions, t)) return false;
+  switch (t) {
+    case Transform::BoundedQkv: return token_chunk < std::max(rows, kv_rows) || q_chunk < rows;
+    case Transform::GlobalKvStreamedQ: return q_chunk < rows;
+    case Transform::StreamedOutProj: return streamed_out;
+    case Transform::TokenChunkedMlp: return token_chunk < rows;
+    case Transform::FeatureSlicedMlp: return feature_slice < hidden;
+    default: return false;
+  }
+}
+
+bool FinalPlan::chosen(Transform t) const {
+  return t == Transform::BoundedFinal && is_legal(decisions, t) && chunk < rows;
+}
+
+int64_t floor_bytes(const ir::Model& m) {
+  return m.tokens() * m.dim * static_cast<int64_t>(ir::dtype_size(m.dtype)) + kv_bytes(m);
+}
+
 Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                const Options& opt) {
   ir::validate(m);
@@ -547,14 +537,7 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
   return p;
 }
 
-const char* code_name(Mismatch c) {
-  switch (c) {
-    case Mismatch::Model: return "plan.model";
-    case Mismatch::RegistryEntry: return "plan.registry_entry";
-    case Mismatch::Device: return "plan.device";
-  }
-  return "?";
-}
+const char* code_name(Mismatch c) { return ir::name_of(c, {"plan.model", "plan.registry_entry", "plan.device"}); }
 
 void check_match(const Plan& p, const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
   if (!p.source || p.blocks.size() != m.blocks.size() || p.tokens != m.tokens())

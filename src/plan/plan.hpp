@@ -1,25 +1,17 @@
-// Plan: the schedule the executor runs, as data.
+// Plan: the schedule the executor runs, as data (how it is made, stage by stage:
+// plan/README.md).
 //
-// Design note. For every sublayer the plan records each candidate transformation —
-// chosen, or rejected with the reasons legality gave — and the chunk sizes. A
-// transformation that is not chosen degenerates to a chunk covering all tokens (or
-// all features), so one program compiler (plan/program.hpp) covers every schedule, whose
-// extreme is the full-size computation of that sublayer. The estimates are the cost
-// model's sums over that program (plan/cost.hpp), the same program the executor runs.
-//
-// The chooser enumerates, per sublayer, the candidate chunk sizes legality permits
-// (plan/budget.hpp). Without a budget it takes the smallest peak whose whole schedule is
-// within 0.5% (kLeanTolerance) of the fastest schedule's estimated time: every sublayer takes its fastest
-// candidate under one cap, the smallest cap that keeps the sum within 0.5% (lean and fast). With
-// Options::budget_bytes it takes the fastest candidate whose estimated peak fits; a budget
-// below the smallest achievable peak throws BudgetError. The plan records the policy, the
-// strategy, its estimates and the serious alternatives with the reason each lost.
-//
-// The chosen schedule of every part (embedding, sublayers, row norms, final layer) is compiled
-// once, when the plan is made, into its Part: the program and the placement of its buffers,
-// which the executor runs and the report prints as they are. The programs point into the
-// plan's own copy of the model; check_match() refuses the plan against any other model,
-// registry entries or device (PlanMismatch, with a code).
+// Design note. For every sublayer the plan records each candidate transformation — legal, or
+// rejected with the reasons legality gave — and the chunk sizes; a transformation not chosen
+// degenerates to a chunk covering all tokens (or all features), down to the full-size
+// computation. Without a budget the chooser takes the smallest peak whose whole schedule is
+// within 0.5% (kLeanTolerance) of the fastest one's estimated time; with Options::budget_bytes
+// the fastest candidate whose estimated peak fits, or it throws BudgetError. The plan records
+// the policy, the strategy, its estimates and the serious alternatives with the reason each
+// lost. The chosen schedule of every part is compiled once, into its Part (the program and its
+// placement), which the executor runs and the report prints as they are; the programs point
+// into the plan's own copy of the model, and check_match() refuses the plan against any other
+// model, registry entries or device (PlanMismatch, with a code).
 //
 // Example:
 //     auto reg = sp::exec::builtin_registry();

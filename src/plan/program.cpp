@@ -3,64 +3,43 @@
 #include "plan/program.hpp"
 
 #include <algorithm>
-#include <cmath>
+#include <iterator>
 #include <sstream>
-
+#include <utility>
 
 namespace sp::plan {
 
 using contracts::TensorRole;
 using ir::DType;
 
-const char* to_string(BufRole r) {
-  switch (r) {
-    case BufRole::GlobalK: return "K";
-    case BufRole::GlobalV: return "V";
-    case BufRole::Normed32: return "N32";
-    case BufRole::Normed: return "H";
-    case BufRole::RowStats: return "Stats";
-    case BufRole::KV: return "KV";
-    case BufRole::Staged32: return "S32";
-    case BufRole::RopeTmp: return "RopeTmp";
-    case BufRole::Q: return "Q";
-    case BufRole::QFolded: return "QF";
-    case BufRole::AttnOut: return "O";
-    case BufRole::AttnOutFull: return "OFull";
-    case BufRole::Proj: return "Y";
-    case BufRole::Hidden: return "U";
-    case BufRole::Acc: return "Acc";
-    case BufRole::Output: return "Out";
-    case BufRole::Weight: return "W";
-    case BufRole::LoraAx: return "LoraAx";
-    case BufRole::KSlab: return "KSlab";
-  }
-  return "?";
-}
+namespace {
+// Per BufRole, in declaration order: its short name in programs and its description.
+constexpr std::pair<const char*, const char*> kRoles[] = {
+    {"K", "global K"},
+    {"V", "global V"},
+    {"N32", "normalized rows (fp32)"},
+    {"H", "normalized rows"},
+    {"Stats", "row statistics"},
+    {"KV", "projected K/V slab"},
+    {"S32", "Q/K slab for norm and RoPE"},
+    {"RopeTmp", "RoPE scratch"},
+    {"Q", "projected Q slab"},
+    {"QF", "Q slab in the attention layout"},
+    {"O", "attention output slab"},
+    {"OFull", "complete attention output"},
+    {"Y", "projection slab"},
+    {"U", "MLP hidden slab"},
+    {"Acc", "feature-slice accumulator"},
+    {"Out", "model output"},
+    {"W", "acquired weight"},
+    {"LoraAx", "LoRA A·x slab"},
+    {"KSlab", "K slab for the consumer's carrier"},
+};
+static_assert(std::size(kRoles) == static_cast<size_t>(BufRole::KSlab) + 1, "names for every buffer role");
+}  // namespace
 
-const char* describe(BufRole r) {
-  switch (r) {
-    case BufRole::GlobalK: return "global K";
-    case BufRole::GlobalV: return "global V";
-    case BufRole::Normed32: return "normalized rows (fp32)";
-    case BufRole::Normed: return "normalized rows";
-    case BufRole::RowStats: return "row statistics";
-    case BufRole::KV: return "projected K/V slab";
-    case BufRole::Staged32: return "Q/K slab for norm and RoPE";
-    case BufRole::RopeTmp: return "RoPE scratch";
-    case BufRole::Q: return "projected Q slab";
-    case BufRole::QFolded: return "Q slab in the attention layout";
-    case BufRole::AttnOut: return "attention output slab";
-    case BufRole::AttnOutFull: return "complete attention output";
-    case BufRole::Proj: return "projection slab";
-    case BufRole::Hidden: return "MLP hidden slab";
-    case BufRole::Acc: return "feature-slice accumulator";
-    case BufRole::Output: return "model output";
-    case BufRole::Weight: return "acquired weight";
-    case BufRole::LoraAx: return "LoRA A·x slab";
-    case BufRole::KSlab: return "K slab for the consumer's carrier";
-  }
-  return "?";
-}
+const char* to_string(BufRole r) { return kRoles[static_cast<size_t>(r)].first; }
+const char* describe(BufRole r) { return kRoles[static_cast<size_t>(r)].second; }
 
 int64_t Buffer::bytes() const {
   if (view) return 0;
@@ -123,12 +102,7 @@ std::string row_kernels_note(const ir::Model& m, const contracts::Registry& reg,
 }
 
 std::string buffer_text(const Buffer& b) {
-  std::ostringstream os;
-  os << b.label << " [";
-  for (size_t i = 0; i < b.shape.size(); ++i) os << (i ? ", " : "") << b.shape[i];
-  os << "] " << ir::to_string(b.dtype);
-  if (b.view) os << " (view)";
-  return os.str();
+  return b.label + " " + ir::shape_text(b.shape) + " " + ir::to_string(b.dtype) + (b.view ? " (view)" : "");
 }
 
 std::string to_text(const Program& p, const std::vector<int64_t>& offsets, int64_t arena_bytes) {

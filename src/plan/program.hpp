@@ -1,27 +1,14 @@
-// Schedule program: the one description of what a planned run does, step by step.
+// Schedule program: the one description of what a planned run does, step by step (docs/schedule.md).
 //
-// Design note. compile() turns the plan's decisions for one sublayer (or the final layer,
-// or the embedding) into a Program: an ordered list of typed steps — acquire a weight,
-// norm rows, project rows, a Q/K row operation, a consumer call, a residual add, release
-// — each naming the buffers it reads and writes (shape, dtype) and carrying its cost
-// terms (FLOPs, bytes moved, launches) and the bytes it allocates outside the arena
-// (a consumer's own output and scratch). Three readers use the program and nothing else:
-//
-//   exec/run/interpreter.cpp   runs it, one function per step kind;
-//   plan/cost.cpp              sums its steps' terms at the device's rates (time);
-//   plan/arena.cpp             places its buffers by liveness in one arena (memory).
-//
-// So the order of steps inside a sublayer is known in exactly one place: the compiler,
-// plan/compile.cpp.
-// Slab loops are steps too (Loop ... EndLoop). A loop runs `count` slabs of `rows` rows;
-// a loop over N rows in chunks of c is emitted as one loop of the full slabs and one of
-// the remainder, each body with its own concrete shapes, and a body is split further
-// where its slabs cross a segment boundary (per-segment modulation and projections cost
-// one launch more per piece). Buffers declared inside a loop body live within one slab;
-// buffers declared outside it (global K/V, held weights, the accumulator of the feature
-// loop) live across the loop.
-//
-// A Program points into the ir::Model it was compiled from; keep the model alive.
+// Design note. compile() turns the plan's decisions for one sublayer (or the final layer, or
+// the embedding) into a Program: typed steps, each naming the buffers it reads and writes
+// (shape, dtype), its cost terms (FLOPs, bytes moved, launches) and the bytes it allocates
+// outside the arena. The interpreter (exec/run/interpreter.cpp), the cost model (cost.cpp) and
+// the arena (arena.cpp) read the program and nothing else, so the order of steps inside a
+// sublayer is known in one place, plan/compile.cpp. Slab loops are steps too (Loop ...
+// EndLoop: `count` slabs of `rows` rows); buffers declared inside a loop body live within one
+// slab, those declared outside it across the loop. A Program points into the ir::Model it was
+// compiled from; keep the model alive.
 //
 // Example:
 //     sp::plan::Program prog = sp::plan::compile_sublayer(model, block, sub, splan, reg, dev);

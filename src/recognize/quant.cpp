@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include "recognize/recognize.hpp"
+#include "recognize/table.hpp"
 
 namespace sp::recognize {
 
@@ -27,17 +27,12 @@ void expect_dtype(const io::TensorInfo& w, io::DType want, const std::string& sc
 // A scale tensor: fp32/bf16/f16, one value or one per output row.
 void expect_scale(const io::TensorInfo& s, const io::TensorInfo& w) {
   const bool floating = s.dtype == io::DType::F32 || s.dtype == io::DType::BF16 || s.dtype == io::DType::F16;
-  int64_t n = 1;
-  for (int64_t d : s.shape) n *= d;
   const int64_t rows = w.shape.empty() ? 0 : w.shape[0];
   const bool per_row = (s.shape.size() == 1 && s.shape[0] == rows) ||
                        (s.shape.size() == 2 && s.shape[0] == rows && s.shape[1] == 1);
-  std::string shape = "[";
-  for (size_t i = 0; i < s.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(s.shape[i]);
-  shape += "]";
-  if (!floating || !(n == 1 || per_row))
-    throw RecognizeError("scale tensor '" + s.name + "' (" + dtype_text(s.dtype) + " " + shape + ") of weight '" +
-                         w.name + "' [" + std::to_string(rows) + ", " +
+  if (!floating || !(s.numel() == 1 || per_row))
+    throw RecognizeError("scale tensor '" + s.name + "' (" + dtype_text(s.dtype) + " " + detail::shape_string(s.shape) +
+                         ") of weight '" + w.name + "' [" + std::to_string(rows) + ", " +
                          std::to_string(w.shape.size() > 1 ? w.shape[1] : 0) +
                          "]: expected a float scale with one value or one per output row");
 }

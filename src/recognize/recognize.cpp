@@ -1,12 +1,6 @@
-// The generic recognition engine: tries every (family, layout) table on a checkpoint's
-// names and shapes. Nothing here knows a family; the tables (tables_*.cpp) are the rules.
-//
-// One attempt: (1) every tensor is looked up among the table's patterns (exact name, or the
-// name with one all-digit component read as a block index); (2) block indices of each group
-// must be 0..N-1; (3) every pattern must be present (for each block; feature patterns all or
-// none); (4) symbols are bound from the first tensor of each pattern and every tensor is
-// checked; (5) the family turns symbols into a config; conventions come from the sidecar,
-// the matching preset, or the family defaults.
+// The generic recognition engine: tries every (family, layout) table on a checkpoint's names
+// and shapes, in the steps of README.md ("Engine"). Nothing here knows a family; the tables
+// (tables_*.cpp) are the rules.
 #include "recognize/recognize.hpp"
 
 #include <algorithm>
@@ -360,15 +354,11 @@ class Matcher {
                            " with head_dim " + hd + "; give rope.axes_dim (and rope.rotary_dim) " +
                            "in a sidecar");
     int64_t sum = 0;
-    std::string axes;
-    for (int64_t a : c.rope_axes_dim) {
-      sum += a;
-      axes += (axes.empty() ? "" : ", ") + std::to_string(a);
-    }
+    for (int64_t a : c.rope_axes_dim) sum += a;
     if (c.rotary_dim == 0) c.rotary_dim = sum;
     const std::string src = sc.rope_axes_dim ? "sidecar" : "default";
     if (sum != c.rotary_dim)
-      throw RecognizeError("rope.axes_dim [" + axes + "] (" + src + ") sums to " +
+      throw RecognizeError("rope.axes_dim " + shape_string(c.rope_axes_dim) + " (" + src + ") sums to " +
                            std::to_string(sum) + " but rope.rotary_dim is " +
                            std::to_string(c.rotary_dim) + " (head_dim " + hd + ")");
     if (c.rotary_dim > c.head_dim)

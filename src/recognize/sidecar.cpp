@@ -1,6 +1,7 @@
 // Sidecar parsing and validation. Every error names the source, the field and the value.
 #include "recognize/sidecar.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -30,12 +31,9 @@ class Parser {
   // Throws on a key of `obj` that is not in `known`.
   void only_known(const json& obj, const std::string& where,
                   const std::vector<std::string>& known) const {
-    for (const auto& [key, value] : obj.items()) {
-      bool ok = false;
-      for (const auto& k : known) ok = ok || k == key;
-      if (!ok)
+    for (const auto& [key, value] : obj.items())
+      if (std::find(known.begin(), known.end(), key) == known.end())
         fail(where + key, "is unknown (value " + value.dump() + "); known fields: " + join(known));
-    }
   }
 
   int64_t positive_int(const json& v, const std::string& field) const {
@@ -79,9 +77,8 @@ Sidecar parse_sidecar(std::string_view json_text, std::string_view source) {
     const json& v = j["family"];
     if (!v.is_string()) p.fail("family", "must be a string, got " + v.dump());
     std::string f = v.get<std::string>();
-    bool known = false;
-    for (const auto& k : kFamilies) known = known || k == f;
-    if (!known) p.fail("family", "is an unknown family \"" + f + "\"; known: " + join(kFamilies));
+    if (std::find(kFamilies.begin(), kFamilies.end(), f) == kFamilies.end())
+      p.fail("family", "is an unknown family \"" + f + "\"; known: " + join(kFamilies));
     s.family = f;
   }
   if (j.contains("head_dim")) {

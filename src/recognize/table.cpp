@@ -53,6 +53,26 @@ Expr parse_expr(const std::string& text) {
 
 }  // namespace
 
+std::vector<Entry> with_biases(std::vector<Entry> entries) {
+  const std::string weight = ".weight", marker = weight + "+bias";
+  auto bias_of = [&](const std::string& name) { return name.substr(0, name.size() - weight.size()) + ".bias"; };
+  std::vector<Entry> out;
+  for (Entry& e : entries) {
+    if (!e.name.ends_with(marker)) {
+      out.push_back(std::move(e));
+      continue;
+    }
+    e.name.resize(e.name.size() - marker.size() + weight.size());
+    Entry b = e;
+    b.name = bias_of(e.name);
+    b.shape = e.shape.substr(0, e.shape.find(','));
+    if (!b.canonical.empty()) b.canonical = bias_of(e.canonical);
+    out.push_back(std::move(e));
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 std::vector<Expr> parse_shape(const std::string& shape) {
   std::vector<Expr> dims;
   for (const auto& d : split(shape, ',')) dims.push_back(parse_expr(d));

@@ -46,6 +46,11 @@ struct Entry {
   std::string feature;  // non-empty: present iff the feature is on (all or none)
 };
 
+// The entries with each one named "<p>.weight+bias" replaced by the weight "<p>.weight" and,
+// after it, its bias "<p>.bias": shaped as the weight's first dimension, with the canonical
+// name's "weight" likewise replaced, the same op, part and feature.
+std::vector<Entry> with_biases(std::vector<Entry> entries);
+
 struct Layout {
   std::string name;
   std::vector<Entry> entries;

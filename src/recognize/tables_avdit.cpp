@@ -1,29 +1,17 @@
-// avdit: a generic single-stream audio+video DiT (this project's own layout, used for tests and the
-// embedded demo), "original" layout only; presets.
-// docs/checkpoints.md defines the layout and the forward conventions it implies.
-//
-// Symbols: dim, heads, head_dim, ffn, feat (patch features in and out), text_dim, audio_dim,
-// freq_dim, segs (token segments with their own modulation rows), layers.
-// heads*head_dim need not equal dim (the full-size preset, like MiniMax H3: 56 x 128 = 7168 vs
-// dim 5376).
+// avdit, this project's own audio+video DiT layout (tests, the embedded demo): its recognition
+// table ("original" only) and presets; docs/checkpoints.md defines the layout.
 #include "recognize/table.hpp"
 
 namespace sp::recognize::detail {
 namespace {
 
-const std::vector<Entry> kOriginal = {
-    {"patch_embed.weight", "dim, feat"},
-    {"patch_embed.bias", "dim"},
-    {"text_embed.weight", "dim, text_dim"},
-    {"text_embed.bias", "dim"},
-    {"audio_embed.weight", "dim, audio_dim"},
-    {"audio_embed.bias", "dim"},
-    {"time_embed.0.weight", "dim, freq_dim"},
-    {"time_embed.0.bias", "dim"},
-    {"time_embed.2.weight", "dim, dim"},
-    {"time_embed.2.bias", "dim"},
-    {"time_proj.weight", "6*dim, dim"},
-    {"time_proj.bias", "6*dim"},
+const std::vector<Entry> kOriginal = with_biases({
+    {"patch_embed.weight+bias", "dim, feat"},
+    {"text_embed.weight+bias", "dim, text_dim"},
+    {"audio_embed.weight+bias", "dim, audio_dim"},
+    {"time_embed.0.weight+bias", "dim, freq_dim"},
+    {"time_embed.2.weight+bias", "dim, dim"},
+    {"time_proj.weight+bias", "6*dim, dim"},
     {"blocks.{layers}.modulation", "segs, 6, dim"},
     {"blocks.{layers}.attn.qkv.weight", "3*heads*head_dim, dim"},
     {"blocks.{layers}.attn.norm_q.weight", "head_dim"},
@@ -32,9 +20,8 @@ const std::vector<Entry> kOriginal = {
     {"blocks.{layers}.mlp.fc1.weight", "2*ffn, dim"},
     {"blocks.{layers}.mlp.fc2.weight", "dim, ffn"},
     {"final.modulation", "segs, 2, dim"},
-    {"final.proj.weight", "feat, dim"},
-    {"final.proj.bias", "feat"},
-};
+    {"final.proj.weight+bias", "feat, dim"},
+});
 
 FamilyConfig structure(const Symbols& s, const Features&, const Sidecar& sidecar) {
   FamilyConfig c;

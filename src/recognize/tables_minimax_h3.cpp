@@ -1,15 +1,5 @@
 // MiniMax H3 (joint video + stereo audio DiT): the released checkpoint layout ("original"
-// only), presets. docs/checkpoints.md lists the tensors and the variants.
-//
-// Symbols: dim, heads, head_dim, ffn, feat (video patch features in and out), audio_dim
-// (audio row features in and out), text_dim, freq_dim (plain form: sinusoid width),
-// time_dim (input width of every adaln linear: the time embedding, or the curve basis),
-// grid (curve form: rows of adaln_t_table), pairs (rope.inv_freq: rotated pairs per axis),
-// bank (PDD head bank: output heads stacked in final_layer.*_out), layers, refiner_layers.
-// Features: "plain" (time_embedder.*) and "curve" (adaln_t_table), exactly one on;
-// "gate_compress" (blocks.N.attn.to_gate_compress.weight, unused by the dense forward).
-// heads*head_dim need not equal dim (real: 56 x 128 = 7168 vs 5376); the time embedder's
-// hidden width is dim.
+// only) and presets; docs/checkpoints.md lists the symbols, features, tensors and variants.
 #include "recognize/table.hpp"
 
 namespace sp::recognize::detail {
@@ -36,16 +26,11 @@ void add_transformer_block(std::vector<Entry>& out, const std::string& block) {
 
 std::vector<Entry> original_entries() {
   std::vector<Entry> e = {
-      {"video_patch_proj.weight", "dim, feat"},
-      {"video_patch_proj.bias", "dim"},
-      {"audio_patch_proj.weight", "dim, audio_dim"},
-      {"audio_patch_proj.bias", "dim"},
-      {"condition_proj.weight", "dim, text_dim"},
-      {"condition_proj.bias", "dim"},
-      {"time_embedder.proj_in.weight", "dim, freq_dim", "", Op::Copy, 0, "plain"},
-      {"time_embedder.proj_in.bias", "dim", "", Op::Copy, 0, "plain"},
-      {"time_embedder.proj_out.weight", "time_dim, dim", "", Op::Copy, 0, "plain"},
-      {"time_embedder.proj_out.bias", "time_dim", "", Op::Copy, 0, "plain"},
+      {"video_patch_proj.weight+bias", "dim, feat"},
+      {"audio_patch_proj.weight+bias", "dim, audio_dim"},
+      {"condition_proj.weight+bias", "dim, text_dim"},
+      {"time_embedder.proj_in.weight+bias", "dim, freq_dim", "", Op::Copy, 0, "plain"},
+      {"time_embedder.proj_out.weight+bias", "time_dim, dim", "", Op::Copy, 0, "plain"},
       {"adaln_t_table", "grid, time_dim", "", Op::Copy, 0, "curve"},
       {"rope.inv_freq", "pairs"},
   };
@@ -53,19 +38,15 @@ std::vector<Entry> original_entries() {
   e.push_back({"token_refiner.final_norm.weight", "dim"});
   add_transformer_block(e, "blocks.{layers}.");
   e.insert(e.end(), {
-                        {"blocks.{layers}.attn.to_gate_compress.weight", "heads*head_dim, dim", "",
-                         Op::Copy, 0, "gate_compress"},
-                        {"blocks.{layers}.adaln_proj.linear.weight", "18*dim, time_dim"},
-                        {"blocks.{layers}.adaln_proj.linear.bias", "18*dim"},
+                        {"blocks.{layers}.attn.to_gate_compress.weight", "heads*head_dim, dim",
+                         "", Op::Copy, 0, "gate_compress"},
+                        {"blocks.{layers}.adaln_proj.linear.weight+bias", "18*dim, time_dim"},
                         {"final_layer.norm.weight", "dim"},
-                        {"final_layer.adaln_proj.linear.weight", "2*dim, time_dim"},
-                        {"final_layer.adaln_proj.linear.bias", "2*dim"},
-                        {"final_layer.video_out.weight", "bank*feat, dim"},
-                        {"final_layer.video_out.bias", "bank*feat"},
-                        {"final_layer.audio_out.weight", "bank*audio_dim, dim"},
-                        {"final_layer.audio_out.bias", "bank*audio_dim"},
+                        {"final_layer.adaln_proj.linear.weight+bias", "2*dim, time_dim"},
+                        {"final_layer.video_out.weight+bias", "bank*feat, dim"},
+                        {"final_layer.audio_out.weight+bias", "bank*audio_dim, dim"},
                     });
-  return e;
+  return with_biases(std::move(e));
 }
 
 // Rotary widths follow rope.inv_freq: 3 axes (t, h, w) of 2*pairs dims each.
@@ -139,12 +120,6 @@ void custom_defaults(FamilyConfig& c) {
   c.segments = {};
 }
 
-std::string axes_string(const std::vector<int64_t>& axes) {
-  std::string out;
-  for (int64_t a : axes) out += (out.empty() ? "" : ", ") + std::to_string(a);
-  return "[" + out + "]";
-}
-
 void check(const FamilyConfig& c, const Symbols& s) {
   const bool plain = s.count("freq_dim") > 0, curve = s.count("grid") > 0;
   if (plain && curve)
@@ -163,8 +138,8 @@ void check(const FamilyConfig& c, const Symbols& s) {
   const std::vector<int64_t> axes = {2 * pairs, 2 * pairs, 2 * pairs};
   if (c.rotary_dim != 6 * pairs || c.rope_axes_dim != axes)
     throw RecognizeError("rope.inv_freq has " + std::to_string(pairs) + " pairs per axis, so 3 axes rotate " +
-                         axes_string(axes) + " = " + std::to_string(6 * pairs) + " dims, but rope.axes_dim is " +
-                         axes_string(c.rope_axes_dim) + " and rope.rotary_dim " + std::to_string(c.rotary_dim));
+                         shape_string(axes) + " = " + std::to_string(6 * pairs) + " dims, but rope.axes_dim is " +
+                         shape_string(c.rope_axes_dim) + " and rope.rotary_dim " + std::to_string(c.rotary_dim));
   if (!c.segments.empty())
     throw RecognizeError(
         "sidecar field segments applies to avdit only (minimax-h3 picks modulation rows by timestep class and "

@@ -51,6 +51,12 @@ void convert_case(CaseModel& cm, const BenchOptions& opt) {
   models::convert_block_linears(cm.inst.model, *cm.inst.weights, opt.format, "bench --format " + opt.format);
 }
 
+plan::Options case_plan_options(const models::Instance& inst, const BenchOptions& opt) {
+  plan::Options po = opt.plan;
+  if (opt.budget_floor > 0) po.budget_bytes = static_cast<int64_t>(opt.budget_floor * double(plan::floor_bytes(inst.model)));
+  return po;
+}
+
 }  // namespace
 
 CaseModel build_case(const BenchCase& c, const contracts::Registry& reg, const at::Device& device,
@@ -80,16 +86,6 @@ Repeated repeat(const at::Device& device, int reps, const std::function<at::Tens
   r.ms = median(ms);
   return r;
 }
-
-namespace {
-
-plan::Options case_plan_options(const models::Instance& inst, const BenchOptions& opt) {
-  plan::Options po = opt.plan;
-  if (opt.budget_floor > 0) po.budget_bytes = static_cast<int64_t>(opt.budget_floor * double(plan::floor_bytes(inst.model)));
-  return po;
-}
-
-}  // namespace
 
 double estimate_case_ms(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
                         const BenchOptions& opt) {

@@ -1,6 +1,5 @@
 // bench --device-memory: a case's planned schedule with its weights streamed from host memory
 // under device-memory budgets, against the same plan with every weight resident.
-#include <algorithm>
 #include <cstdio>
 #include <sstream>
 

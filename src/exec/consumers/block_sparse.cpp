@@ -5,17 +5,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "exec/formats/weights.hpp"
 #include "plan/kv_budget.hpp"
 
 namespace sp::exec {
 
 namespace {
-
-std::string shape_of(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
 
 int64_t tiles_of(int64_t rows, int64_t tile) { return (rows + tile - 1) / tile; }
 
@@ -57,8 +52,8 @@ at::Tensor top_tiles(const at::Tensor& qm, const at::Tensor& km, double budget) 
 
 at::Tensor route_tiles(const at::Tensor& q, const at::Tensor& k, VideoRows video, double budget, int64_t tile) {
   if (q.dim() != 3 || k.dim() != 3 || q.sizes() != k.sizes())
-    throw std::invalid_argument("route_tiles: q and k must both be [heads, rows, head_dim], got " + shape_of(q) +
-                                " and " + shape_of(k));
+    throw std::invalid_argument("route_tiles: q and k must both be [heads, rows, head_dim], got " + shape_text(q) +
+                                " and " + shape_text(k));
   const int64_t rows = q.size(1);
   if (video.begin < 0 || video.begin > video.end || video.end > rows)
     throw std::invalid_argument("route_tiles: video rows [" + std::to_string(video.begin) + ", " +
@@ -87,8 +82,8 @@ at::Tensor block_sparse_reference(const at::Tensor& q, const at::Tensor& k, cons
   const int64_t rows = q.size(1), kv = k.size(1);
   const int64_t qt = tiles_of(rows, tile), kt = tiles_of(kv, tile);
   if (keep.dim() != 3 || keep.size(0) != q.size(0) || keep.size(1) != qt || keep.size(2) != kt)
-    throw std::invalid_argument("block_sparse_reference: mask " + shape_of(keep) + " does not fit q " + shape_of(q) +
-                                " and k " + shape_of(k) + " in tiles of " + std::to_string(tile));
+    throw std::invalid_argument("block_sparse_reference: mask " + shape_text(keep) + " does not fit q " +
+                                shape_text(q) + " and k " + shape_text(k) + " in tiles of " + std::to_string(tile));
   // The tile mask per element: [heads, rows, kv].
   const at::Tensor mask = keep.repeat_interleave(tile, 1)
                               .narrow(1, 0, rows)

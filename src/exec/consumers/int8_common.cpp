@@ -198,12 +198,8 @@ Carrier carried(const at::Tensor& bytes, int64_t kv_rows, int64_t head_dim) {
   return c;
 }
 
-int64_t carrier_bytes(int64_t kv_heads, int64_t kv_rows, int64_t head_dim) {
-  return int8attn::k_carrier_bytes(kv_heads, kv_rows, head_dim);
-}
-
 void declare_carrier(contracts::ConsumerCaps& c) {
-  c.k_carrier_bytes = carrier_bytes;
+  c.k_carrier_bytes = int8attn::k_carrier_bytes;
   c.k_carrier_align = int8attn::kTile;
 }
 

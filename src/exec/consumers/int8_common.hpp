@@ -55,7 +55,6 @@ void after_slab(int64_t q_begin, int64_t q_rows, int64_t kv_rows);
 // of its last first slab.
 void carry_k(const std::string& consumer, const at::Tensor& k, const at::Tensor& bytes, int64_t row0, int64_t kv_rows);
 Carrier carried(const at::Tensor& bytes, int64_t kv_rows, int64_t head_dim);
-int64_t carrier_bytes(int64_t kv_heads, int64_t kv_rows, int64_t head_dim);
 // Declares the carrier in a consumer's capabilities.
 void declare_carrier(contracts::ConsumerCaps& c);
 

@@ -61,6 +61,36 @@ class MeasuredPerDtype {
   std::map<at::ScalarType, int64_t> known_;
 };
 
+// The cap at `bytes`, or, with `own_held`, at `bytes` beyond what the allocator holds once its
+// cache is released, less `own_held`.
+std::shared_ptr<void> cap_at(const at::Device& d, int64_t bytes, std::optional<int64_t> own_held) {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (d.is_cuda()) {
+    namespace cca = c10::cuda::CUDACachingAllocator;
+    const int index = d.index();
+    // Segments that grow in place: under a cap, a large request is not refused for want of a
+    // contiguous free segment while the total would fit (fragmentation across the run's
+    // differently sized arenas).
+    c10::CachingAllocator::setAllocatorSettings("expandable_segments:True");
+    cca::emptyCache();
+    if (own_held) {
+      const int64_t held = cca::getDeviceStats(index).reserved_bytes[size_t(c10::CachingAllocator::StatType::AGGREGATE)].current;
+      bytes += std::max<int64_t>(held - *own_held, 0);
+    }
+    const int64_t total = describe_device(d).memory_total;
+    if (bytes > total)
+      throw std::invalid_argument("device memory: " + std::to_string(bytes) + " bytes exceed the " +
+                                  std::to_string(total) + " bytes of " + d.str());
+    cca::setMemoryFraction(double(bytes) / double(total), index);
+    return std::shared_ptr<void>(nullptr, [index](void*) { cca::setMemoryFraction(1.0, index); });
+  }
+#endif
+  (void)d;
+  (void)bytes;
+  (void)own_held;
+  return nullptr;
+}
+
 }  // namespace
 
 int64_t cpu_gemm_scratch(at::ScalarType dtype) {
@@ -210,40 +240,6 @@ void release_cached(const at::Device& d) {
   if (d.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
 }
-
-namespace {
-
-// The cap at `bytes`, or, with `own_held`, at `bytes` beyond what the allocator holds once its
-// cache is released, less `own_held`.
-std::shared_ptr<void> cap_at(const at::Device& d, int64_t bytes, std::optional<int64_t> own_held) {
-#ifdef STREAMPLAN_WITH_CUDA
-  if (d.is_cuda()) {
-    namespace cca = c10::cuda::CUDACachingAllocator;
-    const int index = d.index();
-    // Segments that grow in place: under a cap, a large request is not refused for want of a
-    // contiguous free segment while the total would fit (fragmentation across the run's
-    // differently sized arenas).
-    c10::CachingAllocator::setAllocatorSettings("expandable_segments:True");
-    cca::emptyCache();
-    if (own_held) {
-      const int64_t held = cca::getDeviceStats(index).reserved_bytes[size_t(c10::CachingAllocator::StatType::AGGREGATE)].current;
-      bytes += std::max<int64_t>(held - *own_held, 0);
-    }
-    const int64_t total = describe_device(d).memory_total;
-    if (bytes > total)
-      throw std::invalid_argument("device memory: " + std::to_string(bytes) + " bytes exceed the " +
-                                  std::to_string(total) + " bytes of " + d.str());
-    cca::setMemoryFraction(double(bytes) / double(total), index);
-    return std::shared_ptr<void>(nullptr, [index](void*) { cca::setMemoryFraction(1.0, index); });
-  }
-#endif
-  (void)d;
-  (void)bytes;
-  (void)own_held;
-  return nullptr;
-}
-
-}  // namespace
 
 std::shared_ptr<void> cap_device_memory(const at::Device& d, int64_t bytes) { return cap_at(d, bytes, std::nullopt); }
 

@@ -1,22 +1,11 @@
-// Device probe: the rates of the cost model (plan/cost.hpp), measured on the device.
+// Device probe: the rates of the cost model (plan/cost.hpp), measured on the device; what it
+// measures, its cache and its sanity bounds are docs/budgets.md's "Calibration".
 //
-// Design note. A few short measurements, well under a second: matmuls of a few row counts
-// (the peak and the rows at which a matmul reaches half of it, fitted to
-// throughput = peak · rows / (rows + k)), one large copy (bandwidth) and a run of
-// one-element additions (the fixed cost of an operation: dispatch and launch); ~50 ms on an
-// H200, a few hundred ms on a small CPU. Each figure is the median of several timings. The
-// result is cached as JSON under $XDG_CACHE_HOME/streamplan (or ~/.cache/streamplan) in
-// probe-<key>.json, keyed by what changes the rates: the device's name, for the CPU its model
-// and thread count, and the torch version. A probe that cannot be trusted is never cached:
-// one whose figures break a sanity bound (each rate within physical limits, and related rates
-// against each other: attention against the matmul peak, fp32 against 16-bit matmuls, the
-// device's launch gap against the host's cost), or one during which other processes kept
-// more than a quarter of a CPU core busy. Such a probe is taken again, up to three times, and
-// the last one serves the run without being written. A run whose measured time is off its
-// estimate by more than 2x drops the cache (forget_if_off), so that the next run probes
-// again. A run without a probe uses the cost model's defaults; the probe only refines the
-// time estimates, never the memory plan. `streamplan probe [--show|--reset]` measures, shows
-// or clears the cached figures.
+// Design note. Each figure is the median of several timings. A probe that breaks a sanity
+// bound, or during which other processes kept more than a quarter of a CPU core busy, is taken
+// again (up to three times) and never cached; a run whose measured time is off its estimate by
+// more than 2x drops the cache (forget_if_off). The probe refines the time estimates only,
+// never the memory plan.
 //
 // Example:
 //     at::Device d = sp::exec::pick_device("auto");

@@ -1,9 +1,5 @@
-// convrot-int8: ConvRot int8 (ComfyUI's int8_tensorwise with "convrot": true). The weight's
-// input features were rotated by a normalized Hadamard matrix in groups of 256 (W' = W·H,
-// quantized.hpp) and stored in int8 with one fp32 scale per output row. Input slices must
-// hold whole groups (in_align 256). The CPU acquires the dequantized slice rotated back
-// (W = W'·H); on CUDA the format runs its own GEMM: the activation slab is rotated and
-// quantized per row in one kernel (kernels/hadamard.cuh), then quant::int8_gemm.
+// convrot-int8: ConvRot int8 (ComfyUI's int8_tensorwise with "convrot": true; what it stores
+// and runs: README.md). The CPU acquires the dequantized slice rotated back (W = W'·H).
 #include "exec/consumers/consumer.hpp"
 #include "exec/formats/quantized.hpp"
 
@@ -82,19 +78,11 @@ struct ConvRot : FormatImpl {
 }  // namespace
 
 void register_convrot_int8(contracts::Registry& reg) {
-  using contracts::Cap;
-  contracts::FormatCaps f;
-  f.name = "convrot-int8";
-  f.description = "int8 of Hadamard-rotated input features (groups of 256), one fp32 scale per output row";
-  f.storage = ir::DType::I8;
-  f.dense = false;
-  f.out_slicing = f.in_slicing = f.held_execution = Cap::Yes;
+  contracts::FormatCaps f = quant::format_caps(
+      "convrot-int8", "int8 of Hadamard-rotated input features (groups of 256), one fp32 scale per output row",
+      ir::DType::I8);
   f.in_align = kGroup;
-  f.native_gemm = [](const contracts::DeviceCaps& d) { return d.kind == contracts::DeviceKind::CUDA; };
-  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps& d) {
-    return quant::int8_gemm_workspace(g, d);
-  };
-  f.gemm_kernel = [](const contracts::DeviceCaps& d) { return quant::int8_gemm_kernel(d); };
+  quant::native_int8_gemm(f);
   f.tolerance = 0.02;
   f.impl = std::make_shared<ConvRot>();
   reg.add(f);

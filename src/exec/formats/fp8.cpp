@@ -1,14 +1,6 @@
-// fp8-e4m3: float8_e4m3fn weights with an fp32 scale (per tensor, or per output row where a
-// checkpoint's split projections were joined), stored as the weight, "<weight>.scale" and
-// optionally "<weight>.input_scale" (quantized.hpp; ComfyUI's float8_e4m3fn and scaled_fp8).
-// The CPU acquires the dequantized slice; on devices with fp8 tensor cores (sm_89+) the format
-// runs its own GEMM: on CUDA the activation slab quantized per row, then on sm_90a the fused
-// fp8 GEMM (kernels/scaled_gemm_sm90.cuh: scales, bias and accumulation in its epilogue, via
-// quant::fp8_gemm) where it fits, else at::_scaled_mm with row-wise scales. The CPU (forced
-// native in tests) runs _scaled_mm per tensor: the slab quantized with the checkpoint's input
-// scale, else its maximum. fp8-e5m2 (ComfyUI's float8_e5m2) and fp8-e4m3-cast (bare float8_e4m3fn
-// weights, which their users cast) store the same way and acquire the dequantized slice on every
-// device.
+// fp8-e4m3, fp8-e5m2 and fp8-e4m3-cast (what each stores and runs: README.md). The CPU
+// (forced native in tests) runs _scaled_mm per tensor: the slab quantized with the
+// checkpoint's input scale, else its maximum.
 #include <tuple>
 
 #include "exec/consumers/consumer.hpp"
@@ -92,12 +84,7 @@ constexpr double kMaxE5M2 = 57344.0;  // largest finite float8_e5m2
 // A float8 format that runs as the dequantized slice on every device, sliceable both ways.
 void register_dequantized(contracts::Registry& reg, const std::string& name, const std::string& description,
                           ir::DType storage, at::ScalarType type, double max, double tolerance) {
-  contracts::FormatCaps f;
-  f.name = name;
-  f.description = description + "; the dequantized slice, then a matmul";
-  f.storage = storage;
-  f.dense = false;
-  f.out_slicing = f.in_slicing = f.held_execution = contracts::Cap::Yes;
+  contracts::FormatCaps f = quant::format_caps(name, description + "; the dequantized slice, then a matmul", storage);
   f.tolerance = tolerance;
   f.impl = std::make_shared<ScaledFloat8>(type, max);
   reg.add(f);
@@ -115,25 +102,19 @@ void register_fp8(contracts::Registry& reg) {
   // weights with e4m3 activations. 2 mantissa bits, ~6-8% relative L2 on normal data.
   register_dequantized(reg, "fp8-e5m2", "float8 e5m2 with an fp32 scale", ir::DType::F8E5M2, at::kFloat8_e5m2,
                        kMaxE5M2, 0.12);
-  using contracts::Cap;
-  contracts::FormatCaps f;
-  f.name = "fp8-e4m3";
-  f.description =
+  contracts::FormatCaps f = quant::format_caps(
+      "fp8-e4m3",
       "float8 e4m3 with an fp32 scale; fp8 GEMM with quantized activations on sm_89+ (fused CUTLASS kernel on sm_90a, "
-      "else _scaled_mm)";
-  f.storage = ir::DType::F8E4M3;
-  f.dense = false;
-  f.out_slicing = f.in_slicing = f.held_execution = Cap::Yes;
+      "else _scaled_mm)",
+      ir::DType::F8E4M3);
   f.native_gemm = [](const contracts::DeviceCaps& d) {
     return d.kind == contracts::DeviceKind::CUDA && d.cc_major * 10 + d.cc_minor >= 89;
   };
   // The quantized activation slab, its row scales and the weight's scales as a row; the bf16
   // product of _scaled_mm where it is added to the output or the output is not bf16 (not where
   // the fused kernel runs).
-  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps& d) {
-    return quant::fp8_gemm_workspace(g, d);
-  };
-  f.gemm_kernel = [](const contracts::DeviceCaps& d) { return quant::fp8_gemm_kernel(d); };
+  f.gemm_workspace = quant::fp8_gemm_workspace;
+  f.gemm_kernel = quant::fp8_gemm_kernel;
   f.tolerance = 0.08;  // fp8 activations: ~3-5% relative L2 on normal data
   f.impl = std::make_shared<Fp8>();
   reg.add(f);

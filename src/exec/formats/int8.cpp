@@ -1,8 +1,5 @@
 // int8: symmetric int8 weights with one fp32 scale for the tensor or one per output row
-// (ComfyUI's int8_tensorwise), stored as the weight and "<weight>.scale" (quantized.hpp).
-// The CPU acquires the dequantized slice into the placed buffer; on CUDA the format runs its
-// own GEMM: activations quantized per row to int8, then quant::int8_gemm (the fused sm_90a
-// kernel where it runs, else at::_int_mm and both scales applied to the int32 product).
+// (ComfyUI's int8_tensorwise); what it stores and runs: README.md.
 #include "exec/consumers/consumer.hpp"
 #include "exec/formats/quantized.hpp"
 
@@ -40,18 +37,10 @@ struct Int8 : FormatImpl {
 }  // namespace
 
 void register_int8(contracts::Registry& reg) {
-  using contracts::Cap;
-  contracts::FormatCaps f;
-  f.name = "int8";
-  f.description = "int8 with one fp32 scale per tensor or per output row; int8 GEMM with per-row activation scales";
-  f.storage = ir::DType::I8;
-  f.dense = false;
-  f.out_slicing = f.in_slicing = f.held_execution = Cap::Yes;
-  f.native_gemm = [](const contracts::DeviceCaps& d) { return d.kind == contracts::DeviceKind::CUDA; };
-  f.gemm_workspace = [](const contracts::GemmCall& g, const contracts::DeviceCaps& d) {
-    return quant::int8_gemm_workspace(g, d);
-  };
-  f.gemm_kernel = [](const contracts::DeviceCaps& d) { return quant::int8_gemm_kernel(d); };
+  contracts::FormatCaps f = quant::format_caps(
+      "int8", "int8 with one fp32 scale per tensor or per output row; int8 GEMM with per-row activation scales",
+      ir::DType::I8);
+  quant::native_int8_gemm(f);
   f.tolerance = 0.02;  // per-row int8 activations: ~1% relative L2 on normal data
   f.impl = std::make_shared<Int8>();
   reg.add(f);

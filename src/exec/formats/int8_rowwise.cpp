@@ -1,7 +1,7 @@
 // int8-rowwise: symmetric int8 with one fp32 scale per output channel, stored as the weight
 // and "<weight>.scale"; an acquire converts the requested slice only and scales it.
 #include "exec/consumers/consumer.hpp"
-#include "exec/formats/weights.hpp"
+#include "exec/formats/quantized.hpp"
 
 namespace sp::exec::formats {
 
@@ -27,13 +27,8 @@ struct Int8Rowwise : FormatImpl {
 }  // namespace
 
 void register_int8_rowwise(contracts::Registry& reg) {
-  using contracts::Cap;
-  contracts::FormatCaps f;
-  f.name = "int8-rowwise";
-  f.description = "int8 with one fp32 scale per output channel; dequantized on acquire";
-  f.storage = ir::DType::I8;
-  f.dense = false;
-  f.out_slicing = f.in_slicing = f.held_execution = Cap::Yes;
+  contracts::FormatCaps f = quant::format_caps(
+      "int8-rowwise", "int8 with one fp32 scale per output channel; dequantized on acquire", ir::DType::I8);
   f.in_align = 256;
   // The acquire scales the converted slice in place by fp32 row scales: on CPUs whose kernels
   // cast that through a copy, the copy is there while it runs.

@@ -21,16 +21,6 @@ std::string input_scale_name(const std::string& weight) { return weight + ".inpu
 
 std::vector<std::string> companions(const ir::Linear& l) { return {scale_name(l.weight), input_scale_name(l.weight)}; }
 
-namespace {
-
-std::string shape_text(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
-}  // namespace
-
 at::Tensor row_scale(const WeightSource& src, const ir::Linear& l, Slice rows) {
   const std::string name = scale_name(l.weight);
   if (!src.contains(name))
@@ -291,6 +281,22 @@ void reference_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
   if (bias.defined()) r.add_(bias);
   if (accumulate) y.add_(r);
   else y.copy_(r);
+}
+
+contracts::FormatCaps format_caps(std::string name, std::string description, ir::DType storage) {
+  contracts::FormatCaps f;
+  f.name = std::move(name);
+  f.description = std::move(description);
+  f.storage = storage;
+  f.dense = false;
+  f.out_slicing = f.in_slicing = f.held_execution = contracts::Cap::Yes;
+  return f;
+}
+
+void native_int8_gemm(contracts::FormatCaps& f) {
+  f.native_gemm = [](const contracts::DeviceCaps& d) { return d.kind == contracts::DeviceKind::CUDA; };
+  f.gemm_workspace = int8_gemm_workspace;
+  f.gemm_kernel = int8_gemm_kernel;
 }
 
 }  // namespace sp::exec::quant

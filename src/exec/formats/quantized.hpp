@@ -91,6 +91,12 @@ int64_t int8_gemm_workspace(const contracts::GemmCall& g, const contracts::Devic
 // kernel) its bf16 product if it is added to the output or the output is not bf16.
 int64_t fp8_gemm_workspace(const contracts::GemmCall& g, const contracts::DeviceCaps& dev);
 
+// The caps every quantized format shares: stored in `storage` (not dense), sliced by rows and
+// by columns, held for a block.
+contracts::FormatCaps format_caps(std::string name, std::string description, ir::DType storage);
+// The int8 GEMM as a format's own: on CUDA, with int8_gemm_workspace and int8_gemm_kernel.
+void native_int8_gemm(contracts::FormatCaps& f);
+
 // y (+)= dequantized: the reference a native GEMM falls back to where its kernel cannot run.
 void reference_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const at::Tensor& bias,
                     bool accumulate);

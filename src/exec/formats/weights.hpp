@@ -97,6 +97,7 @@ class TensorWeights : public WeightSource {
 };
 
 at::ScalarType to_aten(ir::DType d);
+inline std::string shape_text(const at::Tensor& t) { return ir::shape_text(t.sizes().vec()); }
 at::Tensor slice(const at::Tensor& t, int64_t dim, Slice s);
 // The stored weight of `l`, checked against the IR's shape, sliced.
 at::Tensor stored_slice(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols);

@@ -24,19 +24,10 @@ at::Device Inputs::device() const {
 
 namespace {
 
-std::string shape_str(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
 void expect_shape(const std::string& what, const at::Tensor& t, std::vector<int64_t> shape) {
   if (!t.defined()) throw std::invalid_argument(what + ": missing");
-  if (t.sizes().vec() != shape) {
-    std::string want = "[";
-    for (size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
-    throw std::invalid_argument(what + ": expected shape " + want + "], got " + shape_str(t));
-  }
+  if (t.sizes().vec() != shape)
+    throw std::invalid_argument(what + ": expected shape " + ir::shape_text(shape) + ", got " + shape_text(t));
 }
 
 }  // namespace

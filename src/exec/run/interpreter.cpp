@@ -1,11 +1,6 @@
-// The planned schedule: programs (plan/program.hpp) interpreted step by step.
-//
-// Per program the interpreter allocates exactly the arena plan/arena.hpp placed, views
-// every buffer at its offset, and runs the steps in order, one function per step kind. It
-// knows nothing of the transformations that produced the steps: the program's compiler
-// proved the order legal (e.g. K/V complete before any residual row changes).
+// The planned schedule: programs (plan/program.hpp) interpreted step by step, one function per
+// step kind, in the arena plan/arena.hpp placed (exec/run/README.md).
 #include <chrono>
-#include <cmath>
 #include <map>
 
 #include "exec/consumers/consumer.hpp"
@@ -334,10 +329,6 @@ class Interpreter {
   Rates rates_;
   std::vector<Timed> timed_;
 };
-
-}  // namespace
-
-namespace {
 
 // Runs one part on the residual stream x (modified in place); returns the program's output
 // buffer (the final layer's), else an undefined tensor.

@@ -138,7 +138,6 @@ at::Tensor attention(const Ctx& c, const Span& sp, const ir::Attention& a, const
   const int64_t T = h.size(0), wq = a.heads * a.head_dim, wkv = a.kv_heads * a.head_dim;
   const bool cross = a.kind == ir::AttnKind::Cross;
   const at::Tensor kv_src = cross ? c.in.table(a.context) : h;
-  const int64_t L = kv_src.size(0);
   auto region = [&](const ir::AttnProj& p, const at::Tensor& x, const char* name, int64_t width) {
     if (!p.fused()) {
       const ir::Linear& l = name[0] == 'q' ? *p.q : name[0] == 'k' ? *p.k : *p.v;
@@ -146,7 +145,7 @@ at::Tensor attention(const Ctx& c, const Span& sp, const ir::Attention& a, const
     }
     return linear(c, *p.qkv, x, c.dt).narrow(1, p.qkv->out_region(name)->offset, width);
   };
-  const auto ft = c.dt == at::kDouble ? at::kDouble : at::kFloat;
+  const auto ft = acc_of(c.dt);
   at::Tensor q = per_segment(sp, a, h, [&](const at::Tensor& x, const ir::AttnProj& p) {
     return qk_norm(c, a.qk_norm, p.q_norm, region(p, x, "q", wq).view({-1, a.heads, a.head_dim}).to(ft));
   });
@@ -172,7 +171,6 @@ at::Tensor attention(const Ctx& c, const Span& sp, const ir::Attention& a, const
     kk = kk.repeat_interleave(a.heads / a.kv_heads, 1);
     vv = vv.repeat_interleave(a.heads / a.kv_heads, 1);
   }
-  (void)L;
   call.q_begin = sp.begin;
   at::Tensor o = impl_of<ConsumerImpl>(c.reg.consumer(a.consumer))
                      .attend_rows(qp.transpose(0, 1).unsqueeze(0), kk, vv, 1.0 / std::sqrt(double(a.head_dim)), call);

@@ -1,7 +1,5 @@
 #include "exec/run/ops.hpp"
 
-#include <cmath>
-
 #include "exec/kernels/fused.hpp"
 
 namespace sp::exec {
