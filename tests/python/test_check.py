@@ -150,3 +150,27 @@ def test_comfy_check_runs_comfyui_sampling_on_the_cpu(tmp_path: Path) -> None:
     assert "int8 (" in rows[1]["status"] and "fp8-e4m3-cast (" in rows[2]["status"]  # plain: cast, as ComfyUI does
     assert rows[3]["streamplan_rel_l2_vs_fp32"] <= 2 * rows[3]["comfy_rel_l2_vs_fp32"] + 1e-5
     assert stdout.splitlines()[0].split()[:3] == ["model", "format", "LoRA"]
+
+
+VRAM_CHECK = str(ROOT / "scripts" / "comfy_vram_check.py")
+
+
+def test_vram_check_runs_each_configuration_in_its_own_process(tmp_path: Path) -> None:
+    """scripts/comfy_vram_check.py at tiny widths on the CPU (no cap there): ComfyUI alone, with the
+    Memory Planner and with the Sparse Attention node, from an fp8 checkpoint written by `streamplan
+    convert`; every planned call planned, each configuration's steps timed, the outputs compared."""
+    out = tmp_path / "rows.json"
+    rc, stdout, err = _run(VRAM_CHECK, "--model", "wan", "--tiny", "--device", "cpu", "--configs", "d,b,c",
+                           "--steps", "5", "--work", str(tmp_path), "--out", str(out))
+    assert rc == 0, err
+    rows = {r["config"]: r for r in json.loads(out.read_text())}
+    assert sorted(rows) == ["b", "c", "d"] and rows["d"]["rel_l2_vs_d"] == 0.0
+    for c in "bcd":
+        assert len(rows[c]["step_s"]) == 5 and rows[c]["oom"] is None and rows[c]["checkpoint"].endswith(".fp8.safetensors")
+    for c in "bc":
+        assert rows[c]["planned_calls"] == rows[c]["calls"] == 5, rows[c]
+        assert rows[c]["rel_l2_vs_d"] <= 1e-4, rows[c]  # the CPU runs dense attention for sparse: no backend there
+    assert "sparse attention (auto) on cpu" in rows["c"]["status"]
+    assert stdout.splitlines()[0].split()[:3] == ["cfg", "what", "s/step"]
+    rc, _stdout, err = _run(VRAM_CHECK, "--model", "wan", "--configs", "b,x")
+    assert rc == 1 and "--configs: expected a comma-separated list of a, b, c, d, e, got 'b,x'" in err, err
