@@ -79,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="the streamplan command that writes the fp8 checkpoint")
     ap.add_argument("--comfyui", metavar="PATH", help="ComfyUI source tree (as comfy_check)")
     ap.add_argument("--work", default=os.path.join(ROOT, ".deps", "vram-check"), help="checkpoints and outputs")
+    ap.add_argument("--source-dir", metavar="DIR",
+                    help="MiniMax H3: where its bf16 source is written before conversion (default --work; "
+                         "/dev/shm keeps the 66 GB of the whole model off the disk)")
     ap.add_argument("--out", metavar="FILE", help="write the rows as JSON")
     ap.add_argument("--run-config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)  # one configuration, here
     a = ap.parse_args(argv)
@@ -108,16 +111,33 @@ def tag(a: argparse.Namespace) -> str:
 
 
 def checkpoint(a: argparse.Namespace, comfy) -> Path:
-    """The fp8 checkpoint, written once: random bf16 weights (drawn on the device), then
-    `streamplan convert --to fp8`."""
+    """The fp8 checkpoint, written once by `streamplan convert --to fp8` from random weights: at
+    test widths ComfyUI's detection reads back (--tiny), the test models'; Wan 14B drawn on the
+    device in bf16 (ComfyUI's WanModel); MiniMax H3 by `streamplan make-checkpoint` (bf16, written
+    as it is drawn: 66 GB for the whole model) into --source-dir, removed once converted."""
     import comfy_formats
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    family = a.model
-    dtype = torch.float32 if a.tiny else torch.bfloat16
-    src = comfy_check.source_checkpoint(comfy, family, a.tiny, work, a.layers, dtype, a.device)
-    return comfy_formats.convert(Path(a.cli), src, "fp8")
+    if a.tiny or a.model == "wan":
+        dtype = torch.float32 if a.tiny else torch.bfloat16
+        src = comfy_check.source_checkpoint(comfy, a.model, a.tiny, work, a.layers, dtype, a.device)
+        return comfy_formats.convert(Path(a.cli), src, "fp8")
+    out = work / f"minimax-{a.layers or 'all'}.fp8.safetensors"
+    if out.exists():
+        return out
+    src = Path(a.source_dir or a.work) / f"minimax-{a.layers or 'all'}.bf16.safetensors"
+    make = [a.cli, "make-checkpoint", "--family", "minimax-h3", "--dtype", "bf16", "--seed", "0", "--quiet",
+            "--out", str(src)] + (["--layers", str(a.layers)] if a.layers else [])
+    convert = [a.cli, "convert", *comfy_formats.FORMATS["fp8"].convert, str(src), str(out)]
+    try:
+        for cmd in (make, convert):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                fail(f"{' '.join(cmd)}: {r.stderr.strip()}")
+    finally:
+        src.unlink(missing_ok=True)
+    return out
 
 
 def ballast(device, cap: int) -> int:
