@@ -45,17 +45,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import comfy_check  # noqa: E402  (scripts/)
-from comfy_check import fail, torch  # noqa: E402
+from comfy_check import torch  # noqa: E402
 
 CONFIGS = {"a": "ComfyUI alone, capped", "b": "ComfyUI + the planner, dense, capped",
            "c": "ComfyUI + the planner, sparse 0.3, capped", "d": "ComfyUI alone, uncapped",
@@ -64,9 +67,18 @@ LAYERS = {"wan": 40, "minimax": 0}  # 0: the model's own count
 GiB = float(1 << 30)
 
 
+def fail(message: str) -> NoReturn:
+    raise SystemExit(f"comfy_vram_check: error: {message}")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        fail(message)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = comfy_check._Parser(prog="comfy_vram_check", description=__doc__,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(prog="comfy_vram_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, choices=("wan", "minimax"))
     ap.add_argument("--layers", type=int, help="blocks (default: all: Wan 40, MiniMax H3 50)")
     ap.add_argument("--configs", default="d,a,b,c", help="comma-separated, of a, b, c, d, e (default: d,a,b,c)")
@@ -121,12 +133,21 @@ def checkpoint(a: argparse.Namespace, comfy) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     if a.tiny or a.model == "wan":
         dtype = torch.float32 if a.tiny else torch.bfloat16
+        if not a.tiny:
+            params = WAN_REST + WAN_BLOCK * a.layers
+            fits(work, "the bf16 source and its fp8 conversion", 3 * params,
+                 work.glob(f"wan-{a.layers}-bfloat16*.safetensors"))
         src = comfy_check.source_checkpoint(comfy, a.model, a.tiny, work, a.layers, dtype, a.device)
         return comfy_formats.convert(Path(a.cli), src, "fp8")
     out = work / f"minimax-{a.layers or 'all'}.fp8.safetensors"
     if out.exists():
         return out
     src = Path(a.source_dir or a.work) / f"minimax-{a.layers or 'all'}.bf16.safetensors"
+    import minimax_h3
+
+    params = sum(math.prod(s) for s in minimax_h3.tensor_shapes(comfy_check.h3_config(False, a.layers)).values())
+    fits(src.parent, "the bf16 source", 2 * params + (params if src.parent == work else 0), [])
+    fits(work, "the fp8 conversion", params + (2 * params if src.parent == work else 0), [])
     make = [a.cli, "make-checkpoint", "--family", "minimax-h3", "--dtype", "bf16", "--seed", "0", "--quiet",
             "--out", str(src)] + (["--layers", str(a.layers)] if a.layers else [])
     convert = [a.cli, "convert", *comfy_formats.FORMATS["fp8"].convert, str(src), str(out)]
@@ -138,6 +159,19 @@ def checkpoint(a: argparse.Namespace, comfy) -> Path:
     finally:
         src.unlink(missing_ok=True)
     return out
+
+
+# Wan 2.1 14B's parameters: per block (self and cross attention, FFN, norms, modulation) and the rest.
+WAN_BLOCK, WAN_REST = 351_000_000, 232_000_000
+
+
+def fits(folder: Path, what: str, need: int, present) -> None:
+    """An error before long work when `folder` has less free space than `need` bytes (files of
+    `present` count as written already)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    have = shutil.disk_usage(folder).free + sum(p.stat().st_size for p in present)
+    if have < need:
+        fail(f"{folder}: {what} need about {need / GiB:.1f} GiB, {have / GiB:.1f} GiB are free there")
 
 
 def ballast(device, cap: int) -> int:

@@ -173,4 +173,5 @@ def test_vram_check_runs_each_configuration_in_its_own_process(tmp_path: Path) -
     assert "sparse attention (auto) on cpu" in rows["c"]["status"]
     assert stdout.splitlines()[0].split()[:3] == ["cfg", "what", "s/step"]
     rc, _stdout, err = _run(VRAM_CHECK, "--model", "wan", "--configs", "b,x")
-    assert rc == 1 and "--configs: expected a comma-separated list of a, b, c, d, e, got 'b,x'" in err, err
+    assert rc == 1 and "comfy_vram_check: error: --configs: expected a comma-separated list of a, b, c, d, e, got 'b,x'" \
+        in err, err
