@@ -228,6 +228,7 @@ class PlannerWrapper:
         self.step_budgets: dict[str, dict[tuple[int, int], float]] = {}
         # Weight residency per (settings, device): (device memory bytes, resident blocks, device, in place).
         self.residencies: dict[tuple, tuple[int, int, str, bool]] = {}
+        self.host_dynamic = False  # the model is ComfyUI's DynamicVRAM one (set where the node installs it)
         # Modules the planner cannot attach to (weights it does not run, a layout it does not
         # recognize): the fallback every call of theirs records, and the calls.
         self.refused: dict[int, tuple[torch.nn.Module, Fallback, list[Fallback]]] = {}
@@ -318,6 +319,8 @@ class PlannerWrapper:
         and no Residency node asked. The handle's residency is fixed when it is made: "auto"
         device memory is what ComfyUI reports free at the first call of a sampling."""
         settings = opts.get(RESIDENCY_KEY)
+        if self.host_dynamic:  # DynamicVRAM places the weights itself (the Residency node says so)
+            return None
         x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
         device = x.device if x is not None else next(module.parameters()).device
         if not isinstance(settings, ResidencySettings):
@@ -507,6 +510,7 @@ def install(model: Any, wrapper: PlannerWrapper) -> None:
     back what its streamed weights hold on the device and in pinned host memory."""
     import comfy.patcher_extension as ext
 
+    wrapper.host_dynamic = bool(getattr(model, "is_dynamic", lambda: False)())
     model.remove_wrappers_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan")
     model.add_wrapper_with_key(ext.WrappersMP.DIFFUSION_MODEL, "streamplan", wrapper)
     for when in (ext.CallbacksMP.ON_CLEANUP, ext.CallbacksMP.ON_DETACH):

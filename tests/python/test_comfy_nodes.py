@@ -277,3 +277,26 @@ def test_sparse_kv_budget_follows_the_sampler_step(comfy: Any) -> None:
     assert got == [("sparse", 0.5), ("sparse", 0.5), ("sparse", 0.3), ("sparse", 0.3), ("sparse", 0.5), ("sparse", 0.5)]
     assert w.sparse_consumer(settings, dm, args, kwargs, {}) == ("sparse", 0.3)  # outside a sampler: the video budget
     assert sorted(w.step_budgets["sparse"]) == [(-1, 0)] + [(s, 6) for s in range(6)]
+
+
+def test_residency_is_off_under_dynamic_vram(comfy: Any) -> None:
+    """Under ComfyUI's DynamicVRAM the weights are paged in by comfy-aimdo: the Residency node
+    says it does not run and names the switch; the planner streams nothing by itself there."""
+    import comfy.model_patcher as mp
+
+    class Dynamic(mp.ModelPatcher):
+        def is_dynamic(self) -> bool:
+            return True
+
+    dm = make_wan(comfy)
+    cpu = torch.device("cpu")
+    patcher = Dynamic(Holder(dm), load_device=cpu, offload_device=cpu)
+    m, status = comfy_nodes.StreamplanResidency().patch(patcher, "auto", "auto")
+    assert "--disable-dynamic-vram" in status, status
+    assert comfy_nodes.RESIDENCY_KEY not in m.model_options.get("transformer_options", {})
+    planned, _ = comfy_nodes.StreamplanMemoryPlanner().patch(patcher, "none", "comfy", False)
+    w = comfy_nodes.planner_of(planned)
+    assert w.host_dynamic and w.residency(dm, (), {}, {comfy_nodes.RESIDENCY_KEY: comfy_nodes.ResidencySettings()}) is None
+    plain, _ = comfy_nodes.StreamplanMemoryPlanner().patch(mp.ModelPatcher(Holder(dm), load_device=cpu,
+                                                                          offload_device=cpu), "none", "comfy", False)
+    assert not comfy_nodes.planner_of(plain).host_dynamic
