@@ -61,21 +61,19 @@ at::Device module_device(const NamedTensors& tensors) {
 }
 
 // The device of a module whose host places its tensors itself (AttachOptions::in_place): the
-// one device besides host memory that its tensors are on, which must be `run_on` where that is
-// named; host memory where all of them are there.
+// one device besides host memory that its tensors are on (module_device of those), which must
+// be `run_on` where that is named; host memory where all of them are there.
 at::Device held_device(const NamedTensors& tensors, const std::string& run_on) {
-  std::optional<at::Device> device;
-  if (!run_on.empty()) device = exec::pick_device(run_on);
-  for (const auto& [name, t] : tensors) {
-    if (t.scalar_type() == at::kByte || t.device().is_cpu()) continue;
-    if (t.device().is_meta())
-      throw std::invalid_argument("module: tensor '" + name + "' is on the meta device (not loaded); load the weights first");
-    if (!device) device = t.device();
-    if (t.device() != *device)
-      throw std::invalid_argument("module: tensor '" + name + "' is on " + t.device().str() + ", the run's device is " +
-                                  device->str() + "; its tensors may be there or in host memory");
-  }
-  return device ? *device : at::Device(at::kCPU);
+  NamedTensors off_host;
+  for (const auto& named : tensors)
+    if (named.second.scalar_type() != at::kByte && !named.second.device().is_cpu()) off_host.push_back(named);
+  const at::Device run = run_on.empty() ? at::Device(at::kCPU) : exec::pick_device(run_on);
+  if (off_host.empty()) return run;
+  const at::Device d = module_device(off_host);
+  if (!run_on.empty() && d != run)
+    throw std::invalid_argument("module: tensor '" + off_host.front().first + "' is on " + d.str() +
+                                ", the run's device is " + run.str() + "; its tensors may be there or in host memory");
+  return d;
 }
 
 // A source's weights, each read onto one device.

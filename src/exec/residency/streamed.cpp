@@ -155,7 +155,6 @@ StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeigh
   const auto names = block_tensors(m, *w_, reg);
   packs_.resize(m.blocks.size());
   sources_.resize(m.blocks.size());
-  streams_.assign(m.blocks.size(), 0);
   int64_t slot_bytes = 0;
   for (size_t b = 0; b < m.blocks.size(); ++b) {
     if (!r.streamed[b]) continue;
@@ -177,7 +176,6 @@ StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeigh
       places_[n] = {b, offset, t.scalar_type(), t.sizes().vec()};
       offset += packed_bytes(t);
     }
-    streams_[b] = 1;
     order_.push_back(b);
     slot_bytes = std::max(slot_bytes, bytes);
   }
@@ -247,7 +245,6 @@ void StreamedWeights::restore() {
   places_.clear();
   packs_.assign(packs_.size(), at::Tensor());
   sources_.assign(sources_.size(), {});
-  streams_.assign(streams_.size(), 0);
   order_.clear();
 }
 
@@ -268,6 +265,10 @@ StreamedWeights::Slot* StreamedWeights::slot_of(size_t block) const {
   for (auto& s : slots_)
     if (s->block == int64_t(block)) return s.get();
   return nullptr;
+}
+
+bool StreamedWeights::streams(size_t block) const {
+  return block < packs_.size() && (packs_[block].defined() || !sources_[block].empty());
 }
 
 at::Tensor StreamedWeights::host_view(size_t block) const {
@@ -328,7 +329,7 @@ void StreamedWeights::reset() const {
 }
 
 void StreamedWeights::begin_block(size_t block) const {
-  if (block >= streams_.size() || !streams_[block]) return;
+  if (!streams(block)) return;
   Slot* s = slot_of(block);
   if (!s || s->begun) {
     // Out of the rotation's order (a run that stopped half-way, or blocks run out of order):
@@ -349,7 +350,7 @@ void StreamedWeights::begin_block(size_t block) const {
 }
 
 void StreamedWeights::end_block(size_t block) const {
-  if (block >= streams_.size() || !streams_[block]) return;
+  if (!streams(block)) return;
   Slot* s = slot_of(block);
   if (!s || !s->begun) return;
 #ifdef STREAMPLAN_WITH_CUDA

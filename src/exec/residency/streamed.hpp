@@ -102,6 +102,7 @@ class StreamedWeights : public WeightSource {
   Slot* slot_of(size_t block) const;
   void load_next() const;  // the next block of the rotation into its slot
   at::Tensor host_view(size_t block) const;  // the block's bytes in host memory, in its slot's layout
+  bool streams(size_t block) const;          // whether the block is loaded into a slot
   void prefetch() const;   // loads while the next slot is free
   void reset() const;      // waits for every copy; empties the slots
 
@@ -112,7 +113,6 @@ class StreamedWeights : public WeightSource {
   std::vector<at::Tensor> packs_;    // per block: its buffer in host memory (streamed blocks)
   // In place: per block, its host tensors (flat bytes) and their offsets in the slot.
   std::vector<std::vector<std::pair<at::Tensor, int64_t>>> sources_;
-  std::vector<char> streams_;        // per block: whether it is loaded into a slot
   at::Tensor resident_;              // CUDA: the weights that stay on the device, in one buffer
   std::vector<size_t> order_;        // the streamed blocks in order
   mutable std::vector<std::unique_ptr<Slot>> slots_;
