@@ -69,8 +69,8 @@ except ImportError as torch_missing:  # main() says so, after the arguments (--h
     TORCH_MISSING = f"{type(torch_missing).__name__}: {torch_missing}"
 
 
-def fail(message: str) -> NoReturn:
-    raise SystemExit(f"comfy_check: error: {message}")
+def fail(message: str, prog: str = "comfy_check") -> NoReturn:
+    raise SystemExit(f"{prog}: error: {message}")
 
 
 def comfy_tree(path: str | None = None) -> str:
@@ -129,7 +129,7 @@ def comfy_import(device: str, tree: str | None = None):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        fail(message)
+        fail(message, self.prog)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

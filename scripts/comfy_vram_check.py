@@ -67,18 +67,15 @@ LAYERS = {"wan": 40, "minimax": 0}  # 0: the model's own count
 GiB = float(1 << 30)
 
 
+PROG = "comfy_vram_check"
+
+
 def fail(message: str) -> NoReturn:
-    raise SystemExit(f"comfy_vram_check: error: {message}")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        fail(message)
+    comfy_check.fail(message, PROG)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = _Parser(prog="comfy_vram_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = comfy_check._Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, choices=("wan", "minimax"))
     ap.add_argument("--layers", type=int, help="blocks (default: all: Wan 40, MiniMax H3 50)")
     ap.add_argument("--configs", default="d,a,b,c", help="comma-separated, of a, b, c, d, e (default: d,a,b,c)")

@@ -196,6 +196,12 @@ class ResidencySettings:
         return max(free // AUTO_STEP * AUTO_STEP, AUTO_STEP)  # in steps: samplings alike share their plans
 
 
+def _call_device(module: torch.nn.Module, args: tuple, kwargs: dict) -> torch.device:
+    """Where the call runs: its first tensor argument's device, else the module's."""
+    x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+    return x.device if x is not None else next(module.parameters()).device
+
+
 def host_placed(module: torch.nn.Module, device: torch.device) -> bool:
     """Whether ComfyUI left some of the module's weights in host memory while the call runs on
     a GPU (its low-VRAM partial loading)."""
@@ -229,6 +235,7 @@ class PlannerWrapper:
         # Weight residency per (settings, device): (device memory bytes, resident blocks, device, in place).
         self.residencies: dict[tuple, tuple[int, int, str, bool]] = {}
         self.host_dynamic = False  # the model is ComfyUI's DynamicVRAM one (set where the node installs it)
+        self.placed: dict[tuple[int, str], bool] = {}  # per (module, device): host_placed, until release()
         # Modules the planner cannot attach to (weights it does not run, a layout it does not
         # recognize): the fallback every call of theirs records, and the calls.
         self.refused: dict[int, tuple[torch.nn.Module, Fallback, list[Fallback]]] = {}
@@ -300,8 +307,7 @@ class PlannerWrapper:
                         opts: dict) -> tuple[str | None, float | None]:
         """The consumer of a call under the Sparse Attention node's settings (None: the
         planner's own) and the KV budget of the call's sampler step (None: not routed)."""
-        x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-        device = x.device if x is not None else next(module.parameters()).device
+        device = _call_device(module, args, kwargs)
         dtype = self.dtype or next(module.parameters()).dtype
         consumer, _ = self.backend(settings, device, dtype)
         if consumer != "sparse":
@@ -321,10 +327,13 @@ class PlannerWrapper:
         settings = opts.get(RESIDENCY_KEY)
         if self.host_dynamic:  # DynamicVRAM places the weights itself (the Residency node says so)
             return None
-        x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-        device = x.device if x is not None else next(module.parameters()).device
+        device = _call_device(module, args, kwargs)
         if not isinstance(settings, ResidencySettings):
-            if not host_placed(module, device):
+            # ComfyUI places the weights when a sampling starts: one look per module and sampling.
+            placed = self.placed.get((id(module), str(device)))
+            if placed is None:
+                placed = self.placed[(id(module), str(device))] = host_placed(module, device)
+            if not placed:
                 return None
             settings = ResidencySettings()
         known = self.residencies.get((settings, str(device)))
@@ -341,6 +350,7 @@ class PlannerWrapper:
             if h.streams:
                 h.release()
         self.residencies.clear()
+        self.placed.clear()
 
     def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
         module = executor.class_obj
