@@ -65,6 +65,9 @@
 #                                    blocks) with the int8 attention consumer and with sparse at KV
 #                                    budget 0.3, 2 timed runs each at the default policy; builds first
 #                                    where build-gpu/streamplan is missing
+#   scripts/device.sh OUT sdpa       PyTorch's flash, cuDNN and memory-efficient attention at the Wan 14B
+#                                    and H3 10 s shapes, token- and head-major, whole and in query slabs
+#                                    (scripts/bench_sdpa.py; SDPA_ARGS: its arguments)
 #   scripts/device.sh OUT gpu-tests  the test binaries built here, then the GPU tests (GTEST_FILTER,
 #                                    default every Gpu* test)
 # BENCH_ARGS adds options to `streamplan bench` (e.g. "--budget-floor 1.1"); CASES overrides
@@ -147,6 +150,13 @@ if [ "$mode" = consumers ]; then
     $bin bench --device cuda --cases "$cases" --consumer "$c" "${extra[@]}" --reps 2 --quiet ${BENCH_ARGS:-} \
       --out "$out/consumer-$c.json" 2>>"$out/logs.txt" | tee -a "$out/consumers.txt" || summary+=("$c failed")
   done
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+
+if [ "$mode" = sdpa ]; then
+  $py scripts/bench_sdpa.py --out "$out/sdpa.json" ${SDPA_ARGS:-} 2>>"$out/logs.txt" | tee "$out/sdpa.txt" \
+    || summary+=("bench_sdpa failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
   printf '%s\n' "${summary[@]}"
   exit 0
 fi

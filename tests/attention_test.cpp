@@ -76,6 +76,31 @@ TEST(GpuInt8Attention, DenseMatchesFp32AttentionOnAwkwardShapes) {
   }
 }
 
+// The sdpa consumer on CUDA (cuDNN's fused attention where it passed its self-test and ran
+// faster, else ATen's own choice): token-major Q slabs of awkward lengths against the whole
+// K/V, as the planner hands them over, against fp32 attention.
+TEST(GpuSdpa, TokenMajorSlabsMatchFp32AttentionWhicheverKernelRuns) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device: the sdpa consumer's kernel choice is made on CUDA only";
+  for (at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    const Qkv x = random_qkv(8, 3001, 5003, 128, dt, 11);
+    // [heads, rows, d] as views of token-major [rows, heads * d] projections.
+    auto token_major = [](const at::Tensor& t) { return t.transpose(0, 1).contiguous().transpose(0, 1); };
+    const Qkv tm{token_major(x.q), token_major(x.k), token_major(x.v)};
+    const at::Tensor want = dense_reference(x);
+    const auto reg = exec::builtin_registry();
+    const std::string kernel = exec::sdpa_kernel(x.q.device(), dt, 128);
+    ASSERT_FALSE(kernel.empty());
+    for (int64_t begin : {int64_t{0}, int64_t{1237}}) {
+      const int64_t rows = std::min<int64_t>(1531, 3001 - begin);
+      const at::Tensor got = attend(reg, "sdpa", tm, {}, tm.q.narrow(1, begin, rows));
+      const double e = rel_l2(got, want.narrow(1, begin, rows));
+      std::cerr << "sdpa " << dt << " rows [" << begin << ", " << begin + rows << "): rel L2 " << e << " (" << kernel
+                << ")\n";
+      EXPECT_LE(e, 1e-2);
+    }
+  }
+}
+
 TEST(GpuInt8Attention, TheKCarrierIsRenewedWhenKChangesInPlace) {
   SKIP_WITHOUT_CUDA();
   const auto reg = exec::builtin_registry();

@@ -90,8 +90,28 @@ def comfy_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: 
     from comfy.ldm.modules import attention
 
     opts = _CALL_OPTIONS.get()
+    if comfy_runs_sdpa(opts):
+        key = (str(q.device), q.dtype, q.shape[-1])
+        if key not in SDPA_KERNELS:
+            SDPA_KERNELS[key] = _api._C.sdpa_kernel(str(q.device), _api._dtype_name(q.dtype), q.shape[-1])
+        return _api._C.sdpa_attention(q, k, v, q.shape[-1] ** -0.5)
     extra = {"transformer_options": opts} if opts is not None else {}
     return attention.optimized_attention(q, k, v, q.shape[1], skip_reshape=True, skip_output_reshape=True, **extra)
+
+
+# The kernel PyTorch's SDPA ran as, per (device, dtype, head_dim), where ComfyUI's attention is it.
+SDPA_KERNELS: dict[tuple[str, torch.dtype, int], str] = {}
+
+
+def comfy_runs_sdpa(opts: dict | None = None) -> bool:
+    """Whether ComfyUI's selected attention is its PyTorch one (scaled_dot_product_attention,
+    nothing else) with no attention override in the call's options. Such calls run through the
+    `sdpa` consumer's kernel choice: the same function, on CUDA with cuDNN's fused attention
+    where it passed its self-test and measured faster than PyTorch's own choice."""
+    from comfy.ldm.modules import attention
+
+    return attention.optimized_attention is attention.attention_pytorch and not (
+        opts and "optimized_attention_override" in opts)
 
 
 COMFY_CONSUMER = "comfy"
@@ -104,9 +124,7 @@ def comfy_caps() -> dict:
     """COMFY_CAPS, with strided heads where ComfyUI's selected attention is its PyTorch one
     (scaled_dot_product_attention reads strided heads in place; its other attention functions
     reshape, which would copy K and V)."""
-    from comfy.ldm.modules import attention
-
-    return {**COMFY_CAPS, "strided_heads": attention.optimized_attention is attention.attention_pytorch}
+    return {**COMFY_CAPS, "strided_heads": comfy_runs_sdpa()}
 
 
 def _options_of(module: torch.nn.Module, args: tuple, kwargs: dict) -> dict:
@@ -425,6 +443,9 @@ class PlannerWrapper:
                          + (f": {r['kept_blocks']} blocks kept, {len(r['streamed_blocks'])} streamed through {r['slots']} "
                             f"slot{'s' if r['slots'] != 1 else ''}, predicted {r['predicted_ms']:.0f} ms against {r['all_resident_ms']:.0f} ms "
                             "all resident" if r else ""))
+        if h.consumer == COMFY_CONSUMER and comfy_runs_sdpa():
+            for (device, dtype, dim), kernel in SDPA_KERNELS.items():
+                lines.append(f"  attention kernel on {device}, {dtype}, head_dim {dim}: PyTorch's SDPA as {kernel}")
         if h.consumer == OVERRIDE_CONSUMER:
             lines.append("  attention override: it runs as the consumer 'comfy-override' with the capabilities it "
                          "declares (streamplan_caps); what it leaves undeclared keeps attention unstreamed")

@@ -4,7 +4,9 @@
 #include <torch/extension.h>
 #include <torch/headeronly/version.h>
 
+#include "exec/consumers/consumer.hpp"
 #include "exec/device/memory.hpp"
+#include "exec/formats/weights.hpp"
 #include "exec/registry.hpp"
 #include "host/attached.hpp"
 #include "python/callbacks.hpp"
@@ -137,6 +139,16 @@ PYBIND11_MODULE(_C, m) {
       py::arg("name"), py::arg("device"), py::arg("dtype"),
       "Why the built-in consumer cannot run on the device in the dtype (its kernels' requirements and "
       "self-test there), or '' where it can.");
+  m.def("sdpa_attention", &exec::sdpa_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"),
+        "The 'sdpa' consumer's attention of q [B, H, rows, d] against k, v [B, H, kv_rows, d].");
+  m.def(
+      "sdpa_kernel",
+      [](const std::string& device, const std::string& dtype, int64_t head_dim) {
+        return exec::sdpa_kernel(at::Device(device), exec::to_aten(ir::parse_dtype(dtype, "dtype")), head_dim);
+      },
+      py::arg("device"), py::arg("dtype"), py::arg("head_dim") = 128,
+      "The kernel the 'sdpa' consumer runs on the device in the dtype, and why (on CUDA: cuDNN's fused "
+      "attention where it passed its self-test and ran faster than ATen's own choice).");
   m.def(
       "kv_budget_at",
       [](int step, int steps, double budget, int early_steps, double early_kv, int late_steps, double late_kv) {

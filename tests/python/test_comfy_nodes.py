@@ -117,6 +117,29 @@ def test_node_runs_the_sampler_call_planned(comfy: Any, make: Any, call: Any) ->
         streamplan.remove(dm)
 
 
+def test_node_runs_comfys_pytorch_attention_through_the_sdpa_kernel_choice(comfy: Any, monkeypatch: Any) -> None:
+    """Where ComfyUI's selected attention is its PyTorch one, the node's calls run PyTorch's SDPA
+    through the sdpa consumer's kernel choice (on the CPU: PyTorch's own), planned, with the
+    answer of ComfyUI's own forward; the status names the kernel."""
+    from comfy.ldm.modules import attention
+
+    monkeypatch.setattr(attention, "optimized_attention", attention.attention_pytorch)
+    dm = make_wan(comfy)
+    want = run(dm, wan_call())
+    _, clone, _ = planner(comfy, dm)
+    got = sampled(clone, wan_call)
+    w = wrapper_of(clone)
+    h = w.handles[(id(dm), None, None, None)]
+    try:
+        assert h.planned_calls == h.calls == 1 and h.fallbacks == [] and h.consumer == "comfy"
+        assert rel_l2(got, want) <= TOL
+        status = w.status()
+        assert "attention kernel on cpu, torch.float32, head_dim " in status, status
+        assert "PyTorch's SDPA as ATen's own choice" in status, status
+    finally:
+        streamplan.remove(dm)
+
+
 def test_node_with_a_weight_patched_at_cast(comfy: Any) -> None:
     dm = make_wan(comfy)
     _patch(dm)

@@ -54,6 +54,11 @@ struct ConsumerImpl : contracts::Impl {
 using AttentionFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>;
 std::shared_ptr<const ConsumerImpl> consumer_from(AttentionFn fn);
 
+// The `sdpa` consumer's attention, and which kernel it runs on `device` in `dtype` and why
+// (on CUDA measured at the first use there: cuDNN's or ATen's own choice).
+at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+std::string sdpa_kernel(const at::Device& device, at::ScalarType dtype, int64_t head_dim);
+
 // The implementation registered with `caps`, as interface T; throws naming the component
 // when none (or one of another kind) was registered.
 template <typename T, typename Caps>

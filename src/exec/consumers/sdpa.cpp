@@ -1,7 +1,24 @@
 // ATen's scaled_dot_product_attention, and "whole": the same kernel registered with no
 // declared capabilities (an attention kernel the planner must treat as needing complete
-// Q/K/V).
+// Q/K/V). On CUDA, 16-bit calls of 128K elements or more run cuDNN's fused attention where
+// ATen takes it for the inputs, it passed its self-test on the device and ran at least 5%
+// faster than ATen's own choice (flash) at a long K/V; measured once per device, dtype and
+// head_dim in the process (sdpa_kernel says what was found).
 #include "exec/consumers/consumer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <tuple>
+
+#ifdef STREAMPLAN_WITH_CUDA
+#include <ATen/native/transformers/cuda/sdp_utils.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace sp::exec {
 
@@ -15,9 +32,121 @@ struct FnConsumer : ConsumerImpl {
   AttentionFn fn;
 };
 
-at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+at::Tensor aten_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
   return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale);
 }
+
+#ifdef STREAMPLAN_WITH_CUDA
+at::Tensor cudnn_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  return std::get<0>(at::_scaled_dot_product_cudnn_attention(q, k, v, std::nullopt, false, 0.0, false, false, scale));
+}
+
+bool cudnn_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return at::globalContext().userEnabledCuDNNSDP() &&
+         sdp::can_use_cudnn_attention(sdp::sdp_params{q, k, v, std::nullopt, 0.0, false, false}, false);
+}
+
+double rel_l2(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor w = want.to(at::kFloat);
+  return (got.to(at::kFloat) - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-30);
+}
+
+// [1, heads, rows, d] as a view of a token-major [1, rows, heads * d] projection, as the
+// planner hands Q, K and V to consumers that take strided heads.
+at::Tensor token_major(int64_t heads, int64_t rows, int64_t d, const at::TensorOptions& o, at::Generator& gen) {
+  return at::randn({1, rows, heads, d}, gen, o.dtype(at::kFloat).device(at::kCPU)).to(o).transpose(1, 2);
+}
+
+// The self-test (awkward sizes against fp32 attention, rel L2 <= 2e-2) and the race (a
+// video model's long K/V, cuDNN against ATen's own choice): cuDNN is used where it passed and
+// was at least 5% faster. Returns the choice and what decided it.
+std::pair<bool, std::string> cudnn_choice_measured(const at::Device& d, at::ScalarType dt, int64_t dim) {
+  at::Generator gen = at::detail::createCPUGenerator(4321);
+  const auto o = at::TensorOptions().dtype(dt).device(d);
+  {
+    const at::Tensor q = token_major(3, 130, dim, o, gen), k = token_major(3, 200, dim, o, gen),
+                     v = token_major(3, 200, dim, o, gen);
+    if (!cudnn_takes(q, k, v)) return {false, "ATen does not take cuDNN attention for these inputs"};
+    const double scale = 1.0 / std::sqrt(double(dim));
+    const at::Tensor want = at::softmax(at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2)) * scale, -1)
+                                .matmul(v.to(at::kFloat));
+    const double e = rel_l2(cudnn_sdpa(q, k, v, scale), want);
+    if (!(e <= 2e-2)) return {false, "cuDNN attention failed its self-test (rel L2 " + std::to_string(e) + " > 0.02)"};
+  }
+  const at::Tensor q = token_major(8, 4096, dim, o, gen), k = token_major(8, 16384, dim, o, gen),
+                   v = token_major(8, 16384, dim, o, gen);
+  auto seconds = [&](auto&& f) {
+    f(q, k, v, 0.1);
+    c10::cuda::getCurrentCUDAStream().synchronize();
+    std::vector<double> t;
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int j = 0; j < 3; ++j) f(q, k, v, 0.1);
+      c10::cuda::getCurrentCUDAStream().synchronize();
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return t[1];
+  };
+  const double aten = seconds(aten_sdpa), cudnn = seconds(cudnn_sdpa);
+  std::ostringstream why;
+  why << std::fixed << std::setprecision(2) << aten / cudnn << "x ATen's own choice at 8 heads, 4096 x 16384 rows";
+  return {cudnn * 1.05 <= aten, why.str()};
+}
+
+struct CudnnChoice {
+  bool use = false;
+  std::string why;
+};
+
+// Per device, dtype and head_dim, once per process (never destroyed: read at exit).
+const CudnnChoice& cudnn_choice(const at::Device& d, at::ScalarType dt, int64_t dim) {
+  static std::mutex mu;
+  static auto* made = new std::map<std::tuple<int, int, int64_t>, CudnnChoice>;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(int(d.index()), int(dt), dim);
+  auto it = made->find(key);
+  if (it == made->end()) {
+    CudnnChoice c;
+    try {
+      std::tie(c.use, c.why) = cudnn_choice_measured(d, dt, dim);
+    } catch (const std::exception& e) {
+      const std::string m = e.what();
+      c.why = "cuDNN attention failed its self-test: " + m.substr(0, m.find('\n'));
+    }
+    it = made->emplace(key, std::move(c)).first;
+  }
+  return it->second;
+}
+#endif
+
+// Large calls smaller than this take ATen's own choice: cuDNN's fixed cost per call is not
+// worth it there.
+constexpr int64_t kCudnnMinElements = 128 * 1024;
+
+}  // namespace
+
+at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (q.is_cuda() && q.numel() >= kCudnnMinElements && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) &&
+      cudnn_choice(q.device(), q.scalar_type(), q.size(-1)).use && cudnn_takes(q, k, v))
+    return cudnn_sdpa(q, k, v, scale);
+#endif
+  return aten_sdpa(q, k, v, scale);
+}
+
+std::string sdpa_kernel(const at::Device& device, at::ScalarType dtype, int64_t head_dim) {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf)) {
+    const CudnnChoice& c = cudnn_choice(device, dtype, head_dim);
+    return c.use ? "cuDNN fused attention (" + c.why + ")" : "ATen's own choice (cuDNN not used: " + c.why + ")";
+  }
+#endif
+  (void)device, (void)dtype, (void)head_dim;
+  return "ATen's own choice";
+}
+
+namespace {
 
 // Output is one Q-sized slab plus the row log-sum-exp (fp32) the fused kernels keep. On the
 // CPU the flash kernel adds per-thread tiles: a q-split x kv-split score tile, row max/sum,
@@ -51,12 +180,12 @@ void register_sdpa(contracts::Registry& reg) {
   const std::set<ir::DType> floats = {ir::DType::F32, ir::DType::BF16, ir::DType::F16, ir::DType::F64};
   contracts::ConsumerCaps c;
   c.name = "sdpa";
-  c.description = "ATen scaled_dot_product_attention (flash / cuDNN / memory-efficient / math)";
+  c.description = "ATen scaled_dot_product_attention (on CUDA cuDNN's where it passed its self-test and ran faster)";
   c.accepts_bounded_q = c.requires_global_k = c.requires_global_v = c.slab_output = Cap::Yes;
   c.strided_heads = Cap::Yes;  // its flash, cuDNN and CPU kernels read strided heads in place
   c.dtypes = floats;
   c.call_bytes = sdpa_call_bytes;
-  c.impl = consumer_from(sdpa);
+  c.impl = consumer_from(sdpa_attention);
   reg.add(c);
 
   contracts::ConsumerCaps whole;

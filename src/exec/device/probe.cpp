@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "exec/consumers/consumer.hpp"
 #include "exec/device/device.hpp"
 #include "exec/kernels/fused.hpp"
 #include "plan/budget.hpp"
@@ -28,7 +29,7 @@ namespace sp::exec {
 
 namespace {
 
-constexpr int kCacheVersion = 12;
+constexpr int kCacheVersion = 13;
 
 using Clock = std::chrono::steady_clock;
 
@@ -253,7 +254,7 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
     r.rates.flops_per_s = scaled(gemm_rate(d, half, 256, 256, 0), 256);
   }
 
-  // Attention: the SDPA kernel large models run (16-bit on a GPU, fp32 on a CPU) on a slab of
+  // Attention: the `sdpa` consumer's kernel large models run (16-bit on a GPU, fp32 on a CPU) on a slab of
   // queries against a long K/V, as a fraction of the matmul peak in the same dtype, at the
   // full waves the cost model scales by its own (plan::attention_efficiency). Twice: with a
   // K/V length that is a multiple of 128, and one that is not (on an H200 ~8% slower: the
@@ -265,7 +266,7 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
   const at::ScalarType adt = gpu ? half : at::kFloat;
   const auto fo = at::TensorOptions().dtype(at::kFloat).device(d);
   auto sdpa = [](const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& vt) {
-    at::scaled_dot_product_attention(qt, kt, vt, {}, 0.0, false, 1.0 / std::sqrt(double(qt.size(-1))));
+    sdpa_attention(qt, kt, vt, 1.0 / std::sqrt(double(qt.size(-1))));
   };
   plan::Rates waves_of;
   waves_of.compute_units = gpu ? caps.compute_units : 0;
