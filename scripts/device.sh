@@ -53,9 +53,10 @@
 #                                    at 1024^2 under 10, 16 and 24 GiB, each against the same plan with
 #                                    every weight resident (bench --device-memory); builds first where
 #                                    build-gpu/streamplan is missing
-#   scripts/device.sh OUT attention  streamplan bench-attention (cuDNN SDPA vs int8 and sparse at the
-#                                    Wan 14B and H3 10 s shapes) into OUT/attention.json; builds first
-#                                    where build-gpu/streamplan is missing
+#   scripts/device.sh OUT attention  streamplan bench-attention (sdpa vs int8, sparse and a fixed window
+#                                    at the Wan 14B and H3 10 s shapes; BENCH_ARGS e.g. "--distribution
+#                                    all") into OUT/attention.json; builds first where
+#                                    build-gpu/streamplan is missing
 #   scripts/device.sh OUT formats    the block cases with their linears in each weight format (dense,
 #                                    fp8-e4m3, convrot-int8, int8; FORMATS overrides), each with a
 #                                    profiled run (the projections' time alone); then a rank-64 LoRA on
@@ -108,7 +109,7 @@ fi
 
 if [ "$mode" = attention ]; then
   build_bin
-  $bin bench-attention --device cuda --out "$out/attention.json" 2>>"$out/logs.txt" >"$out/attention.txt" \
+  $bin bench-attention --device cuda ${BENCH_ARGS:-} --out "$out/attention.json" 2>>"$out/logs.txt" >"$out/attention.txt" \
     || summary+=("bench-attention failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
   grep -hE "budget" "$out/logs.txt" | tail -8
   printf '%s\n' "${summary[@]}"

@@ -12,6 +12,7 @@
 #include "exec/registry.hpp"
 #include "models/builder.hpp"
 #include "plan/program.hpp"
+#include "report/attention_inputs.hpp"
 #include "report/report.hpp"
 #include "test_util.hpp"
 
@@ -519,3 +520,63 @@ TEST(Int8Attention, CapsDeclareStreamingSixteenBitAndCountTheCarrier) {
 }
 
 }  // namespace
+
+namespace sp_attention_inputs {
+
+using namespace sp;
+
+const report::AttnShape kSmall{1200, 2, 128, 48, {2, 12, 48}};  // 48 text rows, 1,152 grid rows
+
+double cosine(const at::Tensor& a, const at::Tensor& b) {
+  return (a * b).sum().item<double>() / (a.norm() * b.norm()).item<double>();
+}
+
+TEST(AttentionInputs, EachDistributionHasItsPropertyAndIsReproducible) {
+  const auto o = at::TensorOptions().dtype(at::kFloat);
+  for (const std::string& dist : report::attention_distributions()) {
+    const report::AttnInputs x = report::attention_inputs(dist, kSmall, o, 3);
+    EXPECT_EQ(x.q.sizes(), (std::vector<int64_t>{1, 2, 1200, 128})) << dist;
+    EXPECT_TRUE(at::equal(x.k, report::attention_inputs(dist, kSmall, o, 3).k)) << dist;
+    const at::Tensor q = x.q[0], k = x.k[0];
+    const at::Tensor p = at::softmax(at::matmul(q, k.transpose(1, 2)) / std::sqrt(128.0), 2);
+    const double peaked = std::get<0>(p.max(2)).ge(0.5).to(at::kFloat).mean().item<double>();
+    if (dist == "outlier-k") {
+      const at::Tensor sd = k.std(1).mean(0);  // per channel
+      EXPECT_GE(std::get<0>(at::topk(sd, 4)).min().item<double>(), 10 * sd.median().item<double>()) << dist;
+    } else if (dist == "peaky") {
+      EXPECT_GE(peaked, 0.95) << "rows whose largest softmax weight is at least 0.5";
+    } else if (dist == "qk-norm") {
+      const at::Tensor rms = q.pow(2).mean(2).sqrt();
+      EXPECT_GE(rms.min().item<double>(), 4.0);
+      EXPECT_LE(rms.max().item<double>(), 8.0);
+    } else if (dist == "video-local") {
+      // Neighbours on the grid (w + 1) are alike; tokens 24 apart in w are not.
+      const at::Tensor g = q.narrow(1, 48, 1152).reshape({2, 2, 12, 48, 128});
+      EXPECT_GE(cosine(g.narrow(3, 0, 47), g.narrow(3, 1, 47)), 0.6);
+      EXPECT_LE(std::abs(cosine(g.narrow(3, 0, 24), g.narrow(3, 24, 24))), 0.2);
+    } else {
+      EXPECT_LE(peaked, 0.05) << dist;
+    }
+  }
+  EXPECT_THROW(report::attention_inputs("uniform", kSmall, o), std::invalid_argument);
+  EXPECT_THROW(report::attention_inputs("gaussian", {100, 1, 64, 10, {1, 10, 10}}, o), std::invalid_argument);
+}
+
+TEST(AttentionInputs, TileCentresAndTheFixedWindowKeepTheNearestTiles) {
+  // 2 text rows, then a 1 x 2 x 4 grid, in tiles of 4 rows.
+  const at::Tensor c = report::grid_tile_centres({10, 1, 64, 2, {1, 2, 4}}, 4);
+  EXPECT_TRUE(at::allclose(c, at::tensor({0.f, 0.f, 0.5f, 0.f, 0.5f, 1.5f, 0.f, 1.f, 2.5f}).view({3, 3})));
+  // 64 tiles of one grid row (w only) after a text tile: each video query tile keeps the
+  // kept_tiles(0.1, 64) = 7 nearest video key tiles (itself and 3 each side, away from the
+  // ends), the text tile and its pairs stay dense.
+  const report::AttnShape line{65 * 64, 3, 64, 64, {1, 1, 64 * 64}};
+  const at::Tensor keep = report::window_tiles(line, 0.1, at::kCPU);
+  ASSERT_EQ(keep.sizes(), (std::vector<int64_t>{3, 65, 65}));
+  EXPECT_TRUE(keep.select(1, 0).all().item<bool>() && keep.select(2, 0).all().item<bool>());
+  const at::Tensor video = keep.narrow(1, 1, 64).narrow(2, 1, 64);
+  EXPECT_TRUE(video.sum(2).eq(7).all().item<bool>());
+  const at::Tensor row = video[0][30];
+  EXPECT_TRUE(row.narrow(0, 27, 7).all().item<bool>() && row.sum().item<int64_t>() == 7);
+}
+
+}  // namespace sp_attention_inputs

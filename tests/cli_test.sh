@@ -65,6 +65,8 @@ for c in int8 sparse; do
 done
 rc=0; err=$("$bin" bench-attention --device cpu 2>&1) || rc=$?
 [ "$rc" -eq 1 ] || fail "bench-attention on the CPU: exit $rc, expected 1"
+rc=0; err=$("$bin" bench-attention --distribution peaky,uniform 2>&1) || rc=$?
+[ "$rc" -eq 1 ] && grep -qF -- "--distribution: unknown 'uniform'" <<<"$err" || fail "bench-attention --distribution uniform: exit $rc: $err"
 out=$("$bin" demo --help) || fail "demo --help failed"
 # CLI11 versions print a default as "INT=3200" or "INT [3200]".
 grep -qE -- "--tokens INT( \[|=)3200" <<<"$out" && grep -qE -- "--consumer .*(=| \[)sdpa" <<<"$out" || fail "demo --help shows no defaults: $out"

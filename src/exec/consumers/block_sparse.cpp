@@ -60,16 +60,20 @@ at::Tensor route_tiles(const at::Tensor& q, const at::Tensor& k, VideoRows video
                                 std::to_string(video.end) + ") outside the " + std::to_string(rows) + " rows");
   if (!(budget > 0 && budget <= 1)) throw std::invalid_argument("route_tiles: budget in (0, 1], got " + std::to_string(budget));
   if (tile < 1) throw std::invalid_argument("route_tiles: tile must be >= 1, got " + std::to_string(tile));
-  const int64_t heads = q.size(0), n = tiles_of(rows, tile);
-  const at::Tensor vid = video_tiles(0, rows, video, tile).to(q.device());
-  at::Tensor keep = at::ones({heads, n, n}, at::TensorOptions().dtype(at::kBool).device(q.device()));
+  return route_by(tile_means(q, tile), tile_means(k, tile), rows, video, budget, tile);
+}
+
+at::Tensor route_by(const at::Tensor& qf, const at::Tensor& kf, int64_t rows, VideoRows video, double budget,
+                    int64_t tile) {
+  const int64_t heads = qf.size(0), n = tiles_of(rows, tile);
+  const at::Tensor vid = video_tiles(0, rows, video, tile).to(qf.device());
+  at::Tensor keep = at::ones({heads, n, n}, at::TensorOptions().dtype(at::kBool).device(qf.device()));
   const at::Tensor vidx = vid.nonzero().view(-1);
   const int64_t vt = vidx.numel();
   const int64_t kept = plan::kept_tiles(budget, vt);
   if (vt == 0 || kept == vt) return keep;
   // Scores of video query tiles against video key tiles; the top `kept` per row stay.
-  const at::Tensor qm = tile_means(q, tile).index_select(1, vidx), km = tile_means(k, tile).index_select(1, vidx);
-  const at::Tensor routed = top_mask(qm, km, budget);
+  const at::Tensor routed = top_mask(qf.index_select(1, vidx), kf.index_select(1, vidx), budget);
   // Into the video x video block of the mask; every other pair stays dense.
   at::Tensor block = keep.index_select(1, vidx);
   block.index_copy_(2, vidx, routed);

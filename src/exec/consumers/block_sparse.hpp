@@ -49,6 +49,11 @@ at::Tensor top_tiles(const at::Tensor& qm, const at::Tensor& km, double budget);
 at::Tensor route_tiles(const at::Tensor& q, const at::Tensor& k, VideoRows video, double budget,
                        int64_t tile = kSparseTile);
 
+// route_tiles' mask from any per-tile features whose dot products rank the key tiles (route_tiles
+// passes the tile means): qf, kf [heads, ceil(rows / tile), f] over the tiles of all rows.
+at::Tensor route_by(const at::Tensor& qf, const at::Tensor& kf, int64_t rows, VideoRows video, double budget,
+                    int64_t tile = kSparseTile);
+
 // softmax(q k^T * scale) v in fp32 over the kept tiles only (keep from route_tiles), returned
 // in q's dtype, [heads, rows, head_dim].
 at::Tensor block_sparse_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep,
