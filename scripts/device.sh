@@ -66,6 +66,10 @@
 #                                    blocks) with the int8 attention consumer and with sparse at KV
 #                                    budget 0.3, 2 timed runs each at the default policy; builds first
 #                                    where build-gpu/streamplan is missing
+#   scripts/device.sh OUT stack      fp8 projections with 8-bit attention against the bf16 dense plan in one
+#                                    process: the Wan 14B and H3 10 s blocks with int8 attention, the whole
+#                                    H3 10 s model with sparse attention at 0.3 (STACK_CASES: case[,case]:consumer
+#                                    ...); builds first where build-gpu/streamplan is missing
 #   scripts/device.sh OUT sdpa       PyTorch's flash, cuDNN and memory-efficient attention at the Wan 14B
 #                                    and H3 10 s shapes, token- and head-major, whole and in query slabs
 #                                    (scripts/bench_sdpa.py; SDPA_ARGS: its arguments)
@@ -150,6 +154,21 @@ if [ "$mode" = consumers ]; then
     extra=(); [ "$c" = sparse ] && extra=(--kv-budget 0.3)
     $bin bench --device cuda --cases "$cases" --consumer "$c" "${extra[@]}" --reps 2 --quiet ${BENCH_ARGS:-} \
       --out "$out/consumer-$c.json" 2>>"$out/logs.txt" | tee -a "$out/consumers.txt" || summary+=("$c failed")
+  done
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
+
+if [ "$mode" = stack ]; then
+  # fp8 projections with 8-bit attention against the bf16 dense plan (same process, same weights):
+  # the blocks with int8 attention, the whole MiniMax H3 model with sparse attention at 0.3.
+  build_bin
+  for spec in ${STACK_CASES:-wan14b-block-81f,minimax-h3-block-10s:int8 minimax-h3-model-10s:sparse}; do
+    c=${spec%%:*} consumer=${spec#*:}
+    extra=(); [ "$consumer" = sparse ] && extra=(--kv-budget 0.3)
+    $bin bench --device cuda --cases "$c" --format fp8-e4m3 --consumer "$consumer" "${extra[@]}" --reps 2 --quiet \
+      ${BENCH_ARGS:-} --out "$out/stack-${consumer}-${c%%,*}.json" 2>>"$out/logs.txt" | tee -a "$out/stack.txt" \
+      || summary+=("$spec failed: $(tail -2 "$out/logs.txt" | tr '\n' ' ')")
   done
   printf '%s\n' "${summary[@]}"
   exit 0

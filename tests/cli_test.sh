@@ -122,7 +122,7 @@ grep -qE "^total: about [0-9.]+ (s|min|h|days)( [0-9]+ (s|min))? on the CPU" "$t
 python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))[0]
 assert r["format"] == "int8" and r["bf16_ms"] > 0 and 0 < r["rel_l2_vs_bf16"] < 3e-2, r' "$tmp/format.json" \
   || fail "bench --format: $(cat "$tmp/format.json")"
-grep -qE "int8 [0-9.]+ ms vs bf16 [0-9.]+ ms" "$tmp/format.txt" || fail "bench --format table: $(cat "$tmp/format.txt")"
+grep -qE "int8 \+ sdpa [0-9.]+ ms vs bf16 dense [0-9.]+ ms" "$tmp/format.txt" || fail "bench --format table: $(cat "$tmp/format.txt")"
 # A checkpoint larger than the free space is refused before anything is written, naming both
 # sizes; the test-only STREAMPLAN_FREE_BYTES_FOR_TESTS stands in for a full disk.
 size=$(wc -c <"$tmp/avdit.safetensors")

@@ -56,8 +56,9 @@ struct BenchResult {
   int64_t planned_peak = 0, floor = 0, estimated = 0, budget = 0;
   double planned_ms = 0;
   double estimated_ms = 0;  // the plan's time estimate (cost model)
-  // With a weight format: the same case with bf16/fp16 linears, planned and timed in the same
-  // process before the conversion, and the planned output's rel L2 against it.
+  // With a weight format: the same case with bf16/fp16 linears and exact attention (the sdpa
+  // consumer), planned and timed in the same process before the conversion, and the planned
+  // output's rel L2 against it: the dense plan the format and the consumer are compared with.
   std::optional<double> bf16_ms, rel_l2_vs_bf16;
   std::string note;  // e.g. why the naive schedule has no figures
   std::optional<exec::StepProfile> steps;  // BenchOptions::profile_steps
