@@ -121,9 +121,6 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
       throw std::invalid_argument("device_memory: the module's tensors are on " + held_on.str() +
                                   "; streamed weights come from host memory: keep the module on the CPU "
                                   "(module.to('cpu')) and pass device='" + held_on.str() + "'");
-    if (options_.weight_hook)
-      throw std::invalid_argument("device_memory: weights stream in their stored form and cannot pass through a "
-                                  "weight hook (a host's patches); give LoRAs with lora= instead");
   } else if (device_ != held_on) {
     throw std::invalid_argument("device: " + device_.str() + ", but the module's tensors are on " + held_on.str() +
                                 "; only with device_memory or resident_blocks do the calls run elsewhere");
@@ -142,7 +139,7 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
   weights_ = std::make_unique<ModuleWeights>(tensors, rec_, &reg_, dtype_);
   if (options_.weight_hook) {
     weights_->set_hook(options_.weight_hook, options_.hooked);
-    register_hook_format(reg_, dtype_);
+    register_hook_format(reg_, dtype_, weights_.get());
   }
   lora_ = models::load_loras(options_.loras, rec_.config, exec::to_aten(dtype_),
                              options_.streams() ? at::Device(at::kCPU) : device_);

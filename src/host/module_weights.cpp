@@ -170,16 +170,22 @@ void ModuleWeights::mark_quantized(ir::Model& m) const {
   });
 }
 
-void register_hook_format(contracts::Registry& reg, ir::DType model) {
+void register_hook_format(contracts::Registry& reg, ir::DType model, const ModuleWeights* w) {
   struct Hooked : exec::FormatImpl {
+    explicit Hooked(const ModuleWeights* w) : w(w) {}
     void store(exec::TensorWeights&, const ir::Linear& l, const at::Tensor&, at::ScalarType) const override {
       throw std::invalid_argument("weight '" + l.weight + "': format '" + kHookFormat + "' holds no stored weights");
     }
-    at::Tensor acquire(const exec::WeightSource&, const ir::Linear& l, exec::Slice, exec::Slice, at::ScalarType,
-                       const at::Tensor&) const override {
-      throw std::invalid_argument("weight '" + l.weight + "': format '" + kHookFormat +
-                                  "' is acquired through the module's weight hook only");
+    // The whole weight through the hook, then the slice into the placed buffer: nothing
+    // hooked outlives the acquire but what the program placed.
+    at::Tensor acquire(const exec::WeightSource& src, const ir::Linear& l, exec::Slice rows, exec::Slice cols,
+                       at::ScalarType dtype, const at::Tensor& out) const override {
+      const at::Tensor s = exec::slice(exec::slice(w->hooked_tensor(l.weight, src), 0, rows), 1, cols);
+      if (!out.defined()) return s.to(dtype, /*non_blocking=*/false, /*copy=*/true);  // one copy, never a view
+      out.copy_(s);
+      return out;
     }
+    const ModuleWeights* w;
   };
   contracts::FormatCaps f;
   f.name = kHookFormat;
@@ -188,7 +194,7 @@ void register_hook_format(contracts::Registry& reg, ir::DType model) {
   f.dense = false;  // the acquired slice goes into a placed buffer
   f.whole_copies = 2;  // what the hook returns, and its assembly into the canonical weight
   f.out_slicing = f.in_slicing = f.held_execution = contracts::Cap::Yes;
-  f.impl = std::make_shared<Hooked>();
+  f.impl = std::make_shared<Hooked>(w);
   reg.add(f);
 }
 
@@ -212,18 +218,37 @@ at::Tensor ModuleWeights::hooked_part(const std::string& module_name, const at::
   if (!hook_ || !hooked_parts_.count(module_name)) return t;
   // The host hands its patches the weight in the compute dtype: dequantized, or cast from 8 bits.
   const auto q = quantized_part_.find(module_name);
-  const at::Tensor in = q != quantized_part_.end() ? dequantized(q->second)
-                        : is_8bit_float(t)          ? t.to(compute_)
-                                                    : t;
+  return hook_part(module_name, q != quantized_part_.end() ? dequantized(q->second)
+                                : is_8bit_float(t)          ? t.to(compute_)
+                                                            : t);
+}
+
+at::Tensor ModuleWeights::hook_part(const std::string& module_name, const at::Tensor& in) const {
+  if (!hook_ || !hooked_parts_.count(module_name)) return in;
   at::Tensor r = hook_(module_name, in);
-  if (!r.defined() || r.sizes() != t.sizes() || r.device() != t.device() || !r.is_floating_point() ||
+  if (!r.defined() || r.sizes() != in.sizes() || r.device() != in.device() || !r.is_floating_point() ||
       r.element_size() == 1)
     throw std::invalid_argument(
         "weight hook: for '" + module_name + "' it returned " +
         (r.defined() ? std::string(c10::toString(r.scalar_type())) + " " + c10::str(r.sizes()) + " on " + r.device().str()
                      : std::string("no tensor")) +
-        "; expected a 16- or 32-bit floating-point tensor of " + c10::str(t.sizes()) + " on " + t.device().str());
+        "; expected a 16- or 32-bit floating-point tensor of " + c10::str(in.sizes()) + " on " + in.device().str());
   return r;
+}
+
+at::Tensor ModuleWeights::hooked_tensor(const std::string& name, const exec::WeightSource& src) const {
+  if (&src == this) return tensor(name);
+  // The stored canonical weight where the run reads it, as the hook takes it, cut into the
+  // module's tensors, each hooked where it is, and joined again.
+  const Canonical& c = canonical(name);
+  at::Tensor whole = specs_.count(name) ? dequantized(name, &src) : src.tensor(name);
+  if (is_8bit_float(whole)) whole = whole.to(compute_);
+  std::vector<at::Tensor> parts;
+  for (size_t i = 0; i < c.parts.size(); ++i) {
+    const at::Tensor rows = c.parts.size() == 1 ? whole : whole.narrow(0, c.offsets[i], c.parts[i].size(0));
+    parts.push_back(hook_part(c.src.tensors[i], rows.reshape(c.parts[i].sizes())));
+  }
+  return models::assemble(name, c.src, parts).contiguous();
 }
 
 std::vector<at::Tensor> ModuleWeights::parts_of(const Canonical& c) const {
@@ -323,16 +348,8 @@ std::map<std::string, std::vector<const void*>> ModuleWeights::storage() const {
 
 at::Tensor ModuleWeights::acquire(const ir::Linear& l, exec::Slice rows, exec::Slice cols, at::ScalarType dtype,
                                   const at::Tensor& out) const {
-  if (l.format == kHookFormat) {
-    // The whole weight through the hook, then the slice into the placed buffer: nothing
-    // hooked outlives the acquire but what the program placed.
-    const at::Tensor w = tensor(l.weight);
-    const at::Tensor s = exec::slice(exec::slice(w, 0, rows), 1, cols);
-    if (!out.defined()) return s.to(dtype, /*non_blocking=*/false, /*copy=*/true);  // one copy, never a view
-    out.copy_(s);
-    return out;
-  }
   const auto& format = exec::impl_of<exec::FormatImpl>(reg_->format(l.format));
+  if (l.format == kHookFormat) return format.acquire(*this, l, rows, cols, dtype, out);
   auto it = canon_.find(l.weight);
   if (it == canon_.end() || it->second.src.op != Source::Op::Concat0) return format.acquire(*this, l, rows, cols, dtype, out);
   const Canonical& c = it->second;

@@ -70,7 +70,12 @@ using WeightHook = std::function<at::Tensor(const std::string& name, const at::T
 
 // The format of Linears served through a weight hook ("host-hook"): not dense, so that the
 // program places a buffer for each acquired slice. Added to `reg` with the model dtype.
-void register_hook_format(contracts::Registry& reg, ir::DType model);
+class ModuleWeights;
+
+// The format "host-hook" of the Linears served from `w`'s hooked tensors: acquired whole through
+// the hook from the weight source of the run (the module's tensors, or the streamed slots), then
+// sliced. `w` must outlive the registry's use.
+void register_hook_format(contracts::Registry& reg, ir::DType model, const ModuleWeights* w);
 inline constexpr const char* kHookFormat = "host-hook";
 
 class ModuleWeights : public exec::WeightSource {
@@ -97,6 +102,10 @@ class ModuleWeights : public exec::WeightSource {
   // Throws std::invalid_argument naming a name the module does not hold.
   void set_hook(WeightHook hook, const std::vector<std::string>& names);
   bool hooked(const std::string& canonical) const { return hooked_canon_.count(canonical) != 0; }
+  // A hooked canonical weight whole, with its stored form read from `src` (this, or the streamed
+  // slots that hold it elsewhere), dequantized or cast as the hook takes it, each hooked part
+  // passed through the hook.
+  at::Tensor hooked_tensor(const std::string& canonical, const exec::WeightSource& src) const;
   // Sets the format of every Linear served from hooked tensors to "host-hook".
   void mark_hooked(ir::Model& m) const;
   // Linear::stored from the dtype the module holds each floating weight in: set where it is not
@@ -137,6 +146,8 @@ class ModuleWeights : public exec::WeightSource {
   };
   const Canonical& canonical(const std::string& name) const;
   at::Tensor hooked_part(const std::string& module_name, const at::Tensor& t) const;
+  // `in` (a module tensor as the hook takes it) through the hook where that tensor is hooked.
+  at::Tensor hook_part(const std::string& module_name, const at::Tensor& in) const;
   std::vector<at::Tensor> parts_of(const Canonical& c) const;  // hooked where hooked
   const at::Tensor& held(const std::string& name, const Canonical& c) const;
   at::Tensor acquire_spanning(const ir::Linear& l, const Canonical& c, exec::Slice rows, exec::Slice cols,

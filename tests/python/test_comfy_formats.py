@@ -336,6 +336,42 @@ def test_residency_streams_the_weights_comfyui_keeps_in_host_memory(comfy: Any, 
         assert torch.equal(got_call, want_call)
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_lora_patched_at_cast_time_streams_with_its_weights(comfy: Any, tiny_detection: Any, tmp_path_factory: Any,
+                                                            fmt: str) -> None:
+    """ComfyUI's low-VRAM load of a quantized WanModel with a rank-16 LoRA: the LoRA'd layers
+    keep their patches as a weight_function, applied at cast time. Under the Residency node (at
+    most one block kept) their stored weights stream from the module's own tensors and the patches
+    run on the streamed copy (dequantized, as ComfyUI's cast hands them over): planned with no
+    fallback, and the same output as the same planner with every weight resident."""
+    import comfy.lora
+
+    tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
+    tmp.mkdir(exist_ok=True)
+    path = _convert(_source(comfy, "wan", tmp), fmt)
+    mp = _load(comfy, path, FORMATS[fmt].load_dtype())
+    keys = comfy.lora.model_lora_keys_unet(mp.model, {})
+    mp.add_patches(comfy.lora.load_lora(cf.lora_state_dict(mp.model, 16, torch.Generator().manual_seed(9), scale=0.5),
+                                        keys), 1.0)
+    mp.load(torch.device("cpu"), lowvram_model_memory=1, force_patch_weights=False, full_load=False)
+    hooked = [m for m in mp.model.diffusion_model.modules() if getattr(m, "weight_function", None)]
+    assert len(hooked) >= 10, f"ComfyUI patched {len(hooked)} layers at cast time"
+    own = _call_wan(comfy, mp, "wan")
+    resident, _wrapper, _status = _with_node(comfy, mp)
+    want = _call_wan(comfy, resident, "wan")
+    planned, wrapper, _status = _with_node(comfy, mp)
+    streamed, _ = comfy_nodes.StreamplanResidency().patch(planned, "1GiB", "1")
+    got = _call_wan(comfy, streamed, "wan")
+    text = wrapper.status()
+    h, = wrapper.handles.values()
+    assert h.streams and h.fallbacks == [] and h.planned_calls == h.calls == 1 and not wrapper.refused, text
+    assert h.residency is not None and len(h.residency["streamed_blocks"]) >= 1, h.residency
+    err, comfy_err = rel_l2(got, want), rel_l2(own, want)
+    print(f"\nwan {fmt} LoRA at cast time, streamed: rel L2 {err:.1e} against resident (ComfyUI's own {comfy_err:.1e})"
+          f"\n{text}")
+    assert err <= 1e-6
+
+
 def test_residency_settings_name_a_bad_value() -> None:
     with pytest.raises(ValueError, match="device_memory"):
         comfy_nodes.ResidencySettings("12 parsecs", "auto")

@@ -64,6 +64,30 @@ def test_lora_streams_with_its_blocks(wan_module: Any) -> None:
     assert torch.equal(out, reference) and handle.lora["adapters"] > 0
 
 
+def test_hooked_weights_stream_and_the_hook_runs_on_the_streamed_copy(wan_module: Any) -> None:
+    """A weight hook on every block's attention weights: under resident_blocks the hooked weights
+    stream in their stored form and the hook gets the streamed copy, the same output as with
+    every weight resident; the module's own tensors are left as they are."""
+    call = wan_call(wan_module)
+    names = [n for n, t in wan_module.state_dict().items() if ".attn1." in n and n.endswith(".weight") and t.dim() == 2]
+    assert len(names) >= 8, names
+    seen: list[tuple[str, str]] = []
+
+    def hook(name: str, w: torch.Tensor) -> torch.Tensor:
+        seen.append((name, str(w.device)))
+        return w * 1.25
+
+    before = {n: t.clone() for n, t in wan_module.state_dict().items() if n in names}
+    plain, _ = _planned(wan_module, call)
+    reference, _ = _planned(wan_module, call, weight_hook=hook, hooked=names)
+    seen.clear()
+    out, handle = _planned(wan_module, call, weight_hook=hook, hooked=names, resident_blocks=1)
+    assert handle.streams and handle.fallbacks == [] and len(handle.residency["streamed_blocks"]) >= 1
+    assert torch.equal(out, reference) and not torch.allclose(out, plain)
+    assert {n for n, _ in seen} == set(names)
+    assert all(torch.equal(wan_module.state_dict()[n], t) for n, t in before.items())
+
+
 def test_device_memory_too_small_names_the_smallest(wan_module: Any) -> None:
     streamplan.apply(wan_module, device_memory=4096)
     with torch.no_grad(), pytest.raises(streamplan.DeviceMemoryError, match="smallest device memory that works is"):
@@ -77,8 +101,6 @@ def test_bad_residency_options_name_the_option(wan_module: Any) -> None:
             streamplan.apply(wan_module, **bad)
     with pytest.raises(TypeError, match="device_memory"):
         streamplan.apply(wan_module, device_memory=1.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="weight hook"):
-        streamplan.apply(wan_module, resident_blocks=1, weight_hook=lambda n, t: t)
     if torch.cuda.is_available():  # a device other than the module's: only where one exists
         with pytest.raises(ValueError, match="device: cuda:0, but the module's tensors are on cpu.*only with device_memory"):
             streamplan.apply(wan_module, device="cuda")
