@@ -107,7 +107,7 @@ def comfy_runs_sdpa(opts: dict | None = None) -> bool:
     """Whether ComfyUI's selected attention is its PyTorch one (scaled_dot_product_attention,
     nothing else) with no attention override in the call's options. Such calls run through the
     `sdpa` consumer's kernel choice: the same function, on CUDA with cuDNN's fused attention
-    where it passed its self-test and measured faster than PyTorch's own choice."""
+    where it passed its self-test and measured no slower than PyTorch's own choice."""
     from comfy.ldm.modules import attention
 
     return attention.optimized_attention is attention.attention_pytorch and not (

@@ -148,7 +148,7 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("device"), py::arg("dtype"), py::arg("head_dim") = 128,
       "The kernel the 'sdpa' consumer runs on the device in the dtype, and why (on CUDA: cuDNN's fused "
-      "attention where it passed its self-test and ran faster than ATen's own choice).");
+      "attention where it passed its self-test and ran no slower than ATen's own choice).");
   m.def(
       "kv_budget_at",
       [](int step, int steps, double budget, int early_steps, double early_kv, int late_steps, double late_kv) {

@@ -454,6 +454,10 @@ ProbeResult probe_device(const at::Device& d, const contracts::DeviceCaps& caps,
 contracts::DeviceCaps run_device(const at::Device& d) {
   contracts::DeviceCaps caps = describe_device(d);
   caps.rates = probe_device(d, caps).rates;
+  // The sdpa consumer's kernel for the video models' head_dim, measured now rather than inside
+  // a run's first attention (whose device memory may be capped).
+  if (d.is_cuda())
+    for (at::ScalarType dt : {at::kBFloat16, at::kHalf}) sdpa_kernel(d, dt, 128);
   return caps;
 }
 
