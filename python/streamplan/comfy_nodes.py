@@ -9,8 +9,10 @@ does not model runs the rest of ComfyUI's wrapper chain unchanged, with the reas
 
 Attention: the consumer ``comfy`` runs ComfyUI's selected attention function
 (``comfy.ldm.modules.attention.optimized_attention``) on each Q slab against the global K and V,
-with the capabilities of the SDPA baseline; ``sdpa`` and the other built-in consumers are offered
-too. When another node installs an attention override
+with the capabilities of the SDPA baseline; where that function is ComfyUI's PyTorch one, the
+call runs PyTorch's scaled_dot_product_attention with the ``sdpa`` consumer's kernel choice (on
+CUDA cuDNN's fused attention where it passes its self-test and is not slower). ``sdpa`` and the
+other built-in consumers are offered too. When another node installs an attention override
 (``transformer_options["optimized_attention_override"]``), the call plans with the consumer
 ``comfy-override``, which calls ComfyUI's attention with the call's transformer_options (so the
 override runs) and has the capabilities the override declares in its attribute
@@ -37,9 +39,11 @@ ComfyUI's cast layer by layer: the weights ComfyUI put on the GPU are read where
 host memory are copied from where they are (ComfyUI pins them), so nothing is loaded twice.
 "Streamplan Residency" sets the device memory ("auto": what ComfyUI reports free when the call
 comes, less its reserve) and the resident blocks; without it, a call that finds weights in host
-memory streams them under those defaults. When a sampling ends and when ComfyUI unloads the
-model, the planner gives back its slots and the blocks it kept (ComfyUI's ON_CLEANUP and
-ON_DETACH callbacks), so that outside a sampling ComfyUI's accounting is all there is.
+memory streams them under those defaults. Weights ComfyUI patches at cast time (a LoRA on layers
+it left in host memory) stream too; the patches run on the streamed copy. When a sampling ends
+and when ComfyUI unloads the model, the planner gives back its slots and the blocks it kept
+(ComfyUI's ON_CLEANUP and ON_DETACH callbacks), so that outside a sampling ComfyUI's accounting
+is all there is.
 
 This module imports ComfyUI only when a node runs, so that it loads (and its option handling is
 tested) without ComfyUI.
