@@ -123,7 +123,7 @@ const CudnnChoice& cudnn_choice(const at::Device& d, at::ScalarType dt, int64_t 
 }
 #endif
 
-// Large calls smaller than this take ATen's own choice: cuDNN's fixed cost per call is not
+// Calls with fewer query elements take ATen's own choice: cuDNN's fixed cost per call is not
 // worth it there.
 constexpr int64_t kCudnnMinElements = 128 * 1024;
 
