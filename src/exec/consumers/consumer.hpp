@@ -54,6 +54,9 @@ struct ConsumerImpl : contracts::Impl {
 using AttentionFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>;
 std::shared_ptr<const ConsumerImpl> consumer_from(AttentionFn fn);
 
+// rel L2 of `got` against `want`, in fp32: the consumers' self-tests.
+double self_test_rel_l2(const at::Tensor& got, const at::Tensor& want);
+
 // The `sdpa` consumer's attention, and which kernel it runs on `device` in `dtype` and why
 // (on CUDA measured at the first use there: cuDNN's or ATen's own choice).
 at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "exec/consumers/block_sparse.hpp"
+#include "exec/consumers/consumer.hpp"
 
 #ifdef STREAMPLAN_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -16,11 +17,6 @@ namespace sp::exec::int8c {
 namespace {
 
 constexpr int64_t kSampleRows = 64;
-
-double rel_l2(const at::Tensor& got, const at::Tensor& want) {
-  const at::Tensor w = want.to(at::kFloat);
-  return (got.to(at::kFloat) - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-30);
-}
 
 // Dense and sparse int8 attention against the fp32 references; "" when they agree.
 std::string self_test_or_throw(const at::Device& d) {
@@ -50,7 +46,7 @@ std::string self_test_or_throw(const at::Device& d) {
       const at::Tensor got = int8attn::attend(qt, kc, v, tl);
       const at::Tensor want = block_sparse_reference(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
                                                      keep.to(d), scale);
-      const double e = rel_l2(got, want);
+      const double e = self_test_rel_l2(got, want);
       if (!(e <= 2e-2))
         failed << (failed.tellp() ? "; " : "") << (tl.offsets.defined() ? "sparse" : "dense") << " head_dim " << dim
                << ": rel L2 " << e << " > 0.02";

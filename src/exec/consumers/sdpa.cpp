@@ -47,11 +47,6 @@ bool cudnn_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) 
          sdp::can_use_cudnn_attention(sdp::sdp_params{q, k, v, std::nullopt, 0.0, false, false}, false);
 }
 
-double rel_l2(const at::Tensor& got, const at::Tensor& want) {
-  const at::Tensor w = want.to(at::kFloat);
-  return (got.to(at::kFloat) - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-30);
-}
-
 // [1, heads, rows, d] as a view of a token-major [1, rows, heads * d] projection, as the
 // planner hands Q, K and V to consumers that take strided heads.
 at::Tensor token_major(int64_t heads, int64_t rows, int64_t d, const at::TensorOptions& o, at::Generator& gen) {
@@ -73,7 +68,7 @@ std::pair<bool, std::string> cudnn_choice_measured(const at::Device& d, at::Scal
     const double scale = 1.0 / std::sqrt(double(dim));
     const at::Tensor want = at::softmax(at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2)) * scale, -1)
                                 .matmul(v.to(at::kFloat));
-    const double e = rel_l2(cudnn_sdpa(q, k, v, scale), want);
+    const double e = self_test_rel_l2(cudnn_sdpa(q, k, v, scale), want);
     if (!(e <= 2e-2)) return {false, "cuDNN attention failed its self-test (rel L2 " + std::to_string(e) + " > 0.02)"};
   }
   const at::Tensor q = token_major(8, 4096, dim, o, gen), k = token_major(8, 16384, dim, o, gen),
@@ -128,6 +123,11 @@ const CudnnChoice& cudnn_choice(const at::Device& d, at::ScalarType dt, int64_t 
 constexpr int64_t kCudnnMinElements = 128 * 1024;
 
 }  // namespace
+
+double self_test_rel_l2(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor w = want.to(at::kFloat);
+  return (got.to(at::kFloat) - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-30);
+}
 
 at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
 #ifdef STREAMPLAN_WITH_CUDA
