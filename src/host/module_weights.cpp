@@ -155,7 +155,8 @@ at::Tensor ModuleWeights::dequantized(const std::string& name, const exec::Weigh
 }
 
 at::Tensor ModuleWeights::prologue_tensor(const std::string& name, const exec::WeightSource* stored) const {
-  if (specs_.count(name) && !hooked(name)) return dequantized(name, stored);
+  if (hooked(name)) return hooked_tensor(name, stored ? *stored : static_cast<const exec::WeightSource&>(*this));
+  if (specs_.count(name)) return dequantized(name, stored);
   return stored ? stored->tensor(name) : tensor(name);
 }
 
@@ -237,25 +238,21 @@ at::Tensor ModuleWeights::hook_part(const std::string& module_name, const at::Te
 }
 
 at::Tensor ModuleWeights::hooked_tensor(const std::string& name, const exec::WeightSource& src) const {
-  if (&src == this) return tensor(name);
-  // The stored canonical weight where the run reads it, as the hook takes it, cut into the
-  // module's tensors, each hooked where it is, and joined again.
+  // The module's tensors as the hook takes them, each hooked where it is, and assembled: read
+  // from the module, or cut back out of the stored canonical weight where the run reads it
+  // (the streamed slots).
   const Canonical& c = canonical(name);
-  at::Tensor whole = specs_.count(name) ? dequantized(name, &src) : src.tensor(name);
-  if (is_8bit_float(whole)) whole = whole.to(compute_);
   std::vector<at::Tensor> parts;
-  for (size_t i = 0; i < c.parts.size(); ++i) {
-    const at::Tensor rows = c.parts.size() == 1 ? whole : whole.narrow(0, c.offsets[i], c.parts[i].size(0));
-    parts.push_back(hook_part(c.src.tensors[i], rows.reshape(c.parts[i].sizes())));
+  at::Tensor whole;
+  if (&src != this) {
+    whole = specs_.count(name) ? dequantized(name, &src) : src.tensor(name);
+    if (is_8bit_float(whole)) whole = whole.to(compute_);
   }
+  for (size_t i = 0; i < c.parts.size(); ++i)
+    parts.push_back(&src == this ? hooked_part(c.src.tensors[i], c.parts[i])
+                                 : hook_part(c.src.tensors[i], models::stored_part(name, c.src.op, whole, c.offsets[i],
+                                                                                   c.parts[i].sizes())));
   return models::assemble(name, c.src, parts).contiguous();
-}
-
-std::vector<at::Tensor> ModuleWeights::parts_of(const Canonical& c) const {
-  std::vector<at::Tensor> out;
-  out.reserve(c.parts.size());
-  for (size_t i = 0; i < c.parts.size(); ++i) out.push_back(hooked_part(c.src.tensors[i], c.parts[i]));
-  return out;
 }
 
 void ModuleWeights::mark_stored(ir::Model& m) const {
@@ -293,7 +290,7 @@ at::Tensor ModuleWeights::tensor(const std::string& name) const {
   if (auto it = parts_.find(name); it != parts_.end())
     return hooked_part(part_name(name), it->second);
   const Canonical& c = canonical(name);
-  if (hooked(name)) return models::assemble(name, c.src, parts_of(c)).contiguous();
+  if (hooked(name)) return hooked_tensor(name, *this);
   return c.view.defined() ? c.view : held(name, c);
 }
 

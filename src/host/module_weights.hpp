@@ -68,13 +68,12 @@ recognize::Recognized recognize_module(const NamedTensors& tensors, const std::o
 // of the same shape, on the same device.
 using WeightHook = std::function<at::Tensor(const std::string& name, const at::Tensor& tensor)>;
 
-// The format of Linears served through a weight hook ("host-hook"): not dense, so that the
-// program places a buffer for each acquired slice. Added to `reg` with the model dtype.
 class ModuleWeights;
 
-// The format "host-hook" of the Linears served from `w`'s hooked tensors: acquired whole through
-// the hook from the weight source of the run (the module's tensors, or the streamed slots), then
-// sliced. `w` must outlive the registry's use.
+// The format "host-hook" of the Linears served from `w`'s hooked tensors, added to `reg` with the
+// model dtype: acquired whole through the hook from the weight source of the run (the module's
+// tensors, or the streamed slots), then sliced; not dense, so that the program places a buffer
+// for each acquired slice. `w` must outlive the registry's use.
 void register_hook_format(contracts::Registry& reg, ir::DType model, const ModuleWeights* w);
 inline constexpr const char* kHookFormat = "host-hook";
 
@@ -148,7 +147,6 @@ class ModuleWeights : public exec::WeightSource {
   at::Tensor hooked_part(const std::string& module_name, const at::Tensor& t) const;
   // `in` (a module tensor as the hook takes it) through the hook where that tensor is hooked.
   at::Tensor hook_part(const std::string& module_name, const at::Tensor& in) const;
-  std::vector<at::Tensor> parts_of(const Canonical& c) const;  // hooked where hooked
   const at::Tensor& held(const std::string& name, const Canonical& c) const;
   at::Tensor acquire_spanning(const ir::Linear& l, const Canonical& c, exec::Slice rows, exec::Slice cols,
                               at::ScalarType dtype, const at::Tensor& out) const;

@@ -86,6 +86,13 @@ at::Tensor assemble(const std::string& canonical, const recognize::Source& src, 
   return as_linear(canonical, assemble_stored(canonical, src, parts));
 }
 
+at::Tensor stored_part(const std::string& canonical, recognize::Source::Op op, const at::Tensor& t, int64_t row_offset,
+                       at::IntArrayRef shape) {
+  at::Tensor p = op == Source::Op::Concat0 ? t.narrow(0, row_offset, shape.at(0)) : t;
+  if (op == Source::Op::SwapHalves0) p = swap_halves(p, canonical);
+  return p.reshape(shape);
+}
+
 std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f, const recognize::Recognized& r,
                                                     at::ScalarType dtype, const at::Device& device,
                                                     const contracts::Registry& reg) {
@@ -168,12 +175,8 @@ void write_random_checkpoint(const recognize::FamilyConfig& config, const std::s
       t = random_tensor(canonical_of(spec), seed);
       if (spec.op == Source::Op::Concat0) pending.emplace(spec.canonical, t);
     }
-    if (spec.op == Source::Op::Concat0) {
-      t = t.narrow(0, spec.row_offset, spec.shape.at(0));
-      if (--parts_left.at(spec.canonical) == 0) pending.erase(spec.canonical);
-    }
-    if (spec.op == Source::Op::SwapHalves0) t = swap_halves(t, spec.canonical);
-    const at::Tensor c = t.reshape(spec.shape).to(dtype).contiguous();
+    if (spec.op == Source::Op::Concat0 && --parts_left.at(spec.canonical) == 0) pending.erase(spec.canonical);
+    const at::Tensor c = stored_part(spec.canonical, spec.op, t, spec.row_offset, spec.shape).to(dtype).contiguous();
     w.write(std::span<const std::byte>(static_cast<const std::byte*>(c.data_ptr()), c.nbytes()));
     if (progress) progress({w.written(), w.count(), w.bytes_written(), w.file_bytes()});
   }

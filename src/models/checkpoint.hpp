@@ -41,6 +41,11 @@ at::Tensor assemble(const std::string& canonical, const recognize::Source& src, 
 // The same tensor in the shape the original layout stores it (a convolution kernel stays a kernel).
 at::Tensor assemble_stored(const std::string& canonical, const recognize::Source& src,
                            const std::vector<at::Tensor>& parts);
+// assemble's inverse for one part: the stored tensor of `shape` whose rows start at
+// `row_offset` of the canonical tensor `t` (Concat0; 0 otherwise), its halves exchanged back
+// for SwapHalves0.
+at::Tensor stored_part(const std::string& canonical, recognize::Source::Op op, const at::Tensor& t, int64_t row_offset,
+                       at::IntArrayRef shape);
 
 std::shared_ptr<exec::TensorWeights> load_canonical(const io::SafetensorsFile& f, const recognize::Recognized& r,
                                                     at::ScalarType dtype, const at::Device& device,

@@ -49,20 +49,22 @@ class Hook:
         return t + self.deltas[name] if name in self.deltas else t
 
 
-def _check(module: torch.nn.Module, call: dict[str, Any], names: list[str], hooked: list[str] | None) -> None:
+def _check(module: torch.nn.Module, call: dict[str, Any], names: list[str], hooked: list[str] | None,
+           **options: Any) -> None:
     deltas = lora_deltas(module, names)
     with torch.no_grad():
         want = patched_copy(module, deltas)(**call)[0]
         unpatched = module(**call)[0]
     before = {n: t.clone() for n, t in module.state_dict().items()}
     hook = Hook(deltas)
-    handle = streamplan.apply(module, weight_hook=hook, hooked=hooked)
+    handle = streamplan.apply(module, weight_hook=hook, hooked=hooked, **options)
     try:
         with torch.no_grad():
             got = module(**call)[0]
     finally:
         streamplan.remove(module)
     assert handle.fallbacks == [] and handle.planned_calls == 1
+    assert handle.streams == bool(options)
     err = rel_l2(got, want)
     print(f"{type(module).__name__} hooked {len(names)} weights: rel L2 {err:.3e} (unpatched {rel_l2(unpatched, want):.3e})")
     assert err <= TOL < rel_l2(unpatched, want)
@@ -81,6 +83,16 @@ def test_flux_every_tensor_through_the_hook() -> None:
     # diffusers' split q/k/v are parts of the fused canonical projections: each part is hooked
     names = [n for n, p in m.named_parameters() if p.dim() == 2 and ".attn." in n]
     _check(m, flux_call(m), names, hooked=None)
+
+
+def test_flux_every_tensor_through_the_hook_while_the_blocks_stream() -> None:
+    """Streamed, the hook gets each module tensor cut back out of the stored canonical weight
+    where the run reads it: q/k/v rows of the fused projections (streamed blocks), and the final
+    layer's modulation with its halves exchanged back (resident)."""
+    m = make_flux_transformer("dev")
+    names = [n for n, p in m.named_parameters() if p.dim() == 2 and (".attn." in n or n.startswith("norm_out."))]
+    assert "norm_out.linear.weight" in names
+    _check(m, flux_call(m), names, hooked=None, resident_blocks=1)
 
 
 def test_the_plan_places_the_hooked_slices() -> None:
