@@ -18,6 +18,7 @@
 #include "exec/device/device.hpp"
 #include "exec/registry.hpp"
 #include "report/attention_inputs.hpp"
+#include "report/report.hpp"
 
 namespace sp::cli {
 
@@ -106,9 +107,7 @@ int bench_attention(const Args& a) {
       const at::Tensor idx = at::linspace(0, double(c.tokens - 1), std::min(a.ref_rows, c.tokens),
                                           at::TensorOptions().dtype(at::kDouble).device(d)).to(at::kLong);
       const auto [ref, top] = fp32_reference(q, k, v, idx, scale);
-      auto rel_l2 = [&](const at::Tensor& o) {
-        return (o[0].index_select(1, idx).to(at::kFloat) - ref).norm().item<double>() / ref.norm().item<double>();
-      };
+      auto rel_l2 = [&](const at::Tensor& o) { return report::rel_l2(o[0].index_select(1, idx), ref); };
       const double top_median = top.flatten().median().item<double>();
       const double peaked = top.ge(0.5).to(at::kFloat).mean().item<double>();
       const double flops = 4.0 * double(c.tokens) * double(c.tokens) * double(c.heads) * double(c.head_dim);
