@@ -154,7 +154,9 @@ TEST(ConvertComfy, WritesTheOriginalLayoutWithComfyQuantTensorsFromEitherLayout)
       for (const auto& format : kFormats) {
         SCOPED_TRACE(format);
         const std::string out = dir.file(layout + "_" + format + ".safetensors");
-        const auto rep = models::convert_checkpoint(src, out, format, reg);
+        const models::Conversion c(src, {format}, reg);
+        c.write(out);
+        const models::ConvertReport& rep = c.report();
         EXPECT_EQ(rep.layout, layout);
         expect_comfy_file(out, ref, format, "", rep);
         const auto f = io::SafetensorsFile::open(out);
@@ -183,7 +185,9 @@ TEST(ConvertComfy, KeepsComfyUIsPrefixAndDropsOthers) {
     for (const auto& [n, t] : ref) prefixed[prefix + n] = t;
     const std::string src = dir.file("prefixed.safetensors"), out = dir.file("prefixed_int8.safetensors");
     models::write_tensors(src, prefixed, meta);
-    const auto rep = models::convert_checkpoint(src, out, "int8", reg);
+    const models::Conversion c(src, {"int8"}, reg);
+    c.write(out);
+    const models::ConvertReport& rep = c.report();
     expect_comfy_file(out, ref, "int8", prefix == "model.diffusion_model." ? prefix : "", rep);
   }
 }

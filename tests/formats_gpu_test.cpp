@@ -323,7 +323,7 @@ TEST(Gpu, RotateQuantizeRegisterKernelMatchesTwoPassAndReference) {
       p.q = q2.data_ptr<int8_t>();
       p.scale = s2.data_ptr<float>();
       ASSERT_EQ(kernels::rotate_quantize_int8_two_pass(p, st), cudaSuccess);
-      const auto [qr, sr] = exec::quant::quantize_rows_int8(exec::quant::rotate(x.cpu().to(at::kFloat), 256));
+      const auto [qr, sr] = exec::quant::quantize_rows(exec::quant::rotate(x.cpu().to(at::kFloat), 256), at::kChar);
       // Summation order differs: scales to fp32 rounding, values off by one only at ties.
       EXPECT_LT(test::rel_l2(s1.cpu(), sr.reshape({rows})), 1e-6);
       EXPECT_LT(test::rel_l2(s1.cpu(), s2.cpu()), 1e-6);
@@ -402,8 +402,8 @@ TEST(Gpu, Int8GemmAndRotationTimes) {
     const at::Tensor w = (at::randn({sh.r, sh.k}, cuda) / 70).to(at::kBFloat16);
     at::Tensor y = at::empty({n, sh.r}, x.options());
     const double mm = time_ms([&] { at::mm_out(y, x, w.t()); });
-    const auto [xq, sx] = exec::quant::quantize_rows_int8(x);
-    const auto [wq, sw] = exec::quant::quantize_rows_int8(w);
+    const auto [xq, sx] = exec::quant::quantize_rows(x, at::kChar);
+    const auto [wq, sw] = exec::quant::quantize_rows(w, at::kChar);
     at::Tensor acc = at::_int_mm(xq, wq.t());
     const double int_mm = time_ms([&] { acc = at::_int_mm(xq, wq.t()); });
     double epi = 0;
@@ -411,7 +411,7 @@ TEST(Gpu, Int8GemmAndRotationTimes) {
       test::ScopedEnv aten("STREAMPLAN_INT8_GEMM", "aten");
       epi = time_ms([&] { exec::quant::int8_gemm(xq, sx, wq, sw, y, {}, true); }) - int_mm;
     }
-    const double quant = time_ms([&] { exec::quant::quantize_rows_int8(x); });
+    const double quant = time_ms([&] { exec::quant::quantize_rows(x, at::kChar); });
     std::printf("int8 GEMM %ld x %ld -> %ld: bf16 mm %.2f ms, _int_mm %.2f + epilogue %.2f ms, quantize_rows %.2f ms",
                 long(n), long(sh.k), long(sh.r), mm, int_mm, epi, quant);
 #ifdef STREAMPLAN_SCALED_GEMM_SM90

@@ -353,7 +353,9 @@ TEST(QuantConvert, RoundTripThroughComfyConventionRunsCloseToTheOriginal) {
     SCOPED_TRACE(name);
     const std::string out = dir + "/" + name + ".safetensors";
     written.insert(written.end(), {out, out + ".2"});
-    const auto rep = models::convert_checkpoint(src, out, name, reg);
+    const models::Conversion c(src, {name}, reg);
+    c.write(out);
+    const models::ConvertReport& rep = c.report();
     EXPECT_FALSE(rep.converted.empty());
     const auto f = io::SafetensorsFile::open(out);
     const auto r = recognize::recognize(f, models::sidecar_of(f));
@@ -370,7 +372,7 @@ TEST(QuantConvert, RoundTripThroughComfyConventionRunsCloseToTheOriginal) {
     EXPECT_LT(test::rel_l2(got, ref), 0.05);
     EXPECT_GT(test::rel_l2(got, ref), 0.0);
     // A converted file is not converted again.
-    EXPECT_NE(test::error_of([&] { models::convert_checkpoint(out, out + ".2", name, reg); }).find("already holds quantized"),
+    EXPECT_NE(test::error_of([&] { models::Conversion(out, {name}, reg); }).find("already holds quantized"),
               std::string::npos);
   }
   for (const auto& f : written) std::remove(f.c_str());

@@ -328,7 +328,7 @@ TEST(Gpu, OutOfMemoryRetriesOnceWithASmallerPlan) {
   // Room for the leanest plan (and the twentieth the retry leaves), not for the fastest.
   ASSERT_LT(least * 21 / 20, (least + fast.estimated_peak_bytes) / 2);
   cap((least + fast.estimated_peak_bytes) / 2);
-  const exec::Retried r = exec::run_planned_retrying(inst, fast, reg, dev, d);
+  const exec::Retried r = exec::run_planned_retrying(inst.model, *inst.weights, inst.inputs, fast, reg, dev, d);
   EXPECT_TRUE(r.retried);
   EXPECT_LT(r.plan.estimated_peak_bytes, fast.estimated_peak_bytes);
   std::cout << r.note << "\n";
@@ -337,7 +337,7 @@ TEST(Gpu, OutOfMemoryRetriesOnceWithASmallerPlan) {
   // Too little for any plan: OutOfMemory, naming what was needed.
   cap(least / 2);
   try {
-    exec::run_planned_retrying(inst, fast, reg, dev, d);
+    exec::run_planned_retrying(inst.model, *inst.weights, inst.inputs, fast, reg, dev, d);
     ADD_FAILURE() << "ran with less memory than its smallest peak";
   } catch (const exec::OutOfMemory& e) {
     std::cout << e.what() << "\n";

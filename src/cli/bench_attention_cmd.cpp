@@ -151,8 +151,7 @@ int bench_attention(const Args& a) {
         });
         const auto& phases = tally.phases();
         const double density = phases.empty() ? 1.0 : phases.back().density();
-        const double err = rel_l2(o);
-        row("sparse", budget, ms, err, density, redone(tile_list(exec::route_tiles(q[0], k[0], video, budget))));
+        row("sparse", budget, ms, rel_l2(o), density, redone(tile_list(exec::route_tiles(q[0], k[0], video, budget))));
         if (budget >= 1.0) continue;
         // The fixed local window at the same budget, on the same int8 kernels.
         const at::Tensor keep = report::window_tiles(c, budget, d);

@@ -70,7 +70,7 @@ int bench(const Args& a) {
   reg.consumer(opt.consumer);  // an unknown name is an error listing the known ones
   check_kv_options(*a.cmd, a.kv, opt.consumer);
   require_consumer_device(reg, opt.consumer, d, opt.dtype);
-  if (opt.consumer == "sparse") opt.plan.kv_budget = kv_budget(a.kv);
+  if (opt.consumer == "sparse") opt.plan.kv_budget = plan::kv_budget_at(a.kv.schedule, a.kv.step, a.kv.steps);
   std::vector<int64_t> memories;
   std::stringstream list(a.device_memory);
   for (std::string item; std::getline(list, item, ',');) memories.push_back(plan::parse_budget(item));

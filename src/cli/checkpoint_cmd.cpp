@@ -1,6 +1,5 @@
 // streamplan make-checkpoint: random-weight checkpoints of a family preset in any layout.
 #include <chrono>
-#include <cstdio>
 #include <iostream>
 #include <optional>
 
@@ -10,6 +9,7 @@
 #include "exec/formats/weights.hpp"
 #include "models/checkpoint.hpp"
 #include "models/tensor_io.hpp"
+#include "report/report.hpp"
 
 namespace sp::cli {
 
@@ -26,11 +26,7 @@ struct Args {
   uint64_t seed = 0;
 };
 
-std::string gib(uint64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / double(uint64_t{1} << 30));
-  return buf;
-}
+std::string gib(uint64_t bytes) { return report::printf_text("%.1f GiB", double(bytes) / double(uint64_t{1} << 30)); }
 
 // Reports on stderr every 2 s once a write has run that long, so short writes stay silent
 // and long ones show they are alive and how far along they are.
@@ -55,8 +51,7 @@ class Progress {
 // Applies the MiniMax H3 variant options to its preset; the result no longer matches the
 // preset's structure, so it is named "custom" (as recognition names it).
 void apply_variant(const Args& a, recognize::FamilyConfig& cfg) {
-  const bool any = a.curve_rows > 0 || a.gate_compress || a.head_bank != 1;
-  if (!any) return;
+  if (a.curve_rows <= 0 && !a.gate_compress && a.head_bank == 1) return;
   if (cfg.family != "minimax-h3")
     throw std::invalid_argument("--curve-rows, --curve-basis, --gate-compress and --head-bank apply to --family "
                                 "minimax-h3 only, got --family " + a.family);

@@ -1,5 +1,6 @@
 #include "cli/checkpoint_model.hpp"
 
+#include <algorithm>
 #include <new>
 #include <optional>
 
@@ -10,7 +11,6 @@
 #include "models/tensor_io.hpp"
 #include "plan/budget.hpp"
 #include "exec/run/retry.hpp"
-#include "report/report.hpp"
 
 namespace sp::cli {
 
@@ -26,6 +26,11 @@ void add_geometry_options(CLI::App* cmd, models::Geometry& g, bool tokens) {
       ->check(at_least(1));
 }
 
+ir::DType run_dtype(const std::string& option, const at::Device& d) {
+  if (option == "auto") return d.is_cuda() ? ir::DType::BF16 : ir::DType::F32;
+  return ir::parse_dtype(option, "--dtype");
+}
+
 namespace {
 
 // "--frames 5 --height 64" for the geometry options given.
@@ -36,40 +41,19 @@ std::string geometry_given(const models::Geometry& g) {
   return s;
 }
 
-// The ATen type of a stored dtype: the one models::to_io maps to it.
-at::ScalarType aten_of(io::DType d, const std::string& name) {
-  for (at::ScalarType t : {at::kDouble, at::kFloat, at::kHalf, at::kBFloat16, at::kFloat8_e4m3fn, at::kFloat8_e5m2,
-                           at::kLong, at::kInt, at::kShort, at::kChar, at::kByte, at::kBool}) {
-    try {
-      if (models::to_io(t, name) == d) return t;
-    } catch (const std::invalid_argument&) {
-    }
-  }
-  throw std::invalid_argument("tensor '" + name + "': unsupported dtype");
-}
-
-at::Tensor meta_tensor(const io::SafetensorsFile& f, const std::string& name) {
-  const io::TensorInfo& info = f.info(name);
-  return at::empty(info.shape, at::TensorOptions().dtype(aten_of(info.dtype, name)).device(at::kMeta));
-}
-
-int64_t input_bytes(const exec::Inputs& in) {
-  int64_t n = 0;
-  for (const auto* group : {&in.tokens, &in.tables})
-    for (const auto& [name, t] : *group) n += int64_t(t.nbytes());
-  return n;
-}
-
 struct Built {
   ir::Model model;
-  int64_t input_bytes;
+  int64_t input_bytes;  // the prepared inputs' (tokens, tables)
 };
 
 Built build(const recognize::Recognized& rec, exec::TensorWeights& w, const models::TensorMap& raw, ir::DType dtype,
             const std::string& consumer, const contracts::Registry& reg) {
   models::FamilyRun fr = models::prepare_loaded(rec.config, w, reg, raw, dtype, consumer);
   models::apply_precision(fr.model, w, models::Precision::Preserve, {});
-  return {fr.model, input_bytes(fr.inputs)};
+  Built b{fr.model, 0};
+  for (const auto* group : {&fr.inputs.tokens, &fr.inputs.tables})
+    for (const auto& [name, t] : *group) b.input_bytes += int64_t(t.nbytes());
+  return b;
 }
 
 // The model at --tokens n from the models at t, 2t and 3t tokens: each segment's and
@@ -89,32 +73,26 @@ std::optional<Built> extrapolate(const recognize::Recognized& rec, exec::TensorW
     if (v3 - v2 != v2 - v1 || (v2 - v1) % t != 0) return std::nullopt;
     return v1 + (n - t) * ((v2 - v1) / t);
   };
+  // Each length of `out` (segments, then contexts) continued; false where one is not.
+  auto extend_all = [&](auto& out, const auto& at2, const auto& at3) {
+    if (at2.size() != out.size() || at3.size() != out.size()) return false;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const auto v = extend(out[i].length, at2[i].length, at3[i].length);
+      if (!v) return false;
+      out[i].length = *v;
+    }
+    return true;
+  };
   Built out = at[0];
-  const ir::Model &m2 = at[1].model, &m3 = at[2].model;
-  if (m2.segments.size() != out.model.segments.size() || m3.segments.size() != out.model.segments.size() ||
-      m2.contexts.size() != out.model.contexts.size() || m3.contexts.size() != out.model.contexts.size())
+  if (!extend_all(out.model.segments, at[1].model.segments, at[2].model.segments) ||
+      !extend_all(out.model.contexts, at[1].model.contexts, at[2].model.contexts))
     return std::nullopt;
-  for (size_t i = 0; i < out.model.segments.size(); ++i) {
-    const auto v = extend(out.model.segments[i].length, m2.segments[i].length, m3.segments[i].length);
-    if (!v) return std::nullopt;
-    out.model.segments[i].length = *v;
-  }
-  for (size_t i = 0; i < out.model.contexts.size(); ++i) {
-    const auto v = extend(out.model.contexts[i].length, m2.contexts[i].length, m3.contexts[i].length);
-    if (!v) return std::nullopt;
-    out.model.contexts[i].length = *v;
-  }
   const int64_t step = (at[1].input_bytes - at[0].input_bytes) / t;
   out.input_bytes = at[0].input_bytes + (n - t) * step;
   return out;
 }
 
-bool out_of_memory(const std::exception& e) {
-  return dynamic_cast<const std::bad_alloc*>(&e) || exec::is_out_of_memory(e);
-}
-
-}  // namespace
-
+// Options that contradict each other: --tokens with --frames/--height/--width, --inputs with any of them.
 void check_geometry(const models::Geometry& g, const std::string& inputs) {
   const std::string geometry = geometry_given(g);
   if (!inputs.empty() && (g.tokens > 0 || !geometry.empty()))
@@ -126,25 +104,21 @@ void check_geometry(const models::Geometry& g, const std::string& inputs) {
                                 ": give --tokens (video tokens in one row) or the geometry, not both");
 }
 
+// Options the model has no use for: --audio-tokens where it has no audio segment.
 void check_segments(const ir::Model& m, const models::Geometry& g) {
   if (g.audio_tokens <= 0) return;
-  for (const auto& s : m.segments)
-    if (s.name == "audio") return;
-  for (const auto& c : m.contexts)
-    if (c.name == "audio") return;
   std::string segments, contexts;
   for (const auto& s : m.segments) segments += (segments.empty() ? "" : ", ") + s.name;
   for (const auto& c : m.contexts) contexts += (contexts.empty() ? "" : ", ") + c.name;
+  if (std::any_of(m.segments.begin(), m.segments.end(), [](const auto& s) { return s.name == "audio"; }) ||
+      std::any_of(m.contexts.begin(), m.contexts.end(), [](const auto& c) { return c.name == "audio"; }))
+    return;
   throw std::invalid_argument("--audio-tokens " + std::to_string(g.audio_tokens) + ": " + m.name +
                               " has no audio tokens (token segments: " + segments +
                               (contexts.empty() ? "" : "; contexts: " + contexts) + ")");
 }
 
-ir::DType run_dtype(const std::string& option, const at::Device& d) {
-  if (option == "auto") return d.is_cuda() ? ir::DType::BF16 : ir::DType::F32;
-  return ir::parse_dtype(option, "--dtype");
-}
-
+// The checkpoint's canonical weights as meta tensors in `dtype` (load_canonical without the data).
 std::shared_ptr<exec::TensorWeights> meta_weights(const io::SafetensorsFile& f, const recognize::Recognized& r,
                                                   at::ScalarType dtype, const contracts::Registry& reg) {
   auto w = std::make_shared<exec::TensorWeights>(&reg);
@@ -153,7 +127,7 @@ std::shared_ptr<exec::TensorWeights> meta_weights(const io::SafetensorsFile& f, 
     std::vector<at::Tensor> parts;
     const recognize::QuantSpec* q = nullptr;
     for (const auto& n : src.tensors) {
-      parts.push_back(meta_tensor(f, n));
+      parts.push_back(at::empty(f.info(n).shape, meta.dtype(models::to_aten(f.info(n).dtype, n))));
       if (auto it = r.quant.find(n); it != r.quant.end()) q = &it->second;
     }
     const at::Tensor t = models::assemble(canonical, src, parts);
@@ -171,6 +145,8 @@ std::shared_ptr<exec::TensorWeights> meta_weights(const io::SafetensorsFile& f, 
   return w;
 }
 
+}  // namespace
+
 MetaModel meta_model(const io::SafetensorsFile& f, const recognize::Recognized& rec, const std::string& inputs,
                      const models::Geometry& g, uint64_t seed, ir::DType dtype, const std::string& consumer,
                      const contracts::Registry& reg) {
@@ -178,6 +154,7 @@ MetaModel meta_model(const io::SafetensorsFile& f, const recognize::Recognized& 
   MetaModel mm;
   mm.weights = meta_weights(f, rec, exec::to_aten(dtype), reg);
   mm.weight_bytes = mm.weights->total_bytes();
+  std::optional<Built> b;
   if (!inputs.empty()) {
     mm.raw = models::read_tensors(inputs);
   } else {
@@ -186,24 +163,19 @@ MetaModel meta_model(const io::SafetensorsFile& f, const recognize::Recognized& 
     try {
       mm.raw = models::random_raw_inputs(rec.config, g, seed);
     } catch (const std::exception& e) {
-      if (!out_of_memory(e)) throw;
-      std::optional<Built> b;
+      if (!dynamic_cast<const std::bad_alloc*>(&e) && !exec::is_out_of_memory(e)) throw;
       if (g.tokens > 0) b = extrapolate(rec, *mm.weights, g, seed, dtype, consumer, reg);
       if (!b)
         throw plan::BudgetError("the random inputs of this geometry do not fit in host memory: " +
                                     std::string(e.what()).substr(0, std::string(e.what()).find('\n')),
                                 0, 0);
-      mm.model = std::move(b->model);
-      mm.input_bytes = b->input_bytes;
       mm.note = "the inputs of --tokens " + std::to_string(g.tokens) +
                 " do not fit in host memory; the model's lengths are extrapolated from 64, 128 and 192 tokens";
-      check_segments(mm.model, g);
-      return mm;
     }
   }
-  Built b = build(rec, *mm.weights, mm.raw, dtype, consumer, reg);
-  mm.model = std::move(b.model);
-  mm.input_bytes = b.input_bytes;
+  if (!b) b = build(rec, *mm.weights, mm.raw, dtype, consumer, reg);
+  mm.model = std::move(b->model);
+  mm.input_bytes = b->input_bytes;
   check_segments(mm.model, g);
   return mm;
 }

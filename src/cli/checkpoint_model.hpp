@@ -31,19 +31,8 @@ namespace sp::cli {
 // --frames, --height, --width, --tokens, --text-tokens, --audio-tokens (run, plan --checkpoint:
 // without --tokens, which plan has for the demo model too).
 void add_geometry_options(CLI::App* cmd, models::Geometry& g, bool tokens = true);
-// Options that contradict each other: --tokens with --frames/--height/--width, --inputs with
-// any of them. std::invalid_argument naming both and their values.
-void check_geometry(const models::Geometry& g, const std::string& inputs);
-// Options the model has no use for: --audio-tokens where it has no audio segment.
-void check_segments(const ir::Model& m, const models::Geometry& g);
-
 // "auto": bf16 on CUDA, fp32 on the CPU; else the named activation dtype.
 ir::DType run_dtype(const std::string& option, const at::Device& d);
-
-// The checkpoint's canonical weights as meta tensors in `dtype` (models/checkpoint.hpp
-// load_canonical without the data).
-std::shared_ptr<exec::TensorWeights> meta_weights(const io::SafetensorsFile& f, const recognize::Recognized& r,
-                                                  at::ScalarType dtype, const contracts::Registry& reg);
 
 struct MetaModel {
   ir::Model model;

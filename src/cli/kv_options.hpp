@@ -5,7 +5,7 @@
 //     sp::cli::KvArgs kv;
 //     sp::cli::add_kv_options(cmd, kv);
 //     sp::cli::check_kv_options(*cmd, kv, consumer);  // after parsing
-//     double b = sp::cli::kv_budget(kv);   // plan::kv_budget_at(kv.schedule, kv.step, kv.steps)
+//     double b = sp::plan::kv_budget_at(kv.schedule, kv.step, kv.steps);
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -48,12 +48,6 @@ inline void check_kv_options(const CLI::App& cmd, const KvArgs& a, const std::st
       throw plan::PlanError(std::string(name) + " " + cmd.get_option(name)->results().front() +
                             ": applies to --consumer sparse only, not to --consumer " + consumer +
                             " (which attends to every key)");
-}
-
-// The budget of the step (throws plan::PlanError naming the option on a bad value).
-inline double kv_budget(const KvArgs& a) {
-  plan::validate(a.schedule);
-  return plan::kv_budget_at(a.schedule, a.step, a.steps);
 }
 
 }  // namespace sp::cli

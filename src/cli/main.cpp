@@ -17,7 +17,6 @@
 #include "exec/device/memory.hpp"
 #include "exec/device/probe.hpp"
 #include "models/builder.hpp"
-#include "plan/arena.hpp"
 #include "plan/budget.hpp"
 #include "plan/residency.hpp"
 #include "models/checkpoint.hpp"
@@ -56,10 +55,7 @@ struct ModelArgs {
 
 void add_model_options(CLI::App* cmd, ModelArgs& a) {
   a.cmd = cmd;
-  const auto& reg_names = [] {
-    static contracts::Registry reg = exec::builtin_registry();
-    return &reg;
-  }();
+  static const contracts::Registry reg = exec::builtin_registry();
   cmd->add_option("--tokens", a.tokens, "total tokens (text + video) of the demo model")
       ->check(cli::at_least(1))
       ->capture_default_str();
@@ -69,15 +65,15 @@ void add_model_options(CLI::App* cmd, ModelArgs& a) {
       ->capture_default_str();
   cmd->add_option("--consumer", a.consumer, "attention consumer (auto: the fastest exact one)")
       ->check(CLI::IsMember([&] {
-        auto names = reg_names->consumer_names();
+        auto names = reg.consumer_names();
         names.push_back("auto");
         return names;
       }()))
       ->capture_default_str();
   cmd->add_option("--format", a.format, "weight format of the block linears")
-      ->check(CLI::IsMember(reg_names->format_names()))
+      ->check(CLI::IsMember(reg.format_names()))
       ->capture_default_str();
-  cmd->add_option("--patch", a.patches, "patch to apply (repeatable)")->check(CLI::IsMember(reg_names->patch_names()));
+  cmd->add_option("--patch", a.patches, "patch to apply (repeatable)")->check(CLI::IsMember(reg.patch_names()));
   cmd->add_option("--chunk", a.chunk, "token chunk (default: automatic)")->check(cli::at_least(1));
   cmd->add_option("--feature-slice", a.feature_slice, "MLP feature slice (default: automatic; -1: off)")
       ->check(cli::feature_slice_check());
@@ -104,8 +100,6 @@ models::ModelConfig config_from(const ModelArgs& a, const contracts::Registry& r
   }
   return c;
 }
-
-exec::RunChoices choices(const ModelArgs& a) { return {a.chunk, a.feature_slice, a.budget}; }
 
 std::string planning(const ir::Model& m) { return "planning " + std::to_string(m.blocks.size()) + " blocks"; }
 
@@ -160,7 +154,7 @@ int cmd_plan(ModelArgs a) {
     mm = cli::meta_model(file, rec, "", a.geom, a.seed, dtype, cli::resolve_consumer(a.consumer), reg);
     return mm->model;
   }();
-  const plan::Options po = exec::plan_options(choices(a), d);
+  const plan::Options po = exec::plan_options({a.chunk, a.feature_slice, a.budget}, d);
   const plan::Plan p = [&] {
     const auto phase = progress.phase(planning(m));
     return plan::make_plan(m, reg, dev, po);
@@ -195,7 +189,7 @@ int cmd_demo(const ModelArgs& a) {
   exec::install_cpu_meter();
   report::Progress progress("demo", !a.quiet);
   const models::ModelConfig config = config_from(a, reg);
-  plan::Options po = exec::plan_options(choices(a), d);
+  plan::Options po = exec::plan_options({a.chunk, a.feature_slice, a.budget}, d);
   // Before any weight is made: can the run fit at all (report/feasibility.hpp)?
   const report::Fit fit = [&] {
     const ir::Model m = models::build_ir(config);
@@ -257,10 +251,9 @@ int fail(int status, const std::string& message) {
 }
 
 std::string out_of_memory(const std::string& command, const c10::Error& e) {
-  std::string m = "out of memory in '" + command + "'";
   std::string where;
   for (const auto& c : e.context()) where += " " + c;
-  m += where;
+  std::string m = "out of memory in '" + command + "'" + where;
   // The CPU allocator's message starts with the failed check ("[enforce fail at ...] err == 0.");
   // CUDA's goes on after the free memory with allocator statistics and tuning advice.
   std::string msg = first_line(e.msg());
@@ -278,8 +271,8 @@ std::string out_of_memory(const std::string& command, const c10::Error& e) {
 // The subcommands, for "unknown subcommand" and "a subcommand is required".
 std::string command_list(const CLI::App& app) {
   std::string s;
-  for (const auto* c : app.get_subcommands({})) s += (s.empty() ? "" : ", ") + c->get_name();
-  return s;
+  for (const auto* c : app.get_subcommands({})) s += (s.empty() ? "the commands are " : ", ") + c->get_name();
+  return s + " (streamplan --help describes them)";
 }
 
 // Edits (insertions, deletions, substitutions) from a to b.
@@ -309,8 +302,8 @@ std::optional<std::string> unknown_subcommand(const CLI::App& app, int argc, cha
     if (c->get_name() == given) return std::nullopt;
     if (const size_t e = edit_distance(given, c->get_name()); e < best) best = e, nearest = c->get_name();
   }
-  return "unknown subcommand '" + given + "'" + (nearest.empty() ? "" : " (did you mean '" + nearest + "'?)") +
-         "; the commands are " + command_list(app) + " (streamplan --help describes them)";
+  return "unknown subcommand '" + given + "'" + (nearest.empty() ? "" : " (did you mean '" + nearest + "'?)") + "; " +
+         command_list(app);
 }
 
 }  // namespace
@@ -341,7 +334,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     if (app.get_subcommands().empty())
-      return fail(1, std::string(e.what()) + ": the commands are " + command_list(app) + " (streamplan --help describes them)");
+      return fail(1, std::string(e.what()) + ": " + command_list(app));
     return fail(1, std::string(e.what()) + " (streamplan " + app.get_subcommands().front()->get_name() +
                        " --help lists the options)");
   }

@@ -60,15 +60,6 @@ inline CLI::Option* add_explain_option(CLI::App* cmd, std::string& mode, const s
       ->check(CLI::IsMember({"grouped", "full"}));
 }
 
-// --device-memory and --resident-blocks (run, bench).
-inline void add_residency_options(CLI::App* cmd, std::string& device_memory, std::string& resident_blocks) {
-  cmd->add_option("--device-memory", device_memory,
-                  "device memory the run may use for everything (weights, staging, activations): 8GiB, ...; weights "
-                  "that do not fit stream from host memory");
-  cmd->add_option("--resident-blocks", resident_blocks,
-                  "blocks whose weights are on the device at once (N or auto; default auto under --device-memory)");
-}
-
 // "" or "auto": 0 (the planner chooses); else a positive count.
 inline int parse_resident_blocks(const std::string& s) {
   if (s.empty() || s == "auto") return 0;

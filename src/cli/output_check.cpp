@@ -72,8 +72,7 @@ bool install(int sig, struct sigaction& old) {
   return ::sigaction(sig, &sa, nullptr) == 0;
 }
 
-}  // namespace
-
+// "" when a file can be written at `path`, else why not (without the option's name).
 std::string output_path_problem(const std::string& path) {
   if (path.empty()) return "no file named";
   struct stat st {};
@@ -91,6 +90,8 @@ std::string output_path_problem(const std::string& path) {
   if (!existed) ::unlink(tmp.c_str());
   return {};
 }
+
+}  // namespace
 
 CLI::Validator output_file() {
   return CLI::Validator([](std::string& in) { return output_path_problem(in); }, "FILE");

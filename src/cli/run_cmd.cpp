@@ -40,15 +40,6 @@ struct Args {
   const CLI::App* cmd = nullptr;
 };
 
-// The residency planner's request from the loaded weights and the options.
-plan::ResidencyRequest residency_request(const models::Instance& inst, const contracts::Registry& reg,
-                                         const contracts::DeviceCaps& dev, const Args& a) {
-  plan::ResidencyRequest rq = exec::residency_request(inst.model, *inst.weights, inst.inputs, reg, dev);
-  if (!a.device_memory.empty()) rq.device_memory = plan::parse_budget(a.device_memory);
-  rq.resident_blocks = parse_resident_blocks(a.resident_blocks);
-  return rq;
-}
-
 int run(const Args& a) {
   auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
@@ -94,8 +85,8 @@ int run(const Args& a) {
     const auto phase = progress.phase("reading the weights");
     return models::load_canonical(file, rec, exec::to_aten(dtype), residency ? at::Device(at::kCPU) : d, reg);
   }();
-  const models::TensorMap& raw = mm.raw;  // the inputs the check was made with
-  models::FamilyRun fr = models::prepare_loaded(rec.config, *weights, reg, raw, dtype, consumer);
+  // The inputs the check was made with.
+  models::FamilyRun fr = models::prepare_loaded(rec.config, *weights, reg, mm.raw, dtype, consumer);
   if (residency)
     for (auto* group : {&fr.inputs.tokens, &fr.inputs.tables})
       for (auto& [name, t] : *group) t = t.to(d);
@@ -118,18 +109,21 @@ int run(const Args& a) {
   const plan::Plan p = [&] {
     const auto phase = progress.phase("planning " + std::to_string(inst.model.blocks.size()) + " blocks");
     if (!residency) return plan::make_plan(inst.model, reg, dev, po);
-    plan::ResidentPlan rp = plan::plan_with_residency(inst.model, reg, dev, po, residency_request(inst, reg, dev, a));
+    plan::ResidencyRequest rq = exec::residency_request(inst.model, *inst.weights, inst.inputs, reg, dev);
+    if (!a.device_memory.empty()) rq.device_memory = plan::parse_budget(a.device_memory);
+    rq.resident_blocks = parse_resident_blocks(a.resident_blocks);
+    plan::ResidentPlan rp = plan::plan_with_residency(inst.model, reg, dev, po, rq);
     res = rp.residency;
     return rp.plan;
   }();
+  const auto formats = models::format_lines(inst.model, *weights, reg, dev, precision);
   if (!a.json) {
     std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << "\n";
     if (!a.loras.empty()) std::cout << lora.summary();
-    std::cout << models::outside_summary(models::format_lines(inst.model, *weights, reg, dev, precision));
+    std::cout << models::outside_summary(formats);
     if (!a.explain.empty())
       std::cout << plan::explain(p, a.explain == "full") << "\n"
-                << report::formats_text(inst.model, models::format_lines(inst.model, *weights, reg, dev, precision),
-                                        a.explain == "full");
+                << report::formats_text(inst.model, formats, a.explain == "full");
     if (res) std::cout << plan::explain(*res) << "\n";
   }
   report::CompareOptions opt;
@@ -159,12 +153,12 @@ int run(const Args& a) {
     std::cerr << "streamplan: warning: output has " << nonfinite << " non-finite values (NaN or Inf) of "
               << r.planned_out.numel() << "\n";
   if (!a.output.empty()) {
-    models::TensorMap out{{"output", fr.finish(r.planned_out).cpu()}};
-    if (r.naive_out.defined()) out["naive_output"] = fr.finish(r.naive_out).cpu();
-    if (fr.named_outputs) {
-      for (const auto& [name, t] : fr.named_outputs(r.planned_out)) out["output_" + name] = t.cpu();
-      if (r.naive_out.defined())
-        for (const auto& [name, t] : fr.named_outputs(r.naive_out)) out["naive_output_" + name] = t.cpu();
+    models::TensorMap out;
+    for (const auto& [prefix, rows] : {std::pair{"", r.planned_out}, {"naive_", r.naive_out}}) {
+      if (!rows.defined()) continue;
+      out[prefix + std::string("output")] = fr.finish(rows).cpu();
+      if (fr.named_outputs)
+        for (const auto& [name, t] : fr.named_outputs(rows)) out[prefix + std::string("output_") + name] = t.cpu();
     }
     models::write_tensors(a.output, out);
   }
@@ -172,7 +166,7 @@ int run(const Args& a) {
     nlohmann::json j = report::to_json(r);
     if (res) j["residency"] = report::to_json(*res);
     if (!a.loras.empty()) j["lora"] = {{"adapters", lora.adapter_count()}, {"unmatched", lora.unmatched}, {"unapplied", lora.unapplied}};
-    j["formats"] = models::formats_json(models::format_lines(inst.model, *weights, reg, dev, precision));
+    j["formats"] = models::formats_json(formats);
     j["nonfinite"] = nonfinite;
     if (sparse.active) j["sparse_attention"] = sparse.json();
     std::cout << j.dump(2) << "\n";
@@ -220,7 +214,11 @@ Runner add_run(CLI::App& app) {
       ->check(CLI::IsMember({"preserve", "fp8", "int8"}))
       ->capture_default_str();
   cmd->add_option("--budget", a->budget, "activation memory budget: bytes, 512MiB, 2.5GiB, ... or auto (default: none)");
-  add_residency_options(cmd, a->device_memory, a->resident_blocks);
+  cmd->add_option("--device-memory", a->device_memory,
+                  "device memory the run may use for everything (weights, staging, activations): 8GiB, ...; weights "
+                  "that do not fit stream from host memory");
+  cmd->add_option("--resident-blocks", a->resident_blocks,
+                  "blocks whose weights are on the device at once (N or auto; default auto under --device-memory)");
   cmd->add_flag("--planned-only", a->planned_only, "skip the naive run (shapes where only the planned one fits)");
   cmd->add_flag("--json", a->json, "print the run report as JSON");
   add_explain_option(cmd, a->explain, "print the plan with every rejection and the linears' formats");

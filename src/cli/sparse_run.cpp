@@ -4,7 +4,6 @@
 
 #include "exec/run/executor.hpp"
 #include "exec/consumers/sparse.hpp"
-#include "exec/formats/weights.hpp"
 #include "plan/kv_budget.hpp"
 
 namespace sp::cli {
@@ -21,7 +20,7 @@ SparseRun prepare_sparse(const std::string& consumer, const ir::Model& m, const 
   if (consumer != "sparse") return r;
   r.active = true;
   r.kv = kv;
-  r.budget = kv_budget(kv);
+  r.budget = plan::kv_budget_at(kv.schedule, kv.step, kv.steps);
   r.tally = std::make_shared<exec::SparseTally>();
   r.video = plan::video_rows(m).value_or(ir::RowRange{});
   return r;

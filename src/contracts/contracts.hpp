@@ -1,21 +1,10 @@
 // Capability contracts: what each party of a run permits, as plain data.
 //
-// Design note. Legality never asks "which implementation is this?"; it asks the
-// contract. Every capability is tri-state: Yes, No, or Unknown — and Unknown is
-// treated exactly like No (fail closed), but reported as "undeclared" so a user can
-// tell a missing declaration from a real limitation. Consumers, weight formats and
-// patches are registered by name in a Registry, each with its implementation beside its
-// capabilities (one registration: exec/registry.hpp); the planner looks them up and never
-// lists known implementations. The implementation is an opaque Impl here — the planning
-// code never calls it — and the executor casts it to its ATen interface. Sizes that an
-// implementation allocates internally (a consumer's output slab and scratch, a format's
-// converted slice) are declared here as pure functions, so the cost model and the executor
-// cannot disagree.
-//
-// Example:
-//     sp::contracts::Registry reg = sp::exec::builtin_registry();   // exec/registry.hpp
-//     const auto& c = reg.consumer("sdpa");
-//     if (c.accepts_bounded_q == sp::contracts::Cap::Yes) { ... }
+// Legality never asks which implementation this is; it asks the contract. Every capability is
+// tri-state, and Unknown fails closed like No but is reported as "undeclared". Consumers, weight
+// formats and patches are registered by name, each with its implementation (an opaque Impl that
+// planning never calls; exec/registry.hpp). Sizes an implementation allocates internally are
+// declared here as pure functions, so the cost model and the executor cannot disagree.
 #pragma once
 
 #include <cstdint>
@@ -47,17 +36,14 @@ struct AttnShape {
   ir::DType dtype = ir::DType::F32;
   DeviceKind device = DeviceKind::CPU;
   int threads = 1;  // CPU worker threads (per-thread scratch)
-  // CPU: bytes a GEMM in this dtype allocates per worker thread to pack its operands
-  // (DeviceCaps::gemm_scratch).
-  int64_t gemm_scratch_per_thread = 0;
+  int64_t gemm_scratch_per_thread = 0;  // CPU: a GEMM's operand packing per thread (DeviceCaps::gemm_scratch)
   bool k_carried = false;  // K arrives as the consumer's own carrier (ConsumerCaps::k_carrier_bytes)
 };
 
-// Where an attention call runs and under which run-time inputs, as the plan fixes them (the
-// attend step carries it; the executor sets q_begin per Q slab): the block's index, the
-// sublayer's query rows, and what a routed (block-sparse) consumer keeps: `kv_budget` of the
-// video key tiles per video query tile, the video rows in the model's token order, set only
-// where the K/V rows are the model's rows [0, kv_rows).
+// An attention call's run-time inputs as the plan fixes them (the executor sets q_begin per Q
+// slab): the block's index, the sublayer's query rows, and what a routed (block-sparse) consumer
+// keeps: `kv_budget` of the video key tiles per video query tile, the video rows (set only where
+// the K/V rows are the model's rows [0, kv_rows)).
 struct AttnCall {
   int64_t layer = 0;
   ir::RowRange queries;
@@ -76,8 +62,7 @@ struct ConsumerCaps {
   Cap requires_global_v = Cap::Unknown;
   Cap slab_output = Cap::Unknown;        // output produced per Q slab
   // Yes: Q, K and V may arrive as views of token-major [rows, heads, head_dim] buffers (heads
-  // strided inside each row, the last dimension contiguous); the planner then keeps them
-  // token-major, which saves V's head-major copy.
+  // strided in a row, head_dim contiguous); the planner then saves V's head-major copy.
   Cap strided_heads = Cap::Unknown;
   std::set<ir::DType> dtypes;            // accepted activation dtypes
   int64_t q_align = 1;                   // Q slab rows must be a multiple (except the last)
@@ -87,10 +72,8 @@ struct ConsumerCaps {
   // Separate allocations of those bytes that may be large (over 1 MiB): each may be counted
   // up to DeviceCaps::reuse_slack above its size (DeviceCaps::held).
   int call_allocations = 1;
-  // Set: the consumer takes K as a carrier of its own (e.g. quantized K), which the K/V phase
-  // fills slab by slab in place of K in the activation dtype; its bytes for kv_heads groups of
-  // kv_rows rows of head_dim. Every slab but the last starts and ends at a multiple of
-  // k_carrier_align rows.
+  // Set: the consumer takes K as a carrier of its own (e.g. quantized K) that the K/V phase fills
+  // slab by slab, slabs starting at multiples of k_carrier_align rows; its bytes by shape.
   std::function<int64_t(int64_t kv_heads, int64_t kv_rows, int64_t head_dim)> k_carrier_bytes;
   int64_t k_carrier_align = 1;
   // The share of dense attention's work a call does (a block-sparse consumer's visited tiles),
@@ -119,11 +102,9 @@ struct FormatCaps {
   int64_t out_align = 1, in_align = 1;
   Cap held_execution = Cap::Unknown;   // acquire once per block, reuse for every slab
   std::shared_ptr<const Impl> impl;
-  // Native GEMM: on a device for which this answers true the format runs the projection itself
-  // (quantized activations against the stored weight) instead of handing out a dense weight:
-  // the acquire is a view of the stored slice, the project step calls the format's gemm, its
-  // FLOPs count at the device's 8-bit rate, and `gemm_workspace` (quantized activation slab,
-  // scales, integer accumulator) is allocated beside the arena while it runs. Null: never.
+  // Native GEMM: where this answers true the format runs the projection itself on a view of the
+  // stored slice (quantized activations, FLOPs at the 8-bit rate), with `gemm_workspace` allocated
+  // beside the arena while it runs, instead of handing out a dense weight. Null: never.
   std::function<bool(const DeviceCaps&)> native_gemm;
   std::function<int64_t(const GemmCall&, const DeviceCaps&)> gemm_workspace;
   // The kernel the native GEMM runs on a device, in words (--explain); null: not declared.
@@ -133,15 +114,13 @@ struct FormatCaps {
   double tolerance = 0;
   // Element type of the stored weight of a model computing in `model`.
   ir::DType stored(ir::DType model) const { return dense ? model : storage; }
-  // Bytes an acquire of rows x cols for compute in `compute` allocates: none where the
-  // stored tensor is handed out as a view, else the converted slice.
-  // Copies of the whole weight (in the compute dtype) an acquire makes outside the arena
-  // while it runs, before the slice goes into its placed buffer (a host's weight hook: the
-  // tensor it returns and its assembly).
+  // Copies of the whole weight (compute dtype) an acquire makes outside the arena while it runs
+  // (a host's weight hook: the tensor it returns and its assembly).
   int whole_copies = 0;
   // Bytes an acquire of rows x cols for compute in `compute` allocates on a device while it
   // runs, besides its result (a temporary of a conversion); null: none.
   std::function<int64_t(int64_t rows, int64_t cols, ir::DType compute, const DeviceCaps&)> acquire_scratch;
+  // Bytes an acquire of rows x cols for compute in `compute` allocates: none for a view, else the slice.
   int64_t acquire_bytes(int64_t rows, int64_t cols, ir::DType model, ir::DType compute) const {
     if (dense && compute == model) return 0;
     return rows * cols * static_cast<int64_t>(ir::dtype_size(compute));
@@ -186,8 +165,7 @@ struct Rates {
 };
 
 // What 0 means for a rate of a measured probe: never measured so (a cached probe holding it is
-// not used), a measurement like any other, or nothing to measure on the device (no fused
-// kernels built; `streamplan probe` leaves it out).
+// not used), a measurement, or nothing to measure (no fused kernels; `streamplan probe` omits it).
 enum class RateZero { Invalid, Measured, Absent };
 
 // Each rate once: its name (the probe's JSON cache and `streamplan probe`), its member, how
@@ -224,14 +202,11 @@ struct DeviceCaps {
   std::set<ir::DType> dtypes;
   int cc_major = 0, cc_minor = 0;
   int threads = 1;
-  // GPU: streaming multiprocessors (0: not a GPU); rates.attention_unit_tiles attention tiles
-  // run on each at once.
-  int compute_units = 0;
+  int compute_units = 0;  // GPU: streaming multiprocessors (0: not a GPU)
   // CUDA's caching allocator rounds each block up; CPU allocations are exact.
   int64_t alloc_round = 1;
-  // CUDA: the most bytes the caching allocator counts beyond a large request (over 1 MiB)
-  // when it hands out a cached block whole (it splits a block only where more than 1 MiB
-  // would be left); 0 where allocations are exact.
+  // CUDA: the most bytes the caching allocator counts beyond a large request (over 1 MiB) when
+  // it hands out a cached block whole; 0 where allocations are exact.
   int64_t reuse_slack = 0;
   Rates rates;  // of the time estimate; 0 where not measured
   // One-pass row kernels: norm + modulation into the activation dtype, and Q/K norm + RoPE

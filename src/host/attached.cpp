@@ -4,7 +4,6 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <stdexcept>
 
 #include "exec/device/device.hpp"
@@ -30,15 +29,8 @@ ir::DType module_dtype(const NamedTensors& tensors, const std::string& named) {
   if (bytes.empty())
     throw std::invalid_argument("module: it holds no 16- or 32-bit floating-point tensors (8-bit weights are cast "
                                 "to a compute dtype: name it, dtype='bf16' or 'fp16' or 'fp32')");
-  auto most = bytes.begin();
-  for (auto it = bytes.begin(); it != bytes.end(); ++it)
-    if (it->second > most->second) most = it;
-  switch (most->first) {
-    case at::kFloat: return ir::DType::F32;
-    case at::kBFloat16: return ir::DType::BF16;
-    case at::kHalf: return ir::DType::F16;
-    default: break;
-  }
+  const auto most = std::max_element(bytes.begin(), bytes.end(), [](auto& a, auto& b) { return a.second < b.second; });
+  if (const auto d = float_dtype(most->first)) return *d;
   throw std::invalid_argument(std::string("module: most of its parameter bytes are ") + c10::toString(most->first) +
                               "; streamplan runs modules held in float32, bfloat16 or float16");
 }
@@ -98,11 +90,7 @@ std::string geometry_key(const ir::Model& m, double kv_budget) {
   for (const auto& s : m.segments) key += (key.empty() ? "" : ", ") + s.name + " " + std::to_string(s.length);
   for (const auto& c : m.contexts) key += (key.empty() ? "" : ", ") + c.name + " " + std::to_string(c.length);
   key += " (" + std::string(ir::to_string(m.dtype));
-  if (kv_budget < 1.0) {
-    char b[32];
-    std::snprintf(b, sizeof b, ", kv budget %g", kv_budget);
-    key += b;
-  }
+  if (kv_budget < 1.0) key += report::printf_text(", kv budget %g", kv_budget);
   return key + ")";
 }
 
@@ -147,9 +135,7 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
 }
 
 void Attached::set_kv_budget(double budget) {
-  plan::KvSchedule s;
-  s.budget = budget;
-  plan::validate(s);
+  plan::validate({.budget = budget});
   options_.kv_budget = budget;
 }
 
@@ -226,7 +212,6 @@ void Attached::evict_least_recent(const GeometryPlan* keep) {
 }
 
 std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& raw) {
-  c10::NoGradGuard no_grad;  // the planned run records no autograd graph
   const auto t0 = std::chrono::steady_clock::now();
   weights_->refresh();
   models::FamilyRun fr = prepare(raw);
@@ -271,8 +256,6 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   return {std::move(fr), r.out};
 }
 
-std::vector<const GeometryPlan*> Attached::plans() const { return order_; }
-
 void Attached::release_streamed() {
   streamed_.reset();
   streamed_as_.reset();
@@ -288,10 +271,7 @@ std::vector<FormatUse> Attached::formats(const GeometryPlan& g) const {
   std::vector<FormatUse> out;
   ir::for_each_linear(const_cast<ir::Model&>(g.model), [&](ir::Linear& l) {
     auto it = std::find_if(out.begin(), out.end(), [&](const FormatUse& u) { return u.format == l.format; });
-    if (it == out.end()) {
-      out.push_back({l.format, 0, exec::gemm_provider(reg_.format(l.format), dev_)});
-      it = out.end() - 1;
-    }
+    if (it == out.end()) it = out.insert(it, {l.format, 0, exec::gemm_provider(reg_.format(l.format), dev_)});
     ++it->linears;
   });
   return out;

@@ -2,16 +2,13 @@
 // run per call on the module's own weights.
 //
 // Design note. A host (the Python package, src/python) hands over the module's tensors by
-// state_dict() name and, where names and shapes cannot tell, a sidecar built from the
-// module's config. Each call is one batch element in the raw-input format of the family
-// (models/families.hpp, the format of `streamplan run --inputs`): the family's prologue
-// builds the IR for that geometry and its tables, the plan of that geometry comes from the
-// cache (made on first sight, under the attach options' budget and KV budget), and the planned schedule
-// runs on the module's weights (host/module_weights.hpp), retried once under what is free
-// when it runs out of memory (exec/run/retry.hpp). The output is the family's reference
-// layout, in fp32. What a call may carry besides those inputs (masks, ControlNet residuals,
-// LoRA scales) is the host's to refuse before it calls: this side sees only the inputs
-// the family models.
+// state_dict() name and, where names and shapes cannot tell, a sidecar built from its config.
+// Each call is one batch element in the family's raw-input format (models/families.hpp, that of
+// `streamplan run --inputs`): the prologue builds the IR and tables of that geometry, whose plan
+// comes from the cache (made on first sight), and the planned schedule runs on the module's
+// weights (module_weights.hpp), retried once under what is free when it runs out of memory
+// (exec/run/retry.hpp); the output is the family's reference layout, in fp32. What a call may
+// carry besides (masks, ControlNet residuals, LoRA scales) is the host's to refuse before it calls.
 //
 // Example:
 //     sp::host::Attached a(tensors, sidecar, {.consumer = "sdpa", .budget = "auto"}, sp::exec::builtin_registry());
@@ -114,8 +111,6 @@ class Attached {
   const AttachOptions& options() const { return options_; }
   // From the next call on: plans made under this KV budget (plan::PlanError unless in (0, 1]).
   void set_kv_budget(double budget);
-  const contracts::Registry& registry() const { return reg_; }
-  const contracts::DeviceCaps& device_caps() const { return dev_; }
   const ModuleWeights& weights() const { return *weights_; }
   // The LoRA adapters matched from the options' files, with the keys that matched no weight.
   const models::LoraSet& lora() const { return lora_; }
@@ -135,7 +130,7 @@ class Attached {
   // Host milliseconds the last call spent before its planned run started: the inputs and the
   // geometry's IR prepared, the plan looked up (or made), the weights' arrangement checked.
   double last_prepare_ms() const { return last_prepare_ms_; }
-  std::vector<const GeometryPlan*> plans() const;
+  const std::vector<const GeometryPlan*>& plans() const { return order_; }
   // Gives back what the streamed weights hold (device slots and kept weights, pinned host
   // buffers); a later call streams them again. The plans stay.
   void release_streamed();
@@ -179,7 +174,8 @@ class Attached {
   double last_prepare_ms_ = 0;
   void evict_least_recent(const GeometryPlan* keep);  // down to kPlanCacheSize plans, `keep` kept
 
-  // The prepared call and its planned output rows (what finish and named_outputs take).
+  // The prepared call and its planned output rows (what finish and named_outputs take), under
+  // the caller's NoGradGuard.
   std::pair<models::FamilyRun, at::Tensor> run(const models::TensorMap& raw);
 };
 

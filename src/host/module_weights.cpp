@@ -64,16 +64,18 @@ class StoredView : public exec::WeightSource {
 
 }  // namespace
 
+std::optional<ir::DType> float_dtype(at::ScalarType t) {
+  for (const ir::DType d : {ir::DType::F32, ir::DType::BF16, ir::DType::F16})
+    if (exec::to_aten(d) == t) return d;
+  return std::nullopt;
+}
+
 recognize::Recognized recognize_module(const NamedTensors& tensors, const std::optional<recognize::Sidecar>& sidecar) {
   std::vector<io::TensorInfo> infos;
   infos.reserve(tensors.size());
   std::map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, t] : tensors) {
-    io::TensorInfo info;
-    info.name = name;
-    info.dtype = models::to_io(t.scalar_type(), name);
-    info.shape = t.sizes().vec();
-    infos.push_back(std::move(info));
+    infos.push_back({.name = name, .dtype = models::to_io(t.scalar_type(), name), .shape = t.sizes().vec()});
     by_name[name] = &t;
   }
   // Quantized weights as the host stores them (ComfyUI: the tensors of a comfy_quant checkpoint).
@@ -99,6 +101,7 @@ ModuleWeights::ModuleWeights(const NamedTensors& tensors, const recognize::Recog
     Canonical c;
     c.src = src;
     int64_t row = 0;
+    const recognize::QuantSpec* spec = nullptr;  // of a quantized part
     for (const auto& part : src.tensors) {
       auto it = by_name.find(part);
       if (it == by_name.end())
@@ -107,10 +110,8 @@ ModuleWeights::ModuleWeights(const NamedTensors& tensors, const recognize::Recog
       c.offsets.push_back(row);
       row += it->second.dim() > 0 ? it->second.size(0) : 1;
       parts_.emplace(part_key(part), it->second);
+      if (auto q = r.quant.find(part); q != r.quant.end()) spec = &q->second;
     }
-    const recognize::QuantSpec* spec = nullptr;
-    for (const auto& part : src.tensors)
-      if (auto it = r.quant.find(part); it != r.quant.end()) spec = &it->second;
     if (spec) {
       if (src.op != Source::Op::Copy || src.tensors.size() != 1)
         throw std::invalid_argument("weight '" + name + "' is joined from " + std::to_string(src.tensors.size()) +
@@ -137,7 +138,8 @@ at::ScalarType ModuleWeights::dtype_of(const std::string& canonical) const {
   return models::weight_dtype(config_, canonical, compute_);
 }
 
-at::Tensor ModuleWeights::cast_if_needed(const std::string& name, at::Tensor t) const {
+at::Tensor ModuleWeights::assembled(const std::string& name, const Canonical& c) const {
+  const at::Tensor t = models::assemble(name, c.src, c.parts).contiguous();
   return cast_.count(name) ? t.to(dtype_of(name)) : t;
 }
 
@@ -261,14 +263,8 @@ void ModuleWeights::mark_stored(ir::Model& m) const {
   ir::for_each_linear(m, [&](ir::Linear& l) {
     auto it = canon_.find(l.weight);
     if (it == canon_.end() || it->second.parts.empty()) return;
-    std::optional<ir::DType> d;
-    switch (it->second.parts.front().scalar_type()) {
-      case at::kFloat: d = ir::DType::F32; break;
-      case at::kBFloat16: d = ir::DType::BF16; break;
-      case at::kHalf: d = ir::DType::F16; break;
-      default: break;  // not a float: the format's own storage
-    }
-    if (d) l.stored = *d != m.dtype ? d : std::nullopt;
+    // Not a 16/32-bit float: the format's own storage.
+    if (const auto d = float_dtype(it->second.parts.front().scalar_type())) l.stored = *d != m.dtype ? d : std::nullopt;
   });
 }
 
@@ -301,23 +297,18 @@ bool ModuleWeights::contains(const std::string& name) const {
 const at::Tensor& ModuleWeights::held(const std::string& name, const Canonical& c) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto [it, fresh] = held_.try_emplace(name);
-  if (fresh) it->second = cast_if_needed(name, models::assemble(name, c.src, c.parts).contiguous());
+  if (fresh) it->second = assembled(name, c);
   return it->second;
 }
 
 void ModuleWeights::refresh() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& [name, t] : held_) {
-    const Canonical& c = canonical(name);
-    t = cast_if_needed(name, models::assemble(name, c.src, c.parts).contiguous());
-  }
+  for (auto& [name, t] : held_) t = assembled(name, canonical(name));
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ModuleWeights::canonical_tensors() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& [name, c] : canon_)
-    out.emplace_back(name, c.view.defined() ? c.view
-                                            : cast_if_needed(name, models::assemble(name, c.src, c.parts).contiguous()));
+  for (const auto& [name, c] : canon_) out.emplace_back(name, c.view.defined() ? c.view : assembled(name, c));
   for (const auto& [name, t] : side_) out.emplace_back(name, t);
   return out;
 }

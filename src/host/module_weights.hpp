@@ -1,35 +1,26 @@
 // Weights of a live host module: the tensors of a PyTorch module's state_dict(), recognized
 // through the checkpoint tables and acquired without copies.
 //
-// Design note. Recognition (src/recognize) maps every canonical tensor to its Source among
-// the module's tensors: renamed (Copy), concatenated parts (Concat0: diffusers' split q/k/v
-// of a fused projection) or swapped halves (SwapHalves0). A renamed tensor is a view of the
-// module's tensor (a convolution kernel that acts as a linear is viewed flat). A Linear
-// whose canonical weight is a concatenation is acquired from the part that holds the rows
-// the program asks for (each region of a fused projection is one part): a view again. Only
-// an acquire whose rows span parts assembles them, into the buffer the program placed where
-// it placed one. The tensors read whole that the module does not hold as such (the biases
-// of split projections, a modulation weight with swapped halves) are assembled on first use
-// and held as copies; refresh() assembles them again from the module's current tensors (a
-// few small vectors and one modulation matrix: cheap beside a forward), so a forward always
-// sees the module's current weights. copies() lists what is held.
+// Design note. A renamed canonical tensor (Copy) is a view of the module's tensor (a
+// convolution kernel that acts as a linear is viewed flat). A Linear whose weight is a
+// concatenation (Concat0: diffusers' split q/k/v of a fused projection) is acquired from the
+// part that holds the rows the program asks for, a view again; only an acquire whose rows span
+// parts assembles them, into the buffer the program placed where it placed one. Tensors read
+// whole that the module does not hold as such (the biases of split projections, a modulation
+// weight with swapped halves) are held as copies (copies()), assembled again by refresh() (a few
+// small tensors: cheap beside a forward), so that a forward always sees the current weights.
 //
-// A host may hook module tensors (set_hook): each read of a hooked tensor calls the hook with
-// its state_dict name and the tensor, and uses what it returns (a LoRA patched in, a cast
-// done: ComfyUI's cast-and-patch path). A Linear served from hooked tensors is acquired in the
-// format "host-hook" (mark_hooked): the program places a buffer for the acquired slice, and
-// the whole hooked weight, which lives only during the acquire, is the acquire step's
-// transient (the format declares two whole copies). Nothing hooked is kept between reads.
+// A host may hook module tensors (set_hook): each read of a hooked tensor calls the hook with its
+// state_dict name and uses what it returns (ComfyUI's cast-and-patch path). A Linear served from
+// hooked tensors runs in the format "host-hook" (mark_hooked): the whole hooked weight lives only
+// during the acquire, as the step's transient. Nothing hooked is kept between reads.
 //
-// Quantized weights (a host that holds them as a quantized checkpoint stores them: ComfyUI's
-// fp8 casts, scaled fp8 and comfy_quant tensors, recognize/quant.hpp) are read in place: the
-// stored tensor is the canonical weight, its scale tensor the format's "<weight>.scale"
-// (quantized.hpp; scale 1, a held fp32 scalar, where none is stored), and each Linear served
-// from one runs in the matching format (mark_quantized). A hook gets such a weight dequantized
-// in the compute dtype, as the host's own cast hands its patches a weight. What the prologue
-// reads whole (a modulation linear) it reads dequantized, through prologue_view(), one weight
-// at a time. Other 8-bit float tensors (biases and norms a host keeps in fp8) are held cast
-// to their dtype (copies()).
+// Quantized weights (ComfyUI's fp8 casts, scaled fp8 and comfy_quant tensors, recognize/quant.hpp)
+// are read in place: the stored tensor is the canonical weight, its scale the format's
+// "<weight>.scale" (quantized.hpp; a held fp32 1 where none is stored), and each Linear served
+// from one runs in the matching format (mark_quantized). A hook, and the prologue through
+// prologue_view(), get such a weight dequantized in the compute dtype, one weight at a time.
+// Other 8-bit float tensors (biases and norms a host keeps in fp8) are held cast to their dtype.
 //
 // Example:
 //     sp::host::NamedTensors t = ...;   // state_dict() of a diffusers FluxTransformer2DModel
@@ -63,6 +54,9 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // does a checkpoint. Throws recognize::RecognizeError, or std::invalid_argument naming a
 // tensor whose dtype no checkpoint can hold.
 recognize::Recognized recognize_module(const NamedTensors& tensors, const std::optional<recognize::Sidecar>& sidecar);
+
+// F32, BF16 or F16 for those ATen types; none for any other.
+std::optional<ir::DType> float_dtype(at::ScalarType t);
 
 // A host's weight hook: (state_dict name, the module's tensor) -> the tensor to compute with,
 // of the same shape, on the same device.
@@ -114,8 +108,6 @@ class ModuleWeights : public exec::WeightSource {
   // Sets the format of every Linear whose weight the module holds quantized (before
   // mark_hooked: a hooked weight runs through the hook).
   void mark_quantized(ir::Model& m) const;
-  // The quantized weights: canonical name -> their QuantSpec (format, origin, scale names).
-  const std::map<std::string, recognize::QuantSpec>& quantized() const { return specs_; }
   // These weights as the family's prologue reads them: a quantized weight dequantized (whole,
   // in its dtype, not held), everything else as tensor() and acquire() serve it.
   const exec::WeightSource& prologue_view() const { return *prologue_; }
@@ -154,8 +146,9 @@ class ModuleWeights : public exec::WeightSource {
   // A quantized canonical through its format, unhooked (from `stored` where given).
   at::Tensor dequantized(const std::string& name, const exec::WeightSource* stored = nullptr) const;
   at::ScalarType dtype_of(const std::string& canonical) const;
-  // Converted to its dtype where the module holds it in an 8-bit float (not quantized).
-  at::Tensor cast_if_needed(const std::string& name, at::Tensor t) const;
+  // Assembled from the module's tensors now, cast to its dtype where the module holds it in an
+  // 8-bit float (not quantized).
+  at::Tensor assembled(const std::string& name, const Canonical& c) const;
 
   const contracts::Registry* reg_;
   recognize::FamilyConfig config_;

@@ -13,8 +13,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <set>
 #include <utility>
 
@@ -60,31 +62,19 @@ std::string quote(std::string_view s) {
   return out + "'";
 }
 
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 // Short rendering of a JSON value for messages (truncated so messages stay readable).
 std::string brief(const json& v) {
   std::string s = v.dump(-1, ' ', true, json::error_handler_t::replace);
   return s.size() > 64 ? s.substr(0, 61) + "..." : s;
 }
 
-// numel with overflow detection; nullopt on overflow.
-std::optional<int64_t> checked_numel(const std::vector<int64_t>& shape) {
+// numel * dtype_size; nullopt on a negative dimension or overflow.
+std::optional<uint64_t> checked_nbytes(const std::vector<int64_t>& shape, DType dt) {
   int64_t n = 1;
+  uint64_t bytes = 0;
   for (int64_t d : shape)
     if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
-  return n;
-}
-
-std::optional<uint64_t> checked_nbytes(const std::vector<int64_t>& shape, DType dt) {
-  auto n = checked_numel(shape);
-  uint64_t bytes = 0;
-  if (!n || __builtin_mul_overflow(static_cast<uint64_t>(*n), dtype_size(dt), &bytes))
-    return std::nullopt;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(n), dtype_size(dt), &bytes)) return std::nullopt;
   return bytes;
 }
 
@@ -130,10 +120,7 @@ std::string too_short(size_t size) {
 std::string byte_str(std::byte b) {
   const auto c = std::to_integer<unsigned char>(b);
   char buf[16];
-  if (c >= 0x20 && c < 0x7f)
-    std::snprintf(buf, sizeof buf, "'%c'", c);
-  else
-    std::snprintf(buf, sizeof buf, "byte 0x%02x", c);
+  std::snprintf(buf, sizeof buf, c >= 0x20 && c < 0x7f ? "'%c'" : "byte 0x%02x", c);
   return buf;
 }
 
@@ -206,53 +193,39 @@ std::optional<DType> dtype_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-int64_t TensorInfo::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
 }
+
+int64_t TensorInfo::numel() const { return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>()); }
 uint64_t TensorInfo::nbytes() const { return static_cast<uint64_t>(numel()) * dtype_size(dtype); }
 
 // ---------------------------------------------------------------------------- reader
 
-SafetensorsFile::Mapping& SafetensorsFile::Mapping::operator=(Mapping&& o) noexcept {
-  if (this != &o) {
-    if (addr_) ::munmap(addr_, len_);
-    addr_ = std::exchange(o.addr_, nullptr);
-    len_ = std::exchange(o.len_, 0);
-  }
-  return *this;
-}
-
-SafetensorsFile::Mapping::~Mapping() {
-  if (addr_) ::munmap(addr_, len_);
-}
+void SafetensorsFile::Unmap::operator()(void* addr) const { ::munmap(addr, len); }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   f.source_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw SafetensorsError(path + ": cannot open: " + errno_str());
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) {
-    std::string e = errno_str();
-    ::close(fd);
-    throw SafetensorsError(path + ": cannot stat: " + e);
+  size_t size = 0;
+  {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw SafetensorsError(path + ": cannot open: " + errno_str());
+    const struct Closer {  // the mapping stays valid after close
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    struct stat st{};
+    if (::fstat(fd, &st) != 0) throw SafetensorsError(path + ": cannot stat: " + errno_str());
+    if (!S_ISREG(st.st_mode)) throw SafetensorsError(path + ": not a regular file");
+    size = static_cast<size_t>(st.st_size);
+    if (size < 8) not_safetensors(path, too_short(size));
+    void* addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (addr == MAP_FAILED) throw SafetensorsError(path + ": mmap failed: " + errno_str());
+    f.map_ = std::unique_ptr<void, Unmap>(addr, Unmap{size});
   }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw SafetensorsError(path + ": not a regular file");
-  }
-  const auto size = static_cast<size_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
-    not_safetensors(path, too_short(size));
-  }
-  void* addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  std::string e = errno_str();
-  ::close(fd);  // the mapping stays valid after close
-  if (addr == MAP_FAILED) throw SafetensorsError(path + ": mmap failed: " + e);
-  f.map_ = Mapping(addr, size);
   f.parse(size);
   return f;
 }
@@ -367,7 +340,7 @@ void SafetensorsFile::parse(size_t file_size) {
     }
     auto want = checked_nbytes(t.shape, t.dtype);
     if (!want)
-      tfail("shape " + shape_str(t.shape) + " x " + std::string(dtype_name(t.dtype)) +
+      tfail("shape " + shape_string(t.shape) + " x " + std::string(dtype_name(t.dtype)) +
             " overflows 64-bit element/byte count");
 
     const json& off = entry["data_offsets"];
@@ -379,14 +352,13 @@ void SafetensorsFile::parse(size_t file_size) {
     const std::string range = "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
     if (t.begin > t.end) tfail(range + " has begin > end");
     if (*want != t.end - t.begin)
-      tfail("shape " + shape_str(t.shape) + " x " + std::string(dtype_name(t.dtype)) + " (" +
+      tfail("shape " + shape_string(t.shape) + " x " + std::string(dtype_name(t.dtype)) + " (" +
             std::to_string(dtype_size(t.dtype)) + " bytes) = " + std::to_string(*want) +
             " bytes but data_offsets span " + std::to_string(t.end - t.begin) + " bytes");
     if (t.end > data_size)
       tfail(range + " extends past the data section of " + std::to_string(data_size) + " bytes");
-    auto [it, inserted] = tensors_.emplace(name, std::move(t));
-    (void)inserted;  // duplicates were rejected while parsing
-    if (it->second.end > it->second.begin) by_begin.push_back(&it->second);
+    const TensorInfo& added = tensors_.emplace(name, std::move(t)).first->second;  // names are unique (parsed so)
+    if (added.end > added.begin) by_begin.push_back(&added);
   }
 
   // Overlap check over non-empty ranges, sorted by begin (gaps are allowed).
@@ -436,17 +408,15 @@ void SafetensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> 
     if (e.info.name == name) throw SafetensorsError(where + "duplicate tensor name");
   auto want = checked_nbytes(shape, dtype);
   if (!want)
-    throw SafetensorsError(where + "shape " + shape_str(shape) +
+    throw SafetensorsError(where + "shape " + shape_string(shape) +
                            " has a negative dimension or overflows");
   if (*want != data.size())
-    throw SafetensorsError(where + "shape " + shape_str(shape) + " x " +
+    throw SafetensorsError(where + "shape " + shape_string(shape) + " x " +
                            std::string(dtype_name(dtype)) + " (" + std::to_string(dtype_size(dtype)) +
                            " bytes) = " + std::to_string(*want) + " bytes but " +
                            std::to_string(data.size()) + " bytes were given");
-  const uint64_t begin = entries_.empty() ? 0 : entries_.back().info.end;
-  Entry e{TensorInfo{std::move(name), dtype, std::move(shape), begin, begin + data.size()},
-          std::vector<std::byte>(data.begin(), data.end())};
-  entries_.push_back(std::move(e));
+  entries_.push_back(
+      {TensorInfo{std::move(name), dtype, std::move(shape)}, std::vector<std::byte>(data.begin(), data.end())});
 }
 
 void SafetensorsWriter::set_metadata(std::string key, std::string value) {
@@ -496,22 +466,15 @@ void SafetensorsStreamWriter::declare(std::string name, DType dtype, std::vector
     throw SafetensorsError(where + "name is not valid UTF-8 (bad byte at " + std::to_string(*bad) + ")");
   auto bytes = checked_nbytes(shape, dtype);
   if (!bytes)
-    throw SafetensorsError(where + "shape " + shape_str(shape) + " has a negative dimension or overflows");
+    throw SafetensorsError(where + "shape " + shape_string(shape) + " has a negative dimension or overflows");
   if (names_.count(name)) throw SafetensorsError(where + "duplicate tensor name");
 
   // The entry exactly as nlohmann's compact dump writes it (key escaping included), so the
   // header never has to exist as a JSON tree.
   const uint64_t begin = data_bytes_;
-  entries_json_ += ',';
-  entries_json_ += json(name).dump();
-  entries_json_ += ":{\"dtype\":\"";
-  entries_json_ += dtype_name(dtype);
-  entries_json_ += "\",\"shape\":[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) entries_json_ += ',';
-    entries_json_ += std::to_string(shape[i]);
-  }
-  entries_json_ += "],\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(begin + *bytes) + "]}";
+  const nlohmann::ordered_json entry = {
+      {"dtype", std::string(dtype_name(dtype))}, {"shape", shape}, {"data_offsets", {begin, begin + *bytes}}};
+  entries_json_ += "," + json(name).dump() + ":" + entry.dump();
   data_bytes_ += *bytes;
   tensors_.push_back(TensorInfo{std::move(name), dtype, std::move(shape), begin, begin + *bytes});
   names_.insert(tensors_.back().name);
@@ -585,7 +548,7 @@ void SafetensorsStreamWriter::write(std::span<const std::byte> data) {
     fail("all " + std::to_string(tensors_.size()) + " declared tensors are already written");
   const TensorInfo& t = tensors_[next_];
   if (data.size() != t.nbytes())
-    fail("tensor " + quote(t.name) + ": shape " + shape_str(t.shape) + " x " + std::string(dtype_name(t.dtype)) +
+    fail("tensor " + quote(t.name) + ": shape " + shape_string(t.shape) + " x " + std::string(dtype_name(t.dtype)) +
          " (" + std::to_string(dtype_size(t.dtype)) + " bytes) = " + std::to_string(t.nbytes()) + " bytes but " +
          std::to_string(data.size()) + " bytes were given");
   put(data.data(), data.size());
@@ -599,55 +562,40 @@ void SafetensorsStreamWriter::commit() {
          " tensors; the next one is " + quote(tensors_[next_].name));
   flush();
   if (::fsync(fd_) != 0) fail("fsync of " + tmp_ + " failed: " + errno_str());
-  const int rc = ::close(fd_);
-  fd_ = -1;
-  if (rc != 0) {
-    const std::string e = errno_str();
-    ::unlink(tmp_.c_str());
-    throw SafetensorsError(path_ + ": close of " + tmp_ + " failed: " + e);
-  }
-  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-    const std::string e = errno_str();
-    ::unlink(tmp_.c_str());
-    throw SafetensorsError(path_ + ": rename " + tmp_ + " -> " + path_ + " failed: " + e);
-  }
+  if (::close(std::exchange(fd_, -1)) != 0) fail("close of " + tmp_ + " failed: " + errno_str());
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("rename " + tmp_ + " -> " + path_ + " failed: " + errno_str());
 }
 
 void SafetensorsStreamWriter::put(const void* p, size_t n) {
   bytes_written_ += n;
+  const char* c = static_cast<const char*>(p);
   if (buffer_.size() + n <= kWriteBuffer) {
-    const char* c = static_cast<const char*>(p);
     buffer_.insert(buffer_.end(), c, c + n);
     return;
   }
   flush();
-  const char* c = static_cast<const char*>(p);
+  write_all(c, n);
+}
+
+void SafetensorsStreamWriter::flush() {
+  write_all(buffer_.data(), buffer_.size());
+  buffer_.clear();
+}
+
+void SafetensorsStreamWriter::write_all(const char* p, size_t n) {
   while (n > 0) {
-    const ssize_t w = ::write(fd_, c, n);
+    const ssize_t w = ::write(fd_, p, n);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) fail("write to " + tmp_ + " failed: " + (w < 0 ? errno_str() : "no progress"));
-    c += w;
+    p += w;
     n -= static_cast<size_t>(w);
   }
 }
 
-void SafetensorsStreamWriter::flush() {
-  size_t done = 0;
-  while (done < buffer_.size()) {
-    const ssize_t w = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) fail("write to " + tmp_ + " failed: " + (w < 0 ? errno_str() : "no progress"));
-    done += static_cast<size_t>(w);
-  }
-  buffer_.clear();
-}
-
+// Called only once open() succeeded; after commit() closed the file, it still removes it.
 void SafetensorsStreamWriter::fail(const std::string& what) {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-    ::unlink(tmp_.c_str());
-  }
+  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+  ::unlink(tmp_.c_str());
   throw SafetensorsError(path_ + ": " + what);
 }
 

@@ -1,4 +1,5 @@
-// Memory-mapped, lazy, fully validating safetensors reader and two writers.
+// Memory-mapped, lazy, fully validating safetensors reader and two writers (README.md says
+// what is validated and how errors read).
 //
 // Reading:
 //   auto f = sp::io::SafetensorsFile::open("model.safetensors");  // mmap + header validation
@@ -10,29 +11,22 @@
 // Writing tensors held in memory (atomic: goes to path + ".tmp", then rename):
 //   sp::io::SafetensorsWriter w;
 //   w.add("fc.weight", sp::io::DType::BF16, {4, 8}, std::as_bytes(std::span(buf)));
-//   w.set_metadata("format", "pt");
 //   w.write("out.safetensors");
 //
-// Streaming a file larger than memory: declare every tensor first (the header and the file
-// size follow from names, dtypes and shapes alone), then hand over the bytes one tensor at
-// a time, in declaration order:
+// Streaming a file larger than memory: declare every tensor first (that fixes the header and
+// the file size), then hand over the bytes one tensor at a time, in declaration order:
 //   sp::io::SafetensorsStreamWriter s;
 //   s.declare("fc.weight", sp::io::DType::BF16, {4, 8});
-//   s.file_bytes();                      // known before anything is written
 //   s.open("out.safetensors");           // refuses a file larger than the free disk space
 //   s.write(std::as_bytes(std::span(buf)));
 //   s.commit();                          // fsync + rename; without it the temp file is removed
-//
-// Every malformation is reported as sp::io::SafetensorsError whose message starts with
-// the file path (or "<memory>") and names the tensor and the offending values. A file that
-// is not a safetensors file at all (random bytes, a JSON document, an empty or tiny file)
-// is reported as "'<path>' is not a safetensors file: <why>".
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -57,6 +51,7 @@ enum class DType { F64, F32, F16, BF16, F8_E4M3, F8_E5M2, I64, I32, I16, I8, U8,
 size_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);                     // "BF16", "F8_E4M3", ...
 std::optional<DType> dtype_from_name(std::string_view name);  // inverse of dtype_name
+std::string shape_string(const std::vector<int64_t>& shape);  // "[3, 4]"
 
 struct TensorInfo {
   std::string name;
@@ -75,12 +70,6 @@ class SafetensorsFile {
   // Same validation on an owned in-memory buffer (errors name "<memory>").
   static SafetensorsFile from_memory(std::vector<std::byte> data);
 
-  SafetensorsFile(SafetensorsFile&&) noexcept = default;
-  SafetensorsFile& operator=(SafetensorsFile&&) noexcept = default;
-  SafetensorsFile(const SafetensorsFile&) = delete;
-  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
-  ~SafetensorsFile() = default;
-
   bool contains(const std::string& name) const;
   const TensorInfo& info(const std::string& name) const;          // throws if unknown
   std::span<const std::byte> bytes(const std::string& name) const; // throws if unknown
@@ -91,29 +80,17 @@ class SafetensorsFile {
   uint64_t data_offset() const { return data_offset_; }            // 8 + header length
 
  private:
-  // Owns an mmap'ed region; unmaps on destruction; move-only.
-  class Mapping {
-   public:
-    Mapping() = default;
-    Mapping(void* addr, size_t len) : addr_(addr), len_(len) {}
-    Mapping(Mapping&& o) noexcept : addr_(o.addr_), len_(o.len_) { o.addr_ = nullptr; o.len_ = 0; }
-    Mapping& operator=(Mapping&& o) noexcept;
-    Mapping(const Mapping&) = delete;
-    Mapping& operator=(const Mapping&) = delete;
-    ~Mapping();
-    const std::byte* data() const { return static_cast<const std::byte*>(addr_); }
-
-   private:
-    void* addr_ = nullptr;
-    size_t len_ = 0;
+  struct Unmap {  // the mapping's deleter; makes the file move-only
+    size_t len;
+    void operator()(void* addr) const;
   };
 
   SafetensorsFile() = default;
-  const std::byte* base() const { return map_.data() ? map_.data() : owned_.data(); }
+  const std::byte* base() const { return map_ ? static_cast<const std::byte*>(map_.get()) : owned_.data(); }
   void parse(size_t file_size);  // validates and fills tensors_/metadata_
 
   std::string source_;
-  Mapping map_;
+  std::unique_ptr<void, Unmap> map_;
   std::vector<std::byte> owned_;
   uint64_t data_offset_ = 0;
   std::map<std::string, TensorInfo> tensors_;
@@ -147,11 +124,9 @@ class SafetensorsWriter {
   std::map<std::string, std::string> metadata_;
 };
 
-// Writes a safetensors file whose tensors are produced one at a time, so that memory is
-// bounded by the caller's largest tensor rather than by the file. The header is built from
-// the declarations alone; the file goes to path + ".tmp" and is renamed onto `path` by
-// commit(). If commit() is not reached (an exception, an early return) the destructor
-// removes the temp file, so a failed write never leaves a partial file under either name.
+// Writes a safetensors file whose tensors are produced one at a time (memory bounded by the
+// largest tensor). The file goes to path + ".tmp", renamed onto `path` by commit(); without
+// commit() the destructor removes the temp file, so a failed write leaves no partial file.
 class SafetensorsStreamWriter {
  public:
   SafetensorsStreamWriter() = default;
@@ -159,10 +134,8 @@ class SafetensorsStreamWriter {
   SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
   ~SafetensorsStreamWriter();
 
-  // Throws SafetensorsError on a duplicate or reserved name, invalid UTF-8, a negative
-  // dimension, a byte count that overflows, or when the header grows beyond the
-  // 100,000,000-byte limit readers accept (so that an absurd tensor count fails early,
-  // before its declarations fill memory). Only before open().
+  // Throws SafetensorsError on a bad or repeated name, a bad shape, or once the header passes
+  // kMaxHeaderBytes (an absurd tensor count fails before it fills memory). Only before open().
   void declare(std::string name, DType dtype, std::vector<int64_t> shape);
   void set_metadata(std::string key, std::string value);  // only before open()
 
@@ -175,11 +148,8 @@ class SafetensorsStreamWriter {
   uint64_t file_bytes() const { return header_bytes() + data_bytes_; }
 
   // Creates path + ".tmp" and writes the header. Throws SafetensorsError, having written
-  // nothing, when the header exceeds the 100,000,000-byte limit readers accept, or when
-  // file_bytes() exceeds the space free to this user on the filesystem of `path` (statvfs;
-  // a stale temp file of an earlier attempt counts as free since it is overwritten). The
-  // environment variable STREAMPLAN_FREE_BYTES_FOR_TESTS, when set, replaces the measured
-  // free space: it exists only so that tests can exercise the refusal.
+  // nothing, when the header passes kMaxHeaderBytes or file_bytes() exceeds the free space of
+  // `path`'s filesystem (README.md; STREAMPLAN_FREE_BYTES_FOR_TESTS replaces it, for tests).
   void open(const std::string& path);
   // The bytes of the next declared tensor (declaration order); the size must match.
   void write(std::span<const std::byte> data);
@@ -191,7 +161,8 @@ class SafetensorsStreamWriter {
  private:
   void put(const void* p, size_t n);
   void flush();
-  [[noreturn]] void fail(const std::string& what);  // removes the temp file, throws "<path>: what"
+  void write_all(const char* p, size_t n);
+  [[noreturn]] void fail(const std::string& what);  // closes and removes the temp file, throws "<path>: what"
 
   std::deque<TensorInfo> tensors_;  // a deque: names_ views their names, which must not move
   std::unordered_set<std::string_view> names_;

@@ -1,6 +1,7 @@
 #include "ir/model.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <sstream>
 
 namespace sp::ir {
@@ -33,6 +34,14 @@ ActKind parse_act(const std::string& s, const std::string& field) {
 
 namespace {
 constexpr DType kActivationDtypes[] = {DType::F32, DType::BF16, DType::F16};
+
+// The element of `range` whose `key` equals `name`; null if none.
+template <class R, class K>
+auto find_named(R& range, const std::string& name, K key) -> decltype(&*range.begin()) {
+  for (auto& x : range)
+    if (std::invoke(key, x) == name) return &x;
+  return nullptr;
+}
 
 template <typename... Args>
 [[noreturn]] void fail(const std::string& field, Args&&... parts) {
@@ -106,12 +115,8 @@ void check_proj(const std::string& f, const Attention& a, const AttnProj& p, int
   }
   check_linear(f + ".out", p.out, qw + mlp, dim);
   if (a.parallel) {
-    const Region* ia = nullptr;
-    const Region* im = nullptr;
-    for (const auto& r : p.out.in_regions) {
-      if (r.name == "attn") ia = &r;
-      if (r.name == "mlp") im = &r;
-    }
+    const Region* ia = find_named(p.out.in_regions, "attn", &Region::name);
+    const Region* im = find_named(p.out.in_regions, "mlp", &Region::name);
     if (!ia || !im || ia->size != qw || im->size != mlp)
       fail(f + ".out.in_regions", "parallel MLP needs input regions attn (", qw, ") and mlp (", mlp, ")");
   }
@@ -139,11 +144,9 @@ void check_attention(const std::string& f, const Model& m, const Attention& a) {
     m.segment(seg);
     check_proj(f + ".segment_proj." + seg, a, p, dim, kv_in);
   }
-  if (a.rope.style != RopeStyle::None) {
-    if (a.rope.rotary_dim <= 0 || a.rope.rotary_dim > a.head_dim || a.rope.rotary_dim % 2 != 0)
-      fail(f + ".rope.rotary_dim", "must be even and in (0, head_dim=", a.head_dim, "], got ",
-           a.rope.rotary_dim);
-  }
+  if (a.rope.style != RopeStyle::None &&
+      (a.rope.rotary_dim <= 0 || a.rope.rotary_dim > a.head_dim || a.rope.rotary_dim % 2 != 0))
+    fail(f + ".rope.rotary_dim", "must be even and in (0, head_dim=", a.head_dim, "], got ", a.rope.rotary_dim);
   if (a.qk_norm.kind != QkNormKind::None && !(a.qk_norm.eps > 0))
     fail(f + ".qk_norm.eps", "must be positive, got ", a.qk_norm.eps);
   if (a.consumer.empty()) fail(f + ".consumer", "empty consumer name");
@@ -194,24 +197,37 @@ void block_linears(B& b, F&& fn) {
   }
 }
 
+// Calls fn on the names of the tensors a linear reads: its weight, bias and LoRA factors.
+template <class L, class F>
+void linear_tensors(L& l, F&& fn) {
+  fn(l.weight), fn(l.bias);
+  for (auto& a : l.loras) fn(a.a), fn(a.b);
+}
+
+// Calls fn on the names of the tensors a block reads, for a const or a mutable block: its linears',
+// then per sublayer its norm's weight and bias and its Q/K norm weights, then its row norm's. A
+// norm that is not affine reads no weights; `unread`: its names all the same.
+template <class B, class F>
+void block_tensors(B& b, F&& fn, bool unread = false) {
+  block_linears(b, [&](auto& l) { linear_tensors(l, fn); });
+  auto norm = [&](auto& n) {
+    if (n.affine || unread) fn(n.weight), fn(n.bias);
+  };
+  for (auto& s : b.sublayers) {
+    norm(s.norm);
+    if (auto* a = std::get_if<Attention>(&s.body)) {
+      fn(a->proj.q_norm), fn(a->proj.k_norm);
+      for (auto& [segment, p] : a->segment_proj) fn(p.q_norm), fn(p.k_norm);
+    }
+  }
+  if (b.post_norm) norm(b.post_norm->norm);
+}
+
 // Tensor names in first-seen order, without repeats or empty ones.
 struct Names {
   std::vector<std::string> list;
-  void add(const std::string& n) {
+  void operator()(const std::string& n) {
     if (!n.empty() && std::find(list.begin(), list.end(), n) == list.end()) list.push_back(n);
-  }
-  void linear(const Linear& l) {
-    add(l.weight);
-    add(l.bias);
-    for (const auto& lora : l.loras) {
-      add(lora.a);
-      add(lora.b);
-    }
-  }
-  void norm(const Norm& n) {
-    if (!n.affine) return;
-    add(n.weight);
-    add(n.bias);
   }
 };
 
@@ -229,11 +245,7 @@ DType parse_dtype(const std::string& s, const std::string& field) {
   throw IrError(field + ": unknown dtype '" + s + "' (expected fp32, bf16 or fp16)");
 }
 
-const Region* Linear::out_region(const std::string& n) const {
-  for (const auto& r : out_regions)
-    if (r.name == n) return &r;
-  return nullptr;
-}
+const Region* Linear::out_region(const std::string& n) const { return find_named(out_regions, n, &Region::name); }
 
 int64_t Model::tokens() const {
   int64_t t = 0;
@@ -242,8 +254,7 @@ int64_t Model::tokens() const {
 }
 
 const Segment& Model::segment(const std::string& n) const {
-  for (const auto& s : segments)
-    if (s.name == n) return s;
+  if (const Segment* s = find_named(segments, n, &Segment::name)) return *s;
   throw IrError("model.segments: no segment named '" + n + "'");
 }
 
@@ -269,15 +280,12 @@ RowRange Model::rows(const std::vector<std::string>& names) const {
 }
 
 const SegmentEmbed* Model::embed_for(const std::string& seg) const {
-  for (const auto& e : embeds)
-    if (e.segment == seg) return &e;
-  return nullptr;
+  return find_named(embeds, seg, &SegmentEmbed::segment);
 }
 
 const Linear& FinalLayer::proj_for(const std::string& segment) const {
-  for (const auto& [name, l] : heads)
-    if (name == segment) return l;
-  return proj;
+  const auto* head = find_named(heads, segment, &std::pair<std::string, Linear>::first);
+  return head ? head->second : proj;
 }
 
 int64_t Model::input_features(const std::string& seg) const {
@@ -303,15 +311,13 @@ int64_t Model::inner_boundaries(RowRange r) const {
 int64_t Model::output_tokens() const { return final_layer ? rows(final_layer->segments).size() : tokens(); }
 
 const Context& Model::context(const std::string& n) const {
-  for (const auto& c : contexts)
-    if (c.name == n) return c;
+  if (const Context* c = find_named(contexts, n, &Context::name)) return *c;
   throw IrError("model.contexts: no context named '" + n + "'");
 }
 
 const AttnProj& Attention::proj_for(const std::string& segment) const {
-  for (const auto& [name, p] : segment_proj)
-    if (name == segment) return p;
-  return proj;
+  const auto* p = find_named(segment_proj, segment, &std::pair<std::string, AttnProj>::first);
+  return p ? p->second : proj;
 }
 
 std::vector<const AttnProj*> Attention::all_proj() const {
@@ -326,12 +332,10 @@ void validate(const Model& m) {
     fail("model.dtype", "activations must be floating point, got ", to_string(m.dtype));
   if (m.segments.empty()) fail("model.segments", "at least one token segment is required");
   for (size_t i = 0; i < m.segments.size(); ++i) {
-    if (m.segments[i].length <= 0)
-      fail("model.segments[" + std::to_string(i) + "]." + m.segments[i].name,
-           "length must be positive, got ", m.segments[i].length);
-    for (size_t j = 0; j < i; ++j)
-      if (m.segments[j].name == m.segments[i].name)
-        fail("model.segments[" + std::to_string(i) + "]", "duplicate segment name '", m.segments[i].name, "'");
+    const Segment& s = m.segments[i];
+    const std::string f = "model.segments[" + std::to_string(i) + "]";
+    if (s.length <= 0) fail(f + "." + s.name, "length must be positive, got ", s.length);
+    if (find_named(m.segments, s.name, &Segment::name) != &s) fail(f, "duplicate segment name '", s.name, "'");
   }
   for (const auto& c : m.contexts)
     if (c.length <= 0 || c.dim <= 0)
@@ -369,10 +373,9 @@ void validate(const Model& m) {
     const RowRange rr = m.rows(fl.segments);
     for (const auto& [seg, l] : fl.heads) {
       const std::string f = "final.heads." + seg;
-      bool in_range = false;
-      for (const auto& s : m.segments)
-        if (s.name == seg) in_range = m.segment_begin(seg) >= rr.begin && m.segment_begin(seg) + s.length <= rr.end;
-      if (!in_range) fail(f, "names no segment among the final layer's rows, got '", seg, "'");
+      const Segment* s = find_named(m.segments, seg, &Segment::name);
+      if (!s || m.segment_begin(seg) < rr.begin || m.segment_begin(seg) + s->length > rr.end)
+        fail(f, "names no segment among the final layer's rows, got '", seg, "'");
       if (l.out_features <= 0 || l.out_features > fl.proj.out_features)
         fail(f + ".out_features", "must be in 1..", fl.proj.out_features, " (the output width), got ", l.out_features);
       check_linear(f, l, m.dim, l.out_features);
@@ -393,20 +396,12 @@ Block anonymous(Block b) {
   auto blank = [](std::string& n) {
     if (!n.empty()) n = "*";
   };
-  auto norm = [&](Norm& n) { blank(n.weight), blank(n.bias); };
-  block_linears(b, [&](Linear& l) {
-    blank(l.weight), blank(l.bias);
-    for (auto& a : l.loras) blank(a.a), blank(a.b);
-  });
+  block_tensors(b, blank, true);
   blank(b.name), blank(b.modulation.table);
   for (auto& s : b.sublayers) {
-    blank(s.name), norm(s.norm);
-    if (auto* a = std::get_if<Attention>(&s.body)) {
-      blank(a->rope.table), blank(a->proj.q_norm), blank(a->proj.k_norm);
-      for (auto& [segment, p] : a->segment_proj) blank(p.q_norm), blank(p.k_norm);
-    }
+    blank(s.name);
+    if (auto* a = std::get_if<Attention>(&s.body)) blank(a->rope.table);
   }
-  if (b.post_norm) norm(b.post_norm->norm);
   return b;
 }
 
@@ -414,27 +409,18 @@ void for_each_linear(const Block& b, const std::function<void(const Linear&)>& f
 
 std::vector<std::string> tensor_names_outside_blocks(const Model& m) {
   Names names;
-  for (const auto& e : m.embeds) names.linear(e.linear);
-  if (m.final_layer) {
-    names.norm(m.final_layer->norm);
-    names.linear(m.final_layer->proj);
-    for (const auto& [segment, l] : m.final_layer->heads) names.linear(l);
+  for (const auto& e : m.embeds) linear_tensors(e.linear, names);
+  if (const auto& f = m.final_layer) {
+    if (f->norm.affine) names(f->norm.weight), names(f->norm.bias);
+    linear_tensors(f->proj, names);
+    for (const auto& [segment, l] : f->heads) linear_tensors(l, names);
   }
   return names.list;
 }
 
 std::vector<std::string> tensor_names(const Block& b) {
   Names names;
-  block_linears(b, [&](const Linear& l) { names.linear(l); });
-  for (const auto& s : b.sublayers) {
-    names.norm(s.norm);
-    if (const auto* a = std::get_if<Attention>(&s.body))
-      for (const AttnProj* p : a->all_proj()) {
-        names.add(p->q_norm);
-        names.add(p->k_norm);
-      }
-  }
-  if (b.post_norm) names.norm(b.post_norm->norm);
+  block_tensors(b, names);
   return names.list;
 }
 

@@ -1,22 +1,11 @@
 // Model IR: the semantics of a transformer as a planner sees it.
 //
-// Design note. A model is a token-major residual stream (width `dim`) made of named
-// token segments, an optional input projection, a list of blocks and a final layer.
-// A block is a short sequence of sublayers; every sublayer has the same shape:
-//
+// A model is a token-major residual stream (width `dim`) of named token segments, with optional
+// input projections, blocks and a final layer. Every sublayer of a block has one shape,
 //     x += gate * body(modulate(norm(x)))
-//
-// where body is an Attention or an Mlp. This is exactly the granularity the schedule
-// transformations of DESIGN.md act on, so legality and cost can reason per sublayer
-// without pattern-matching a graph. Weights are referenced by name (with their format),
-// never owned; runtime tensors (modulation tables, RoPE tables) are named inputs.
-// Nothing here includes ATen.
-//
-// Example:
-//     sp::ir::Model m = ...;          // filled by a model builder or recognizer
-//     sp::ir::validate(m);            // throws sp::ir::IrError naming field and values
-//     for (const auto& b : m.blocks)
-//       for (const auto& s : b.sublayers) use(m.rows(s.segments), s.body);
+// with body an Attention or an Mlp: the granularity the schedule transformations act on, so
+// legality and cost reason per sublayer without pattern-matching a graph. Weights are referenced
+// by name (with their format), never owned; runtime tensors are named inputs. No ATen here.
 #pragma once
 
 #include <cstdint>
@@ -184,7 +173,6 @@ struct Mlp {
   std::optional<Linear> gate;  // Separate only: [hidden, dim]
   Linear down;                 // [dim, hidden]
   std::vector<std::string> patches;
-  bool gated() const { return layout != GateUpLayout::None; }
   bool operator==(const Mlp&) const = default;
 };
 
@@ -221,8 +209,6 @@ struct Block {
   bool operator==(const Block&) const = default;
 };
 
-struct SegmentEmbed;
-
 struct FinalLayer {
   std::vector<std::string> segments;  // rows projected to the output; empty: all tokens
   Norm norm;
@@ -250,7 +236,6 @@ struct Context {
   bool operator==(const Context&) const = default;
 };
 
-// The input projection of one segment's tokens into the residual stream.
 // A segment's input projection into the residual. With linear.fp32_compute the segment's
 // tokens come in the accumulation dtype and are projected in it (e.g. patch embeddings a
 // model keeps in fp32), then rounded to the activation dtype.

@@ -89,7 +89,7 @@ class Checker {
   size_t before_;
 };
 
-// Every patch on `roles` must declare the locality `cap` selects.
+// Every patch on `roles` must declare the locality `feature` selects (feature slice, else token slab).
 void require_patch_locality(Checker& c, const Context& ctx, const std::vector<std::string>& patches,
                             std::initializer_list<TensorRole> roles, bool feature) {
   for (const auto& name : patches) {
@@ -122,16 +122,14 @@ void require_region_slicing(Checker& c, const Context& ctx, const ir::Linear& l)
 }
 
 void check_attention(Verdict& v, const Context& ctx, const ir::Attention& a, int64_t kv_rows) {
-  std::initializer_list<TensorRole> qkv_roles = {TensorRole::Q, TensorRole::K, TensorRole::V};
   {
     Checker c(v, Transform::BoundedQkv);
     for (const ir::AttnProj* p : a.all_proj()) {
       if (p->fused()) require_region_slicing(c, ctx, *p->qkv);
-      for (const ir::Linear* l : {p->qkv ? &*p->qkv : nullptr, p->q ? &*p->q : nullptr, p->k ? &*p->k : nullptr,
-                                  p->v ? &*p->v : nullptr})
-        if (l) require_held(c, ctx, *l);
+      for (const auto* l : {&p->qkv, &p->q, &p->k, &p->v})
+        if (*l) require_held(c, ctx, **l);
     }
-    require_patch_locality(c, ctx, a.patches, qkv_roles, false);
+    require_patch_locality(c, ctx, a.patches, {TensorRole::Q, TensorRole::K, TensorRole::V}, false);
     // A parallel MLP is computed slab by slab with Q.
     if (a.parallel) require_patch_locality(c, ctx, a.patches, {TensorRole::MlpHidden}, false);
     require_device_dtype(c, ctx);
@@ -249,11 +247,7 @@ int64_t feature_alignment(const contracts::Registry& reg, const ir::Mlp& m) {
 
 Verdict check_sublayer(const Context& ctx, const ir::Sublayer& s) {
   Verdict v;
-  if (const auto* a = std::get_if<ir::Attention>(&s.body)) {
-    const int64_t kv_rows = a->kind == ir::AttnKind::Cross ? ctx.model->context(a->context).length
-                                                           : ctx.model->rows(s.segments).size();
-    check_attention(v, ctx, *a, kv_rows);
-  }
+  if (const auto* a = std::get_if<ir::Attention>(&s.body)) check_attention(v, ctx, *a, ctx.model->kv_rows(s));
   else check_mlp(v, ctx, std::get<ir::Mlp>(s.body));
   return v;
 }

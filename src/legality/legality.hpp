@@ -1,30 +1,19 @@
 // Legality: which schedule transformations every party of a run permits.
 //
-// Design note. Each transformation is guarded by small named predicates, one per
-// (component, check). A predicate that fails yields a Rejection — a Check code, the
-// component (kind and name), required, actual — and all failing predicates are
-// collected, never just the first. Codes are the stable interface: tests and tools
-// match them, while the human texts are derived from the structured fields and may be
-// reworded freely.
-// A transformation is legal only if model semantics ∩ patches ∩ weight formats ∩
-// consumer ∩ device all permit it; anything undeclared fails closed for that
-// transformation only. Dependencies between transformations (streamed Q needs bounded
-// QKV; streamed output projection needs streamed Q; feature slicing needs token
-// chunks) are rejections too, naming the transformation that is missing.
-//
-// Example:
-//     auto reg = sp::exec::builtin_registry();
-//     sp::legality::Context ctx{&model, &reg, &device};
-//     auto d = sp::legality::check_sublayer(ctx, model.blocks[0].sublayers[0]);
-//     for (const auto& r : d.rejections) std::cout << sp::legality::describe(r) << "\n";
+// Each transformation is guarded by small named predicates, one per (component, check); every
+// failing one yields a Rejection (a Check code, the component, required, actual), and all are
+// collected. The codes are the stable interface; the human texts derive from the fields. A
+// transformation is legal only if model, patches, weight formats, consumer and device all permit
+// it; anything undeclared fails closed for that transformation only. Dependencies between
+// transformations (streamed Q needs bounded QKV, ...) are rejections too.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "contracts/contracts.hpp"
-#include "ir/model.hpp"
 
 namespace sp::legality {
 
@@ -38,8 +27,7 @@ enum class Transform {
 };
 const char* to_string(Transform);
 
-// One enumerator per check legality performs. The code_name of each is the stable
-// interface: changing one breaks whoever matches on it.
+// One enumerator per check legality performs; the code_name of each is the stable interface.
 enum class Check {
   ConsumerRegistered,       // the attention's consumer name is in the registry
   ConsumerBoundedQ,         // consumer accepts bounded Q against global K/V
@@ -61,16 +49,12 @@ enum class Check {
   Prerequisite,             // the transformation this one builds on is legal
   HiddenTooNarrow,          // MLP hidden width holds fewer than two aligned slices
 };
-// Every enumerator, in declaration order.
-inline constexpr Check kAllChecks[] = {
-    Check::ConsumerRegistered,  Check::ConsumerBoundedQ,    Check::ConsumerDeclaresGlobalK,
-    Check::ConsumerDeclaresGlobalV, Check::ConsumerSlabOutput, Check::ConsumerKvAligned,
-    Check::ConsumerDtype,       Check::FormatHeld,          Check::FormatRegionSlicing,
-    Check::FormatRowSlicing,    Check::FormatColumnSlicing, Check::RegionAligned,
-    Check::UpHalfAligned,       Check::PatchRowLocal,       Check::PatchFeatureLocal,
-    Check::DeviceDtype,         Check::DeviceFp32,          Check::Prerequisite,
-    Check::HiddenTooNarrow,
-};
+// Every enumerator, in declaration order (HiddenTooNarrow is the last).
+inline constexpr auto kAllChecks = [] {
+  std::array<Check, static_cast<size_t>(Check::HiddenTooNarrow) + 1> all{};
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<Check>(i);
+  return all;
+}();
 // Stable dotted identifier, e.g. "consumer.bounded_q"; "?" for a value outside the enum.
 const char* code_name(Check);
 

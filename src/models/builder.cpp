@@ -44,21 +44,13 @@ using detail::blk;
 using detail::linear;
 
 ir::Norm norm(const ModelConfig& c, const std::string& name) {
-  ir::Norm n;
-  n.kind = c.norm;
-  n.eps = c.eps;
-  n.affine = c.norm_affine;
-  if (c.norm_affine) {
-    n.weight = name + ".weight";
-    if (c.norm == ir::NormKind::LayerNorm) n.bias = name + ".bias";
-  }
-  return n;
+  const bool bias = c.norm_affine && c.norm == ir::NormKind::LayerNorm;
+  return {c.norm, c.norm_affine, c.norm_affine ? name + ".weight" : "", bias ? name + ".bias" : "", c.eps};
 }
 
 struct Maker {
   at::Generator gen;
   at::ScalarType dt;
-  const contracts::Registry& reg;
   exec::TensorWeights& w;
 
   at::Tensor randn(at::IntArrayRef shape, double std, double mean = 0.0) {
@@ -149,10 +141,8 @@ ir::Model build_ir(const ModelConfig& c) {
     };
     a.proj = proj(blk(i) + "attn.");
     if (c.joint) a.segment_proj = {{c.segments.front().name, proj(blk(i) + "attn_" + c.segments.front().name + ".")}};
-    a.qk_norm.kind = c.qk_norm;
-    a.qk_norm.eps = c.eps;
-    a.rope.style = c.rope;
-    a.rope.rotary_dim = c.rope == ir::RopeStyle::None ? 0 : c.rotary_dim;
+    a.qk_norm = {c.qk_norm, c.eps};
+    a.rope = {c.rope, c.rope == ir::RopeStyle::None ? 0 : c.rotary_dim, "rope"};
     a.consumer = c.consumer;
     a.patches = c.attn_patches;
     b.sublayers.push_back({"attn", {}, norm(c, blk(i) + "norm1"), mod ? ir::ModRef{0, 1, 2} : ir::ModRef{}, a});
@@ -220,7 +210,7 @@ Instance instantiate(const ModelConfig& c, const contracts::Registry& reg, const
   inst.weights = std::make_shared<exec::TensorWeights>(&reg);
   const ir::Model& m = inst.model;
   const at::ScalarType dt = exec::to_aten(c.dtype);
-  Maker mk{at::make_generator<at::CPUGeneratorImpl>(c.seed), dt, reg, *inst.weights};
+  Maker mk{at::make_generator<at::CPUGeneratorImpl>(c.seed), dt, *inst.weights};
   const int64_t T = m.tokens();
   const int64_t mod_rows = c.mod_scope == ir::ModScope::PerToken ? T
                            : c.mod_scope == ir::ModScope::Shared ? 1
@@ -239,9 +229,8 @@ Instance instantiate(const ModelConfig& c, const contracts::Registry& reg, const
       mk.norm(s.norm, m.dim);
       if (const auto* a = std::get_if<ir::Attention>(&s.body)) {
         for (const ir::AttnProj* p : a->all_proj()) {
-          for (const auto* l : {p->qkv ? &*p->qkv : nullptr, p->q ? &*p->q : nullptr, p->k ? &*p->k : nullptr,
-                                p->v ? &*p->v : nullptr})
-            if (l) mk.linear(*l);
+          for (const auto* l : {&p->qkv, &p->q, &p->k, &p->v})
+            if (*l) mk.linear(**l);
           if (a->qk_norm.kind != ir::QkNormKind::None) {
             const bool per_head = a->qk_norm.kind == ir::QkNormKind::PerHead;
             mk.dense(p->q_norm, mk.randn({per_head ? a->head_dim : a->heads * a->head_dim}, 0.1, 1.0));
@@ -296,26 +285,7 @@ Instance upcast_f64(const Instance& src, const contracts::Registry& reg) {
   };
   for (const auto& [k, v] : src.weights->all())
     if (v.is_floating_point()) out.weights->add(k, v.to(at::kDouble));
-  for (auto& e : out.model.embeds) fix(e.linear);
-  for (auto& b : out.model.blocks)
-    for (auto& s : b.sublayers) {
-      if (auto* a = std::get_if<ir::Attention>(&s.body)) {
-        std::vector<ir::AttnProj*> projs = {&a->proj};
-        for (auto& [seg, p] : a->segment_proj) projs.push_back(&p);
-        for (ir::AttnProj* p : projs) {
-          for (auto* l : {p->qkv ? &*p->qkv : nullptr, p->q ? &*p->q : nullptr, p->k ? &*p->k : nullptr,
-                          p->v ? &*p->v : nullptr})
-            if (l) fix(*l);
-          fix(p->out);
-        }
-      } else {
-        auto& f = std::get<ir::Mlp>(s.body);
-        if (f.gate) fix(*f.gate);
-        fix(*f.up);
-        fix(f.down);
-      }
-    }
-  if (out.model.final_layer) fix(out.model.final_layer->proj);
+  ir::for_each_linear(out.model, fix);
   for (const auto& [k, v] : src.inputs.tokens) out.inputs.tokens[k] = v.to(at::kDouble);
   for (const auto& [k, v] : src.inputs.tables) out.inputs.tables[k] = v.to(at::kDouble);
   return out;

@@ -1,9 +1,8 @@
 // Model builder: an IR plus deterministic random weights and inputs from a small config.
 //
-// Design note. The embedded default model (`streamplan demo`) is one configuration of
-// this builder: the avdit layout (a generic single-stream audio+video DiT, this project's
-// own) at reduced width. Tests use the same builder with awkward configurations (odd
-// lengths, GQA, partial RoPE, every layout).
+// Design note. The embedded default model (`streamplan demo`, demo_config) is one
+// configuration of this builder; tests use it with awkward configurations (odd lengths, GQA,
+// partial RoPE, every layout).
 // All random values are drawn in fp32 on the CPU from one seeded generator, in a fixed
 // order, then rounded to the model dtype (and quantized for int8 formats) — so two
 // instances with the same config hold the same weights whatever the dtype or device.

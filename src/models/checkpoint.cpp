@@ -3,9 +3,13 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <deque>
 #include <functional>
+#include <future>
 #include <span>
+#include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "models/families.hpp"
 #include "models/quant_load.hpp"
@@ -32,17 +36,15 @@ at::Tensor swap_halves(const at::Tensor& t, const std::string& name) {
 
 // Convolution kernels with stride == kernel act as linears over flattened patches.
 at::Tensor as_linear(const std::string& canonical, at::Tensor t) {
-  const bool weight = canonical.size() > 7 && canonical.compare(canonical.size() - 7, 7, ".weight") == 0;
-  return (weight && t.dim() > 2) ? t.reshape({t.size(0), -1}) : t;
+  return (canonical.size() > 7 && canonical.ends_with(".weight") && t.dim() > 2) ? t.reshape({t.size(0), -1}) : t;
 }
 
 // Scales a standard normal draw into the kind of values the tensor holds: norm weights and
 // scales near 1, small biases and modulation tables, matrices with std 1/sqrt(fan in).
 void shape_values(const recognize::TensorSpec& spec, at::Tensor& t) {
   const std::string& n = spec.name;
-  const bool bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
-  const bool inv_freq = n.size() >= 8 && n.compare(n.size() - 8, 8, "inv_freq") == 0;
-  if (inv_freq && spec.shape.size() == 1) {
+  const bool bias = n.size() > 5 && n.ends_with(".bias");
+  if (n.ends_with("inv_freq") && spec.shape.size() == 1) {
     // Stored RoPE inverse frequencies: 10000^(-i/n) over the n rotated pairs of an axis.
     const int64_t len = spec.shape[0];
     const at::Tensor i = at::arange(len, at::TensorOptions().dtype(at::kDouble));
@@ -152,29 +154,33 @@ void write_random_checkpoint(const recognize::FamilyConfig& config, const std::s
   }
   w.open(path);
 
-  // Canonical tensors are those of the original layout (there, every tensor is its own).
-  std::vector<recognize::TensorSpec> originals;
-  std::unordered_map<std::string, const recognize::TensorSpec*> canonical_spec;
-  if (layout != "original") {
-    originals = recognize::checkpoint_tensors(config, "original");
-    canonical_spec.reserve(originals.size());
-    for (const auto& o : originals) canonical_spec.emplace(o.name, &o);
-  }
-  auto canonical_of = [&](const recognize::TensorSpec& spec) -> const recognize::TensorSpec& {
-    return layout == "original" ? spec : *canonical_spec.at(spec.canonical);
-  };
+  // Canonical tensors are those of the original layout.
+  std::unordered_map<std::string, recognize::TensorSpec> canonical;
+  for (auto& o : recognize::checkpoint_tensors(config, "original")) canonical.emplace(o.name, std::move(o));
 
-  // One tensor at a time. A canonical tensor split into several stored parts is kept only
-  // until its last part is written, so memory stays near the largest canonical tensor.
+  // Written one tensor at a time, in order; the next canonical tensors are drawn on other
+  // threads meanwhile (each from its own generator, so the bits do not depend on the threads),
+  // at most one per hardware thread ahead. A canonical tensor split into several stored parts is
+  // kept only until its last part is written.
+  std::vector<const recognize::TensorSpec*> order;  // canonical tensors by their first stored part
+  std::unordered_set<std::string> seen;
+  for (const auto& spec : specs)
+    if (seen.insert(spec.canonical).second) order.push_back(&canonical.at(spec.canonical));
+  std::deque<std::future<at::Tensor>> drawn;
+  size_t next = 0;
+  const size_t ahead = std::max(1u, std::thread::hardware_concurrency());
+  auto draw = [&] {
+    for (; drawn.size() < ahead && next < order.size(); ++next)
+      drawn.push_back(std::async(std::launch::async, random_tensor, std::cref(*order[next]), seed));
+    at::Tensor t = drawn.front().get();
+    drawn.pop_front();
+    return t;
+  };
   std::unordered_map<std::string, at::Tensor> pending;
   for (const auto& spec : specs) {
-    at::Tensor t;
-    if (auto it = pending.find(spec.canonical); it != pending.end()) {
-      t = it->second;
-    } else {
-      t = random_tensor(canonical_of(spec), seed);
-      if (spec.op == Source::Op::Concat0) pending.emplace(spec.canonical, t);
-    }
+    const auto it = pending.find(spec.canonical);
+    const at::Tensor t = it != pending.end() ? it->second : draw();
+    if (it == pending.end() && spec.op == Source::Op::Concat0) pending.emplace(spec.canonical, t);
     if (spec.op == Source::Op::Concat0 && --parts_left.at(spec.canonical) == 0) pending.erase(spec.canonical);
     const at::Tensor c = stored_part(spec.canonical, spec.op, t, spec.row_offset, spec.shape).to(dtype).contiguous();
     w.write(std::span<const std::byte>(static_cast<const std::byte*>(c.data_ptr()), c.nbytes()));

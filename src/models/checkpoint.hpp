@@ -2,12 +2,9 @@
 // checkpoints of a family preset written in any of its layouts.
 //
 // Design note. Recognition (src/recognize) says where each canonical tensor comes from; this
-// file assembles them (rename, concatenation of split projections, swapped halves), converts
-// them to the run's dtype and device, and flattens convolution kernels that act as linears
-// (a patch embedding with stride == kernel). Random checkpoints draw every canonical tensor
-// from a generator seeded by its name, so the same seed gives the same weights in every
-// layout. The sidecar that records what names and shapes cannot tell travels in the file's
-// metadata under kSidecarKey.
+// file assembles them and converts them to the run's dtype and device. Random checkpoints draw
+// every canonical tensor from a generator seeded by its name, so the same seed gives the same
+// weights in every layout. The sidecar travels in the file's metadata under kSidecarKey.
 //
 // Example:
 //     sp::models::write_random_checkpoint(sp::recognize::preset("wan2.1-1.3b", 2), "diffusers",

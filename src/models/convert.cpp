@@ -1,7 +1,7 @@
 #include "models/convert.hpp"
 
 #include <algorithm>
-#include <cctype>
+#include <regex>
 #include <set>
 #include <stdexcept>
 
@@ -15,21 +15,10 @@ namespace {
 
 constexpr const char* kComfyPrefix = "model.diffusion_model.";
 
+// An index under a "...blocks" / "...layers" component (not e.g. a Sequential's "text_embedding.0").
 bool has_block_index(const std::string& name) {
-  size_t start = 0;
-  while (start <= name.size()) {
-    const size_t end = std::min(name.find('.', start), name.size());
-    // An index under a "...blocks" / "...layers" component (not e.g. a Sequential's "text_embedding.0").
-    const std::string before = name.substr(0, start == 0 ? 0 : start - 1);
-    const bool container = before.size() >= 6 && (before.compare(before.size() - 6, 6, "blocks") == 0 ||
-                                                  before.compare(before.size() - 6, 6, "layers") == 0);
-    if (end > start && container &&
-        std::all_of(name.begin() + long(start), name.begin() + long(end),
-                    [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
-      return true;
-    start = end + 1;
-  }
-  return false;
+  static const std::regex index(R"((blocks|layers)\.[0-9]+(\.|$))");
+  return std::regex_search(name, index);
 }
 
 // Why a 2-D tensor is kept as stored; empty: it is converted.
@@ -54,7 +43,8 @@ Fp8Type fp8_type(const std::string& format) {
 }
 
 void check_combination(const ConvertOptions& o, const contracts::Registry& reg) {
-  const std::string to = "--to " + to_option(o.format), layout = "--layout " + o.layout;
+  // The `--to` spelling of the format: "fp8" for "fp8-e4m3", else its name.
+  const std::string to = "--to " + (o.format == "fp8-e4m3" ? "fp8" : o.format), layout = "--layout " + o.layout;
   const auto names = reg.format_names();
   const bool fp8 = o.format == "fp8-e4m3" || o.format == "fp8-e5m2";
   if (!fp8 && std::find(names.begin(), names.end(), o.format) == names.end())
@@ -84,16 +74,10 @@ void check_combination(const ConvertOptions& o, const contracts::Registry& reg) 
                                 "scaled_fp8, not " + layout);
 }
 
-at::Tensor bytes_tensor(const std::string& s) {
-  return at::from_blob(const_cast<char*>(s.data()), {int64_t(s.size())}, at::kByte).clone();
-}
-
 }  // namespace
 
-std::string to_option(const std::string& format) { return format == "fp8-e4m3" ? "fp8" : format; }
-
 Conversion::Conversion(const std::string& in, ConvertOptions options, const contracts::Registry& reg)
-    : in_(in), file_(io::SafetensorsFile::open(in)), rec_(recognize::recognize(file_, sidecar_of(file_))),
+    : file_(io::SafetensorsFile::open(in)), rec_(recognize::recognize(file_, sidecar_of(file_))),
       options_(std::move(options)), reg_(&reg) {
   check_combination(options_, reg);
   if (!rec_.quant.empty())
@@ -109,8 +93,7 @@ Conversion::Conversion(const std::string& in, ConvertOptions options, const cont
   if (!unread.empty())  // recognition explains every tensor; nothing may be dropped silently
     throw std::logic_error("convert: tensor '" + *unread.begin() + "' of " + in + " maps onto no tensor of the " +
                            rec_.config.family + " original layout");
-  const bool quantizes = options_.layout != "plain";
-  const int64_t in_align = quantizes ? reg.format(options_.format).in_align : 1;
+  const int64_t in_align = options_.layout != "plain" ? reg.format(options_.format).in_align : 1;
   at::ScalarType storage = fp8_type(options_.format).type;
   if (options_.layout == "comfy_quant") {
     json_ = recognize::comfy_quant_json(options_.format);
@@ -122,9 +105,8 @@ Conversion::Conversion(const std::string& in, ConvertOptions options, const cont
     std::vector<int64_t> shape = first.shape;
     if (src.op == recognize::Source::Op::Concat0)
       for (size_t i = 1; i < src.tensors.size(); ++i) shape[0] += file_.info(src.tensors[i]).shape.at(0);
-    Item it{canonical, prefix + canonical, false, {}};
     const std::string why = shape.size() == 2 ? kept_reason(canonical, shape, first.dtype, options_.format, in_align) : "-";
-    it.convert = why.empty();
+    Item it{canonical, prefix + canonical, why.empty(), {}};
     if (!it.convert) {
       it.outputs.push_back({it.name, first.dtype, shape});
       if (shape.size() == 2) {
@@ -207,17 +189,11 @@ void Conversion::write(const std::string& out) const {
     scratch.take(exec::quant::input_scale_name(l.weight));
     put(it.outputs[0], q);
     put(it.outputs[1], scale.to(at::kFloat).reshape(it.outputs[1].shape));
-    if (options_.layout == "comfy_quant") put(it.outputs[2], bytes_tensor(json_));
+    if (options_.layout == "comfy_quant")
+      put(it.outputs[2], at::from_blob(const_cast<char*>(json_.data()), {int64_t(json_.size())}, at::kByte));
     else if (options_.input_scale) put(it.outputs[2], at::ones({}, at::kFloat));
   }
   w.commit();
-}
-
-ConvertReport convert_checkpoint(const std::string& in, const std::string& out, const std::string& format,
-                                 const contracts::Registry& reg) {
-  Conversion c(in, {format}, reg);
-  c.write(out);
-  return c.report();
 }
 
 }  // namespace sp::models

@@ -1,18 +1,12 @@
 // Writing a checkpoint's block linears in a quantized format, in one of the weight layouts
 // ComfyUI loads (docs/checkpoints.md, "convert"; the layouts: docs/cli.md).
 //
-// Design note. The file is written in the family's original layout (the canonical names),
-// whatever layout it was read in, with the prefix "model.diffusion_model." kept and any other
-// dropped. Converted are 2-D ".weight" tensors of blocks in a 16/32-bit float dtype, the
-// modulation linears included as ComfyUI's own files store them (the run dequantizes those at
-// load: quant_load.hpp), for convrot-int8 only those whose input width is a multiple of 256;
-// everything else, and the metadata, is copied as is. Three layouts: comfy_quant ("<layer>.weight" as the format's own
-// store function makes it, with "weight_scale" and "comfy_quant" beside it, so a converted file
-// loads back to exactly the weights --precision would have made), scaled_fp8 (fp8-e4m3 with a
-// per-tensor "scale_weight", the "scaled_fp8" marker and, with input_scale, "scale_input" = 1)
-// and plain (bare float8 weights clamped to the type's finite range). The output's tensors and
-// size follow from the input's header alone (Conversion); the file is then streamed, one
-// canonical tensor at a time, into "<out>.tmp" and renamed onto `out`.
+// Design note. The file is written in the family's original layout, converting the blocks' 2-D
+// 16/32-bit ".weight" tensors (modulation linears included, as ComfyUI's own files store them)
+// and copying everything else. comfy_quant stores each weight as the format's own store function
+// makes it, so a converted file loads back to exactly the weights --precision would have made.
+// The output's tensors and size follow from the input's header alone (Conversion); the file is
+// then streamed, one canonical tensor at a time, into "<out>.tmp" and renamed onto `out`.
 //
 // Example:
 //     sp::models::Conversion c("wan.safetensors", {.format = "fp8-e4m3", .layout = "scaled_fp8"}, reg);
@@ -73,7 +67,6 @@ class Conversion {
   };
   void declare(io::SafetensorsStreamWriter& w) const;
 
-  std::string in_;
   io::SafetensorsFile file_;
   recognize::Recognized rec_;
   ConvertOptions options_;
@@ -83,12 +76,5 @@ class Conversion {
   std::vector<Item> items_;
   ConvertReport report_;
 };
-
-// Conversion(in, {format}, reg) (comfy_quant), written to `out`.
-ConvertReport convert_checkpoint(const std::string& in, const std::string& out, const std::string& format,
-                                 const contracts::Registry& reg);
-
-// The `--to` spelling of a format ("fp8" for "fp8-e4m3", else the format's name).
-std::string to_option(const std::string& format);
 
 }  // namespace sp::models

@@ -1,7 +1,6 @@
 #include "models/families.hpp"
 
 #include <stdexcept>
-#include <vector>
 
 #include "models/family_table.hpp"
 
@@ -10,14 +9,10 @@ namespace sp::models {
 namespace {
 
 // Every family with a forward, in one list.
-const std::vector<const detail::FamilyOps*>& all_families() {
-  static const std::vector<const detail::FamilyOps*> all = {&detail::kWan, &detail::kFlux, &detail::kAvdit,
-                                                            &detail::kMinimaxH3};
-  return all;
-}
+constexpr const detail::FamilyOps* kFamilies[] = {&detail::kWan, &detail::kFlux, &detail::kAvdit, &detail::kMinimaxH3};
 
 const detail::FamilyOps* find(const std::string& family) {
-  for (const detail::FamilyOps* f : all_families())
+  for (const detail::FamilyOps* f : kFamilies)
     if (family == f->family) return f;
   return nullptr;
 }
@@ -25,7 +20,7 @@ const detail::FamilyOps* find(const std::string& family) {
 const detail::FamilyOps& ops(const std::string& family) {
   if (const detail::FamilyOps* f = find(family)) return *f;
   std::string known;
-  for (const detail::FamilyOps* f : all_families()) known += (known.empty() ? "" : ", ") + std::string(f->family);
+  for (const detail::FamilyOps* f : kFamilies) known += (known.empty() ? "" : ", ") + std::string(f->family);
   throw std::invalid_argument("no forward pass for model family '" + family + "' (known: " + known + ")");
 }
 

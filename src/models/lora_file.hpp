@@ -1,16 +1,12 @@
 // LoRA files: read, matched onto a recognized model's canonical weights, checked, and
 // attached to the IR as lazy adapters (ir::LoraAdapter, applied by exec/patches/lora.hpp).
 //
-// Design note. Each file's keys are grouped by module (recognize/lora_names.hpp parses the
-// kohya, diffusers/PEFT and trainer spellings and maps a module onto a canonical weight, or a
-// row range of a fused one). Every key is accounted for: used by an adapter, or listed in
-// `unmatched` (no weight of the model has its name) or `unapplied` (the weight exists but the
-// planned run computes it outside its projections, or it is not a linear). Input that cannot
-// be a LoRA for this model throws std::invalid_argument naming the file, the tensor and the
-// shapes: a file none of whose keys names a weight (made for another family), A without B,
-// A and B disagreeing on the rank, or A/B not fitting the weight. The scale is
-// strength * alpha / rank where the file has an alpha, else strength. A and B are kept in the
-// model's dtype on its device, under names of their own that the run's weight source serves.
+// Design note. Each file's keys are grouped by module (recognize/lora_names.hpp maps a module
+// onto a canonical weight, or a row range of a fused one). Every key is used by an adapter or
+// listed in `unmatched` or `unapplied`; input that cannot be a LoRA for this model throws
+// std::invalid_argument naming the file, the tensor and the shapes (docs/lora.md). A and B are
+// kept in the model's dtype on its device, under names of their own that the run's weight
+// source serves.
 //
 // Example:
 //     auto set = sp::models::load_loras({sp::models::read_lora("style.safetensors:0.8")}, rec.config,

@@ -25,7 +25,7 @@ ir::Norm affine_rms(const std::string& weight, double eps) { return {ir::NormKin
 struct Layout {
   std::vector<std::pair<std::string, int>> text_runs;  // segment name, tag
   std::vector<int64_t> run_lengths;
-  int64_t text = 0, audio = 0, video = 0;
+  int64_t audio = 0, video = 0;
 };
 
 Layout layout_of(const at::Tensor& tags, int64_t audio_rows, int64_t video_rows) {
@@ -44,7 +44,6 @@ Layout layout_of(const at::Tensor& tags, int64_t audio_rows, int64_t video_rows)
     i = j;
   }
   if (l.text_runs.size() == 1) l.text_runs[0].first = "text";
-  l.text = L;
   l.audio = audio_rows;
   l.video = video_rows;
   return l;
@@ -72,18 +71,25 @@ ir::Model build(const recognize::FamilyConfig& c, const Layout& lay, ir::DType d
   m.segments.push_back({"video", lay.video});
   std::vector<std::string> text;
   for (const auto& run : lay.text_runs) text.push_back(run.first);
+  // A block under `p`: attention and SwiGLU MLP, each after an affine RMSNorm. DiT blocks (`dit`)
+  // are modulated and rotate Q/K over all rows; refiner blocks run over the text rows only.
+  auto block = [&](const std::string& name, const std::string& p, bool dit) {
+    ir::Block b;
+    b.name = name;
+    if (dit) b.modulation = {ir::ModScope::PerSegment, 6, p + "mod"};
+    ir::Attention a = fused_qkv_attention(p, {"attn.qkv_proj", "attn.q_norm.weight", "attn.k_norm.weight", "attn.out_proj"},
+                                          c, consumer);
+    if (!dit) a.rope = ir::Rope{};
+    const std::vector<std::string> rows = dit ? std::vector<std::string>{} : text;
+    b.sublayers.push_back({"attn", rows, affine_rms(p + "norm1.weight", c.eps), dit ? ir::ModRef{0, 1, 2} : ir::ModRef{}, a});
+    b.sublayers.push_back({"mlp", rows, affine_rms(p + "norm2.weight", c.eps), dit ? ir::ModRef{3, 4, 5} : ir::ModRef{},
+                           swiglu_halves(p + "mlp.fc1", p + "mlp.fc2", c)});
+    return b;
+  };
   if (refine) {
     for (const auto& name : text) m.embeds.push_back({name, linear("condition_proj", c.text_dim, c.dim, true)});
     for (int64_t r = 0; r < c.refiner_layers; ++r) {
-      const std::string p = "token_refiner.blocks." + std::to_string(r) + ".";
-      ir::Block b;
-      b.name = "refiner." + std::to_string(r);
-      ir::Attention a = fused_qkv_attention(p, {"attn.qkv_proj", "attn.q_norm.weight", "attn.k_norm.weight", "attn.out_proj"},
-                                            c, consumer);
-      a.rope = ir::Rope{};
-      b.sublayers.push_back({"attn", text, affine_rms(p + "norm1.weight", c.eps), {}, a});
-      b.sublayers.push_back({"mlp", text, affine_rms(p + "norm2.weight", c.eps), {},
-                             swiglu_halves(p + "mlp.fc1", p + "mlp.fc2", c)});
+      ir::Block b = block("refiner." + std::to_string(r), "token_refiner.blocks." + std::to_string(r) + ".", false);
       if (r + 1 == c.refiner_layers) b.post_norm = ir::RowNorm{text, affine_rms("token_refiner.final_norm.weight", c.eps)};
       m.blocks.push_back(std::move(b));
     }
@@ -93,17 +99,7 @@ ir::Model build(const recognize::FamilyConfig& c, const Layout& lay, ir::DType d
   audio_in.fp32_compute = video_in.fp32_compute = true;
   m.embeds.push_back({"audio", audio_in});
   m.embeds.push_back({"video", video_in});
-  for (int64_t i = 0; i < c.layers; ++i) {
-    ir::Block b;
-    b.name = std::to_string(i);
-    b.modulation = {ir::ModScope::PerSegment, 6, blk(i) + "mod"};
-    const ir::Attention a = fused_qkv_attention(
-        blk(i), {"attn.qkv_proj", "attn.q_norm.weight", "attn.k_norm.weight", "attn.out_proj"}, c, consumer);
-    b.sublayers.push_back({"attn", {}, affine_rms(blk(i) + "norm1.weight", c.eps), {0, 1, 2}, a});
-    b.sublayers.push_back({"mlp", {}, affine_rms(blk(i) + "norm2.weight", c.eps), {3, 4, 5},
-                           swiglu_halves(blk(i) + "mlp.fc1", blk(i) + "mlp.fc2", c)});
-    m.blocks.push_back(std::move(b));
-  }
+  for (int64_t i = 0; i < c.layers; ++i) m.blocks.push_back(block(std::to_string(i), blk(i), true));
   // Final layer: shift first, then scale; the video head is the output width, the audio head
   // fills the leading columns of the audio rows.
   m.final_layer = final_layer({"audio", "video"}, affine_rms("final_layer.norm.weight", c.eps), ir::ModScope::PerSegment,
@@ -136,12 +132,9 @@ at::Tensor time_embedding(const recognize::FamilyConfig& c, const exec::WeightSo
     }
     return at::stack(rows);
   }
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
-  const at::Tensor t = at::tensor(std::vector<float>(ts.begin(), ts.end()), f32.device(at::kCPU)).to(dev);
-  const int64_t half = c.freq_dim / 2;
-  at::Tensor f = at::exp(at::arange(half, f32) * (-std::log(10000.0) / double(half)));
-  at::Tensor a = t.unsqueeze(1) * f.unsqueeze(0);
-  at::Tensor e = at::cat({at::cos(a), at::sin(a)}, 1);
+  std::vector<at::Tensor> rows;
+  for (double tv : ts) rows.push_back(sinusoid(at::full({1}, float(tv), at::TensorOptions().device(dev)), c.freq_dim));
+  const at::Tensor e = at::stack(rows);
   auto fp32_linear = [&](const std::string& name, const at::Tensor& x) {
     return at::linear(x, w.tensor(name + ".weight").to(at::kFloat), w.tensor(name + ".bias").to(at::kFloat));
   };
@@ -212,9 +205,8 @@ FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w,
   const bool refine = text.size(1) != c.dim;
   run.model = build(c, lay, dtype, consumer, refine);
 
-  // Tokens: text in the activation dtype; patches and audio rows in fp32 (their
-  // projections run in it).
-  // Text: encoder states the model's text path embeds and refines, or refined already.
+  // Tokens: text (encoder states, or refined already) in the activation dtype; patches and audio
+  // rows in fp32 (their projections run in it).
   const at::Tensor txt = text.to(dev, dt);
   for (size_t r = 0, at_ = 0; r < lay.text_runs.size(); at_ += size_t(lay.run_lengths[r]), ++r)
     run.inputs.tokens[lay.text_runs[r].first] = txt.narrow(0, int64_t(at_), lay.run_lengths[r]).contiguous();
@@ -243,7 +235,7 @@ FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w,
   auto adaln = [&](const std::string& name) {
     return at::linear(adaln_in, w.tensor(name + ".weight").to(mdt), w.tensor(name + ".bias").to(mdt));
   };
-  for (int64_t i = 0; i < c.layers; ++i) {
+  for (int64_t i = 0; i < c.layers; ++i) {  // stacked selects: index_select has no meta kernel
     const at::Tensor all = adaln(blk(i) + "adaln_proj.linear").reshape({M * 3, 6, c.dim});
     std::vector<at::Tensor> rows;
     for (int64_t r : seg_rows) rows.push_back(all.select(0, r));

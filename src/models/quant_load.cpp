@@ -161,8 +161,7 @@ void convert_block_linears(ir::Model& m, exec::TensorWeights& w, const std::stri
       l.format = it->second.format;
       return;
     }
-    if (target.empty() || !kept_by_precision(l, outside.count(&l) != 0).empty()) return;
-    if (l.format != "dense") return;
+    if (target.empty() || l.format != "dense" || !kept_by_precision(l, outside.count(&l) != 0).empty()) return;
     l.format = target;
     w.store(l, w.tensor(l.weight), exec::to_aten(m.dtype));
     w.note_format(l.weight, {target, why});
@@ -183,12 +182,9 @@ std::vector<FormatLine> format_lines(const ir::Model& m, const exec::TensorWeigh
     else if (!f.dense)
       gemm = "dequantized slice, then a matmul";
     auto it = w.format_notes().find(l.weight);
-    if (it != w.format_notes().end() && it->second.format == l.format) {
-      out.push_back({l.weight, l.format, it->second.why, gemm, false, {}});
-      return;
-    }
     std::string why = "format set by the model";
-    if (l.format == "dense" && p == Precision::Preserve) why = "stored in higher precision; preserved (--precision preserve)";
+    if (it != w.format_notes().end() && it->second.format == l.format) why = it->second.why;
+    else if (l.format == "dense" && p == Precision::Preserve) why = "stored in higher precision; preserved (--precision preserve)";
     else if (l.format == "dense") {
       const std::string kept = kept_by_precision(l, outside.count(&l) != 0);
       why = "stored in higher precision; " + (kept.empty() ? std::string("kept") : kept) + " (--precision " +
@@ -207,20 +203,19 @@ std::vector<FormatLine> format_lines(const ir::Model& m, const exec::TensorWeigh
 }
 
 std::string outside_summary(const std::vector<FormatLine>& lines) {
+  std::vector<const FormatLine*> dequantized;
   std::set<std::string> stored;
-  size_t n = 0;
-  const FormatLine* first = nullptr;
   for (const auto& l : lines)
     if (l.outside && l.format == "dense") {
-      ++n;
-      if (!first) first = &l;
+      dequantized.push_back(&l);
       stored.insert(l.stored);
     }
+  const size_t n = dequantized.size();
   if (n == 0) return {};
   std::string formats;
   for (const auto& f : stored) formats += (formats.empty() ? "" : ", ") + f;
   return std::to_string(n) + " linear" + (n == 1 ? "" : "s") + " outside the planned formats dequantized at load (stored " +
-         formats + "; e.g. " + first->weight + ")\n";
+         formats + "; e.g. " + dequantized.front()->weight + ")\n";
 }
 
 std::string formats_text(const std::vector<FormatLine>& lines) {

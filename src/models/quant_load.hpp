@@ -1,19 +1,10 @@
 // Quantized weights: loading them from a checkpoint as stored, the precision policy, and the
 // per-linear report of formats.
 //
-// Design note. Recognition (recognize/quant.hpp) says which stored weights are quantized and
-// where their scales are; load_quantized assembles such a canonical weight from its stored
-// parts without converting it (joined parts of different per-tensor scales get one scale per
-// output row) and notes its format on the weight source. apply_precision then decides every
-// linear's format: the noted one, or for --precision fp8/int8 a conversion of the blocks'
-// 16-bit linears at load, and records why in the IR (ir::Linear::format) and in the notes
-// format_lines reports.
-//
-// The family's prologue (models/families.hpp: modulation tables, timestep and text embeddings)
-// computes some linears itself, outside the planned formats. ComfyUI's quantized files store
-// the blocks' modulation linears quantized too; prepare_loaded hands the prologue every
-// quantized weight dequantized to the weight's compute dtype, and notes the ones no IR linear
-// names as dequantized at load, so that the report lists them.
+// Design note. Recognition (recognize/quant.hpp) says which stored weights are quantized;
+// load_quantized keeps them so (joined parts of different per-tensor scales get one scale per
+// output row) and notes each format, with why, on the weight source: apply_precision carries the
+// notes into the IR (ir::Linear::format) and format_lines reports them.
 //
 // Example:
 //     auto w = sp::models::load_canonical(file, rec, at::kBFloat16, at::kCUDA, reg);
@@ -39,9 +30,10 @@ namespace sp::models {
 bool load_quantized(const io::SafetensorsFile& f, const recognize::Recognized& r, const std::string& canonical,
                     const recognize::Source& src, const at::Device& device, exec::TensorWeights& w);
 
-// models::prepare for weights that may hold quantized linears the prologue computes: it reads
-// those dequantized (to weight_dtype of the model dtype); the ones that no linear of the
-// returned model names are noted on `w` as dequantized at load (format_lines lists them).
+// models::prepare for weights that may hold quantized linears the prologue computes itself
+// (ComfyUI's files quantize the blocks' modulation linears too): it reads those dequantized (to
+// weight_dtype of the model dtype); the ones that no linear of the returned model names are
+// noted on `w` as dequantized at load (format_lines lists them).
 FamilyRun prepare_loaded(const recognize::FamilyConfig& c, exec::TensorWeights& w, const contracts::Registry& reg,
                          const TensorMap& raw, ir::DType dtype, const std::string& consumer);
 

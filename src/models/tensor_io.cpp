@@ -16,13 +16,13 @@ constexpr std::pair<io::DType, at::ScalarType> kDtypes[] = {
     {io::DType::BOOL, at::kBool},
 };
 
+}  // namespace
+
 at::ScalarType to_aten(io::DType d, const std::string& name) {
   for (const auto& [io_dtype, aten] : kDtypes)
     if (io_dtype == d) return aten;
   throw std::invalid_argument("tensor '" + name + "': unsupported dtype");
 }
-
-}  // namespace
 
 io::DType to_io(at::ScalarType t, const std::string& name) {
   for (const auto& [io_dtype, aten] : kDtypes)
@@ -46,16 +46,14 @@ TensorMap read_tensors(const std::string& path) {
   return out;
 }
 
-void add_tensor(io::SafetensorsWriter& w, const std::string& name, const at::Tensor& t) {
-  const at::Tensor c = t.detach().cpu().contiguous();
-  w.add(name, to_io(c.scalar_type(), name), c.sizes().vec(),
-        std::span<const std::byte>(static_cast<const std::byte*>(c.data_ptr()), c.nbytes()));
-}
-
 void write_tensors(const std::string& path, const TensorMap& tensors, const std::map<std::string, std::string>& metadata) {
   io::SafetensorsWriter w;
   for (const auto& [k, v] : metadata) w.set_metadata(k, v);
-  for (const auto& [name, t] : tensors) add_tensor(w, name, t);
+  for (const auto& [name, t] : tensors) {
+    const at::Tensor c = t.detach().cpu().contiguous();
+    w.add(name, to_io(c.scalar_type(), name), c.sizes().vec(),
+          std::span<const std::byte>(static_cast<const std::byte*>(c.data_ptr()), c.nbytes()));
+  }
   w.write(path);
 }
 

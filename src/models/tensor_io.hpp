@@ -22,8 +22,9 @@ TensorMap read_tensors(const std::string& path);
 // Writes every tensor (moved to the CPU, made contiguous); metadata goes to __metadata__.
 void write_tensors(const std::string& path, const TensorMap& tensors,
                    const std::map<std::string, std::string>& metadata = {});
-void add_tensor(io::SafetensorsWriter& w, const std::string& name, const at::Tensor& t);
 // The safetensors dtype storing `t`; throws std::invalid_argument naming `name` if none does.
 io::DType to_io(at::ScalarType t, const std::string& name);
+// The ATen dtype of a stored one; throws std::invalid_argument naming `name` if none.
+at::ScalarType to_aten(io::DType d, const std::string& name);
 
 }  // namespace sp::models

@@ -6,8 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
-
-#include "plan/cost.hpp"
+#include <tuple>
 
 namespace sp::plan {
 
@@ -38,11 +37,10 @@ std::string ms_pair(double a, double b) {
   return x + " vs " + y;
 }
 
-// Strict "a is a better pick than b": faster, then smaller peak, then enumeration order.
-bool better(const Candidate& a, size_t ia, const Candidate& b, size_t ib) {
-  if (a.cost.seconds != b.cost.seconds) return a.cost.seconds < b.cost.seconds;
-  if (a.cost.peak_bytes != b.cost.peak_bytes) return a.cost.peak_bytes < b.cost.peak_bytes;
-  return ia < ib;
+std::vector<int64_t> sorted_unique(std::vector<int64_t> v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
 }
 
 }  // namespace
@@ -90,13 +88,10 @@ int64_t parse_budget(const std::string& text) {
   return bytes;
 }
 
-int64_t auto_margin(const contracts::DeviceCaps& dev) {
-  if (dev.kind == contracts::DeviceKind::CUDA) return std::min(dev.memory_total / 10, GiB);
-  return dev.memory_free / 10;
-}
-
 int64_t budget_auto(const contracts::DeviceCaps& dev) {
-  const int64_t margin = auto_margin(dev), b = dev.memory_free - margin;
+  const int64_t margin =
+      dev.kind == contracts::DeviceKind::CUDA ? std::min(dev.memory_total / 10, GiB) : dev.memory_free / 10;
+  const int64_t b = dev.memory_free - margin;
   if (b <= 0)
     throw BudgetError("budget auto: device '" + dev.name + "' has " + human_bytes(dev.memory_free) +
                           " free and the margin is " + human_bytes(margin) + ": nothing remains for activations",
@@ -121,9 +116,7 @@ std::vector<int64_t> chunk_candidates(int64_t rows, int64_t align) {
     if (c < 128) break;
     offer(ir::round_up(c, even));
   }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
+  return sorted_unique(std::move(out));
 }
 
 std::vector<int64_t> wave_chunk_candidates(int64_t rows, int64_t rep, int64_t kv_heads, int64_t slots, int64_t align) {
@@ -137,9 +130,7 @@ std::vector<int64_t> wave_chunk_candidates(int64_t rows, int64_t rep, int64_t kv
     for (int64_t w : {c / step * step, ir::round_up(c, step)})
       if (w >= 64 && w < rows) out.push_back(w);
   }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
+  return sorted_unique(std::move(out));
 }
 
 std::vector<int64_t> feature_slice_candidates(int64_t hidden, int64_t align) {
@@ -149,19 +140,24 @@ std::vector<int64_t> feature_slice_candidates(int64_t hidden, int64_t align) {
     const int64_t f = ir::round_up((hidden + k - 1) / k, align);
     if (f < hidden) out.push_back(f);
   }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
+  return sorted_unique(std::move(out));
 }
 
 Choice choose(const std::vector<Candidate>& cs, int64_t available, const std::string& limit) {
   Choice ch;
   auto fits = [&](size_t i) { return cs[i].need() <= available; };
+  // Strict "i is a better pick than j": faster, then smaller peak, then enumeration order.
+  auto better = [&](size_t i, size_t j) {
+    return std::tuple(cs[i].cost.seconds, cs[i].cost.peak_bytes, i) <
+           std::tuple(cs[j].cost.seconds, cs[j].cost.peak_bytes, j);
+  };
+  // The same for the least need first.
+  auto smaller = [&](size_t i, size_t j) {
+    return cs[i].need() < cs[j].need() || (cs[i].need() == cs[j].need() && better(i, j));
+  };
   for (size_t i = 0; i < cs.size(); ++i) {
-    const Candidate &k = cs[i], &s = cs[ch.smallest];
-    if (k.need() < s.need() || (k.need() == s.need() && better(k, i, s, ch.smallest)))
-      ch.smallest = i;
-    if (fits(i) && (!ch.chosen || better(cs[i], i, cs[*ch.chosen], *ch.chosen))) ch.chosen = i;
+    if (smaller(i, ch.smallest)) ch.smallest = i;
+    if (fits(i) && (!ch.chosen || better(i, *ch.chosen))) ch.chosen = i;
   }
   if (!ch.chosen) return ch;
   const size_t c = *ch.chosen;
@@ -174,11 +170,10 @@ Choice choose(const std::vector<Candidate>& cs, int64_t available, const std::st
   std::optional<size_t> fastest, closest, runner_up;
   for (size_t i = 0; i < cs.size(); ++i) {
     if (i == c) continue;
-    if (better(cs[i], i, cs[c], c)) {
-      if (!fastest || better(cs[i], i, cs[*fastest], *fastest)) fastest = i;
+    if (better(i, c)) {
+      if (!fastest || better(i, *fastest)) fastest = i;
       if (!closest || cs[i].need() < cs[*closest].need()) closest = i;
-    } else if (fits(i) && cs[i].cost.seconds > cs[c].cost.seconds &&
-               (!runner_up || better(cs[i], i, cs[*runner_up], *runner_up))) {
+    } else if (fits(i) && cs[i].cost.seconds > cs[c].cost.seconds && (!runner_up || better(i, *runner_up))) {
       runner_up = i;
     }
   }
@@ -194,14 +189,12 @@ Choice choose(const std::vector<Candidate>& cs, int64_t available, const std::st
     std::optional<size_t> best, least;
     for (size_t j = i; j < cs.size(); ++j) {
       if (cs[j].strategy != s) continue;
-      if (fits(j) && (!best || better(cs[j], j, cs[*best], *best))) best = j;
-      if (!least || cs[j].need() < cs[*least].need() ||
-          (cs[j].need() == cs[*least].need() && better(cs[j], j, cs[*least], *least)))
-        least = j;
+      if (fits(j) && (!best || better(j, *best))) best = j;
+      if (!least || smaller(j, *least)) least = j;
     }
     pick(best ? best : least);
   }
-  std::sort(picks.begin(), picks.end(), [&](size_t a, size_t b) { return better(cs[a], a, cs[b], b); });
+  std::sort(picks.begin(), picks.end(), better);
   for (size_t i : picks) {
     const Candidate& k = cs[i];
     Alternative a{k.strategy, k.token_chunk, k.q_chunk, k.feature_slice, k.cost.peak_bytes, k.cost.ms(), ""};
@@ -212,11 +205,6 @@ Choice choose(const std::vector<Candidate>& cs, int64_t available, const std::st
     ch.alternatives.push_back(std::move(a));
   }
   return ch;
-}
-
-int64_t allocator_reserve(const contracts::DeviceCaps& dev) {
-  (void)dev;
-  return 4096;
 }
 
 int64_t lean_cap(const std::vector<std::vector<Candidate>>& parts, double fixed_seconds, double tolerance) {
@@ -236,8 +224,7 @@ int64_t lean_cap(const std::vector<std::vector<Candidate>>& parts, double fixed_
   for (const auto& cs : parts)
     for (const auto& c : cs) caps.push_back(c.need());
   if (caps.empty()) return 0;
-  std::sort(caps.begin(), caps.end());
-  caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
+  caps = sorted_unique(std::move(caps));
   const double limit = time_under(caps.back()) * (1.0 + tolerance);
   // time_under only falls as the cap grows: the first cap within the limit.
   size_t lo = 0, hi = caps.size() - 1;

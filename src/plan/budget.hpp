@@ -1,20 +1,9 @@
-// Memory budgets: parsing a budget, the automatic budget, and the chooser.
+// Memory budgets: parsing a budget, the automatic budget, and the chooser (docs/budgets.md).
 //
-// Design note. Under a budget make_plan enumerates, per sublayer, the candidate
-// schedules that legality permits — token chunk sizes, feature slices of a sliceable
-// MLP, full Q or streamed Q — and asks the cost model (plan/cost.hpp) for each one's
-// peak and time. choose() takes the fastest candidate whose peak fits what the budget
-// leaves above the residual stream, and explains every serious alternative: faster ones
-// by how much they exceed the budget, fitting ones by how much slower they are. The
-// candidate sizes are pure heuristics (below, with their reasoning). A budget is never
-// exceeded silently: when no candidate of some sublayer fits, make_plan throws
-// BudgetError naming the smallest achievable peak and the buffers that set it.
-//
-// Example:
-//     sp::plan::Options o;
-//     o.budget_bytes = arg == "auto" ? sp::plan::budget_auto(dev) : sp::plan::parse_budget(arg);
-//     try { auto p = sp::plan::make_plan(m, reg, dev, o); }
-//     catch (const sp::plan::BudgetError& e) { std::cerr << e.what() << "\n"; return 2; }
+// Under a budget make_plan enumerates per sublayer the candidate schedules legality permits,
+// costs each (plan/cost.hpp) and choose() takes the fastest whose peak fits, explaining the
+// serious alternatives. The candidate sizes are heuristics (below, with their reasoning). A
+// budget is never exceeded silently: where nothing fits, make_plan throws BudgetError.
 #pragma once
 
 #include <cstdint>
@@ -22,28 +11,21 @@
 #include <string>
 #include <vector>
 
-#include "contracts/contracts.hpp"
 #include "plan/cost.hpp"
 #include "plan/plan_types.hpp"
 #include "plan/units.hpp"  // human_bytes, human_ms: every message here uses them
 
 namespace sp::plan {
 
-// "123456" (bytes), "512MiB", "2.5GiB", "300MB", "1.5GB", "64KiB", "64KB", "1TiB": binary
-// units are powers of 1024, decimal ones of 1000; case-insensitive; a space may separate
-// number and unit. Throws PlanError naming the value for anything else, zero, or a
+// "123456" (bytes), "512MiB", "2.5GiB", "300MB", "1.5GB", "64KiB", "64KB", "1TiB" (case-insensitive,
+// a space allowed before the unit). Throws PlanError naming the value for anything else, zero, or a
 // fractional number of bytes.
 int64_t parse_budget(const std::string& text);
 
-// What a run may use for activations on `dev`, from its free memory now (call it once the
-// weights and inputs are resident):
-//   CUDA: free − min(10% of total, 1 GiB) — room for the CUDA context's growth, library
-//         workspaces (cuBLAS, cuDNN) and the caching allocator's fragmentation;
-//   CPU:  90% of the available RAM (MemAvailable) — the rest for the page cache and other
-//         processes.
-// Throws BudgetError when nothing would remain.
+// What a run may use for activations on `dev`, from its free memory once the weights and inputs
+// are resident. CUDA: free − min(10% of total, 1 GiB), room for the context's growth, library
+// workspaces and fragmentation; CPU: 90% of MemAvailable. Throws BudgetError if nothing remains.
 int64_t budget_auto(const contracts::DeviceCaps& dev);
-int64_t auto_margin(const contracts::DeviceCaps& dev);  // the margin budget_auto leaves
 
 // "auto" -> budget_auto(dev); anything else -> parse_budget.
 int64_t budget_from_option(const std::string& text, const contracts::DeviceCaps& dev);
@@ -66,14 +48,12 @@ std::vector<int64_t> feature_slice_candidates(int64_t hidden, int64_t align);
 // What the chooser keeps free besides a candidate's estimated peak, so that a plan which
 // fits by its estimate also fits measured: 4 KiB of scalars. (The caching allocator's reuse
 // slack on large blocks is in the estimate itself: DeviceCaps::held.)
-int64_t allocator_reserve(const contracts::DeviceCaps& dev);
+inline int64_t allocator_reserve() { return 4096; }
 
-// Without a budget the planner takes the smallest peak whose schedule's estimated time is
-// within this fraction of the fastest schedule's: where the time curve is flat (large chunks)
-// the peak drops for nothing, and a schedule that trades time for memory is not taken, so the
-// default runs as fast as the host's own unchunked code (a 2% allowance, measured on the H200,
-// came out 3.5% slower under ComfyUI: attention streamed in small query slabs and K/V and
-// output projections of a few thousand rows cost more than their estimates).
+// Without a budget the planner takes the smallest peak whose schedule's estimated time is within
+// this fraction of the fastest's: the peak drops for nothing where the time curve is flat, and the
+// default runs as fast as the host's own code (a 2% allowance came out 3.5% slower under ComfyUI on
+// the H200: small query slabs and projections of a few thousand rows cost more than estimated).
 inline constexpr double kLeanTolerance = 0.005;
 
 // One candidate schedule of a sublayer or the final layer, with its cost.
@@ -92,18 +72,14 @@ struct Choice {
 };
 
 // The fastest candidate whose need (peak + reserve) is <= `available` (the budget minus the
-// residual stream); ties go to the smaller peak. Alternatives, each with why it lost: the
-// fastest candidate and the faster one that misses the budget by least (when faster
-// candidates exist, they are over budget), the best of every other strategy, and the
-// fastest fitting one that is slower than the choice.
-// `limit` names what `available` is in the alternatives' reasons ("over budget by ...").
+// residual stream); ties go to the smaller peak. Alternatives, each with why it lost: the fastest
+// and the faster one that misses by least (faster ones are over budget), the best of every other
+// strategy, and the fastest fitting slower one. `limit` names `available` in the reasons.
 Choice choose(const std::vector<Candidate>& candidates, int64_t available, const std::string& limit = "budget");
 
-// Without a budget: the smallest cap on the need of every part (sublayers, final layer)
-// such that taking each part's fastest candidate under the cap keeps the whole schedule's
-// time (`fixed_seconds` of parts without a choice, plus the parts' times) within `tolerance`
-// of the fastest schedule's. One slow part can thus buy a lower peak where it costs the
-// whole run little, and no part is leaner than the peak the others need anyway.
+// Without a budget: the smallest cap on every part's need such that each part's fastest candidate
+// under it keeps the schedule's time (`fixed_seconds` of parts without a choice, plus the parts')
+// within `tolerance` of the fastest's; no part is then leaner than the peak the others need anyway.
 int64_t lean_cap(const std::vector<std::vector<Candidate>>& parts, double fixed_seconds, double tolerance);
 
 // The largest terms of a program's peak, for error messages: "global K/V for 38184 tokens

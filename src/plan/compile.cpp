@@ -27,18 +27,19 @@ template <typename F>
 Held hold(Compiler& c, const ir::Attention& a, F&& pick) {
   Held h;
   auto add = [&](const std::string& seg, const ir::AttnProj& pr) {
-    auto [linear, rows, cols, bias, norm_weight] = pick(pr);
-    const int w = c.acquire(*linear, rows, cols, c.dt());
+    auto [linear, rows, norm_weight] = pick(pr);
+    const int w = c.acquire(*linear, rows, {}, c.dt());
     h.bufs.push_back(w);
-    h.ws.push_back({seg, w, bias ? linear->bias : std::string(), rows, norm_weight});
+    h.ws.push_back({seg, w, linear->bias, rows, norm_weight});
   };
   add("", a.proj);
   for (const auto& [seg, pr] : a.segment_proj) add(seg, pr);
   return h;
 }
 
-void release_all(Compiler& c, const Held& h) {
-  for (int w : h.bufs) c.release(w);
+void release_all(Compiler& c, std::initializer_list<const Held*> hs) {
+  for (const Held* h : hs)
+    for (int w : h->bufs) c.release(w);
 }
 
 void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, const ir::Attention& a,
@@ -53,7 +54,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
   const bool streamed = p.streamed_out;
   const DType dt = c.dt(), acc = c.acc();
   const contracts::AttnCall call = attn_call(m, b, s, kv_budget);
-  using Pick = std::tuple<const ir::Linear*, SliceExpr, SliceExpr, bool, std::string>;
+  using Pick = std::tuple<const ir::Linear*, SliceExpr, std::string>;  // weight, its rows, Q/K norm
 
   // Projected Q or K rows [n, heads*hd] into the attention layout `dst`: Q/K norm and RoPE in
   // one fused kernel, or staged in fp32 with the role's patches in between.
@@ -91,10 +92,10 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
   // K/V: every row (or context row) projected, normed and rotated into the global buffers.
   {
     const Held wk = hold(c, a, [&](const ir::AttnProj& pr) {
-      return Pick{&pr.k_linear(), region_rows(pr, "k", wkv), {}, true, pr.k_norm};
+      return Pick{&pr.k_linear(), region_rows(pr, "k", wkv), pr.k_norm};
     });
     const Held wv = hold(c, a, [&](const ir::AttnProj& pr) {
-      return Pick{&pr.v_linear(), region_rows(pr, "v", wkv), {}, true, {}};
+      return Pick{&pr.v_linear(), region_rows(pr, "v", wkv), {}};
     });
     // Cross-attention projects the context rows as they are, with the default projections.
     auto only_default = [&](const Held& h) { return std::vector<SegWeight>{h.ws.front()}; };
@@ -113,34 +114,34 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       c.patches(a.patches, TensorRole::V, v);
       if (!tm) c.copy(v, vdst, Layout::HeadMajor, G, 1, hd);
     });
-    release_all(c, wk);
-    release_all(c, wv);
+    release_all(c, {&wk, &wv});
   }
 
-  // The parallel MLP of a slab (Flux single blocks): activated "mlp" region rows.
-  auto parallel_mlp = [&](const Held& wm, const Operand& h, int64_t n, int64_t pieces) {
-    const Operand u = c.whole(c.buffer(BufRole::Hidden, "U", {n, mlp}, dt));
-    c.project(h, u, wm.ws, D, mlp, n, pieces);
-    c.activate(u, a.parallel->act);
-    c.patches(a.patches, TensorRole::MlpHidden, u);
-    return u;
-  };
-  // y = [o | u] @ out^T (+ bias), then the gated residual add.
-  auto project_out = [&](const Held& wo, const Operand& o, const Operand* u, int64_t n, int64_t pieces) {
+  // y = [o | u] @ out^T (+ bias), then the gated residual add; u: the parallel MLP (Flux single
+  // blocks) of the rows normed() returns, their activated "mlp" region rows.
+  auto project_out = [&](const Held& wo, const Held& wm, const Operand& o, auto&& normed, int64_t n, int64_t pieces) {
+    Operand u;
+    if (mlp) {
+      const Operand h = normed();
+      u = c.whole(c.buffer(BufRole::Hidden, "U", {n, mlp}, dt));
+      c.project(h, u, wm.ws, D, mlp, n, pieces);
+      c.activate(u, a.parallel->act);
+      c.patches(a.patches, TensorRole::MlpHidden, u);
+    }
     const Operand y = c.whole(c.buffer(BufRole::Proj, "Y", {n, D}, dt));
     c.project(o, y, wo.ws, wq, D, n, pieces, 0, mlp ? wq : -1);
-    if (u) {
+    if (mlp) {
       std::vector<SegWeight> no_bias = wo.ws;
       for (auto& w : no_bias) w.bias.clear();
-      c.project(*u, y, no_bias, mlp, D, n, pieces, wq, mlp, true);
+      c.project(u, y, no_bias, mlp, D, n, pieces, wq, mlp, true);
     }
     c.residual_add(y, b.modulation, s.mod, n, pieces);
   };
   auto hold_out = [&] {
-    return hold(c, a, [&](const ir::AttnProj& pr) { return Pick{&pr.out, {}, {}, true, {}}; });
+    return hold(c, a, [&](const ir::AttnProj& pr) { return Pick{&pr.out, {}, {}}; });
   };
   auto hold_mlp = [&] {
-    return hold(c, a, [&](const ir::AttnProj& pr) { return Pick{&*pr.qkv, region_rows(pr, "mlp", mlp), {}, true, {}}; });
+    return hold(c, a, [&](const ir::AttnProj& pr) { return Pick{&*pr.qkv, region_rows(pr, "mlp", mlp), {}}; });
   };
 
   // Q: each slab normed, projected, rotated, attended against the complete K/V; streamed, its
@@ -148,7 +149,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
   const int ofull = streamed ? -1 : c.buffer(BufRole::AttnOutFull, "OFull", {T, wq}, dt);
   {
     const Held wqh = hold(c, a, [&](const ir::AttnProj& pr) {
-      return Pick{&pr.q_linear(), region_rows(pr, "q", wq), {}, true, pr.q_norm};
+      return Pick{&pr.q_linear(), region_rows(pr, "q", wq), pr.q_norm};
     });
     Held wo, wm;
     if (streamed) {
@@ -168,18 +169,9 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       c.attend(a, qf, K, V, o, n, L, q_layout, kv_layout, call);
       if (!streamed) return;
       c.patches(a.patches, TensorRole::AttnOut, o);
-      if (mlp) {
-        const Operand u = parallel_mlp(wm, h, n, pieces);
-        project_out(wo, o, &u, n, pieces);
-      } else {
-        project_out(wo, o, nullptr, n, pieces);
-      }
+      project_out(wo, wm, o, [&] { return h; }, n, pieces);
     });
-    release_all(c, wqh);
-    if (streamed) {
-      release_all(c, wo);
-      if (mlp) release_all(c, wm);
-    }
+    release_all(c, {&wqh, &wo, &wm});
   }
   if (streamed) return;
 
@@ -189,16 +181,10 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
   const Held wo = hold_out();
   const Held wm = mlp ? hold_mlp() : Held{};
   c.token_loop(rr.begin, T, p.token_chunk, true, [&](int64_t n, int64_t pieces) {
-    const Operand o = c.slab_of(ofull, 0, n);
-    if (mlp) {
-      const Operand u = parallel_mlp(wm, c.normed(s.norm, b.modulation, s.mod, n, pieces), n, pieces);
-      project_out(wo, o, &u, n, pieces);
-    } else {
-      project_out(wo, o, nullptr, n, pieces);
-    }
+    auto normed = [&] { return c.normed(s.norm, b.modulation, s.mod, n, pieces); };
+    project_out(wo, wm, c.slab_of(ofull, 0, n), normed, n, pieces);
   });
-  release_all(c, wo);
-  if (mlp) release_all(c, wm);
+  release_all(c, {&wo, &wm});
 }
 
 // Rows of the gate and up projections for hidden features [f0, f0 + fn): f0 is the feature
@@ -229,48 +215,36 @@ void compile_mlp(Compiler& c, const ir::Block& b, const ir::Sublayer& s, const i
   const bool sliced = fs < F;
   const DType dt = c.dt();
 
+  // The weights of hidden features [f0, f0 + fn) (f0 = per_feature * the slab's first feature):
+  // gate (gated layouts only), up and down, down without its bias.
   struct Weights {
-    int gate = -1, up = -1, down = -1;
-    GateUp rows;
+    std::optional<SegWeight> gate;
+    SegWeight up, down;
   };
-  // The weights of hidden features [f0, f0 + fn) (f0 = per_feature * the slab's first feature).
   auto acquire = [&](int64_t per_feature, int64_t fn) {
+    const GateUp r = gate_up_rows(f, per_feature, fn);
     Weights w;
-    w.rows = gate_up_rows(f, per_feature, fn);
-    if (w.rows.gate) w.gate = c.acquire(*w.rows.gate, w.rows.gate_rows, {}, dt);
-    w.up = c.acquire(*w.rows.up, w.rows.up_rows, {}, dt);
-    w.down = c.acquire(f.down, {}, {0, per_feature, fn, 1}, dt);
+    if (r.gate) w.gate = SegWeight{"", c.acquire(*r.gate, r.gate_rows, {}, dt), r.gate->bias, r.gate_rows, {}};
+    w.up = {"", c.acquire(*r.up, r.up_rows, {}, dt), r.up->bias, r.up_rows, {}};
+    w.down = {"", c.acquire(f.down, {}, {0, per_feature, fn, 1}, dt), {}, {}, {}};
     return w;
   };
   auto release = [&](const Weights& w) {
-    if (w.gate >= 0) c.release(w.gate);
-    c.release(w.up);
-    c.release(w.down);
-  };
-  auto bias_of = [&](const ir::Linear* l, const SliceExpr& rows) {
-    return SegWeight{"", -1, l->bias, rows, {}};
+    if (w.gate) c.release(w.gate->weight);
+    c.release(w.up.weight);
+    c.release(w.down.weight);
   };
   // One feature slice of a slab: gate/up, activation, down into y.
   auto slice = [&](const Weights& w, const Operand& h, const Operand& y, int64_t n, int64_t fn, bool down_bias) {
     const Operand g = c.whole(c.buffer(BufRole::Hidden, "U gate", {n, fn}, dt));
-    auto with = [&](int weight, const ir::Linear* l, const SliceExpr& rows) {
-      SegWeight sw = bias_of(l, rows);
-      sw.weight = weight;
-      return std::vector<SegWeight>{sw};
-    };
-    if (f.gated()) {
-      const Operand u = c.whole(c.buffer(BufRole::Hidden, "U up", {n, fn}, dt));
-      c.project(h, g, with(w.gate >= 0 ? w.gate : w.up, w.rows.gate ? w.rows.gate : w.rows.up, w.rows.gate_rows), D,
-                fn, n, 1);
-      c.project(h, u, with(w.up, w.rows.up, w.rows.up_rows), D, fn, n, 1);
-      c.activate(g, f.act);
-      c.mul(g, u);
-    } else {
-      c.project(h, g, with(w.up, w.rows.up, w.rows.up_rows), D, fn, n, 1);
-      c.activate(g, f.act);
-    }
+    const Operand u = w.gate ? c.whole(c.buffer(BufRole::Hidden, "U up", {n, fn}, dt)) : g;
+    c.project(h, g, {w.gate.value_or(w.up)}, D, fn, n, 1);
+    if (w.gate) c.project(h, u, {w.up}, D, fn, n, 1);
+    c.activate(g, f.act);
+    if (w.gate) c.mul(g, u);
     c.patches(f.patches, TensorRole::MlpHidden, g);
-    SegWeight down{"", w.down, down_bias ? f.down.bias : std::string(), {}, {}};
+    SegWeight down = w.down;
+    if (down_bias) down.bias = f.down.bias;
     c.project(g, y, {down}, fn, D, n, 1);
   };
 

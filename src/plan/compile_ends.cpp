@@ -16,9 +16,8 @@ Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Regist
   const DType acc = c.acc();
   const int64_t out = fl.proj.out_features;
   const int o = c.buffer(BufRole::Output, "Out", {rr.size(), out}, acc);
-  // The projection runs in fp32 (fp64 for an fp64 model): the weight is converted on acquire
-  // unless it is stored so.
-  // Row ranges (from the first output row) with one projection each: all rows, or one per
+  // The projection runs in fp32 (fp64 for an fp64 model), the weight converted on acquire unless
+  // stored so. Row ranges (from the first output row) with one projection each: all rows, or one per
   // segment where segments have heads of their own.
   struct Part {
     int64_t from, to;
@@ -31,20 +30,14 @@ Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Regist
       const int64_t b = m.segment_begin(s.name) - rr.begin;
       if (b >= 0 && b + s.length <= rr.size() && s.length > 0) parts.push_back({b, b + s.length, &fl.proj_for(s.name)});
     }
-  bool narrow = false;
-  for (const Part& p : parts) narrow = narrow || p.proj->out_features < out;
-  if (narrow) c.zero(c.whole(o));
+  if (std::any_of(parts.begin(), parts.end(), [&](const Part& p) { return p.proj->out_features < out; }))
+    c.zero(c.whole(o));  // the columns a narrower head leaves are 0
   for (const Part& part : parts) {
     const ir::Linear& l = *part.proj;
     const int w = c.acquire(l, {}, {}, acc);
-    SegWeight sw{"", w, {}, {}, {}};
-    int bias = -1;
-    if (!l.bias.empty()) {
-      bias = c.acquire_tensor(l.bias, l.out_features, acc);
-      sw.bias = l.bias;
-      sw.bias_buf = bias;
-    }
-    c.token_loop(rr.begin, part.from, part.to, chunk, true, [&](int64_t n, int64_t pieces) {
+    const int bias = l.bias.empty() ? -1 : c.acquire_tensor(l.bias, l.out_features, acc);
+    const SegWeight sw{"", w, l.bias, {}, {}, bias};
+    c.token_loop(rr.begin, part.to, chunk, true, [&](int64_t n, int64_t pieces) {
       const Operand n32 = c.whole(c.buffer(BufRole::Normed32, "N32", {n, m.dim}, acc));
       c.norm(fl.norm, fl.modulation, fl.mod, n32, n, pieces);
       if (l.out_features == out) {
@@ -57,7 +50,7 @@ Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Regist
       Operand dst = c.slab_of(o, 0, n);
       dst.shape[1] = l.out_features;
       c.copy(head, dst);
-    });
+    }, part.from);
     c.release(w);
     if (bias >= 0) c.release(bias);
   }
@@ -92,22 +85,19 @@ Program compile_embed(const ir::Model& m, const contracts::Registry& reg, const 
                    [&](int64_t n, int64_t) { c.copy(tokens, Compiler::residual(n, m.dim)); });
       continue;
     }
-    if (e->linear.fp32_compute && c.dt() != c.acc()) {
-      // Tokens in the accumulation dtype, projected in it slab by slab, then rounded.
-      const int w = c.acquire(e->linear, {}, {}, c.acc());
-      SegWeight sw{"", w, e->linear.bias, {}, {}};
-      c.token_loop(begin, seg.length, std::min(seg.length, kEmbedSlabRows), false, [&](int64_t n, int64_t) {
-        const Operand e32 = c.whole(c.buffer(BufRole::Normed32, "E32", {n, m.dim}, c.acc()));
-        c.project({Src::Tokens, -1, seg.name, 0, {n, in}}, e32, {sw}, in, m.dim, n, 1);
-        c.copy(e32, Compiler::residual(n, m.dim));
-      });
-      c.release(w);
-      continue;
-    }
-    const int w = c.acquire(e->linear, {}, {}, c.dt());
-    SegWeight sw{"", w, e->linear.bias, {}, {}};
-    c.token_loop(begin, seg.length, seg.length, false, [&](int64_t n, int64_t) {
-      c.project(tokens, Compiler::residual(n, m.dim), {sw}, in, m.dim, n, 1);
+    // fp32_compute: tokens in the accumulation dtype, projected in it slab by slab, then rounded.
+    const bool wide = e->linear.fp32_compute && c.dt() != c.acc();
+    const int w = c.acquire(e->linear, {}, {}, wide ? c.acc() : c.dt());
+    const SegWeight sw{"", w, e->linear.bias, {}, {}};
+    const int64_t chunk = wide ? std::min(seg.length, kEmbedSlabRows) : seg.length;
+    c.token_loop(begin, seg.length, chunk, false, [&](int64_t n, int64_t) {
+      if (!wide) {
+        c.project(tokens, Compiler::residual(n, m.dim), {sw}, in, m.dim, n, 1);
+        return;
+      }
+      const Operand e32 = c.whole(c.buffer(BufRole::Normed32, "E32", {n, m.dim}, c.acc()));
+      c.project({Src::Tokens, -1, seg.name, 0, {n, in}}, e32, {sw}, in, m.dim, n, 1);
+      c.copy(e32, Compiler::residual(n, m.dim));
     });
     c.release(w);
   }

@@ -25,9 +25,7 @@ void Compiler::lora(const Operand& in, const Operand& out, const std::vector<Seg
   double flops = 0, bytes = 0;
   std::string target;
   for (size_t i = 0; i < ws.size(); ++i) {
-    const AcquireStep* acq = nullptr;
-    for (const Step& s : p_.steps)
-      if (const auto* a = std::get_if<AcquireStep>(&s.body); a && a->out == ws[i].weight) acq = a;
+    const AcquireStep* acq = acquire_of(ws[i].weight);
     if (!acq || !acq->linear || acq->linear->loras.empty()) continue;
     const ir::Linear& l = *acq->linear;
     SliceExpr rows = acq->rows.length < 0 ? SliceExpr{0, 0, l.out_features, 1} : acq->rows;

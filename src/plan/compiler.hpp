@@ -1,8 +1,6 @@
-// Internal to src/plan: the Compiler that builds one schedule program (buffers and typed
-// steps with their cost terms), shared by the sublayer compiler (compile.cpp) and the
-// embedding and final-layer compiler (compile_ends.cpp). Each emit function adds one step
-// together with the buffers it reads and writes and its cost terms; the executor, the cost
-// model and the arena read nothing else.
+// Internal to src/plan: the Compiler that builds one schedule program for compile.cpp and
+// compile_ends.cpp. Each emit function adds one step with the buffers it reads and writes and
+// its cost terms, all that the executor, the cost model and the arena read.
 #pragma once
 
 #include <algorithm>
@@ -50,14 +48,12 @@ class Compiler {
   const contracts::DeviceCaps& dev() const { return dev_; }
   DType dt() const { return dt_; }
   DType acc() const { return acc_; }
-  bool fused() const { return fused_; }
 
   int buffer(BufRole role, std::string label, std::vector<int64_t> shape, DType dtype, bool view = false) {
     p_.buffers.push_back({role, std::move(label), std::move(shape), dtype, view, depth_});
     return int(p_.buffers.size()) - 1;
   }
   Operand whole(int buf) const { return {Src::Buffer, buf, {}, -1, p_.buffers[size_t(buf)].shape}; }
-  Operand view(int buf, std::vector<int64_t> shape) const { return {Src::Buffer, buf, {}, -1, std::move(shape)}; }
   // The current token slab's rows along `dim` of a buffer that holds every row.
   Operand slab_of(int buf, int dim, int64_t n) const {
     auto shape = p_.buffers[size_t(buf)].shape;
@@ -72,16 +68,12 @@ class Compiler {
     p_.steps.push_back(std::move(s));
   }
 
-  // Calls body(n, pieces) inside a Loop step for every run of slabs of `total` rows (from
-  // `base`, absolute) cut `chunk` at a time: slabs of one size spanning the same number of
-  // segment pieces form one run. `segments` false: one piece per slab (context rows).
+  // Calls body(n, pieces) inside a Loop step for every run of slabs of rows [base + from,
+  // base + total) (absolute; slab indices count from base) cut `chunk` at a time: slabs of one
+  // size spanning the same number of segment pieces form one run. `segments` false: one piece per
+  // slab (context rows).
   template <typename F>
-  void token_loop(int64_t base, int64_t total, int64_t chunk, bool segments, F&& body) {
-    token_loop(base, 0, total, chunk, segments, std::forward<F>(body));
-  }
-  // Rows [base + from, base + total) in slabs whose index counts from base.
-  template <typename F>
-  void token_loop(int64_t base, int64_t from, int64_t total, int64_t chunk, bool segments, F&& body) {
+  void token_loop(int64_t base, int64_t total, int64_t chunk, bool segments, F&& body, int64_t from = 0) {
     chunk = std::clamp<int64_t>(chunk, 1, std::max<int64_t>(total - from, 1));
     int64_t i0 = from;
     while (i0 < total) {
@@ -133,7 +125,6 @@ class Compiler {
     if (native(l, compute)) {  // the stored slice, handed to the format's GEMM
       const std::string native_label = label + " (native " + l.format + ")";
       const int w = buffer(BufRole::Weight, native_label, {r, c}, f.storage, true);
-      native_.push_back(w);
       emit(AcquireStep{&l, {}, rows, cols, compute, w, true}, "acquire " + native_label, {});
       return w;
     }
@@ -226,14 +217,14 @@ class Compiler {
             (double(n) * in_features + double(in_features) * out_features + double(n) * out_features) * e, launches,
             n, cd};
     t.gemm_cols = out_features;
-    const bool nat = std::find(native_.begin(), native_.end(), ws.front().weight) != native_.end();
+    const AcquireStep* acq = acquire_of(ws.front().weight);
+    const bool nat = acq && acq->native;
     // Where the device's GEMMs in this dtype pack their operands (DeviceCaps::gemm_scratch: CPUs
     // with AMX / AVX512-BF16), that packing.
     int64_t workspace = dev_.held(dev_.gemm_scratch(cd) * dev_.threads);
     if (nat) {  // 8-bit weights read, the activations quantized in one more pass per piece
-      const DType st = p_.buffers[size_t(ws.front().weight)].dtype;
-      const auto& f = native_format(ws.front().weight);
-      t.dtype = st;
+      const auto& f = reg_.format(acq->linear->format);
+      t.dtype = p_.buffers[size_t(ws.front().weight)].dtype;
       t.bytes = (2.0 * double(n) * in_features + double(in_features) * out_features + double(n) * out_features) * e;
       t.launches = 2 * launches;
       if (f.gemm_workspace)
@@ -435,12 +426,11 @@ class Compiler {
         s.body);
   }
 
-  const contracts::FormatCaps& native_format(int w) const {
-    const auto& steps = p_.steps;
-    for (auto it = steps.rbegin(); it != steps.rend(); ++it)
-      if (const auto* a = std::get_if<AcquireStep>(&it->body); a && a->out == w && a->linear)
-        return reg_.format(a->linear->format);
-    throw std::logic_error("no acquire of native weight buffer " + std::to_string(w));
+  // The step that acquired weight buffer `w`; null where none did.
+  const AcquireStep* acquire_of(int w) const {
+    for (auto it = p_.steps.rbegin(); it != p_.steps.rend(); ++it)
+      if (const auto* a = std::get_if<AcquireStep>(&it->body); a && a->out == w) return a;
+    return nullptr;
   }
 
   const ir::Model& m_;
@@ -450,7 +440,6 @@ class Compiler {
   double esz_, asz_;
   bool fused_;
   int depth_ = 0;
-  std::vector<int> native_;  // weight buffers acquired for a format's own GEMM
   Program p_;
 };
 

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "plan/arena.hpp"
-
 namespace sp::plan {
 
 using ir::DType;
@@ -61,6 +59,12 @@ namespace {
 int64_t tiles_of(int64_t rows_per_head, int64_t heads) {
   return (rows_per_head + kAttentionTileRows - 1) / kAttentionTileRows * heads;
 }
+
+// The time one tile takes, for a call of `flops` at `peak` FLOP/s (a wave's time over its slots).
+double attention_tile_seconds(double flops, int64_t rows_per_head, int64_t heads, double peak, const TileWaves& w) {
+  if (w.units <= 0 || rows_per_head <= 0 || heads <= 0 || peak <= 0) return 0;
+  return flops / double(tiles_of(rows_per_head, heads)) / (peak / double(w.slots()));
+}
 }  // namespace
 
 double attention_efficiency(int64_t rows_per_head, int64_t heads, const TileWaves& w) {
@@ -72,11 +76,6 @@ double attention_efficiency(int64_t rows_per_head, int64_t heads, const TileWave
     waves += w.per_unit > 1 ? w.lone + (1.0 - w.lone) * double(busiest - 1) / double(w.per_unit - 1) : 1.0;
   }
   return double(tiles) / (waves * double(slots));
-}
-
-double attention_tile_seconds(double flops, int64_t rows_per_head, int64_t heads, double peak, const TileWaves& w) {
-  if (w.units <= 0 || rows_per_head <= 0 || heads <= 0 || peak <= 0) return 0;
-  return flops / double(tiles_of(rows_per_head, heads)) / (peak / double(w.slots()));
 }
 
 double step_seconds(const Terms& t, const Rates& r) {
@@ -99,8 +98,6 @@ double step_seconds(const Terms& t, const Rates& r) {
   return std::max(compute, t.bytes / bw) + double(t.launches) * r.launch_gap_s;
 }
 
-double step_host_seconds(const Terms& t, const Rates& r) { return double(t.launches) * r.launch_s; }
-
 Cost program_cost(const Program& p, const contracts::DeviceCaps& dev) { return program_cost(p, place(p, dev), dev); }
 
 Cost program_cost(const Program& p, const Placement& pl, const contracts::DeviceCaps& dev) {
@@ -118,7 +115,7 @@ Cost program_cost(const Program& p, const Placement& pl, const contracts::Device
       continue;
     }
     c.seconds += double(times.back()) * step_seconds(s.terms, r);
-    host += double(times.back()) * step_host_seconds(s.terms, r);
+    host += double(times.back()) * (double(s.terms.launches) * r.launch_s);  // the host's dispatch
     c.launches += times.back() * s.terms.launches;
   }
   c.seconds = std::max(c.seconds, host);
@@ -129,10 +126,6 @@ Cost program_cost(const Program& p, const Placement& pl, const contracts::Device
 Cost sublayer_cost(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const Schedule& p,
                    const contracts::Registry& reg, const contracts::DeviceCaps& dev, double kv_budget) {
   return program_cost(compile_sublayer(m, b, s, p, reg, dev, kv_budget), dev);
-}
-
-Cost final_cost(const ir::Model& m, int64_t chunk, const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
-  return program_cost(compile_final(m, chunk, reg, dev), dev);
 }
 
 

@@ -1,6 +1,7 @@
 // The plan as people read it (`--explain`): the estimates, the policy, and per sublayer the
 // strategy, its chunks, every transformation with its rejections, the weights it holds and
 // the alternatives the chooser did not take.
+#include <algorithm>
 #include <sstream>
 
 #include "plan/budget.hpp"
@@ -36,22 +37,15 @@ void explain_alternatives(std::ostringstream& os, const std::vector<Alternative>
 void explain_weights(std::ostream& os, const SublayerPlan& s) {
   std::vector<std::string> all = s.held_weights;
   all.insert(all.end(), s.slab_weights.begin(), s.slab_weights.end());
-  size_t cut = 0;
+  size_t cut = 0;  // after a dot; npos + 1 == 0: no dot, nothing cut
   if (!all.empty()) {
     const std::string& first = all.front();
-    size_t common = first.size();
-    for (const auto& n : all) {
-      size_t i = 0;
-      while (i < common && i < n.size() && n[i] == first[i]) ++i;
-      common = i;
-    }
-    if (all.size() == 1) common = first.size();
-    const size_t dot = first.rfind('.', common == 0 ? 0 : common - 1);
-    cut = dot == std::string::npos ? 0 : dot + 1;
+    auto common = first.end();
+    for (const auto& n : all) common = std::mismatch(first.begin(), common, n.begin(), n.end()).first;
+    cut = first.rfind('.', common == first.begin() ? 0 : size_t(common - first.begin()) - 1) + 1;
     // keep at least the last two components ("fc1.weight")
     const size_t last = first.rfind('.');
-    const size_t before = last == std::string::npos || last == 0 ? std::string::npos : first.rfind('.', last - 1);
-    cut = std::min(cut, before == std::string::npos ? size_t(0) : before + 1);
+    cut = std::min(cut, last == std::string::npos || last == 0 ? 0 : first.rfind('.', last - 1) + 1);
   }
   auto list = [&](const std::vector<std::string>& names) {
     std::string t;

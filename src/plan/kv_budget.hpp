@@ -1,16 +1,7 @@
-// The KV budget of routed block-sparse attention over a denoising run.
-//
-// Design note. Sparse attention keeps, per video query tile, the ceil(budget x video key
-// tiles) best key tiles (exec/consumers/block_sparse.hpp). The budget follows the denoising
-// schedule: a base budget, with optional early and late windows of their own (denser
-// attention where the result is most sensitive). Where windows apply together the densest
-// budget wins, the base one included. Sparse attention changes the result, so it is only ever
-// an explicit choice; this is plain arithmetic on that choice, with errors naming the option.
-//
-// Example:
-//     sp::plan::KvSchedule s{.budget = 0.3, .early_steps = 2, .early_kv = 0.5, .late_steps = 2, .late_kv = 0.5};
-//     double b = sp::plan::kv_budget_at(s, 0, 30);   // 0.5 (early window)
-//     int64_t k = sp::plan::kept_tiles(b, 1161);     // 581 key tiles per query tile
+// The KV budget of routed block-sparse attention over a denoising run: per video query tile the
+// ceil(budget x video key tiles) best key tiles are kept (exec/consumers/block_sparse.hpp). A base
+// budget, with optional early and late windows of their own; where several apply the densest
+// wins. Sparse attention changes the result, so it is only ever an explicit choice.
 #pragma once
 
 #include <cstdint>
@@ -44,9 +35,8 @@ int64_t kept_tiles(double budget, int64_t tiles);
 std::optional<ir::RowRange> video_rows(const ir::Model& m);
 
 // The consumer call's arguments of attention sublayer `s` of block `b` (one of m.blocks) under
-// `kv_budget` (q_begin aside): its video rows where it is self-attention over every row of the
-// model (its K row i is token row i), none elsewhere. Throws PlanError naming --kv-budget where
-// the budget is not in (0, 1], or is below 1 for a model without a "video" segment.
+// `kv_budget` (q_begin aside): the video rows only for self-attention over every row of the model.
+// Throws PlanError naming --kv-budget outside (0, 1], or below 1 without a "video" segment.
 contracts::AttnCall attn_call(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, double kv_budget);
 
 }  // namespace sp::plan

@@ -7,9 +7,6 @@
 #include <tuple>
 
 #include "plan/budget.hpp"
-#include "plan/cost.hpp"
-#include "plan/arena.hpp"
-#include "plan/program.hpp"
 
 namespace sp::plan {
 
@@ -21,10 +18,8 @@ int64_t kv_bytes(const ir::Model& m) {
   int64_t best = 0;
   for (const auto& b : m.blocks)
     for (const auto& s : b.sublayers)
-      if (const auto* a = std::get_if<ir::Attention>(&s.body)) {
-        const int64_t L = a->kind == ir::AttnKind::Cross ? m.context(a->context).length : m.rows(s.segments).size();
-        best = std::max(best, 2 * L * a->kv_heads * a->head_dim);
-      }
+      if (const auto* a = std::get_if<ir::Attention>(&s.body))
+        best = std::max(best, 2 * m.kv_rows(s) * a->kv_heads * a->head_dim);
   return best * static_cast<int64_t>(ir::dtype_size(m.dtype));
 }
 
@@ -48,39 +43,11 @@ Part compiled(Program prog, const contracts::DeviceCaps& dev) {
   return {std::move(prog), std::move(pl)};
 }
 
-Decision* find(std::vector<Decision>& ds, Transform t) {
-  for (auto& d : ds)
-    if (d.transform == t) return &d;
-  return nullptr;
-}
-
 // Replaces the note of a legal transformation that the part's schedule does not take.
 template <typename P>
 void note(P& p, Transform t, const std::string& why) {
-  if (Decision* d = find(p.decisions, t); d && d->legal() && !p.chosen(t)) d->note = why;
-}
-
-// Attention with an explicit token chunk: K/V (and non-streamed output) slabs of the chunk,
-// Q slabs of it rounded to the consumer's alignment.
-SublayerPlan fixed_attention(const ir::Model& m, const ir::Sublayer& s, const ir::Attention& a, const Verdict& v,
-                             int64_t chunk, const contracts::Registry& reg) {
-  const int64_t T = m.rows(s.segments).size(), L = m.kv_rows(s);
-  SublayerPlan p;
-  p.attention = true;
-  p.rows = T;
-  p.kv_rows = L;
-  p.decisions = decide(v);
-  p.token_chunk = std::max(T, L);
-  p.q_chunk = T;
-  if (is_legal(p.decisions, Transform::BoundedQkv)) p.token_chunk = std::min(std::max(T, L), chunk);
-  const bool covers = p.token_chunk >= T && p.token_chunk >= L;
-  if (!covers && is_legal(p.decisions, Transform::GlobalKvStreamedQ))
-    p.q_chunk = std::min(T, ir::round_up(chunk, reg.consumer(a.consumer).q_align));
-  p.streamed_out = !covers && is_legal(p.decisions, Transform::StreamedOutProj);
-  if (covers)
-    for (Transform t : {Transform::BoundedQkv, Transform::GlobalKvStreamedQ, Transform::StreamedOutProj})
-      note(p, t, "one chunk covers all tokens");
-  return p;
+  for (auto& d : p.decisions)
+    if (d.transform == t && d.legal() && !p.chosen(t)) d.note = why;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -109,8 +76,10 @@ void note_unchosen(P& p, const std::string& policy) {
     if (d.legal() && !p.chosen(d.transform)) d.note = policy + " is '" + p.strategy + "'";
 }
 
-// Attention with kv rows per K/V (and non-streamed output) slab and q rows per Q slab.
-SublayerPlan attention_candidate(const Verdict& v, int64_t T, int64_t L, int64_t kv, int64_t q) {
+// Attention with kv rows per K/V (and non-streamed output) slab and q rows per Q slab; the
+// output streamed with streamed Q, or as `streamed_out` says.
+SublayerPlan attention_candidate(const Verdict& v, int64_t T, int64_t L, int64_t kv, int64_t q,
+                                 std::optional<bool> streamed_out = std::nullopt) {
   SublayerPlan p;
   p.attention = true;
   p.rows = T;
@@ -119,9 +88,21 @@ SublayerPlan attention_candidate(const Verdict& v, int64_t T, int64_t L, int64_t
   p.token_chunk = kv;
   p.q_chunk = q;
   p.feature_slice = 0;
-  p.streamed_out = q < T && is_legal(p.decisions, Transform::StreamedOutProj);  // with streamed Q
+  p.streamed_out = streamed_out.value_or(q < T) && is_legal(p.decisions, Transform::StreamedOutProj);
   p.strategy = strategy_of(p);
   return p;
+}
+
+// Attention with an explicit token chunk: K/V (and non-streamed output) slabs of the chunk,
+// Q slabs of it rounded to the consumer's alignment.
+SublayerPlan fixed_attention(const Verdict& v, int64_t T, int64_t L, int64_t chunk, const contracts::Registry& reg,
+                             const std::string& consumer) {
+  const int64_t kv = v.is_legal(Transform::BoundedQkv) ? std::min(std::max(T, L), chunk) : std::max(T, L);
+  const bool covers = kv >= T && kv >= L;
+  const int64_t q = !covers && v.is_legal(Transform::GlobalKvStreamedQ)
+                        ? std::min(T, ir::round_up(chunk, reg.consumer(consumer).q_align))
+                        : T;
+  return attention_candidate(v, T, L, kv, q, !covers);
 }
 
 SublayerPlan mlp_candidate(const Verdict& v, int64_t T, int64_t hidden, int64_t c, int64_t f) {
@@ -204,12 +185,10 @@ class Chooser {
   }
 
   SublayerPlan attention(const Site& at, const ir::Attention& a, const Verdict& v) {
-    const ir::Sublayer& s = at.s;
-    const int64_t T = m_.rows(s.segments).size(), L = m_.kv_rows(s);
+    const int64_t T = m_.rows(at.s.segments).size(), L = m_.kv_rows(at.s);
     std::vector<SublayerPlan> plans;
-    if (opt_.token_chunk > 0) {
-      plans.push_back(fixed_attention(m_, s, a, v, opt_.token_chunk, reg_));  // the chunk is fixed
-      plans.back().strategy = strategy_of(plans.back());
+    if (opt_.token_chunk > 0) {  // the chunk is fixed
+      plans.push_back(fixed_attention(v, T, L, opt_.token_chunk, reg_, a.consumer));
     } else {
       plans.push_back(attention_candidate(v, T, L, std::max(T, L), T));
       const auto kvs = chunk_candidates(std::max(T, L), 1);
@@ -229,8 +208,7 @@ class Chooser {
   }
 
   SublayerPlan mlp(const Site& at, const ir::Mlp& f, const Verdict& v) {
-    const ir::Sublayer& s = at.s;
-    const int64_t T = m_.rows(s.segments).size();
+    const int64_t T = m_.rows(at.s.segments).size();
     std::vector<int64_t> chunks = {T}, slices = {f.hidden};
     if (v.is_legal(Transform::TokenChunkedMlp)) {
       if (opt_.token_chunk > 0) chunks = {std::min(T, opt_.token_chunk)};
@@ -265,10 +243,10 @@ class Chooser {
     }
     std::vector<Candidate> cands;
     for (int64_t c : chunks) {
-      FinalPlan k = f;
-      k.chunk = c;
-      const Cost cost = costs_.of(Costs::kFinal, 0, {c}, [&] { return final_cost(m_, c, reg_, dev_); });
-      cands.push_back({strategy_of(k), c, 0, 0, cost, allocator_reserve(dev_)});
+      f.chunk = c;
+      const Cost cost =
+          costs_.of(Costs::kFinal, 0, {c}, [&] { return program_cost(compile_final(m_, c, reg_, dev_), dev_); });
+      cands.push_back({strategy_of(f), c, 0, 0, cost, allocator_reserve()});
     }
     const Choice ch = decide_among(cands);
     if (!ch.chosen) {
@@ -279,7 +257,6 @@ class Chooser {
     }
     const Candidate& c = cands[*ch.chosen];
     f.chunk = c.token_chunk;
-    for (auto& d : f.decisions) d.note.clear();
     f.strategy = c.strategy;
     f.estimated_peak = c.cost.peak_bytes;
     f.estimated_ms = c.cost.ms();
@@ -292,7 +269,7 @@ class Chooser {
   Cost embedding(Part& into) {
     Candidate c;
     c.cost = fixed(compile_embed(m_, reg_, dev_), into);
-    c.reserve = allocator_reserve(dev_);
+    c.reserve = allocator_reserve();
     if (opt_.budget_bytes > 0) note_bottleneck(c, "the embedding", "", [&] { return compile_embed(m_, reg_, dev_); });
     return c.cost;
   }
@@ -329,7 +306,7 @@ class Chooser {
     cands.reserve(plans.size());
     for (const auto& p : plans) {
       const Cost c = costs_.of(at.form, at.si, p, [&] { return sublayer_cost(m_, b, s, p, reg_, dev_, opt_.kv_budget); });
-      cands.push_back({p.strategy, p.token_chunk, p.q_chunk, p.feature_slice, c, allocator_reserve(dev_)});
+      cands.push_back({p.strategy, p.token_chunk, p.q_chunk, p.feature_slice, c, allocator_reserve()});
     }
     const Choice ch = decide_among(cands);
     if (!ch.chosen) {
@@ -348,11 +325,10 @@ class Chooser {
     p.estimated_ms = cands[*ch.chosen].cost.ms();
     p.alternatives = ch.alternatives;
     note_unchosen(p, policy_word());
-    const int64_t T = m_.rows(s.segments).size();
-    if (p.attention && p.token_chunk >= std::max(T, m_.kv_rows(s)) && p.q_chunk >= T)
+    if (p.attention && p.token_chunk >= std::max(p.rows, p.kv_rows) && p.q_chunk >= p.rows)
       for (Transform t : {Transform::BoundedQkv, Transform::GlobalKvStreamedQ, Transform::StreamedOutProj})
         note(p, t, "one chunk covers all tokens");
-    if (!p.attention && p.token_chunk >= T) note(p, Transform::TokenChunkedMlp, "one chunk covers all tokens");
+    if (!p.attention && p.token_chunk >= p.rows) note(p, Transform::TokenChunkedMlp, "one chunk covers all tokens");
     return p;
   }
 
@@ -545,12 +521,8 @@ void check_match(const Plan& p, const ir::Model& m, const contracts::Registry& r
                                             std::to_string(p.tokens) + " tokens, the model has " +
                                             std::to_string(m.blocks.size()) + " / " + std::to_string(m.tokens()));
   if (!(*p.source == m)) {
-    std::string where = "outside its blocks";
-    for (size_t b = 0; b < m.blocks.size(); ++b)
-      if (!(m.blocks[b] == p.source->blocks[b])) {
-        where = "in block " + m.blocks[b].name;
-        break;
-      }
+    const auto diff = std::mismatch(m.blocks.begin(), m.blocks.end(), p.source->blocks.begin()).first;
+    const std::string where = diff == m.blocks.end() ? "outside its blocks" : "in block " + diff->name;
     throw PlanMismatch(Mismatch::Model, "the model differs from the one planned " + where);
   }
   for (const Plan::Entry& e : p.entries) {

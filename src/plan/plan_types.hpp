@@ -10,8 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "contracts/contracts.hpp"
-#include "ir/model.hpp"
 #include "legality/legality.hpp"
 #include "plan/arena.hpp"
 
@@ -52,9 +50,7 @@ struct SublayerPlan : Schedule {
   bool attention = false;
   int64_t rows = 0, kv_rows = 0, hidden = 0;  // what the chunks divide: query and K/V rows, or rows and MLP features
   std::vector<Decision> decisions;
-  // Legal, and taken by the chunk sizes: a K/V or Q chunk below the rows (bounded QKV), a Q
-  // chunk below them (streamed Q), streamed_out, a token chunk or feature slice below the rows
-  // or features (MLP).
+  // Legal, and taken by the chunk sizes: a chunk (or slice) below what it divides, or streamed_out.
   bool chosen(Transform t) const;
   int64_t estimated_peak = 0;  // bytes above the residual stream, this sublayer's worst phase
   std::string strategy;        // short name, e.g. "streamed-q", "chunked+sliced", "full"
@@ -89,9 +85,8 @@ struct FinalPlan {
 struct Options {
   int64_t token_chunk = 0;    // 0: automatic
   int64_t feature_slice = 0;  // 0: automatic; < 0: never slice features
-  // 0: no budget (the smallest peak whose schedule is within 0.5% of the fastest). > 0: the fastest schedule
-  // whose estimated activation peak (residual included) fits; explicit token_chunk /
-  // feature_slice above still fix those sizes.
+  // 0: no budget (the smallest peak within kLeanTolerance of the fastest schedule's time). > 0: the
+  // fastest schedule whose estimated peak (residual included) fits; token_chunk / feature_slice still fix those.
   int64_t budget_bytes = 0;
   // Run-time input: the KV budget of routed block-sparse attention at the step the plan runs
   // (plan/kv_budget.hpp; 1: dense). The attend steps carry it; the estimates follow it.

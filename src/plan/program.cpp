@@ -48,15 +48,6 @@ int64_t Buffer::bytes() const {
   return n;
 }
 
-Terms& Terms::operator+=(const Terms& o) {
-  flops += o.flops;
-  bytes += o.bytes;
-  launches += o.launches;
-  gemm_rows = std::max(gemm_rows, o.gemm_rows);
-  gemm_cols = std::max(gemm_cols, o.gemm_cols);
-  return *this;
-}
-
 const char* step_name(const StepBody& b) {
   static const char* names[] = {"loop",    "end",     "acquire", "release", "zero",     "norm",
                                 "copy",    "project", "qk-norm", "rope",    "qk-fused", "patch",

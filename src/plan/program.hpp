@@ -1,19 +1,10 @@
 // Schedule program: the one description of what a planned run does, step by step (docs/schedule.md).
 //
-// Design note. compile() turns the plan's decisions for one sublayer (or the final layer, or
-// the embedding) into a Program: typed steps, each naming the buffers it reads and writes
-// (shape, dtype), its cost terms (FLOPs, bytes moved, launches) and the bytes it allocates
-// outside the arena. The interpreter (exec/run/interpreter.cpp), the cost model (cost.cpp) and
-// the arena (arena.cpp) read the program and nothing else, so the order of steps inside a
-// sublayer is known in one place, plan/compile.cpp. Slab loops are steps too (Loop ...
-// EndLoop: `count` slabs of `rows` rows); buffers declared inside a loop body live within one
-// slab, those declared outside it across the loop. A Program points into the ir::Model it was
-// compiled from; keep the model alive.
-//
-// Example:
-//     sp::plan::Program prog = sp::plan::compile_sublayer(model, block, sub, splan, reg, dev);
-//     sp::plan::Placement pl = sp::plan::place(prog, dev);          // plan/arena.hpp
-//     std::cout << sp::plan::to_text(prog, &pl) << pl.peak_bytes << "\n";
+// compile_*() turn the plan's decisions for a sublayer (or the final layer, the embedding) into
+// typed steps naming the buffers they read and write, their cost terms and the bytes they
+// allocate outside the arena. Slab loops are steps too (Loop ... EndLoop: `count` slabs of
+// `rows` rows); buffers declared inside a loop body live within one slab, those outside it
+// across the loop. A Program points into the ir::Model it was compiled from; keep it alive.
 #pragma once
 
 #include <cstdint>
@@ -93,11 +84,11 @@ struct SliceExpr {
   int64_t base = 0, per_feature = 0, length = -1, step = 1;
 };
 
-// Cost terms of one execution of a step.
 // What moves a step's bytes: ATen operations (at the copy bandwidth) or one of the fused row
 // kernels (at its own measured bandwidth).
 enum class Mover { Memory, NormKernel, QkKernel };
 
+// Cost terms of one execution of a step.
 struct Terms {
   double flops = 0;       // multiply-adds x 2
   double bytes = 0;       // bytes read + written
@@ -109,7 +100,6 @@ struct Terms {
   int64_t attention_kv = 0;          // attention: the K/V length
   Mover mover = Mover::Memory;
   int64_t gemm_cols = 0;  // a matmul: its output features (with gemm_rows, its efficiency)
-  Terms& operator+=(const Terms& o);
 };
 
 enum class Axis { Tokens, Features };
@@ -213,11 +203,9 @@ struct CarryKStep {
   Operand carrier;
   int64_t kv_rows = 0;
 };
-// out [n, heads*hd] token-major := consumer(q, K, V); `carried`: k is the consumer's K carrier
-// of kv_rows rows. q is folded [G, rep*n, hd] or token-major (Same), K and V head-major
-// [G, kv_rows, hd] or token-major [kv_rows, G*hd]; token-major operands reach the consumer as
-// [1, G, rows, hd] views with strided heads. `call`: the consumer's arguments besides the
-// tensors (its block, its sublayer's query rows, the KV budget and the video rows it routes).
+// out [n, heads*hd] token-major := consumer(q, K, V); `carried`: k is the consumer's K carrier of
+// kv_rows rows. q folded [G, rep*n, hd] or token-major, K and V head-major [G, kv_rows, hd] or
+// token-major (as [1, G, rows, hd] views with strided heads). `call`: the consumer's other inputs.
 struct AttendStep {
   std::string consumer;
   Operand q, k, v, out;
@@ -289,9 +277,8 @@ struct Program {
   ir::RowRange rows;
 };
 
-// Whether the device's fused row kernels run: norm + modulation straight into the
-// activation dtype, and Q/K norm + RoPE straight into the attention layout. Patches that
-// read or modify Q or K run on fp32 staging, so they rule out the fused Q/K kernel.
+// Whether the device's fused row kernels run: norm + modulation, and Q/K norm + RoPE, the latter
+// not where a patch reads or modifies Q or K (patches run on fp32 staging).
 bool fused_norm(const ir::Model& m, const contracts::DeviceCaps& dev);
 bool fused_qk(const ir::Model& m, const ir::Attention& a, const contracts::Registry& reg,
               const contracts::DeviceCaps& dev);
@@ -315,8 +302,7 @@ int64_t programs_compiled();
 
 // "Q [1072, 384] bf16"
 std::string buffer_text(const Buffer& b);
-// The program as text, one step per line, indented by loop depth: the step, the buffers it
-// writes and reads, its cost terms and transient; then the buffers with their placement.
+// The program as text: one step per line (indented by loop depth), then the buffers placed.
 std::string to_text(const Program& p, const std::vector<int64_t>& offsets, int64_t arena_bytes);
 
 }  // namespace sp::plan

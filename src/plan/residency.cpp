@@ -8,7 +8,6 @@
 #include <sstream>
 
 #include "plan/budget.hpp"
-#include "plan/cost.hpp"
 
 namespace sp::plan {
 
@@ -16,11 +15,6 @@ int Residency::streamed_count() const { return int(std::count(streamed.begin(), 
 
 int64_t Residency::device_bytes() const {
   return fixed_bytes + kept_bytes + int64_t(slots) * slot_bytes + activation_bytes + slack_bytes;
-}
-
-int64_t residency_slack(const contracts::DeviceCaps& dev, int64_t device_memory) {
-  if (dev.kind != contracts::DeviceKind::CUDA) return allocator_reserve(dev);
-  return (int64_t{256} << 20) + device_memory / 50;
 }
 
 double streamed_call_ms(const std::vector<double>& block_ms, const std::vector<bool>& streamed, int slots,
@@ -62,6 +56,13 @@ std::vector<bool> kept_pattern(int n, int kept) {
 }
 
 namespace {
+
+// What the device allocator holds beyond the counted buffers: segment rounding, cuBLAS and
+// cuDNN workspaces. CUDA: 256 MiB + 2% of the device memory; CPU: allocator_reserve.
+int64_t residency_slack(const contracts::DeviceCaps& dev, int64_t device_memory) {
+  if (dev.kind != contracts::DeviceKind::CUDA) return allocator_reserve();
+  return (int64_t{256} << 20) + device_memory / 50;
+}
 
 // The activation plans the chooser weighs: with a fixed budget that one; else the lean
 // default and plans between the smallest achievable peak and the default's.
@@ -105,19 +106,14 @@ std::vector<double> block_times(const Plan& p, double& other_ms) {
   return ms;
 }
 
-struct Arrangement {
-  std::vector<bool> streamed;
-  int slots = 0;
-};
-
-// Fills the byte counts of `a` and predicts its time on plan `p`.
-Residency evaluate(const Arrangement& a, const Plan& p, const ResidencyRequest& req, const contracts::DeviceCaps& dev,
-                   double host_rate, int64_t slack) {
+// The byte counts of the arrangement (`streamed` blocks through `slots` slots) and its time on plan `p`.
+Residency evaluate(const std::vector<bool>& streamed, int slots, const Plan& p, const ResidencyRequest& req,
+                   const contracts::DeviceCaps& dev, double host_rate, int64_t slack) {
   Residency r;
-  r.streamed = a.streamed;
-  r.slots = a.slots;
-  for (size_t b = 0; b < a.streamed.size(); ++b) {
-    if (a.streamed[b]) r.slot_bytes = std::max(r.slot_bytes, req.block_bytes[b]);
+  r.streamed = streamed;
+  r.slots = slots;
+  for (size_t b = 0; b < streamed.size(); ++b) {
+    if (streamed[b]) r.slot_bytes = std::max(r.slot_bytes, req.block_bytes[b]);
     else r.kept_bytes += req.block_bytes[b];
   }
   if (r.streamed_count() == 0) r.slots = 0;
@@ -128,10 +124,10 @@ Residency evaluate(const Arrangement& a, const Plan& p, const ResidencyRequest& 
   r.host_bytes_per_s = host_rate;
   double other = 0;
   const std::vector<double> ms = block_times(p, other);
-  std::vector<double> copy(a.streamed.size(), 0.0);
+  std::vector<double> copy(streamed.size(), 0.0);
   for (size_t b = 0; b < copy.size(); ++b) {
     copy[b] = 1e3 * double(req.block_bytes[b]) / host_rate;
-    if (a.streamed[b]) r.copy_ms += copy[b];
+    if (streamed[b]) r.copy_ms += copy[b];
   }
   r.resident_ms = p.estimated_ms;
   r.predicted_ms = streamed_call_ms(ms, r.streamed, r.slots, copy, other, dev.kind == contracts::DeviceKind::CUDA);
@@ -146,11 +142,9 @@ std::optional<Residency> arrange(const Plan& p, const ResidencyRequest& req, con
                                  double host_rate, int64_t slack, int slots) {
   const int n = int(req.block_bytes.size());
   auto with_kept = [&](int kept) {
-    Arrangement a;
-    a.slots = slots;
-    a.streamed = kept_pattern(n, kept);
-    a.streamed.flip();
-    return evaluate(a, p, req, dev, host_rate, slack);
+    std::vector<bool> streamed = kept_pattern(n, kept);
+    streamed.flip();
+    return evaluate(streamed, slots, p, req, dev, host_rate, slack);
   };
   if (req.resident_blocks > 0) {
     const int kept = req.resident_blocks - slots;
@@ -214,30 +208,24 @@ ResidentPlan plan_with_residency(const ir::Model& m, const contracts::Registry& 
   const int64_t slack = residency_slack(dev, req.device_memory);
   const int n = int(m.blocks.size());
   std::optional<ResidentPlan> best;
-  auto consider = [&](const Plan& p, const Residency& r) {
-    if (!best) {
-      best = ResidentPlan{p, r};
-      return;
-    }
+  auto better = [&](const Residency& r) {
+    if (!best) return true;
     const Residency& b = best->residency;
     // Blocks that never move: all of them without streaming.
     auto fixed_blocks = [&](const Residency& x) { return x.streaming() ? x.kept_count() : n; };
     const bool near = std::abs(r.predicted_ms - b.predicted_ms) <= 0.005 * b.predicted_ms;
-    const bool better =
-        near ? fixed_blocks(r) > fixed_blocks(b) ||
-                   (fixed_blocks(r) == fixed_blocks(b) && r.activation_bytes < b.activation_bytes)
-             : r.predicted_ms < b.predicted_ms;
-    if (better) best = ResidentPlan{p, r};
+    return near ? fixed_blocks(r) > fixed_blocks(b) ||
+                      (fixed_blocks(r) == fixed_blocks(b) && r.activation_bytes < b.activation_bytes)
+                : r.predicted_ms < b.predicted_ms;
   };
   for (const Plan& p : plans) {
     // Every weight resident, where allowed.
     if (req.resident_blocks == 0 || req.resident_blocks >= n) {
-      Arrangement all{std::vector<bool>(size_t(n), false), 0};
-      Residency r = evaluate(all, p, req, dev, host_rate, slack);
-      if (fits(r)) consider(p, r);
+      Residency r = evaluate(std::vector<bool>(size_t(n), false), 0, p, req, dev, host_rate, slack);
+      if (fits(r) && better(r)) best = ResidentPlan{p, r};
     }
     for (int slots = 1; slots <= 3; ++slots)
-      if (auto r = arrange(p, req, dev, host_rate, slack, slots)) consider(p, *r);
+      if (auto r = arrange(p, req, dev, host_rate, slack, slots); r && better(*r)) best = ResidentPlan{p, *r};
   }
   if (!best) {
     int64_t smallest = plans.front().estimated_peak_bytes;

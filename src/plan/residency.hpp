@@ -1,25 +1,10 @@
-// Weight residency: which blocks' weights stay on the device, and how the others stream in.
-//
-// Design note. Under a device-memory budget the weights, their staging and the activations
-// share one amount of memory. Blocks are either kept (their weights on the device for the
-// whole run) or streamed: held in host memory and copied, on a side stream, into one of
-// `slots` device buffers shortly before the block runs. Loads rotate through the slots in
-// block order, cyclically across calls, so a load waits only for the block that used its
-// slot before (prefetch depth slots - 1) and the first loads of a call overlap the end of
-// the previous one. The chooser makes the activation plan and the residency together:
-// for a few activation plans (the lean default and smaller-peak ones) and 1-3 slots it
-// keeps as many blocks as fit (spread evenly, so that kept blocks' compute hides the
-// streamed ones' copies), predicts one call's time with streamed_call_ms, and takes the
-// fastest; among near-equal ones (0.5%) the one with more blocks kept. Everything here is
-// arithmetic on byte counts the executor measured (block weights as allocated, the other
-// weights and inputs) and on the plan's estimates; no ATen.
-//
-// Example:
-//     sp::plan::ResidencyRequest rq;
-//     rq.device_memory = sp::plan::parse_budget("8GiB");
-//     rq.block_bytes = ...;  rq.fixed_bytes = ...;      // exec/residency/streamed.hpp
-//     sp::plan::ResidentPlan rp = sp::plan::plan_with_residency(model, reg, dev, {}, rq);
-//     std::cout << sp::plan::explain(rp.residency);
+// Weight residency: which blocks' weights stay on the device, and how the others stream in
+// (docs/residency.md). Blocks are kept (on the device for the whole run) or streamed: copied from
+// host memory on a side stream into one of `slots` device buffers before the block runs, loads
+// rotating through the slots in block order, cyclically across calls (prefetch depth slots - 1).
+// The chooser weighs a few activation plans with 1-3 slots, keeps as many blocks as fit (spread
+// evenly), predicts one call with streamed_call_ms and takes the fastest; among near-equal ones
+// (0.5%) the one with more blocks kept. Arithmetic on measured byte counts only; no ATen.
 #pragma once
 
 #include <cstdint>
@@ -69,10 +54,6 @@ class DeviceMemoryError : public PlanError {
   int64_t device_memory_bytes, smallest_bytes;
 };
 
-// What the device allocator holds beyond the counted buffers: segment rounding, cuBLAS and
-// cuDNN workspaces. CUDA: 256 MiB + 2% of the device memory; CPU: allocator_reserve.
-int64_t residency_slack(const contracts::DeviceCaps& dev, int64_t device_memory);
-
 // One call's time in steady state (the third of three calls in a row): `other_ms` (embedding,
 // final layer), then the blocks in order; a streamed block starts once its load finished.
 // Loads run one at a time in block order, cyclically, each once the block that used its slot
@@ -83,8 +64,8 @@ double streamed_call_ms(const std::vector<double>& block_ms, const std::vector<b
 // Which blocks are kept when `kept` of `n` are: spread evenly over the block order.
 std::vector<bool> kept_pattern(int n, int kept);
 
-// The activation plan and the residency together (see the design note). opt.budget_bytes,
-// when set, fixes the activation budget. Throws DeviceMemoryError when nothing fits.
+// The activation plan and the residency together (opt.budget_bytes, set, fixes the activation
+// budget). Throws DeviceMemoryError when nothing fits.
 ResidentPlan plan_with_residency(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                                  const Options& opt, const ResidencyRequest& req);
 

@@ -1,17 +1,7 @@
-// Quantities as people read them: every human-readable line of the project (explain, tables,
-// errors, progress) formats bytes and times here; JSON keeps the raw numbers.
-//
-// Design note. The unit follows the magnitude: bytes in B, KiB, MiB, GiB or TiB (powers of
-// 1024), times in ms, s, "min s" or "h min". A figure keeps two decimals below 10 of its
-// unit and one above, so that it reads as three significant digits. Where two quantities are
-// compared ("budget X is below the smallest achievable peak Y", "slower: X vs Y"), the pair
-// forms print both in the unit of the larger and add digits until they differ, so that a
-// comparison never reads "0.45 MiB is below 0.45 MiB".
-//
-// Example:
-//     sp::plan::human_bytes(9216);                 // "9.00 KiB"
-//     sp::plan::human_ms(1320600.9);               // "22 min 1 s"
-//     auto [b, s] = sp::plan::distinct_bytes(471903, 471904);  // "460.843 KiB", "460.844 KiB"
+// Quantities as people read them: every human-readable line of the project formats bytes and
+// times here; JSON keeps the raw numbers. The unit follows the magnitude, with two decimals below
+// 10 of it and one above (three significant digits). Pairs being compared print both in the unit
+// of the larger, with digits added until they differ ("0.45 MiB is below 0.45 MiB" never reads).
 #pragma once
 
 #include <cstdint>

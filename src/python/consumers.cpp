@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "exec/consumers/consumer.hpp"
+#include "exec/formats/weights.hpp"
 #include "python/callbacks.hpp"
 
 namespace py = pybind11;
@@ -12,9 +13,7 @@ namespace sp::python {
 namespace {
 
 std::string shape_text(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "] " + std::string(c10::toString(t.scalar_type())) + " on " + t.device().str();
+  return exec::shape_text(t) + " " + c10::toString(t.scalar_type()) + " on " + t.device().str();
 }
 
 struct Consumer : exec::ConsumerImpl {

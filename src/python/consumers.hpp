@@ -4,11 +4,10 @@
 // Design note. The function receives the Q slab [1, G, rows, head_dim], the global K and V
 // [1, G, kv_rows, head_dim] (views of the planned run's buffers, valid during the call), the
 // slab's first query row among its sublayer's, the sublayer's query rows and its block index
-// (the attend step's arguments, contracts::AttnCall), and returns the output slab of the Q
-// slab's shape, dtype and device: softmax(q k^T / sqrt(head_dim)) v or whatever the host computes instead. Its
-// capabilities come from a dict the package has checked; whatever it leaves out stays
-// undeclared, so legality fails closed for the transformations that need it and says so in
-// the plan. Without call_bytes, a call is taken to allocate its output slab.
+// (contracts::AttnCall), and returns the output slab of the Q slab's shape, dtype and device.
+// Capabilities it leaves out of its dict stay undeclared, so legality fails closed for the
+// transformations that need them and says so in the plan. Without call_bytes, a call is taken
+// to allocate its output slab.
 #pragma once
 
 #include <torch/extension.h>

@@ -152,9 +152,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "kv_budget_at",
       [](int step, int steps, double budget, int early_steps, double early_kv, int late_steps, double late_kv) {
-        const plan::KvSchedule s{budget, early_steps, early_kv, late_steps, late_kv};
-        plan::validate(s);
-        return plan::kv_budget_at(s, step, steps);
+        return plan::kv_budget_at({budget, early_steps, early_kv, late_steps, late_kv}, step, steps);
       },
       py::arg("step"), py::arg("steps"), py::arg("budget") = 1.0, py::arg("early_steps") = 0, py::arg("early_kv") = 1.0,
       py::arg("late_steps") = 0, py::arg("late_kv") = 1.0, "The sparse attention budget of a denoising step.");
@@ -191,20 +189,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("device", [](const host::Attached& a) { return a.device().str(); })
       .def_property_readonly("consumer", [](const host::Attached& a) { return a.options().consumer; })
       .def_property_readonly("budget", [](const host::Attached& a) { return a.options().budget; })
-      .def(
-          "forward",
-          [](host::Attached& a, const std::map<std::string, at::Tensor>& raw) {
-            py::gil_scoped_release release;
-            return a.forward(raw);
-          },
-          py::arg("raw"))
-      .def(
-          "forward_named",
-          [](host::Attached& a, const std::map<std::string, at::Tensor>& raw) {
-            py::gil_scoped_release release;
-            return a.forward_named(raw);
-          },
-          py::arg("raw"))
+      .def("forward", &host::Attached::forward, py::arg("raw"), py::call_guard<py::gil_scoped_release>())
+      .def("forward_named", &host::Attached::forward_named, py::arg("raw"), py::call_guard<py::gil_scoped_release>())
       .def("plans",
            [](const host::Attached& a) {
              py::list out;
@@ -224,11 +210,8 @@ PYBIND11_MODULE(_C, m) {
              return out;
            })
       .def_property_readonly("last_prepare_ms", &host::Attached::last_prepare_ms)
-      .def_property_readonly("last_key",
-                             [](const host::Attached& a) -> std::optional<std::string> {
-                               if (!a.last()) return std::nullopt;
-                               return a.last()->key;
-                             })
+      .def_property_readonly(
+          "last_key", [](const host::Attached& a) { return a.last() ? std::optional(a.last()->key) : std::nullopt; })
       .def(
           "explain",
           [](const host::Attached& a, const std::optional<std::string>& key) {

@@ -1,6 +1,7 @@
 // make-checkpoint support: presets, the tensor list of a layout (generated from the same
 // tables recognition reads), and the sidecar of a config.
 #include <algorithm>
+#include <set>
 #include <stdexcept>
 
 #include "recognize/recognize.hpp"
@@ -13,15 +14,10 @@ using namespace detail;
 std::vector<TensorSpec> checkpoint_tensors(const FamilyConfig& config, const std::string& layout) {
   const Family* fam = find_family(config.family);
   if (!fam) throw RecognizeError("checkpoint_tensors: unknown family \"" + config.family + "\"");
-  const Layout* lay = nullptr;
-  std::string known;
-  for (const auto& l : fam->layouts) {
-    if (l.name == layout) lay = &l;
-    known += (known.empty() ? "" : ", ") + l.name;
-  }
-  if (!lay)
-    throw RecognizeError("checkpoint_tensors: family " + config.family + " has no layout \"" +
-                         layout + "\" (known: " + known + ")");
+  const auto lay = std::find_if(fam->layouts.begin(), fam->layouts.end(), [&](const Layout& l) { return l.name == layout; });
+  if (lay == fam->layouts.end())
+    throw RecognizeError("checkpoint_tensors: family " + config.family + " has no layout \"" + layout +
+                         "\" (known: " + join(layouts(config.family)) + ")");
 
   const Symbols syms = fam->symbols(config);
   const Features feats = fam->features(config);
@@ -29,8 +25,8 @@ std::vector<TensorSpec> checkpoint_tensors(const FamilyConfig& config, const std
   std::vector<int> part_of;  // Concat0 part of each emitted tensor
   auto emit = [&](const Entry& e, int64_t index) {
     TensorSpec t;
-    t.name = expand(e.name, index);
-    t.canonical = expand(e.canonical.empty() ? e.name : e.canonical, index);
+    t.name = expand(e.name, std::to_string(index));
+    t.canonical = expand(e.canonical.empty() ? e.name : e.canonical, std::to_string(index));
     t.op = e.op;
     for (const Expr& d : parse_shape(e.shape)) {
       auto v = evaluate(d, syms);
@@ -46,7 +42,7 @@ std::vector<TensorSpec> checkpoint_tensors(const FamilyConfig& config, const std
 
   // Top-level tensors in table order; a block group at the position of its first entry,
   // block by block, each block's tensors in table order.
-  std::vector<std::string> groups_done;
+  std::set<std::string> groups_done;
   for (size_t i = 0; i < lay->entries.size(); ++i) {
     const Entry& e = lay->entries[i];
     if (!e.feature.empty() && !feats.count(e.feature)) continue;
@@ -55,8 +51,7 @@ std::vector<TensorSpec> checkpoint_tensors(const FamilyConfig& config, const std
       emit(e, -1);
       continue;
     }
-    if (std::find(groups_done.begin(), groups_done.end(), sym) != groups_done.end()) continue;
-    groups_done.push_back(sym);
+    if (!groups_done.insert(sym).second) continue;
     for (int64_t b = 0; b < syms.at(sym); ++b)
       for (size_t j = i; j < lay->entries.size(); ++j)
         if (placeholder(lay->entries[j].name) == sym &&
@@ -97,9 +92,7 @@ FamilyConfig preset(const std::string& variant, int layers, bool tiny) {
       return out;
     }
   }
-  std::string known;
-  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-  throw RecognizeError("unknown preset \"" + variant + "\" (known: " + known + ")");
+  throw RecognizeError("unknown preset \"" + variant + "\" (known: " + join(preset_names()) + ")");
 }
 
 std::vector<std::string> preset_names() {
@@ -110,16 +103,8 @@ std::vector<std::string> preset_names() {
 }
 
 Sidecar sidecar_for(const FamilyConfig& c) {
-  Sidecar s;
-  s.family = c.family;
-  s.head_dim = c.head_dim;
-  s.eps = c.eps;
-  s.rope_theta = c.rope_theta;
-  s.rope_axes_dim = c.rope_axes_dim;
-  s.rotary_dim = c.rotary_dim;
-  s.text_tokens = c.text_tokens;
-  if (!c.segments.empty()) s.segments = c.segments;
-  return s;
+  return {c.family,        c.head_dim,   c.eps,         c.rope_theta,
+          c.rope_axes_dim, c.rotary_dim, c.text_tokens, c.segments.empty() ? std::nullopt : std::optional(c.segments)};
 }
 
 }  // namespace sp::recognize

@@ -42,7 +42,6 @@ std::optional<LoraKey> parse_lora_key(const std::string& key);
 struct LoraTarget {
   std::string canonical;     // canonical weight name ("blocks.0.self_attn.q.weight")
   std::string tensor;        // the name it matched, in its layout ("blocks.0.attn1.to_q.weight")
-  std::string layout;
   Source::Op op = Source::Op::Copy;
   int64_t row_offset = 0;    // first canonical row the matched tensor holds
   std::vector<int64_t> shape;  // the matched tensor's shape in its layout

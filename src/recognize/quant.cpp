@@ -10,9 +10,6 @@ namespace sp::recognize {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 std::string stem(const std::string& s, const std::string& tail) { return s.substr(0, s.size() - tail.size()); }
 
 std::string dtype_text(io::DType d) { return std::string(io::dtype_name(d)); }
@@ -54,14 +51,11 @@ QuantSpec from_comfy_quant(const std::string& layer, const std::string& json, co
     return nullptr;
   };
   QuantSpec q;
-  if (scheme == "float8_e4m3fn") {
-    expect_dtype(w, io::DType::F8_E4M3, scheme);
-    q.format = "fp8-e4m3";
-    q.origin = "comfy_quant float8_e4m3fn";
-  } else if (scheme == "float8_e5m2") {
-    expect_dtype(w, io::DType::F8_E5M2, scheme);
-    q.format = "fp8-e5m2";
-    q.origin = "comfy_quant float8_e5m2";
+  if (scheme == "float8_e4m3fn" || scheme == "float8_e5m2") {
+    const bool e4m3 = scheme == "float8_e4m3fn";
+    expect_dtype(w, e4m3 ? io::DType::F8_E4M3 : io::DType::F8_E5M2, scheme);
+    q.format = e4m3 ? "fp8-e4m3" : "fp8-e5m2";
+    q.origin = "comfy_quant " + scheme;
   } else if (scheme == "int8_tensorwise") {
     expect_dtype(w, io::DType::I8, scheme);
     const auto* rot = param("convrot");
@@ -97,11 +91,19 @@ QuantScan scan_quant(const std::vector<io::TensorInfo>& tensors,
   };
   QuantScan out;
   std::set<std::string> side;  // tensors taken out of structure recognition
+  // The name of scale tensor `name` of weight `w` (checked, taken out), or "" if absent.
+  auto scale = [&](const std::string& name, const io::TensorInfo& w) -> std::string {
+    const io::TensorInfo* s = find(name);
+    if (!s) return {};
+    expect_scale(*s, w);
+    side.insert(name);
+    return name;
+  };
 
   // The older convention: a "scaled_fp8" marker (at the root of the names' common prefix).
   const io::TensorInfo* marker = nullptr;
   for (const auto& t : tensors)
-    if (t.name == "scaled_fp8" || ends_with(t.name, ".scaled_fp8")) marker = &t;
+    if (t.name == "scaled_fp8" || t.name.ends_with(".scaled_fp8")) marker = &t;
   if (marker) {
     if (marker->dtype != io::DType::F8_E4M3 && marker->dtype != io::DType::F32)
       throw RecognizeError("tensor '" + marker->name + "' marks scaled fp8 weights of dtype " +
@@ -110,7 +112,7 @@ QuantScan scan_quant(const std::vector<io::TensorInfo>& tensors,
   }
 
   for (const auto& t : tensors) {
-    if (ends_with(t.name, ".comfy_quant")) {
+    if (t.name.ends_with(".comfy_quant")) {
       const std::string layer = stem(t.name, "comfy_quant");
       const io::TensorInfo* w = find(layer + "weight");
       if (!w) throw RecognizeError("tensor '" + t.name + "' has no weight '" + layer + "weight' beside it");
@@ -119,42 +121,22 @@ QuantScan scan_quant(const std::vector<io::TensorInfo>& tensors,
                              " of rank " + std::to_string(t.shape.size()) + "; expected U8 bytes of JSON (rank 1)");
       QuantSpec q = from_comfy_quant(layer, json_of(t.name), *w);
       side.insert(t.name);
-      if (const auto* s = find(layer + "weight_scale")) {
-        expect_scale(*s, *w);
-        q.weight_scale = s->name;
-        side.insert(s->name);
-      } else if (q.format != "fp8-e4m3" && q.format != "fp8-e5m2") {
+      q.weight_scale = scale(layer + "weight_scale", *w);
+      if (q.weight_scale.empty() && q.format != "fp8-e4m3" && q.format != "fp8-e5m2")
         throw RecognizeError("weight '" + w->name + "' (" + q.origin + ") has no scale tensor '" + layer +
                              "weight_scale'");
-      }
-      if (const auto* s = find(layer + "input_scale")) {
-        expect_scale(*s, *w);
-        q.input_scale = s->name;
-        side.insert(s->name);
-      }
+      q.input_scale = scale(layer + "input_scale", *w);
       out.weights[w->name] = q;
     }
   }
   for (const auto& t : tensors) {
-    if (out.weights.count(t.name) || t.shape.size() != 2 || !ends_with(t.name, ".weight")) continue;
+    if (out.weights.count(t.name) || t.shape.size() != 2 || !t.name.ends_with(".weight")) continue;
     const std::string layer = stem(t.name, "weight");
     if (t.dtype == io::DType::F8_E4M3) {
       // A bare float8 weight is a cast: its users compute with it cast to their dtype.
       QuantSpec q{"fp8-e4m3-cast", "stored float8_e4m3fn without scale (scale 1), cast", "", ""};
-      if (marker) {
-        q.format = "fp8-e4m3";
-        q.origin = "scaled_fp8 scale_weight";
-        if (const auto* s = find(layer + "scale_weight")) {
-          expect_scale(*s, t);
-          q.weight_scale = s->name;
-          side.insert(s->name);
-        }
-        if (const auto* s = find(layer + "scale_input")) {
-          expect_scale(*s, t);
-          q.input_scale = s->name;
-          side.insert(s->name);
-        }
-      }
+      if (marker)
+        q = {"fp8-e4m3", "scaled_fp8 scale_weight", scale(layer + "scale_weight", t), scale(layer + "scale_input", t)};
       out.weights[t.name] = q;
     } else if (t.dtype == io::DType::F8_E5M2) {
       out.weights[t.name] = {"fp8-e5m2", "stored float8_e5m2 without scale (scale 1)", "", ""};

@@ -1,20 +1,13 @@
 // Quantized checkpoints as ComfyUI stores them: which stored weights are quantized, in which
 // format, and which tensors hold their scales.
 //
-// Design note. Two conventions exist. The current one puts beside each quantized linear
-// "<layer>.comfy_quant", a uint8 tensor holding the bytes of a JSON object whose "format"
-// names the scheme ("float8_e4m3fn", "int8_tensorwise" with "convrot": true and
-// "convrot_groupsize" at the top level or under "params", "mxfp8", "nvfp4", ...), with
-// "<layer>.weight_scale" and optionally "<layer>.input_scale". The older one has one
-// "scaled_fp8" marker tensor and per layer "<layer>.scale_weight" / "<layer>.scale_input"
-// beside float8_e4m3fn weights. Weights stored as float8_e4m3fn with neither are plain
-// casts (scale 1, format fp8-e4m3-cast: computed as their users compute them, cast to the
-// activation dtype, never with quantized activations), and so are float8_e5m2 weights without
-// a description (format fp8-e5m2).
-// scan_quant takes these side tensors out of what structure recognition sees and says, per
-// stored weight, which project format runs it; a scheme the project does not run (nvfp4,
-// mxfp8, ConvRot W4A4, W4A8, another rotation group) is a RecognizeError
-// naming the tensor and the scheme, never a silent cast.
+// Design note. Two conventions exist: "<layer>.comfy_quant" (uint8 bytes of a JSON object whose
+// "format" names the scheme, with "<layer>.weight_scale" and optionally "<layer>.input_scale"),
+// and the older "scaled_fp8" marker with per-layer "scale_weight" / "scale_input". A float8
+// weight with neither is a plain cast (scale 1: fp8-e4m3-cast, fp8-e5m2), computed as its users
+// compute, never with quantized activations. scan_quant takes the side tensors out of what
+// structure recognition sees; a scheme the project does not run (nvfp4, mxfp8, another ConvRot
+// group, ...) is a RecognizeError naming the tensor and the scheme, never a silent cast.
 //
 // Example:
 //     auto file = sp::io::SafetensorsFile::open("wan_fp8.safetensors");
@@ -38,7 +31,6 @@ struct QuantSpec {
   std::string origin;        // how the checkpoint said so, e.g. "comfy_quant int8_tensorwise (convrot 256)"
   std::string weight_scale;  // stored tensor name; empty: scale 1
   std::string input_scale;   // stored tensor name; empty: none
-  bool operator==(const QuantSpec&) const = default;
 };
 
 struct QuantScan {

@@ -4,6 +4,7 @@
 #include "recognize/recognize.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <set>
 #include <unordered_map>
 
@@ -31,13 +32,6 @@ struct CompiledLayout {
   std::unordered_map<std::string, size_t> by_key;  // name, placeholder replaced by "#"
 };
 
-std::string key_of(const std::string& pattern) {
-  const std::string sym = placeholder(pattern);
-  if (sym.empty()) return pattern;
-  const size_t b = pattern.find('{');
-  return pattern.substr(0, b) + "#" + pattern.substr(b + sym.size() + 2);
-}
-
 const std::vector<CompiledLayout>& compiled() {
   static const std::vector<CompiledLayout> all = [] {
     std::vector<CompiledLayout> out;
@@ -45,7 +39,7 @@ const std::vector<CompiledLayout>& compiled() {
       for (const Layout& l : f->layouts) {
         CompiledLayout c{f, &l, {}, {}};
         for (const Entry& e : l.entries) {
-          c.by_key.emplace(key_of(e.name), c.patterns.size());
+          c.by_key.emplace(expand(e.name, "#"), c.patterns.size());
           c.patterns.push_back({&e, placeholder(e.name), parse_shape(e.shape)});
         }
         out.push_back(std::move(c));
@@ -82,8 +76,7 @@ std::optional<Hit> lookup(const CompiledLayout& cl, const std::string& name) {
     return Hit{it->second, -1};
   size_t start = 0;
   while (start <= name.size()) {
-    size_t end = name.find('.', start);
-    if (end == std::string::npos) end = name.size();
+    const size_t end = std::min(name.find('.', start), name.size());
     if (auto idx = parse_index(name.substr(start, end - start))) {
       std::string key = name.substr(0, start) + "#" + name.substr(end);
       if (auto it = cl.by_key.find(key);
@@ -103,7 +96,6 @@ struct Tensor {
 struct Attempt {
   const CompiledLayout* cl = nullptr;
   std::vector<std::string> unexplained;
-  std::optional<Recognized> result;
   std::string error;
 };
 
@@ -126,8 +118,7 @@ class Matcher {
       else
         unexplained.push_back(t.name);
     }
-    for (auto& v : inst_)
-      std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& v : inst_) std::sort(v.begin(), v.end());  // by block index (unique within a pattern)
     return unexplained;
   }
 
@@ -136,8 +127,7 @@ class Matcher {
     check_missing();
     bind_symbols();
     check_shapes();
-    Symbols syms;
-    for (const auto& [k, b] : bound_) syms[k] = b.value;
+    const Symbols syms = bound_values();
     Recognized r;
     r.layout = cl_.layout->name;
     r.prefix = prefix;
@@ -151,18 +141,22 @@ class Matcher {
     throw RecognizeError(cl_.family->name + " (" + cl_.layout->name + " layout): " + what);
   }
 
+  Symbols bound_values() const {
+    Symbols syms;
+    for (const auto& [s, b] : bound_) syms[s] = b.value;
+    return syms;
+  }
+
   bool active(const Pattern& p) const {
     return p.entry->feature.empty() || features_.count(p.entry->feature) > 0;
   }
 
   void count_blocks() {
-    for (size_t i = 0; i < cl_.patterns.size(); ++i)
-      if (!inst_[i].empty() && !cl_.patterns[i].entry->feature.empty())
-        features_.insert(cl_.patterns[i].entry->feature);
     std::map<std::string, std::set<int64_t>> indices;
     std::map<std::string, std::string> example;  // a pattern of the group, for messages
     for (size_t i = 0; i < cl_.patterns.size(); ++i) {
       const Pattern& p = cl_.patterns[i];
+      if (!inst_[i].empty() && !p.entry->feature.empty()) features_.insert(p.entry->feature);
       if (p.count.empty()) continue;
       auto& set = indices[p.count];
       example.emplace(p.count, p.entry->name);
@@ -198,7 +192,7 @@ class Matcher {
         if (k < inst_[i].size() && inst_[i][k].first == b)
           ++k;
         else
-          missing.push_back(expand(p.entry->name, b));
+          missing.push_back(expand(p.entry->name, std::to_string(b)));
       }
     }
     if (!missing.empty())
@@ -215,18 +209,11 @@ class Matcher {
       if (shape.size() != cl_.patterns[i].shape.size()) shape_error(i, 0);
       for (size_t d = 0; d < shape.size(); ++d) pending.push_back({i, d});
     }
-    bool progress = true;
-    while (progress && !pending.empty()) {
-      progress = false;
-      std::vector<std::pair<size_t, size_t>> next;
-      for (auto [i, d] : pending) {
-        if (try_bind(i, d))
-          progress = true;
-        else
-          next.push_back({i, d});
-      }
-      pending.swap(next);
-    }
+    size_t before = 0;
+    do {  // rounds, in order, until one binds nothing more
+      before = pending.size();
+      std::erase_if(pending, [&](const auto& p) { return try_bind(p.first, p.second); });
+    } while (!pending.empty() && pending.size() < before);
     if (!pending.empty())
       throw std::logic_error("recognize table " + cl_.family->name + "/" + cl_.layout->name +
                              ": cannot bind symbols of " +
@@ -281,13 +268,9 @@ class Matcher {
     const Pattern& p = cl_.patterns[i];
     const Tensor& t = *inst_[i][k].second;
     std::string expect = "[", values = "[", ctx;
-    bool all = true;
     for (size_t d = 0; d < p.shape.size(); ++d) {
       expect += (d ? ", " : "") + to_string(p.shape[d]);
-      Symbols syms;
-      for (const auto& [s, b] : bound_) syms[s] = b.value;
-      auto v = evaluate(p.shape[d], syms);
-      all = all && v.has_value();
+      auto v = evaluate(p.shape[d], bound_values());
       values += (d ? ", " : "") + (v ? std::to_string(*v) : "?");
       std::string c = context(p.shape[d]);
       if (!c.empty() && ctx.find(c.substr(2, c.size() - 3)) == std::string::npos)
@@ -300,8 +283,7 @@ class Matcher {
   }
 
   void check_shapes() const {
-    Symbols syms;
-    for (const auto& [s, b] : bound_) syms[s] = b.value;
+    const Symbols syms = bound_values();
     for (size_t i = 0; i < cl_.patterns.size(); ++i) {
       const Pattern& p = cl_.patterns[i];
       for (size_t k = 0; k < inst_[i].size(); ++k) {
@@ -353,8 +335,7 @@ class Matcher {
       throw RecognizeError("no default rope.axes_dim for a " + c.variant + " " + c.family +
                            " with head_dim " + hd + "; give rope.axes_dim (and rope.rotary_dim) " +
                            "in a sidecar");
-    int64_t sum = 0;
-    for (int64_t a : c.rope_axes_dim) sum += a;
+    const int64_t sum = std::accumulate(c.rope_axes_dim.begin(), c.rope_axes_dim.end(), int64_t{0});
     if (c.rotary_dim == 0) c.rotary_dim = sum;
     const std::string src = sc.rope_axes_dim ? "sidecar" : "default";
     if (sum != c.rotary_dim)
@@ -367,23 +348,20 @@ class Matcher {
   }
 
   std::map<std::string, Source> sources(const std::string& prefix) const {
-    std::map<std::string, std::vector<std::pair<int, std::string>>> parts;
-    std::map<std::string, Source::Op> ops;
+    std::map<std::string, std::vector<std::pair<int, std::string>>> parts;  // (part, stored name)
+    std::map<std::string, Source> out;
     for (size_t i = 0; i < cl_.patterns.size(); ++i) {
       const Entry& e = *cl_.patterns[i].entry;
       const std::string& canon = e.canonical.empty() ? e.name : e.canonical;
       for (const auto& [idx, t] : inst_[i]) {
-        const std::string c = expand(canon, idx);
+        const std::string c = expand(canon, std::to_string(idx));
         parts[c].push_back({e.part, prefix + t->name});
-        ops[c] = e.op;
+        out[c].op = e.op;
       }
     }
-    std::map<std::string, Source> out;
     for (auto& [c, v] : parts) {
       std::sort(v.begin(), v.end());
-      Source s{ops[c], {}};
-      for (auto& [part, name] : v) s.tensors.push_back(name);
-      out.emplace(c, std::move(s));
+      for (auto& [part, name] : v) out[c].tensors.push_back(name);
     }
     return out;
   }
@@ -404,15 +382,10 @@ Recognized recognize(const std::vector<io::TensorInfo>& infos,
   for (const auto& t : infos)
     if (!seen.insert(t.name).second) throw RecognizeError("tensor " + t.name + " appears twice");
 
-  std::string prefix;
-  for (const auto& p : kPrefixes) {
-    bool all = std::all_of(infos.begin(), infos.end(),
-                           [&](const io::TensorInfo& t) { return t.name.rfind(p, 0) == 0; });
-    if (all) {
-      prefix = p;
-      break;
-    }
-  }
+  auto shared = std::find_if(kPrefixes.begin(), kPrefixes.end(), [&](const std::string& p) {
+    return std::all_of(infos.begin(), infos.end(), [&](const io::TensorInfo& t) { return t.name.starts_with(p); });
+  });
+  const std::string prefix = shared == kPrefixes.end() ? "" : *shared;
   std::vector<Tensor> tensors;
   for (const auto& t : infos) tensors.push_back({t.name.substr(prefix.size()), &t});
 
@@ -426,8 +399,7 @@ Recognized recognize(const std::vector<io::TensorInfo>& infos,
     a.unexplained = m.explain();
     if (a.unexplained.empty()) {
       try {
-        a.result = m.validate(prefix, sc);
-        return *a.result;
+        return m.validate(prefix, sc);
       } catch (const RecognizeError& e) {
         a.error = e.what();
       }
@@ -437,9 +409,9 @@ Recognized recognize(const std::vector<io::TensorInfo>& infos,
   for (const Attempt& a : attempts)
     if (a.unexplained.empty()) throw RecognizeError(a.error);
 
-  const Attempt* best = nullptr;
-  for (const Attempt& a : attempts)
-    if (!best || a.unexplained.size() < best->unexplained.size()) best = &a;
+  const Attempt* best = &*std::min_element(attempts.begin(), attempts.end(), [](const Attempt& a, const Attempt& b) {
+    return a.unexplained.size() < b.unexplained.size();
+  });
   std::string tried;
   for (const Attempt& a : attempts)
     tried += (tried.empty() ? "" : ", ") + a.cl->family->name + "/" + a.cl->layout->name;

@@ -2,20 +2,11 @@
 // sidecar) -> model family, layout, dimensions, and where every canonical tensor comes from.
 //
 // Usage:
-//   auto file = sp::io::SafetensorsFile::open("wan2.1_t2v_1.3B.safetensors");
-//   std::vector<sp::io::TensorInfo> infos;
-//   for (const auto& n : file.names()) infos.push_back(file.info(n));
-//   sp::recognize::Recognized r = sp::recognize::recognize(infos);   // throws RecognizeError
-//   r.config.family;   // "wan2.1"          r.layout;  // "original" or "diffusers"
-//   r.config.variant;  // "wan2.1-1.3b"     r.config.heads, r.config.layers, ...
-//   const sp::recognize::Source& s = r.tensors.at("blocks.0.self_attn.q.weight");
-//   // s.op == Source::Op::Copy, s.tensors == {"blocks.0.attn1.to_q.weight"} for diffusers
-//
-//   // make-checkpoint: every tensor of a layout, from a preset
+//   sp::recognize::Recognized r = sp::recognize::recognize(sp::io::SafetensorsFile::open("wan.safetensors"));
+//   r.config.variant;  // "wan2.1-1.3b"     r.layout;  // "original" or "diffusers"
+//   r.tensors.at("blocks.0.self_attn.q.weight");  // Source{Copy, {"blocks.0.attn1.to_q.weight"}} for diffusers
 //   auto cfg = sp::recognize::preset("flux1-dev", /*layers=*/2, /*tiny=*/true);
-//   for (const auto& t : sp::recognize::checkpoint_tensors(cfg, "diffusers")) { ... }
-//   // the sidecar that records what names and shapes cannot tell:
-//   std::string json = sp::recognize::to_json(sp::recognize::sidecar_for(cfg));
+//   for (const auto& t : sp::recognize::checkpoint_tensors(cfg, "diffusers")) { ... }  // make-checkpoint
 //
 // Canonical names are the original layout of each family (Wan repo, BFL Flux, the MiniMax H3
 // release, avdit as defined in docs/checkpoints.md). Recognition rules are data
@@ -88,7 +79,6 @@ struct FamilyConfig {
   double rope_theta = 10000;
   std::vector<int64_t> rope_axes_dim;  // per axis (t, h, w), sums to rotary_dim
   int64_t rotary_dim = 0;              // leading head dims rotated (== head_dim for Wan/Flux)
-  bool rope_interleaved = true;        // pairs (2i, 2i+1) (Wan, Flux); false: split-half (avdit, MiniMax H3)
   int64_t text_tokens = 0;             // default text length (Wan 512, Flux dev 512/schnell 256)
   double timestep_scale = 1;           // model embeds sinusoid(timestep_scale * t) (Flux 1000)
   std::vector<std::string> segments;   // avdit: token segment order of modulation rows
@@ -106,12 +96,9 @@ struct Recognized {
   std::map<std::string, QuantSpec> quant;
 };
 
-// Recognizes a checkpoint from its tensors' names and shapes. Throws RecognizeError:
-//  - nothing explains every tensor: lists the unexplained tensors (first 20 + count) of the
-//    closest (family, layout), the one explaining the most tensors, and names it;
-//  - a layout explains every tensor but tensors are missing, block indices have gaps, or a
-//    shape disagrees: names the tensors, expected and actual shapes;
-//  - the sidecar contradicts the checkpoint or leaves a convention undetermined.
+// Recognizes a checkpoint from its tensors' names and shapes. Throws RecognizeError naming the
+// closest table's unexplained tensors; or the missing tensors, index gaps and shape mismatches
+// of a table that explains them all; or what the sidecar contradicts (README.md, "Engine").
 Recognized recognize(const std::vector<io::TensorInfo>& tensors,
                      const std::optional<Sidecar>& sidecar = {});
 Recognized recognize(const io::SafetensorsFile& file, const std::optional<Sidecar>& sidecar = {});
@@ -128,7 +115,6 @@ struct TensorSpec {
   std::string canonical;             // canonical (original-layout) tensor it belongs to
   Source::Op op = Source::Op::Copy;  // how it maps onto the canonical tensor
   int64_t row_offset = 0;            // Concat0: first canonical row (dim 0) this part holds
-  bool operator==(const TensorSpec&) const = default;
 };
 
 // Every tensor of `layout` for `config`, in a stable order (top-level tensors, then block by

@@ -3,22 +3,18 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
-#include <set>
-#include <sstream>
+#include <numeric>
+
+#include "recognize/table.hpp"
 
 namespace sp::recognize {
 namespace {
 
 using json = nlohmann::json;
 
-const std::vector<std::string> kFamilies = {"wan2.1", "flux1", "avdit", "minimax-h3"};
-
-std::string join(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
+using detail::join;
 
 class Parser {
  public:
@@ -76,10 +72,9 @@ Sidecar parse_sidecar(std::string_view json_text, std::string_view source) {
   if (j.contains("family")) {
     const json& v = j["family"];
     if (!v.is_string()) p.fail("family", "must be a string, got " + v.dump());
-    std::string f = v.get<std::string>();
-    if (std::find(kFamilies.begin(), kFamilies.end(), f) == kFamilies.end())
-      p.fail("family", "is an unknown family \"" + f + "\"; known: " + join(kFamilies));
-    s.family = f;
+    s.family = v.get<std::string>();
+    if (!detail::find_family(*s.family))
+      p.fail("family", "is an unknown family \"" + *s.family + "\"; known: " + join(families()));
   }
   if (j.contains("head_dim")) {
     s.head_dim = p.positive_int(j["head_dim"], "head_dim");
@@ -87,10 +82,8 @@ Sidecar parse_sidecar(std::string_view json_text, std::string_view source) {
       p.fail("head_dim", "must be even (rotary pairs), got " + j["head_dim"].dump());
   }
   if (j.contains("eps")) {
-    const json& v = j["eps"];
-    double e = p.positive_number(v, "eps");
-    if (e >= 1) p.fail("eps", "must be in (0, 1), got " + v.dump());
-    s.eps = e;
+    s.eps = p.positive_number(j["eps"], "eps");
+    if (*s.eps >= 1) p.fail("eps", "must be in (0, 1), got " + j["eps"].dump());
   }
   if (j.contains("text_tokens")) s.text_tokens = p.positive_int(j["text_tokens"], "text_tokens");
   if (j.contains("rope")) {
@@ -108,35 +101,31 @@ Sidecar parse_sidecar(std::string_view json_text, std::string_view source) {
       if (!a.is_array() || a.empty())
         p.fail("rope.axes_dim",
                "must be a non-empty array of positive even integers, got " + a.dump());
-      std::vector<int64_t> axes;
+      s.rope_axes_dim.emplace();
       for (const auto& x : a) {
         if (!x.is_number_integer() || x.get<int64_t>() <= 0 || x.get<int64_t>() % 2 != 0)
           p.fail("rope.axes_dim", "must hold positive even integers, got " + a.dump());
-        axes.push_back(x.get<int64_t>());
+        s.rope_axes_dim->push_back(x.get<int64_t>());
       }
-      s.rope_axes_dim = axes;
     }
   }
   if (j.contains("segments")) {
     const json& a = j["segments"];
     if (!a.is_array() || a.empty())
       p.fail("segments", "must be a non-empty array of names, got " + a.dump());
-    std::vector<std::string> segs;
-    std::set<std::string> seen;
+    std::vector<std::string>& segs = s.segments.emplace();
     for (const auto& x : a) {
       if (!x.is_string() || x.get<std::string>().empty())
         p.fail("segments", "must hold non-empty strings, got " + a.dump());
-      if (!seen.insert(x.get<std::string>()).second)
+      if (std::find(segs.begin(), segs.end(), x.get<std::string>()) != segs.end())
         p.fail("segments", "names " + x.dump() + " twice: " + a.dump());
       segs.push_back(x.get<std::string>());
     }
-    s.segments = segs;
   }
 
   // Cross-field checks the sidecar alone can decide.
   if (s.rope_axes_dim) {
-    int64_t sum = 0;
-    for (int64_t a : *s.rope_axes_dim) sum += a;
+    const int64_t sum = std::accumulate(s.rope_axes_dim->begin(), s.rope_axes_dim->end(), int64_t{0});
     const std::string axes = j["rope"]["axes_dim"].dump();
     if (s.rotary_dim && sum != *s.rotary_dim)
       p.fail("rope.axes_dim", axes + " sums to " + std::to_string(sum) +
@@ -154,9 +143,7 @@ Sidecar parse_sidecar(std::string_view json_text, std::string_view source) {
 Sidecar load_sidecar(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw SidecarError("sidecar " + path + ": cannot open file");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return parse_sidecar(buf.str(), path);
+  return parse_sidecar(std::string(std::istreambuf_iterator<char>(in), {}), path);
 }
 
 std::string to_json(const Sidecar& s) {

@@ -1,22 +1,11 @@
 // Sidecar descriptor: the few facts a checkpoint's names and shapes cannot tell.
 //
 // Usage:
-//   sp::recognize::Sidecar s = sp::recognize::load_sidecar("model.streamplan.json");
-//   // or from text:
-//   auto s2 = sp::recognize::parse_sidecar(R"({"family": "wan2.1", "head_dim": 64})");
-//   auto r = sp::recognize::recognize(infos, s2);
-//   std::string text = sp::recognize::to_json(s2);   // parse_sidecar(text) == s2
+//   auto s = sp::recognize::parse_sidecar(R"({"family": "wan2.1", "head_dim": 64})");  // or load_sidecar(path)
+//   auto r = sp::recognize::recognize(infos, s);
+//   std::string text = sp::recognize::to_json(s);   // parse_sidecar(text) == s
 //
-// Format (every field optional, unknown fields rejected):
-//   {
-//     "version": 1,
-//     "family": "wan2.1" | "flux1" | "avdit" | "minimax-h3", // restrict recognition to this family
-//     "head_dim": 128,                       // Wan: heads = dim / head_dim; others: must agree
-//     "eps": 1e-6,                           // every norm's epsilon
-//     "rope": {"theta": 10000, "axes_dim": [44, 42, 42], "rotary_dim": 128},
-//     "text_tokens": 512,                    // default text length
-//     "segments": ["video", "text", "audio"] // avdit: order of the per-segment modulation rows
-//   }
+// Format (every field optional, unknown fields rejected): docs/checkpoints.md, "Sidecar".
 // Field-level problems throw SidecarError naming the field and the value; checks against the
 // checkpoint (axes vs the inferred head_dim, ...) happen in recognize().
 #pragma once

@@ -18,9 +18,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   size_t start = 0;
   for (;;) {
-    size_t pos = s.find(sep, start);
-    out.push_back(
-        trim(s.substr(start, pos == std::string::npos ? std::string::npos : pos - start)));
+    const size_t pos = s.find(sep, start);
+    out.push_back(trim(s.substr(start, pos - start)));  // to the end when pos == npos
     if (pos == std::string::npos) return out;
     start = pos + 1;
   }
@@ -73,6 +72,16 @@ std::vector<Entry> with_biases(std::vector<Entry> entries) {
   return out;
 }
 
+void set_fields(FamilyConfig& c, const Symbols& s, std::span<const Field> fields) {
+  for (const Field& f : fields) c.*f.field = s.at(f.symbol);
+}
+
+Symbols field_symbols(const FamilyConfig& c, std::span<const Field> fields) {
+  Symbols s;
+  for (const Field& f : fields) s[f.symbol] = c.*f.field;
+  return s;
+}
+
 std::vector<Expr> parse_shape(const std::string& shape) {
   std::vector<Expr> dims;
   for (const auto& d : split(shape, ',')) dims.push_back(parse_expr(d));
@@ -104,10 +113,10 @@ std::string to_string(const Expr& e) {
   return out;
 }
 
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
 }
 
 std::string placeholder(const std::string& pattern) {
@@ -118,11 +127,11 @@ std::string placeholder(const std::string& pattern) {
   return pattern.substr(b + 1, e - b - 1);
 }
 
-std::string expand(const std::string& pattern, int64_t index) {
+std::string expand(const std::string& pattern, const std::string& value) {
   size_t b = pattern.find('{');
   if (b == std::string::npos) return pattern;
   size_t e = pattern.find('}', b);
-  return pattern.substr(0, b) + std::to_string(index) + pattern.substr(e + 1);
+  return pattern.substr(0, b) + value + pattern.substr(e + 1);
 }
 
 bool same_structure(const FamilyConfig& a, const FamilyConfig& b) {
@@ -140,7 +149,6 @@ void copy_conventions(const FamilyConfig& from, FamilyConfig& to) {
   to.rope_theta = from.rope_theta;
   to.rope_axes_dim = from.rope_axes_dim;
   to.rotary_dim = from.rotary_dim;
-  to.rope_interleaved = from.rope_interleaved;
   to.text_tokens = from.text_tokens;
   to.timestep_scale = from.timestep_scale;
   to.segments = from.segments;

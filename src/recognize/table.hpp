@@ -7,18 +7,16 @@
 //    "double_blocks.{layers}.img_attn.qkv.weight", Op::Concat0, 1}
 // reads: a tensor named transformer_blocks.<i>.attn.to_k.weight for every i in 0..layers-1,
 // of shape [dim, dim], is part 1 (0-based, along dim 0) of canonical
-// double_blocks.<i>.img_attn.qkv.weight. Shapes are comma-separated expressions: sums of
-// products of integers and symbols ("3*dim+ffn", "3*heads*head_dim"). The first tensor of an
-// entry binds each symbol it can (a dimension with one unknown symbol, appearing linearly, is
-// solved for it); every tensor is then checked against the bound values.
+// double_blocks.<i>.img_attn.qkv.weight. Shapes are sums of products of integers and symbols
+// ("3*dim+ffn"); how they bind: README.md, "Engine".
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "recognize/recognize.hpp"
@@ -29,27 +27,26 @@ using Symbols = std::map<std::string, int64_t>;
 using Features = std::set<std::string>;
 
 struct Entry {
-  Entry(std::string name_, std::string shape_, std::string canonical_ = "",
-        Source::Op op_ = Source::Op::Copy, int part_ = 0, std::string feature_ = "")
-      : name(std::move(name_)),
-        shape(std::move(shape_)),
-        canonical(std::move(canonical_)),
-        op(op_),
-        part(part_),
-        feature(std::move(feature_)) {}
-
-  std::string name;       // pattern; "{sym}" = block index over 0..sym-1
-  std::string shape;      // comma-separated dimension expressions
-  std::string canonical;  // canonical pattern; empty: same as name (original layout)
+  std::string name;            // pattern; "{sym}" = block index over 0..sym-1
+  std::string shape;           // comma-separated dimension expressions
+  std::string canonical = {};  // canonical pattern; empty: same as name (original layout)
   Source::Op op = Source::Op::Copy;
-  int part = 0;         // Concat0: position of this part within the canonical tensor
-  std::string feature;  // non-empty: present iff the feature is on (all or none)
+  int part = 0;              // Concat0: position of this part within the canonical tensor
+  std::string feature = {};  // non-empty: present iff the feature is on (all or none)
 };
 
 // The entries with each one named "<p>.weight+bias" replaced by the weight "<p>.weight" and,
 // after it, its bias "<p>.bias": shaped as the weight's first dimension, with the canonical
 // name's "weight" likewise replaced, the same op, part and feature.
 std::vector<Entry> with_biases(std::vector<Entry> entries);
+
+// A symbol that is one integer field of the config: Family::structure reads it, symbols writes it.
+struct Field {
+  const char* symbol;
+  int64_t FamilyConfig::*field;
+};
+void set_fields(FamilyConfig& c, const Symbols& s, std::span<const Field> fields);
+Symbols field_symbols(const FamilyConfig& c, std::span<const Field> fields);
 
 struct Layout {
   std::string name;
@@ -97,11 +94,13 @@ using Expr = std::vector<Term>;  // sum of terms
 std::vector<Expr> parse_shape(const std::string& shape);  // throws std::logic_error (table bug)
 std::optional<int64_t> evaluate(const Expr& e, const Symbols& syms);
 std::string to_string(const Expr& e);
-std::string shape_string(const std::vector<int64_t>& shape);  // "[3, 4]"
+using io::shape_string;
 
-// Placeholder symbol of a pattern ("" if none) and the pattern with it replaced by `index`.
+std::string join(const std::vector<std::string>& v);  // "a, b, c"
+
+// Placeholder symbol of a pattern ("" if none) and the pattern with "{symbol}" replaced by `value`.
 std::string placeholder(const std::string& pattern);
-std::string expand(const std::string& pattern, int64_t index);
+std::string expand(const std::string& pattern, const std::string& value);
 
 // Equal structural fields (everything but the variant name, block counts and conventions;
 // of segments only the count).

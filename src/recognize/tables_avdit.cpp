@@ -23,23 +23,20 @@ const std::vector<Entry> kOriginal = with_biases({
     {"final.proj.weight+bias", "feat, dim"},
 });
 
+using C = FamilyConfig;
+const Field kFields[] = {{"dim", &C::dim},           {"heads", &C::heads},         {"head_dim", &C::head_dim},
+                         {"ffn", &C::ffn},           {"feat", &C::in_channels},    {"text_dim", &C::text_dim},
+                         {"audio_dim", &C::audio_dim}, {"freq_dim", &C::freq_dim}, {"layers", &C::layers}};
+
 FamilyConfig structure(const Symbols& s, const Features&, const Sidecar& sidecar) {
   FamilyConfig c;
   c.family = "avdit";
-  c.dim = s.at("dim");
-  c.heads = s.at("heads");
-  c.head_dim = s.at("head_dim");
+  set_fields(c, s, kFields);
   if (sidecar.head_dim && *sidecar.head_dim != c.head_dim)
     throw RecognizeError("sidecar head_dim " + std::to_string(*sidecar.head_dim) +
                          " contradicts the checkpoint's norm_q width " +
                          std::to_string(c.head_dim));
-  c.ffn = s.at("ffn");
-  c.layers = s.at("layers");
-  c.in_channels = s.at("feat");
-  c.out_channels = s.at("feat");
-  c.text_dim = s.at("text_dim");
-  c.audio_dim = s.at("audio_dim");
-  c.freq_dim = s.at("freq_dim");
+  c.out_channels = c.in_channels;
   c.qkv_bias = false;
   // Placeholder names: the count is structural (it tells presets apart), the names are a
   // convention filled in from the preset, the defaults or the sidecar.
@@ -48,16 +45,9 @@ FamilyConfig structure(const Symbols& s, const Features&, const Sidecar& sidecar
 }
 
 Symbols symbols(const FamilyConfig& c) {
-  return {{"dim", c.dim},
-          {"heads", c.heads},
-          {"head_dim", c.head_dim},
-          {"ffn", c.ffn},
-          {"feat", c.in_channels},
-          {"text_dim", c.text_dim},
-          {"audio_dim", c.audio_dim},
-          {"freq_dim", c.freq_dim},
-          {"segs", static_cast<int64_t>(c.segments.size())},
-          {"layers", c.layers}};
+  Symbols s = field_symbols(c, kFields);
+  s["segs"] = static_cast<int64_t>(c.segments.size());
+  return s;
 }
 
 Features features(const FamilyConfig&) { return {}; }
@@ -74,7 +64,6 @@ void custom_defaults(FamilyConfig& c) {
     c.rope_axes_dim = {};
     c.rotary_dim = 0;
   }
-  c.rope_interleaved = false;
   c.text_tokens = 512;
   c.timestep_scale = 1;
   c.segments = {"video", "text", "audio"};
@@ -82,30 +71,19 @@ void custom_defaults(FamilyConfig& c) {
 
 void check(const FamilyConfig& c, const Symbols& s) {
   const int64_t segs = s.at("segs");
-  if (static_cast<int64_t>(c.segments.size()) != segs) {
-    std::string names;
-    for (const auto& n : c.segments) names += (names.empty() ? "" : ", ") + n;
-    throw RecognizeError("segments [" + names + "] name " + std::to_string(c.segments.size()) +
+  if (static_cast<int64_t>(c.segments.size()) != segs)
+    throw RecognizeError("segments [" + join(c.segments) + "] name " + std::to_string(c.segments.size()) +
                          " segments but blocks.N.modulation has " + std::to_string(segs) +
                          " rows; give segments in a sidecar");
-  }
 }
 
+// A preset, built from its symbols as recognition builds a config.
 FamilyConfig make(bool tiny) {
-  FamilyConfig c;
-  c.family = "avdit";
+  FamilyConfig c = structure({{"dim", tiny ? 64 : 5376}, {"heads", tiny ? 4 : 56}, {"head_dim", tiny ? 16 : 128},
+                              {"ffn", tiny ? 96 : 14336}, {"feat", tiny ? 12 : 96}, {"text_dim", tiny ? 32 : 4096},
+                              {"audio_dim", tiny ? 8 : 128}, {"freq_dim", 256}, {"segs", 3}, {"layers", 50}},
+                             {}, {});
   c.variant = tiny ? "avdit-tiny" : "avdit";
-  c.dim = tiny ? 64 : 5376;
-  c.heads = tiny ? 4 : 56;
-  c.head_dim = tiny ? 16 : 128;
-  c.ffn = tiny ? 96 : 14336;
-  c.layers = 50;
-  c.in_channels = tiny ? 12 : 96;
-  c.out_channels = c.in_channels;
-  c.text_dim = tiny ? 32 : 4096;
-  c.audio_dim = tiny ? 8 : 128;
-  c.freq_dim = 256;
-  c.qkv_bias = false;
   custom_defaults(c);
   if (tiny) {
     c.rope_axes_dim = {4, 4, 4};

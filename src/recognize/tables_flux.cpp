@@ -39,10 +39,9 @@ const std::vector<Entry> kOriginal = with_biases({
     {"final_layer.linear.weight+bias", "out, dim"},
 });
 
-#define DB "transformer_blocks.{layers}."
-#define OD "double_blocks.{layers}."
-#define SB "single_transformer_blocks.{single_layers}."
-#define OS "single_blocks.{single_layers}."
+// Block prefixes: diffusers' double (DB) and single (SB) blocks, the original ones (OD, OS).
+const std::string DB = "transformer_blocks.{layers}.", OD = "double_blocks.{layers}.",
+                  SB = "single_transformer_blocks.{single_layers}.", OS = "single_blocks.{single_layers}.";
 const std::vector<Entry> kDiffusers = with_biases({
     {"x_embedder.weight+bias", "dim, in", "img_in.weight"},
     {"context_embedder.weight+bias", "dim, ctx", "txt_in.weight"},
@@ -54,49 +53,45 @@ const std::vector<Entry> kDiffusers = with_biases({
      "guidance_in.in_layer.weight", Op::Copy, 0, "guidance"},
     {"time_text_embed.guidance_embedder.linear_2.weight+bias", "dim, dim",
      "guidance_in.out_layer.weight", Op::Copy, 0, "guidance"},
-    {DB "norm1.linear.weight+bias", "6*dim, dim", OD "img_mod.lin.weight"},
-    {DB "attn.to_q.weight", "dim, dim", OD "img_attn.qkv.weight", Op::Concat0, 0},
-    {DB "attn.to_k.weight", "dim, dim", OD "img_attn.qkv.weight", Op::Concat0, 1},
-    {DB "attn.to_v.weight", "dim, dim", OD "img_attn.qkv.weight", Op::Concat0, 2},
-    {DB "attn.to_q.bias", "dim", OD "img_attn.qkv.bias", Op::Concat0, 0},
-    {DB "attn.to_k.bias", "dim", OD "img_attn.qkv.bias", Op::Concat0, 1},
-    {DB "attn.to_v.bias", "dim", OD "img_attn.qkv.bias", Op::Concat0, 2},
-    {DB "attn.norm_q.weight", "head_dim", OD "img_attn.norm.query_norm.scale"},
-    {DB "attn.norm_k.weight", "head_dim", OD "img_attn.norm.key_norm.scale"},
-    {DB "attn.to_out.0.weight+bias", "dim, dim", OD "img_attn.proj.weight"},
-    {DB "ff.net.0.proj.weight+bias", "mlp, dim", OD "img_mlp.0.weight"},
-    {DB "ff.net.2.weight+bias", "dim, mlp", OD "img_mlp.2.weight"},
-    {DB "norm1_context.linear.weight+bias", "6*dim, dim", OD "txt_mod.lin.weight"},
-    {DB "attn.add_q_proj.weight", "dim, dim", OD "txt_attn.qkv.weight", Op::Concat0, 0},
-    {DB "attn.add_k_proj.weight", "dim, dim", OD "txt_attn.qkv.weight", Op::Concat0, 1},
-    {DB "attn.add_v_proj.weight", "dim, dim", OD "txt_attn.qkv.weight", Op::Concat0, 2},
-    {DB "attn.add_q_proj.bias", "dim", OD "txt_attn.qkv.bias", Op::Concat0, 0},
-    {DB "attn.add_k_proj.bias", "dim", OD "txt_attn.qkv.bias", Op::Concat0, 1},
-    {DB "attn.add_v_proj.bias", "dim", OD "txt_attn.qkv.bias", Op::Concat0, 2},
-    {DB "attn.norm_added_q.weight", "head_dim", OD "txt_attn.norm.query_norm.scale"},
-    {DB "attn.norm_added_k.weight", "head_dim", OD "txt_attn.norm.key_norm.scale"},
-    {DB "attn.to_add_out.weight+bias", "dim, dim", OD "txt_attn.proj.weight"},
-    {DB "ff_context.net.0.proj.weight+bias", "mlp, dim", OD "txt_mlp.0.weight"},
-    {DB "ff_context.net.2.weight+bias", "dim, mlp", OD "txt_mlp.2.weight"},
-    {SB "norm.linear.weight+bias", "3*dim, dim", OS "modulation.lin.weight"},
-    {SB "attn.to_q.weight", "dim, dim", OS "linear1.weight", Op::Concat0, 0},
-    {SB "attn.to_k.weight", "dim, dim", OS "linear1.weight", Op::Concat0, 1},
-    {SB "attn.to_v.weight", "dim, dim", OS "linear1.weight", Op::Concat0, 2},
-    {SB "proj_mlp.weight", "mlp, dim", OS "linear1.weight", Op::Concat0, 3},
-    {SB "attn.to_q.bias", "dim", OS "linear1.bias", Op::Concat0, 0},
-    {SB "attn.to_k.bias", "dim", OS "linear1.bias", Op::Concat0, 1},
-    {SB "attn.to_v.bias", "dim", OS "linear1.bias", Op::Concat0, 2},
-    {SB "proj_mlp.bias", "mlp", OS "linear1.bias", Op::Concat0, 3},
-    {SB "attn.norm_q.weight", "head_dim", OS "norm.query_norm.scale"},
-    {SB "attn.norm_k.weight", "head_dim", OS "norm.key_norm.scale"},
-    {SB "proj_out.weight+bias", "dim, dim+mlp", OS "linear2.weight"},
+    {DB + "norm1.linear.weight+bias", "6*dim, dim", OD + "img_mod.lin.weight"},
+    {DB + "attn.to_q.weight", "dim, dim", OD + "img_attn.qkv.weight", Op::Concat0, 0},
+    {DB + "attn.to_k.weight", "dim, dim", OD + "img_attn.qkv.weight", Op::Concat0, 1},
+    {DB + "attn.to_v.weight", "dim, dim", OD + "img_attn.qkv.weight", Op::Concat0, 2},
+    {DB + "attn.to_q.bias", "dim", OD + "img_attn.qkv.bias", Op::Concat0, 0},
+    {DB + "attn.to_k.bias", "dim", OD + "img_attn.qkv.bias", Op::Concat0, 1},
+    {DB + "attn.to_v.bias", "dim", OD + "img_attn.qkv.bias", Op::Concat0, 2},
+    {DB + "attn.norm_q.weight", "head_dim", OD + "img_attn.norm.query_norm.scale"},
+    {DB + "attn.norm_k.weight", "head_dim", OD + "img_attn.norm.key_norm.scale"},
+    {DB + "attn.to_out.0.weight+bias", "dim, dim", OD + "img_attn.proj.weight"},
+    {DB + "ff.net.0.proj.weight+bias", "mlp, dim", OD + "img_mlp.0.weight"},
+    {DB + "ff.net.2.weight+bias", "dim, mlp", OD + "img_mlp.2.weight"},
+    {DB + "norm1_context.linear.weight+bias", "6*dim, dim", OD + "txt_mod.lin.weight"},
+    {DB + "attn.add_q_proj.weight", "dim, dim", OD + "txt_attn.qkv.weight", Op::Concat0, 0},
+    {DB + "attn.add_k_proj.weight", "dim, dim", OD + "txt_attn.qkv.weight", Op::Concat0, 1},
+    {DB + "attn.add_v_proj.weight", "dim, dim", OD + "txt_attn.qkv.weight", Op::Concat0, 2},
+    {DB + "attn.add_q_proj.bias", "dim", OD + "txt_attn.qkv.bias", Op::Concat0, 0},
+    {DB + "attn.add_k_proj.bias", "dim", OD + "txt_attn.qkv.bias", Op::Concat0, 1},
+    {DB + "attn.add_v_proj.bias", "dim", OD + "txt_attn.qkv.bias", Op::Concat0, 2},
+    {DB + "attn.norm_added_q.weight", "head_dim", OD + "txt_attn.norm.query_norm.scale"},
+    {DB + "attn.norm_added_k.weight", "head_dim", OD + "txt_attn.norm.key_norm.scale"},
+    {DB + "attn.to_add_out.weight+bias", "dim, dim", OD + "txt_attn.proj.weight"},
+    {DB + "ff_context.net.0.proj.weight+bias", "mlp, dim", OD + "txt_mlp.0.weight"},
+    {DB + "ff_context.net.2.weight+bias", "dim, mlp", OD + "txt_mlp.2.weight"},
+    {SB + "norm.linear.weight+bias", "3*dim, dim", OS + "modulation.lin.weight"},
+    {SB + "attn.to_q.weight", "dim, dim", OS + "linear1.weight", Op::Concat0, 0},
+    {SB + "attn.to_k.weight", "dim, dim", OS + "linear1.weight", Op::Concat0, 1},
+    {SB + "attn.to_v.weight", "dim, dim", OS + "linear1.weight", Op::Concat0, 2},
+    {SB + "proj_mlp.weight", "mlp, dim", OS + "linear1.weight", Op::Concat0, 3},
+    {SB + "attn.to_q.bias", "dim", OS + "linear1.bias", Op::Concat0, 0},
+    {SB + "attn.to_k.bias", "dim", OS + "linear1.bias", Op::Concat0, 1},
+    {SB + "attn.to_v.bias", "dim", OS + "linear1.bias", Op::Concat0, 2},
+    {SB + "proj_mlp.bias", "mlp", OS + "linear1.bias", Op::Concat0, 3},
+    {SB + "attn.norm_q.weight", "head_dim", OS + "norm.query_norm.scale"},
+    {SB + "attn.norm_k.weight", "head_dim", OS + "norm.key_norm.scale"},
+    {SB + "proj_out.weight+bias", "dim, dim+mlp", OS + "linear2.weight"},
     {"norm_out.linear.weight+bias", "2*dim, dim", "final_layer.adaLN_modulation.1.weight", Op::SwapHalves0},
     {"proj_out.weight+bias", "out, dim", "final_layer.linear.weight"},
 });
-#undef DB
-#undef OD
-#undef SB
-#undef OS
 
 // ComfyUI's own modules (2026 on) name each QK norm's scale `weight` (its RMSNorm); its loader renames
 // the original files' `_norm.scale` on load. Everything else is the original layout.
@@ -111,11 +106,16 @@ std::vector<Entry> comfyui_entries() {
   return out;
 }
 
+using C = FamilyConfig;
+const Field kFields[] = {{"dim", &C::dim},           {"head_dim", &C::head_dim},   {"mlp", &C::ffn},
+                         {"in", &C::in_channels},    {"out", &C::out_channels},    {"ctx", &C::text_dim},
+                         {"vec", &C::vec_dim},       {"freq_dim", &C::freq_dim},   {"layers", &C::layers},
+                         {"single_layers", &C::single_layers}};
+
 FamilyConfig structure(const Symbols& s, const Features& f, const Sidecar& sidecar) {
   FamilyConfig c;
   c.family = "flux1";
-  c.dim = s.at("dim");
-  c.head_dim = s.at("head_dim");
+  set_fields(c, s, kFields);
   if (c.dim % c.head_dim != 0)
     throw RecognizeError("QK-norm width (head_dim) " + std::to_string(c.head_dim) +
                          " does not divide dim " + std::to_string(c.dim));
@@ -124,30 +124,14 @@ FamilyConfig structure(const Symbols& s, const Features& f, const Sidecar& sidec
                          " contradicts the checkpoint's QK-norm width " +
                          std::to_string(c.head_dim));
   c.heads = c.dim / c.head_dim;
-  c.ffn = s.at("mlp");
-  c.layers = s.at("layers");
-  c.single_layers = s.at("single_layers");
-  c.in_channels = s.at("in");
-  c.out_channels = s.at("out");
-  c.text_dim = s.at("ctx");
-  c.vec_dim = s.at("vec");
-  c.freq_dim = s.at("freq_dim");
   c.guidance = f.count("guidance") > 0;
   c.qkv_bias = true;
   return c;
 }
 
-Symbols symbols(const FamilyConfig& c) {
-  return {{"dim", c.dim},       {"head_dim", c.head_dim},       {"mlp", c.ffn},
-          {"in", c.in_channels}, {"out", c.out_channels},        {"ctx", c.text_dim},
-          {"vec", c.vec_dim},    {"freq_dim", c.freq_dim},       {"layers", c.layers},
-          {"single_layers", c.single_layers}};
-}
+Symbols symbols(const FamilyConfig& c) { return field_symbols(c, kFields); }
 
-Features features(const FamilyConfig& c) {
-  if (c.guidance) return {"guidance"};
-  return {};
-}
+Features features(const FamilyConfig& c) { return c.guidance ? Features{"guidance"} : Features{}; }
 
 void custom_defaults(FamilyConfig& c) {
   c.eps = 1e-6;
@@ -155,7 +139,6 @@ void custom_defaults(FamilyConfig& c) {
   // BFL's axes (16, 56, 56) are for head_dim 128; other widths need a sidecar.
   c.rope_axes_dim = c.head_dim == 128 ? std::vector<int64_t>{16, 56, 56} : std::vector<int64_t>{};
   c.rotary_dim = c.head_dim;
-  c.rope_interleaved = true;
   c.text_tokens = c.guidance ? 512 : 256;
   c.timestep_scale = 1000;
   c.segments = {};
@@ -163,23 +146,14 @@ void custom_defaults(FamilyConfig& c) {
 
 void check(const FamilyConfig& c, const Symbols&) { check_whole_head_rope(c, "Flux", "orders [text | image]"); }
 
+// A preset, built from its symbols as recognition builds a config.
 FamilyConfig make(const std::string& variant, bool guidance, bool tiny) {
-  FamilyConfig c;
-  c.family = "flux1";
+  const int64_t dim = tiny ? 64 : 3072, channels = tiny ? 16 : 64;
+  FamilyConfig c = structure({{"dim", dim}, {"head_dim", tiny ? 16 : 128}, {"mlp", 4 * dim}, {"in", channels},
+                              {"out", channels}, {"ctx", tiny ? 32 : 4096}, {"vec", tiny ? 24 : 768}, {"freq_dim", 256},
+                              {"layers", 19}, {"single_layers", 38}},
+                             guidance ? Features{"guidance"} : Features{}, {});
   c.variant = variant;
-  c.dim = tiny ? 64 : 3072;
-  c.heads = tiny ? 4 : 24;
-  c.head_dim = tiny ? 16 : 128;
-  c.ffn = 4 * c.dim;
-  c.layers = 19;
-  c.single_layers = 38;
-  c.in_channels = tiny ? 16 : 64;
-  c.out_channels = c.in_channels;
-  c.text_dim = tiny ? 32 : 4096;
-  c.vec_dim = tiny ? 24 : 768;
-  c.freq_dim = 256;
-  c.guidance = guidance;
-  c.qkv_bias = true;
   custom_defaults(c);
   if (tiny) c.rope_axes_dim = {4, 6, 6};
   return c;

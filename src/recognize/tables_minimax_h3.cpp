@@ -49,38 +49,32 @@ std::vector<Entry> original_entries() {
   return with_biases(std::move(e));
 }
 
-// Rotary widths follow rope.inv_freq: 3 axes (t, h, w) of 2*pairs dims each.
-void set_rope_from_pairs(FamilyConfig& c, int64_t pairs) {
-  c.rope_axes_dim = {2 * pairs, 2 * pairs, 2 * pairs};
-  c.rotary_dim = 6 * pairs;
-}
+// Every form's symbols; freq_dim (plain form) and grid (curve form) are the time path's own.
+using C = FamilyConfig;
+const Field kFields[] = {{"dim", &C::dim},           {"heads", &C::heads},       {"head_dim", &C::head_dim},
+                         {"ffn", &C::ffn},           {"feat", &C::in_channels},  {"audio_dim", &C::audio_dim},
+                         {"text_dim", &C::text_dim}, {"time_dim", &C::time_dim}, {"bank", &C::head_bank},
+                         {"layers", &C::layers},     {"refiner_layers", &C::refiner_layers}};
 
 FamilyConfig structure(const Symbols& s, const Features& f, const Sidecar& sidecar) {
   FamilyConfig c;
   c.family = kFamily;
-  c.dim = s.at("dim");
-  c.heads = s.at("heads");
-  c.head_dim = s.at("head_dim");
+  set_fields(c, s, kFields);
   if (sidecar.head_dim && *sidecar.head_dim != c.head_dim)
     throw RecognizeError("sidecar head_dim " + std::to_string(*sidecar.head_dim) +
                          " contradicts the checkpoint's q_norm width " + std::to_string(c.head_dim));
-  c.ffn = s.at("ffn");
-  c.layers = s.at("layers");
-  c.refiner_layers = s.at("refiner_layers");
-  c.in_channels = s.at("feat");
-  c.out_channels = s.at("feat");
-  c.audio_dim = s.at("audio_dim");
-  c.text_dim = s.at("text_dim");
+  c.out_channels = c.in_channels;
   // Which time path is present is checked in check(); here each form reads its own symbols.
   c.freq_dim = s.count("freq_dim") ? s.at("freq_dim") : 0;
   c.time_table_rows = s.count("grid") ? s.at("grid") : 0;
-  c.time_dim = s.at("time_dim");
-  c.head_bank = s.at("bank");
   c.gate_compress = f.count("gate_compress") > 0;
   c.qkv_bias = false;
-  // Rope widths are convention fields, but this layout stores them: a config matching no
-  // preset keeps these (custom_defaults leaves them), a preset's must agree (check()).
-  set_rope_from_pairs(c, s.at("pairs"));
+  // Rope widths are convention fields, but this layout stores them (rope.inv_freq: 3 axes (t, h,
+  // w) of 2*pairs dims each): a config matching no preset keeps these (custom_defaults leaves
+  // them), a preset's must agree (check()).
+  const int64_t pairs = s.at("pairs");
+  c.rope_axes_dim = {2 * pairs, 2 * pairs, 2 * pairs};
+  c.rotary_dim = 6 * pairs;
   return c;
 }
 
@@ -88,20 +82,9 @@ Symbols symbols(const FamilyConfig& c) {
   if (c.rotary_dim <= 0 || c.rotary_dim % 6 != 0)
     throw RecognizeError(std::string(kFamily) + ": rope.rotary_dim " + std::to_string(c.rotary_dim) +
                          " is not 3 axes of 2*pairs dims (a positive multiple of 6)");
-  return {{"dim", c.dim},
-          {"heads", c.heads},
-          {"head_dim", c.head_dim},
-          {"ffn", c.ffn},
-          {"feat", c.in_channels},
-          {"audio_dim", c.audio_dim},
-          {"text_dim", c.text_dim},
-          {"freq_dim", c.freq_dim},
-          {"time_dim", c.time_dim},
-          {"grid", c.time_table_rows},
-          {"pairs", c.rotary_dim / 6},
-          {"bank", c.head_bank},
-          {"layers", c.layers},
-          {"refiner_layers", c.refiner_layers}};
+  Symbols s = field_symbols(c, kFields);
+  s.insert({{"freq_dim", c.freq_dim}, {"grid", c.time_table_rows}, {"pairs", c.rotary_dim / 6}});
+  return s;
 }
 
 Features features(const FamilyConfig& c) {
@@ -114,7 +97,6 @@ void custom_defaults(FamilyConfig& c) {
   c.eps = 1e-5;
   c.rope_theta = 10000;
   // rotary_dim and rope_axes_dim: already set from rope.inv_freq by structure().
-  c.rope_interleaved = false;
   c.text_tokens = 512;
   c.timestep_scale = 1;  // timesteps in [0, 1] (t = 1 - sigma)
   c.segments = {};
@@ -146,30 +128,19 @@ void check(const FamilyConfig& c, const Symbols& s) {
         "modality tag)");
 }
 
+// A preset (the plain form), built from its symbols as recognition builds a config. Tiny keeps
+// every structural trait: heads*head_dim != dim, rotary over 3/4 of the head (pairs: 24 = 8/8/8
+// of 32, 96 = 32/32/32 of 128), text_dim != dim, audio rows narrower than video patches (feat:
+// video latent channels (4 / 24) x 2x2 patch).
 FamilyConfig make(bool tiny) {
-  FamilyConfig c;
-  c.family = kFamily;
+  FamilyConfig c = structure({{"dim", tiny ? 64 : 5376}, {"heads", tiny ? 3 : 56}, {"head_dim", tiny ? 32 : 128},
+                              {"ffn", tiny ? 160 : 14336}, {"feat", tiny ? 16 : 96}, {"audio_dim", tiny ? 6 : 32},
+                              {"text_dim", tiny ? 40 : 5120}, {"freq_dim", tiny ? 32 : 256},
+                              {"time_dim", tiny ? 32 : 2688}, {"bank", 1}, {"pairs", tiny ? 4 : 16}, {"layers", 50},
+                              {"refiner_layers", 2}},
+                             {}, {});
   c.variant = tiny ? "minimax-h3-tiny" : "minimax-h3";
-  // Tiny keeps every structural trait: heads*head_dim != dim, rotary over 3/4 of the head,
-  // text_dim != dim, audio rows narrower than video patches.
-  c.dim = tiny ? 64 : 5376;
-  c.heads = tiny ? 3 : 56;
-  c.head_dim = tiny ? 32 : 128;
-  c.ffn = tiny ? 160 : 14336;
-  c.layers = 50;
-  c.refiner_layers = 2;
-  c.in_channels = tiny ? 16 : 96;  // video latent channels (4 / 24) x 2x2 patch
-  c.out_channels = c.in_channels;
-  c.audio_dim = tiny ? 6 : 32;
-  c.text_dim = tiny ? 40 : 5120;
-  c.freq_dim = tiny ? 32 : 256;
-  c.time_dim = tiny ? 32 : 2688;
-  c.time_table_rows = 0;
-  c.head_bank = 1;
-  c.gate_compress = false;
-  c.qkv_bias = false;
   custom_defaults(c);
-  set_rope_from_pairs(c, tiny ? 4 : 16);  // 24 = 8/8/8 of 32, 96 = 32/32/32 of 128
   return c;
 }
 

@@ -63,19 +63,18 @@ const std::vector<Entry> kDiffusers = with_biases({
 
 constexpr int64_t kDefaultHeadDim = 128;
 
+using C = FamilyConfig;
+const Field kFields[] = {{"dim", &C::dim},         {"ffn", &C::ffn},           {"layers", &C::layers},
+                         {"in", &C::in_channels},  {"out", &C::out_channels},  {"text_dim", &C::text_dim},
+                         {"freq_dim", &C::freq_dim}};
+
 // Wan's split of a head into t/h/w rotary axes: d - 4*(d/6), 2*(d/6), 2*(d/6).
 std::vector<int64_t> wan_axes(int64_t d) { return {d - 4 * (d / 6), 2 * (d / 6), 2 * (d / 6)}; }
 
 FamilyConfig structure(const Symbols& s, const Features&, const Sidecar& sidecar) {
   FamilyConfig c;
   c.family = "wan2.1";
-  c.dim = s.at("dim");
-  c.ffn = s.at("ffn");
-  c.layers = s.at("layers");
-  c.in_channels = s.at("in");
-  c.out_channels = s.at("out");
-  c.text_dim = s.at("text_dim");
-  c.freq_dim = s.at("freq_dim");
+  set_fields(c, s, kFields);
   c.patch = {s.at("pt"), s.at("ph"), s.at("pw")};
   c.qkv_bias = true;
   c.head_dim = sidecar.head_dim.value_or(kDefaultHeadDim);
@@ -90,10 +89,9 @@ FamilyConfig structure(const Symbols& s, const Features&, const Sidecar& sidecar
 }
 
 Symbols symbols(const FamilyConfig& c) {
-  return {{"dim", c.dim},          {"ffn", c.ffn},           {"layers", c.layers},
-          {"in", c.in_channels},   {"out", c.out_channels},  {"text_dim", c.text_dim},
-          {"freq_dim", c.freq_dim}, {"pt", c.patch[0]},      {"ph", c.patch[1]},
-          {"pw", c.patch[2]}};
+  Symbols s = field_symbols(c, kFields);
+  s.insert({{"pt", c.patch[0]}, {"ph", c.patch[1]}, {"pw", c.patch[2]}});
+  return s;
 }
 
 Features features(const FamilyConfig&) { return {}; }
@@ -103,7 +101,6 @@ void custom_defaults(FamilyConfig& c) {
   c.rope_theta = 10000;
   c.rope_axes_dim = wan_axes(c.head_dim);
   c.rotary_dim = c.head_dim;
-  c.rope_interleaved = true;
   c.text_tokens = 512;
   c.timestep_scale = 1;
   c.segments = {};
@@ -111,22 +108,15 @@ void custom_defaults(FamilyConfig& c) {
 
 void check(const FamilyConfig& c, const Symbols&) { check_whole_head_rope(c, "Wan", "has one video stream"); }
 
-FamilyConfig make(const std::string& variant, int64_t dim, int64_t heads, int64_t head_dim,
-                  int64_t ffn, int64_t layers, int64_t text_dim, int64_t freq_dim) {
-  FamilyConfig c;
-  c.family = "wan2.1";
+// A preset, built from its symbols as recognition builds a config (heads = dim / head_dim).
+FamilyConfig make(const std::string& variant, int64_t dim, int64_t head_dim, int64_t ffn, int64_t layers,
+                  int64_t text_dim, int64_t freq_dim) {
+  Sidecar sc;
+  sc.head_dim = head_dim;
+  FamilyConfig c = structure({{"dim", dim}, {"ffn", ffn}, {"layers", layers}, {"in", 16}, {"out", 16},
+                              {"text_dim", text_dim}, {"freq_dim", freq_dim}, {"pt", 1}, {"ph", 2}, {"pw", 2}},
+                             {}, sc);
   c.variant = variant;
-  c.dim = dim;
-  c.heads = heads;
-  c.head_dim = head_dim;
-  c.ffn = ffn;
-  c.layers = layers;
-  c.in_channels = 16;
-  c.out_channels = 16;
-  c.text_dim = text_dim;
-  c.freq_dim = freq_dim;
-  c.patch = {1, 2, 2};
-  c.qkv_bias = true;
   custom_defaults(c);
   return c;
 }
@@ -137,10 +127,10 @@ const Family& wan_family() {
   static const Family f = {
       "wan2.1",
       {{"original", kOriginal}, {"diffusers", kDiffusers}},
-      {{"wan2.1-1.3b", make("wan2.1-1.3b", 1536, 12, 128, 8960, 30, 4096, 256),
-        make("wan2.1-tiny", 64, 4, 16, 160, 30, 32, 32)},
-       {"wan2.1-14b", make("wan2.1-14b", 5120, 40, 128, 13824, 40, 4096, 256),
-        make("wan2.1-tiny", 64, 4, 16, 160, 40, 32, 32)}},
+      {{"wan2.1-1.3b", make("wan2.1-1.3b", 1536, 128, 8960, 30, 4096, 256),
+        make("wan2.1-tiny", 64, 16, 160, 30, 32, 32)},
+       {"wan2.1-14b", make("wan2.1-14b", 5120, 128, 13824, 40, 4096, 256),
+        make("wan2.1-tiny", 64, 16, 160, 40, 32, 32)}},
       structure,
       symbols,
       features,

@@ -2,7 +2,6 @@
 #include "report/bench_common.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <iostream>
 #include <sstream>
 
@@ -14,6 +13,7 @@
 #include "models/lora_file.hpp"
 #include "plan/budget.hpp"
 #include "exec/run/retry.hpp"
+#include "report/feasibility.hpp"
 #include "report/report.hpp"
 
 namespace sp::report {
@@ -39,16 +39,11 @@ std::vector<BenchCase> bench_cases(bool tiny) {
           {"wan14b-model-81f", "wan2.1-14b", -1, wan}};
 }
 
+namespace {
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
-}
-
-namespace {
-
-// The case's block linears stored in opt.format.
-void convert_case(CaseModel& cm, const BenchOptions& opt) {
-  models::convert_block_linears(cm.inst.model, *cm.inst.weights, opt.format, "bench --format " + opt.format);
 }
 
 plan::Options case_plan_options(const models::Instance& inst, const BenchOptions& opt) {
@@ -61,16 +56,17 @@ plan::Options case_plan_options(const models::Instance& inst, const BenchOptions
 
 CaseModel build_case(const BenchCase& c, const contracts::Registry& reg, const at::Device& device,
                      const BenchOptions& opt, Progress* progress) {
-  std::optional<Progress::Phase> phase;
-  if (progress) phase.emplace(*progress, c.name + ": generating weights and inputs");
+  Progress silent("bench", false);
+  const auto phase = (progress ? *progress : silent).phase(c.name + ": generating weights and inputs");
   CaseModel cm{recognize::preset(c.variant, c.layers, opt.tiny), {}};
-  auto weights = models::random_weights_on(cm.cfg, device, exec::to_aten(opt.dtype), opt.seed, reg);
+  auto weights = models::random_weights_on(cm.cfg, device, exec::to_aten(opt.dtype), /*seed=*/0, reg);
   const models::FamilyRun fr =
-      models::prepare(cm.cfg, *weights, models::random_raw_inputs(cm.cfg, c.geom, opt.seed), opt.dtype, opt.consumer);
+      models::prepare(cm.cfg, *weights, models::random_raw_inputs(cm.cfg, c.geom, /*seed=*/0), opt.dtype, opt.consumer);
   cm.inst = {fr.model, weights, fr.inputs};
-  if (!opt.format.empty() && device.type() != at::kMeta) convert_case(cm, opt);
+  if (!opt.format.empty() && device.type() != at::kMeta)
+    models::convert_block_linears(cm.inst.model, *weights, opt.format, "bench --format " + opt.format);
   if (opt.lora_rank > 0)
-    models::add_random_loras(cm.inst.model, *weights, opt.lora_rank, exec::to_aten(opt.dtype), device, opt.seed + 1);
+    models::add_random_loras(cm.inst.model, *weights, opt.lora_rank, exec::to_aten(opt.dtype), device, /*seed=*/1);
   return cm;
 }
 
@@ -91,7 +87,7 @@ double estimate_case_ms(const BenchCase& c, const contracts::Registry& reg, cons
                         const BenchOptions& opt) {
   const CaseModel cm = build_case(c, reg, at::Device(at::kMeta), opt);
   const plan::Plan p = plan::make_plan(cm.inst.model, reg, caps, case_plan_options(cm.inst, opt));
-  return runs_estimate_ms(p, 2, 1 + opt.reps);
+  return 2.0 * (1 + opt.reps) * p.estimated_ms;  // naive and planned, a warm-up and `reps` runs each
 }
 
 BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
@@ -100,7 +96,7 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
   // With a weight format the case runs in the model's dtype first, on the same weights.
   BenchOptions dense = opt;
   dense.format.clear();
-  CaseModel cm = build_case(c, reg, device, opt.format.empty() ? opt : dense, &progress);
+  CaseModel cm = build_case(c, reg, device, dense, &progress);
   const models::Instance& inst = cm.inst;
   const plan::Options po = case_plan_options(inst, opt);
   std::optional<Repeated> reference;
@@ -119,7 +115,7 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
     };
     run();
     reference = repeat(device, opt.reps, run);
-    convert_case(cm, opt);
+    models::convert_block_linears(cm.inst.model, *inst.weights, opt.format, "bench --format " + opt.format);
   }
   const plan::Plan p = [&] {
     const auto phase = progress.phase(c.name + ": planning");
@@ -210,12 +206,7 @@ nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& r
     const Repeated rp = repeat(device, opt.reps, f);
     return std::make_pair(rp.ms, rp.peak);
   };
-  int64_t smallest = 0;
-  try {
-    plan::make_plan(inst.model, reg, caps, {.budget_bytes = 1});
-  } catch (const plan::BudgetError& e) {
-    smallest = e.smallest_peak_bytes;
-  }
+  const int64_t smallest = smallest_peak(inst.model, reg, caps, {});
   const int64_t lowest =
       std::max(smallest, int64_t(opt.sweep_min_floor * double(plan::floor_bytes(inst.model))));
   plan::Options full;
@@ -277,9 +268,7 @@ nlohmann::json run_policy_case(const BenchCase& c, const contracts::Registry& re
     plans.emplace_back("auto", plan::make_plan(inst.model, reg, caps, po));
     if (opt.budget_floor > 0) {
       po.budget_bytes = static_cast<int64_t>(opt.budget_floor * double(floor));
-      char name[32];
-      std::snprintf(name, sizeof name, "floor x %.2f", opt.budget_floor);
-      plans.emplace_back(name, plan::make_plan(inst.model, reg, caps, po));
+      plans.emplace_back(printf_text("floor x %.2f", opt.budget_floor), plan::make_plan(inst.model, reg, caps, po));
     }
   }
   auto run = [&](const plan::Plan& p) {
@@ -314,18 +303,15 @@ nlohmann::json run_policy_case(const BenchCase& c, const contracts::Registry& re
 
 std::string policy_table(const nlohmann::json& cases) {
   std::ostringstream os;
-  char line[300];
-  std::snprintf(line, sizeof line, "%-21s %-13s %8s %9s %9s %9s %9s\n", "case", "policy", "p/floor", "pk est/m", "ms",
-                "vs auto", "t est/m");
-  os << line;
+  os << printf_text("%-21s %-13s %8s %9s %9s %9s %9s\n", "case", "policy", "p/floor", "pk est/m", "ms", "vs auto",
+                    "t est/m");
   for (const auto& c : cases) {
     const double floor = c["floor_bytes"].get<double>(), auto_ms = c["policies"]["auto"]["ms"].get<double>();
     for (const auto& [name, p] : c["policies"].items()) {
       const double ms = p["ms"].get<double>(), peak = p["peak_bytes"].get<double>();
-      std::snprintf(line, sizeof line, "%-21s %-13s %8.3f %9.4f %9.1f %9.3f %9.3f\n", c["case"].get<std::string>().c_str(),
-                    name.c_str(), peak / floor, p["estimated_peak_bytes"].get<double>() / peak, ms, ms / auto_ms,
-                    p["estimated_ms"].get<double>() / ms);
-      os << line;
+      os << printf_text("%-21s %-13s %8.3f %9.4f %9.1f %9.3f %9.3f\n", c["case"].get<std::string>().c_str(),
+                        name.c_str(), peak / floor, p["estimated_peak_bytes"].get<double>() / peak, ms, ms / auto_ms,
+                        p["estimated_ms"].get<double>() / ms);
     }
   }
   return os.str();
@@ -368,64 +354,51 @@ nlohmann::json to_json(const std::vector<BenchResult>& rs) {
 
 std::string bench_table(const std::vector<BenchResult>& rs) {
   std::ostringstream os;
-  char line[400];
-  std::snprintf(line, sizeof line, "%-21s %7s %10s %11s %9s %8s %8s %9s %10s %10s %8s %8s %9s\n", "case", "tokens",
-                "naive GiB", "planned GiB", "floor GiB", "p/floor", "est/meas", "p/n peak", "naive ms", "planned ms",
-                "p/n time", "t est/m", "rel_l2");
-  os << line;
+  os << printf_text("%-21s %7s %10s %11s %9s %8s %8s %9s %10s %10s %8s %8s %9s\n", "case", "tokens", "naive GiB",
+                    "planned GiB", "floor GiB", "p/floor", "est/meas", "p/n peak", "naive ms", "planned ms", "p/n time",
+                    "t est/m", "rel_l2");
   const double G = double(int64_t{1} << 30);
-  auto fmt = [](const char* f, std::optional<double> v) {
-    char b[32];
-    if (v) std::snprintf(b, sizeof b, f, *v);
-    else std::snprintf(b, sizeof b, "n/a");
-    return std::string(b);
-  };
+  auto fmt = [](const char* f, std::optional<double> v) { return v ? printf_text(f, *v) : std::string("n/a"); };
   for (const auto& r : rs) {
     const std::optional<double> np = r.naive_peak ? std::optional<double>(double(*r.naive_peak)) : std::nullopt;
-    std::snprintf(line, sizeof line, "%-21s %7lld %10s %11.3f %9.3f %8.3f %8.4f %9s %10s %10.1f %8s %8.3f %9s\n",
-                  r.name.c_str(), static_cast<long long>(r.tokens), fmt("%.3f", np ? std::optional(*np / G) : np).c_str(),
-                  double(r.planned_peak) / G, double(r.floor) / G, double(r.planned_peak) / double(r.floor),
-                  double(r.estimated) / double(r.planned_peak),
-                  fmt("%.3f", np ? std::optional(double(r.planned_peak) / *np) : np).c_str(), fmt("%.1f", r.naive_ms).c_str(),
-                  r.planned_ms, fmt("%.3f", r.naive_ms ? std::optional(r.planned_ms / *r.naive_ms) : r.naive_ms).c_str(),
-                  r.planned_ms > 0 ? r.estimated_ms / r.planned_ms : 0.0, fmt("%.2e", r.rel_l2).c_str());
-    os << line;
+    os << printf_text("%-21s %7lld %10s %11.3f %9.3f %8.3f %8.4f %9s %10s %10.1f %8s %8.3f %9s\n", r.name.c_str(),
+                      static_cast<long long>(r.tokens), fmt("%.3f", np ? std::optional(*np / G) : np).c_str(),
+                      double(r.planned_peak) / G, double(r.floor) / G, double(r.planned_peak) / double(r.floor),
+                      double(r.estimated) / double(r.planned_peak),
+                      fmt("%.3f", np ? std::optional(double(r.planned_peak) / *np) : np).c_str(),
+                      fmt("%.1f", r.naive_ms).c_str(), r.planned_ms,
+                      fmt("%.3f", r.naive_ms ? std::optional(r.planned_ms / *r.naive_ms) : r.naive_ms).c_str(),
+                      r.planned_ms > 0 ? r.estimated_ms / r.planned_ms : 0.0, fmt("%.2e", r.rel_l2).c_str());
   }
   for (const auto& r : rs) {
     if (!r.bf16_ms) continue;
-    std::snprintf(line, sizeof line, "%-21s %s + %s %.1f ms vs %s dense %.1f ms (%.3fx), rel_l2 vs %s dense %.2e\n",
-                  r.name.c_str(), r.format.c_str(), r.consumer.c_str(), r.planned_ms, r.dtype.c_str(), *r.bf16_ms,
-                  *r.bf16_ms / r.planned_ms, r.dtype.c_str(), r.rel_l2_vs_bf16.value_or(0.0));
-    os << line;
+    os << printf_text("%-21s %s + %s %.1f ms vs %s dense %.1f ms (%.3fx), rel_l2 vs %s dense %.2e\n", r.name.c_str(),
+                      r.format.c_str(), r.consumer.c_str(), r.planned_ms, r.dtype.c_str(), *r.bf16_ms,
+                      *r.bf16_ms / r.planned_ms, r.dtype.c_str(), r.rel_l2_vs_bf16.value_or(0.0));
   }
   return os.str();
 }
 
 std::string step_profile_table(const std::vector<BenchResult>& rs) {
   std::ostringstream os;
-  char line[200];
   for (const auto& r : rs) {
     if (!r.steps) continue;
     os << r.name << ": where a profiled planned run's time goes (device ms: between events around each step; over: the most\n"
        << "  a step allocated beyond the transient its program declares)\n";
-    std::snprintf(line, sizeof line, "  %-13s %8s %11s %9s %12s %9s %10s\n", "step", "count", "device ms", "host ms",
-                  "estimated ms", "est/dev", "over KiB");
-    os << line;
+    os << printf_text("  %-13s %8s %11s %9s %12s %9s %10s\n", "step", "count", "device ms", "host ms", "estimated ms",
+                      "est/dev", "over KiB");
     double dev = 0, host = 0, est = 0;
     for (const auto& [name, e] : r.steps->kinds) {
-      std::snprintf(line, sizeof line, "  %-13s %8lld %11.2f %9.2f %12.2f %9.3f %10.1f\n", name.c_str(),
-                    static_cast<long long>(e.count), e.device_ms, e.host_ms, e.estimated_ms,
-                    e.device_ms > 0 ? e.estimated_ms / e.device_ms : 0.0, double(e.transient_over) / 1024.0);
-      os << line;
+      os << printf_text("  %-13s %8lld %11.2f %9.2f %12.2f %9.3f %10.1f\n", name.c_str(),
+                        static_cast<long long>(e.count), e.device_ms, e.host_ms, e.estimated_ms,
+                        e.device_ms > 0 ? e.estimated_ms / e.device_ms : 0.0, double(e.transient_over) / 1024.0);
       dev += e.device_ms;
       host += e.host_ms;
       est += e.estimated_ms;
     }
-    std::snprintf(line, sizeof line, "  %-13s %8s %11.2f %9.2f %12.2f %9.3f\n", "all steps", "", dev, host, est,
-                  dev > 0 ? est / dev : 0.0);
-    os << line;
-    std::snprintf(line, sizeof line, "  %-13s %8s %11.2f\n", "between steps", "", r.steps->between_ms);
-    os << line;
+    os << printf_text("  %-13s %8s %11.2f %9.2f %12.2f %9.3f\n", "all steps", "", dev, host, est,
+                      dev > 0 ? est / dev : 0.0)
+       << printf_text("  %-13s %8s %11.2f\n", "between steps", "", r.steps->between_ms);
   }
   return os.str();
 }

@@ -38,7 +38,6 @@ struct BenchOptions {
   plan::Options plan;
   double budget_floor = 0;  // > 0: each case's budget is this multiple of its floor
   double sweep_min_floor = 0;  // > 0: a sweep's lowest budget is this multiple of the floor
-  uint64_t seed = 0;
   bool progress = false;  // progress lines on stderr ("[bench] ...") once a case passes 2 s
   bool profile_steps = false;  // one more planned run, every step timed (BenchResult::steps)
   int64_t lora_rank = 0;  // > 0: a random LoRA of this rank on every linear (models/lora_file.hpp)
@@ -78,10 +77,9 @@ double estimate_case_ms(const BenchCase& c, const contracts::Registry& reg, cons
                         const BenchOptions& opt);
 
 // Budget sweep of one case (planned schedule only): `points` budgets from the smallest
-// achievable peak (or opt.sweep_min_floor x floor, when larger) to the unbudgeted full-size peak, each planned, run and measured
-// (peak <= budget, estimate vs measured); then the fixed token chunks of `fixed_chunks`
-// without a budget, to compare the chooser's pick under the largest budget with the
-// fastest fixed chunk found by brute force. One JSON object per case.
+// achievable peak (or opt.sweep_min_floor x floor, when larger) to the full-size peak, each
+// planned, run and measured; then the fixed token chunks of `fixed_chunks` without a budget, to
+// compare the chooser's pick under the largest budget with the fastest fixed chunk.
 nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
                                 const at::Device& device, const BenchOptions& opt, int points,
                                 const std::vector<int64_t>& fixed_chunks);
@@ -90,9 +88,7 @@ nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& r
 // default (no budget), `--budget auto` (the fastest plan that fits what is free), and, with
 // opt.budget_floor, that multiple of the floor. Each is run once as a warm-up, then `reps`
 // rounds of one run of each in turn (so that the device's clocks and temperature treat them
-// alike); median time, largest peak, the plans' estimates. One JSON object per case:
-//   {"case", "tokens", "floor_bytes", "policies": {name: {"ms", "peak_bytes",
-//    "estimated_ms", "estimated_peak_bytes", "budget_bytes"}}}
+// alike); median time, largest peak, the plans' estimates. One JSON object per case.
 nlohmann::json run_policy_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
                                const at::Device& device, const BenchOptions& opt);
 std::string policy_table(const nlohmann::json& cases);
@@ -102,9 +98,7 @@ std::string policy_table(const nlohmann::json& cases);
 // 0 auto, else that many blocks on the device), run with every weight resident (warm-up, then
 // `reps` timed runs), then with the streamed blocks moved to host memory under the device
 // memory as a cap of the caching allocator (the same runs); the weights go back afterwards.
-// One JSON row per device memory: "case", "device_memory_bytes", "resident_blocks", "ms",
-// "all_resident_ms", "predicted_ms", "max_allocated_bytes", "rel_l2_vs_all_resident",
-// "exact", "residency" (the plan's).
+// One JSON row per device memory.
 nlohmann::json run_residency_case(const BenchCase& c, const contracts::Registry& reg, const contracts::DeviceCaps& caps,
                                   const at::Device& device, const BenchOptions& opt,
                                   const std::vector<int64_t>& device_memories, int resident_blocks);

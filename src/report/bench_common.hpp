@@ -1,5 +1,5 @@
 // What the benchmark commands share (report/bench.cpp, report/bench_residency.cpp): a case's
-// model with random weights, repeated metered calls, the median.
+// model with random weights, repeated metered calls.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -29,7 +29,5 @@ struct Repeated {
   at::Tensor out;
 };
 Repeated repeat(const at::Device& device, int reps, const std::function<at::Tensor()>& f);
-
-double median(std::vector<double> v);
 
 }  // namespace sp::report

@@ -1,6 +1,6 @@
 // bench --device-memory: a case's planned schedule with its weights streamed from host memory
 // under device-memory budgets, against the same plan with every weight resident.
-#include <cstdio>
+#include <iostream>
 #include <sstream>
 
 #include "exec/device/device.hpp"
@@ -66,8 +66,7 @@ nlohmann::json run_residency_case(const BenchCase& c, const contracts::Registry&
           if (!exec::is_out_of_memory(e)) throw;
           throw exec::OutOfMemory("out of memory under --device-memory " + plan::human_bytes(memory) + " (" +
                                 exec::allocator_state(device) + "; planned " +
-                                plan::human_bytes(rp.residency.device_bytes()) + ")",
-                            rp.residency.device_bytes(), memory);
+                                plan::human_bytes(rp.residency.device_bytes()) + ")");
         }
         const Repeated r = repeat(device, opt.reps, [&] { return run(streamed, "streamed"); });
         row["ms"] = r.ms;
@@ -109,21 +108,17 @@ std::string estimate_residency(const BenchCase& c, const contracts::Registry& re
 
 std::string residency_table(const nlohmann::json& rows) {
   std::ostringstream os;
-  char line[300];
-  std::snprintf(line, sizeof line, "%-18s %9s %9s %9s %6s %10s %10s %8s %10s %8s %10s %6s\n", "case", "dev GiB",
-                "alloc GiB", "held GiB", "N", "ms", "resident", "ratio", "predicted", "pred/m", "rel_l2", "exact");
-  os << line;
+  os << printf_text("%-18s %9s %9s %9s %6s %10s %10s %8s %10s %8s %10s %6s\n", "case", "dev GiB", "alloc GiB",
+                    "held GiB", "N", "ms", "resident", "ratio", "predicted", "pred/m", "rel_l2", "exact");
   const double G = double(int64_t{1} << 30);
-  for (const auto& r : rows) {
-    std::snprintf(line, sizeof line, "%-18s %9.2f %9.2f %9.2f %6d %10.1f %10.1f %8.3f %10.1f %8.3f %10.2e %6s\n",
-                  r["case"].get<std::string>().c_str(), r["device_memory_bytes"].get<double>() / G,
-                  r["max_allocated_bytes"].get<double>() / G, r["max_reserved_bytes"].get<double>() / G,
-                  r["resident_blocks"].get<int>(), r["ms"].get<double>(),
-                  r["all_resident_ms"].get<double>(), r["ms_over_all_resident"].get<double>(),
-                  r["predicted_ms"].get<double>(), r["predicted_over_measured"].get<double>(),
-                  r["rel_l2_vs_all_resident"].get<double>(), r["exact"].get<bool>() ? "yes" : "no");
-    os << line;
-  }
+  for (const auto& r : rows)
+    os << printf_text("%-18s %9.2f %9.2f %9.2f %6d %10.1f %10.1f %8.3f %10.1f %8.3f %10.2e %6s\n",
+                      r["case"].get<std::string>().c_str(), r["device_memory_bytes"].get<double>() / G,
+                      r["max_allocated_bytes"].get<double>() / G, r["max_reserved_bytes"].get<double>() / G,
+                      r["resident_blocks"].get<int>(), r["ms"].get<double>(), r["all_resident_ms"].get<double>(),
+                      r["ms_over_all_resident"].get<double>(), r["predicted_ms"].get<double>(),
+                      r["predicted_over_measured"].get<double>(), r["rel_l2_vs_all_resident"].get<double>(),
+                      r["exact"].get<bool>() ? "yes" : "no");
   return os.str();
 }
 

@@ -46,7 +46,6 @@ struct FitRequest {
 };
 
 struct Fit {
-  int64_t available = 0;  // free device memory (CPU: available host memory)
   bool auto_budget = false;  // plan under --budget auto instead of the default
   std::string note;          // why, when auto_budget
 };

@@ -27,7 +27,6 @@ std::string formats_text(const ir::Model& m, const std::vector<models::FormatLin
   struct Group {
     std::map<size_t, int> per_block;  // block -> linears of the group in it
     std::vector<std::string> outside;
-    size_t count = 0;
   };
   using Key = std::tuple<std::string, std::string, std::string>;  // format, why, GEMM
   std::vector<Key> order;
@@ -36,7 +35,6 @@ std::string formats_text(const ir::Model& m, const std::vector<models::FormatLin
     const Key k{l.format, l.why, l.gemm};
     if (!groups.count(k)) order.push_back(k);
     Group& g = groups[k];
-    ++g.count;
     if (auto it = block_of.find(l.weight); it != block_of.end()) ++g.per_block[it->second];
     else g.outside.push_back(l.weight);
   }

@@ -6,6 +6,8 @@
 #include "plan/cost.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdarg>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -19,8 +21,6 @@ namespace sp::report {
 Progress::Progress(std::string label, bool enabled)
     : label_(std::move(label)), enabled_(enabled), start_(Clock::now()), next_(start_ + std::chrono::seconds(2)) {}
 
-double Progress::seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
-
 bool Progress::due() {
   if (!enabled_) return false;
   const std::lock_guard lock(mutex_);
@@ -31,11 +31,8 @@ bool Progress::due() {
 }
 
 void Progress::print(const std::string& what) const {
-  std::fprintf(stderr, "[%s] %s, %.1f s\n", label_.c_str(), what.c_str(), seconds());
-}
-
-void Progress::operator()(const std::string& what) {
-  if (due()) print(what);
+  std::fprintf(stderr, "[%s] %s, %.1f s\n", label_.c_str(), what.c_str(),
+               std::chrono::duration<double>(Clock::now() - start_).count());
 }
 
 void Progress::note(const std::string& what) const {
@@ -49,34 +46,24 @@ exec::Progress Progress::sublayers(const ir::Model& m, const std::string& what) 
   for (size_t b = 0; b < m.blocks.size(); ++b) block_of.insert(block_of.end(), m.blocks[b].sublayers.size(), int64_t(b) + 1);
   const int64_t blocks = int64_t(m.blocks.size());
   struct Position {
-    std::mutex mutex;
-    int64_t done = 0, total = 0;
+    std::atomic<int64_t> done{0}, total{0};
   };
   auto at = std::make_shared<Position>();
   at->total = int64_t(block_of.size());
   auto text = [what, block_of = std::move(block_of), blocks, at] {
-    int64_t done, total;
-    {
-      const std::lock_guard lock(at->mutex);
-      done = at->done;
-      total = at->total;
-    }
-    const int64_t running = std::min(done + 1, total);  // the sublayer being computed
+    const int64_t total = at->total, running = std::min(at->done + 1, total);  // the sublayer being computed
     const int64_t block = running >= 1 && running <= int64_t(block_of.size()) ? block_of[size_t(running - 1)] : blocks;
     return what + ": sublayer " + std::to_string(running) + "/" + std::to_string(total) + " (block " +
            std::to_string(block) + "/" + std::to_string(blocks) + ")";
   };
   auto ticker = std::make_shared<Phase>(*this, std::move(text));
   return [at, ticker](int64_t done, int64_t total) {
-    const std::lock_guard lock(at->mutex);
     at->done = done;
     at->total = total;
   };
 }
 
-Progress::Phase Progress::phase(std::string what) { return Phase(*this, std::move(what)); }
-
-Progress::Phase::Phase(Progress& p, std::string what) : Phase(p, [what = std::move(what)] { return what; }) {}
+Progress::Phase Progress::phase(std::string what) { return Phase(*this, [what = std::move(what)] { return what; }); }
 
 Progress::Phase::Phase(Progress& p, std::function<std::string()> text) {
   if (!p.enabled()) return;
@@ -158,8 +145,7 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
           if (!exec::is_out_of_memory(e)) throw;
           throw exec::OutOfMemory("out of memory under " + opt.memory_cap + " (" + exec::allocator_state(d) +
                                 "; the plan counted " + plan::human_bytes(current.estimated_peak_bytes) +
-                                " of activations)",
-                            current.estimated_peak_bytes, 0);
+                                " of activations)");
         }
       }
       exec::Retried run = exec::run_planned_retrying(inst.model, w, inst.inputs, current, reg, dev, d,
@@ -286,9 +272,8 @@ nlohmann::json to_json(const plan::Plan& p) {
 
 nlohmann::json to_json(const RunReport& r) {
   nlohmann::json j{{"model", r.model}, {"tokens", r.tokens}, {"device", r.device}, {"dtype", r.dtype}};
-  nlohmann::json segments = nlohmann::json::object();
-  for (const auto& s : r.segments) segments[s.name] = s.length;
-  j["segments"] = segments;
+  j["segments"] = nlohmann::json::object();
+  for (const auto& s : r.segments) j["segments"][s.name] = s.length;
   j["naive"] = r.naive ? nlohmann::json{{"peak_bytes", r.naive->peak_bytes}, {"ms", r.naive->ms}}
                        : nlohmann::json{{"peak_bytes", nullptr}, {"ms", nullptr}};
   j["planned"] = {{"peak_bytes", r.planned.peak_bytes},
@@ -302,37 +287,39 @@ nlohmann::json to_json(const RunReport& r) {
   return j;
 }
 
-double runs_estimate_ms(const plan::Plan& p, int schedules, int runs) { return double(schedules) * runs * p.estimated_ms; }
-
 std::string estimate_text(const plan::Plan& p, const CompareOptions& opt, bool gpu) {
   const int runs = gpu ? 2 : 1;  // on a GPU an untimed warm-up of each schedule first
-  const std::string each = plan::human_ms(runs_estimate_ms(p, 1, runs));
-  std::string s = "estimated " + plan::human_ms(runs_estimate_ms(p, opt.run_naive ? 2 : 1, runs)) + " (";
+  const std::string each = plan::human_ms(runs * p.estimated_ms);
+  std::string s = "estimated " + plan::human_ms((opt.run_naive ? 2 : 1) * runs * p.estimated_ms) + " (";
   if (opt.run_naive) s += "naive " + each + ", taken as long as the planned one; ";
   s += "planned " + each;
   if (gpu) s += "; each schedule run twice, a warm-up first";
   return s + ")";
 }
 
-std::string token_breakdown(const RunReport& r) {
-  std::string s = std::to_string(r.tokens);
-  for (size_t i = 0; i < r.segments.size(); ++i)
-    s += (i == 0 ? " = " : " + ") + r.segments[i].name + " " + std::to_string(r.segments[i].length);
-  return s;
+std::string printf_text(const char* format, ...) {
+  char text[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(text, sizeof text, format, args);
+  va_end(args);
+  return text;
 }
 
 std::string to_table(const RunReport& r) {
   std::ostringstream os;
-  char line[256];
   os << r.model << ", " << r.tokens << " tokens, " << r.dtype << ", " << r.device << "\n";
-  if (r.segments.size() > 1) os << "  tokens: " << token_breakdown(r) << "\n";
+  if (r.segments.size() > 1) {  // "tokens: 1268 = text 512 + audio 256 + video 500"
+    os << "  tokens: " << r.tokens;
+    for (size_t i = 0; i < r.segments.size(); ++i)
+      os << (i ? " + " : " = ") << r.segments[i].name << " " << r.segments[i].length;
+    os << "\n";
+  }
   if (!r.retry.empty()) os << "  " << r.retry << "\n";
-  std::snprintf(line, sizeof line, "  %-8s %14s %12s %10s\n", "schedule", "peak", "time", "x floor");
-  os << line;
+  os << printf_text("  %-8s %14s %12s %10s\n", "schedule", "peak", "time", "x floor");
   auto row = [&](const char* name, const Measurement& m) {
-    std::snprintf(line, sizeof line, "  %-8s %14s %9.1f ms %9.2fx\n", name, plan::human_bytes(m.peak_bytes).c_str(),
-                  m.ms, double(m.peak_bytes) / double(r.floor_bytes));
-    os << line;
+    os << printf_text("  %-8s %14s %9.1f ms %9.2fx\n", name, plan::human_bytes(m.peak_bytes).c_str(), m.ms,
+                      double(m.peak_bytes) / double(r.floor_bytes));
   };
   if (r.naive) row("naive", *r.naive);
   row("planned", r.planned);
@@ -340,12 +327,10 @@ std::string to_table(const RunReport& r) {
      << " ("
      << (r.planned.peak_bytes ? 100.0 * (double(r.estimated_peak_bytes) / double(r.planned.peak_bytes) - 1.0) : 0.0)
      << "% vs measured)\n";
-  if (r.naive) {
-    std::snprintf(line, sizeof line, "  planned/naive: peak %.3f, time %.3f; error max_abs %.3g rel_l2 %.3g\n",
-                  double(r.planned.peak_bytes) / double(r.naive->peak_bytes), r.planned.ms / r.naive->ms,
-                  r.max_abs.value_or(0), r.rel_l2.value_or(0));
-    os << line;
-  }
+  if (r.naive)
+    os << printf_text("  planned/naive: peak %.3f, time %.3f; error max_abs %.3g rel_l2 %.3g\n",
+                      double(r.planned.peak_bytes) / double(r.naive->peak_bytes), r.planned.ms / r.naive->ms,
+                      r.max_abs.value_or(0), r.rel_l2.value_or(0));
   return os.str();
 }
 

@@ -56,9 +56,6 @@ class Progress {
 
   Progress(std::string label, bool enabled);
   bool enabled() const { return enabled_; }
-  double seconds() const;
-  // Reports `what`, when due.
-  void operator()(const std::string& what);
   // Reports `what` now ("[run] estimated 3 min 20 s ..."), without the time so far.
   void note(const std::string& what) const;
   // A callback for exec::run_naive / run_planned that follows the sublayers of m. While any
@@ -82,7 +79,6 @@ class Progress {
 
 class Progress::Phase {
  public:
-  Phase(Progress& p, std::string what);
   // Reports text() when due (evaluated then, on the helper thread).
   Phase(Progress& p, std::function<std::string()> text);
   ~Phase();
@@ -128,17 +124,14 @@ nlohmann::json to_json(const plan::Part& part, const contracts::DeviceCaps& dev)
 // schedule programs.
 nlohmann::json plan_document(const ir::Model& m, const plan::Plan& p, const contracts::Registry& reg,
                              const contracts::DeviceCaps& dev, bool with_programs);
-// The cost model's time for `runs` runs of each of `schedules` schedules of plan p, the naive
-// one taken as long as the planned one (the cost model has no estimate of it): what
-// `bench --estimate` and the first line of `demo` and `run` say.
-double runs_estimate_ms(const plan::Plan& p, int schedules, int runs);
 // "estimated 3 min 20 s (naive 1 min 40 s, taken as long as the planned one; planned
-// 1 min 40 s)" for compare() with these options on a GPU (warm-ups) or not.
+// 1 min 40 s)" for compare() with these options on a GPU (warm-ups) or not: the cost model has
+// no estimate of the naive schedule.
 std::string estimate_text(const plan::Plan& p, const CompareOptions& opt, bool gpu);
 
-// "1268 = text 512 + audio 256 + video 500": the tokens of a report per segment.
-std::string token_breakdown(const RunReport& r);
 // Short human-readable table of a report.
 std::string to_table(const RunReport& r);
+// printf's text of `format` and the arguments (at most 511 characters): the tables' rows.
+[[gnu::format(printf, 1, 2)]] std::string printf_text(const char* format, ...);
 
 }  // namespace sp::report

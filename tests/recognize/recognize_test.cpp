@@ -119,7 +119,6 @@ TEST(RoundTrip, PresetDimensions) {
   const auto avdit = preset("avdit");
   EXPECT_EQ(avdit.heads * avdit.head_dim, 7168);
   EXPECT_EQ(avdit.rotary_dim, 96);
-  EXPECT_FALSE(avdit.rope_interleaved);
   EXPECT_EQ(preset("avdit-tiny"), preset("avdit", -1, true));
   EXPECT_TRUE(has(error_of([] { preset("sd3"); }), "sd3"));
 }
@@ -500,7 +499,6 @@ TEST(MiniMaxH3, EveryVariantWithEachPrefix) {
           EXPECT_EQ(r.config.layers, 2);
           EXPECT_EQ(r.config.rotary_dim, 24);
           EXPECT_EQ(r.config.rope_axes_dim, (std::vector<int64_t>{8, 8, 8}));
-          EXPECT_FALSE(r.config.rope_interleaved);
           EXPECT_EQ(r.config.eps, 1e-5);
           EXPECT_EQ(r.tensors.count("adaln_t_table"), curve ? 1u : 0u);
           EXPECT_EQ(r.tensors.count("time_embedder.proj_in.weight"), curve ? 0u : 1u);
@@ -538,7 +536,6 @@ TEST(MiniMaxH3, RealDimensions) {
   EXPECT_FALSE(c.qkv_bias);
   EXPECT_EQ(c.rotary_dim, 96);
   EXPECT_EQ(c.rope_axes_dim, (std::vector<int64_t>{32, 32, 32}));
-  EXPECT_FALSE(c.rope_interleaved);
   EXPECT_EQ(c.rope_theta, 10000);
   EXPECT_EQ(c.eps, 1e-5);
   EXPECT_EQ(c.text_tokens, 512);

@@ -10,12 +10,6 @@
 
 namespace sp::exec {
 
-namespace {
-
-int64_t tiles_of(int64_t rows, int64_t tile) { return (rows + tile - 1) / tile; }
-
-}  // namespace
-
 at::Tensor tile_means(const at::Tensor& x, int64_t tile) {
   const int64_t heads = x.size(0), rows = x.size(1), n = tiles_of(rows, tile);
   at::Tensor padded = at::zeros({heads, n * tile, x.size(2)}, x.options().dtype(at::kFloat));

@@ -1,14 +1,10 @@
 // Routed block-sparse attention: which tiles a query tile attends to, and the math reference.
 //
-// Design note. Attention is cut into tiles of `tile` query rows by `tile` key rows. Tiles that
-// lie wholly inside the video rows are routed: per head, the mean of each query tile and of
-// each key tile are taken, a video query tile scores every video key tile by the dot product
-// of the two means, and keeps the plan::kept_tiles(budget, video key tiles) best ones. The
-// rest stays dense: query tiles outside the video rows or mixing segments attend to every key
-// tile, and every query tile attends to every key tile outside the video rows or mixing
-// segments (text, audio). A budget of 1 keeps every tile. The reference computes softmax
-// attention in fp32 with that mask applied per element: the oracle the CUDA consumer is tested
-// against, on lengths that are not multiples of the tile.
+// Design note. Tiles are `tile` query rows by `tile` key rows; only tiles wholly inside the
+// video rows are routed (per head, each video query tile keeps the plan::kept_tiles(budget,
+// video key tiles) video key tiles whose mean best matches its own mean by dot product); every
+// other pair stays dense, and a budget of 1 keeps every tile. The reference applies that mask
+// per element in fp32: the oracle of the CUDA consumer, also on lengths not a multiple of the tile.
 //
 // Example:
 //     at::Tensor keep = sp::exec::route_tiles(q, k, {512, 75584}, 0.3);   // [heads, qt, kt] bool
@@ -24,6 +20,9 @@
 namespace sp::exec {
 
 inline constexpr int64_t kSparseTile = 64;
+
+// Tiles of `tile` rows that cover `rows` rows.
+inline int64_t tiles_of(int64_t rows, int64_t tile = kSparseTile) { return (rows + tile - 1) / tile; }
 
 // Rows [begin, end) of the video segment, in the attention's row order.
 using VideoRows = ir::RowRange;

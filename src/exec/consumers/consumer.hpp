@@ -1,12 +1,9 @@
 // Attention consumers: implementations registered together with their capabilities.
 //
 // Design note. A consumer computes softmax(q k^T * scale) v for q [1, G, rows, head_dim]
-// against k, v [1, G, kv_rows, head_dim] and returns a new [1, G, rows, head_dim] tensor in
-// q's dtype; grouped-query heads arrive folded into rows, so a consumer sees G equal head
-// groups. What a call allocates must match the call_bytes its capabilities declare: the
-// planner counts exactly that. Each consumer is one file here with one registration
-// function, called from exec/registry.cpp; a consumer defined elsewhere (a test, a host)
-// registers the same way with contracts::Registry::add.
+// against k, v [1, G, kv_rows, head_dim] (grouped-query heads folded into rows) into a new
+// tensor in q's dtype, allocating exactly the call_bytes its capabilities declare
+// (exec/consumers/README.md).
 //
 // Example:
 //     const auto& attend = sp::exec::impl_of<sp::exec::ConsumerImpl>(reg.consumer("sdpa"));

@@ -7,6 +7,7 @@
 
 #include "exec/consumers/block_sparse.hpp"
 #include "exec/consumers/consumer.hpp"
+#include "exec/consumers/sparse.hpp"
 
 #ifdef STREAMPLAN_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -68,6 +69,11 @@ std::string self_test(const at::Device& d) {
   }
 }
 
+struct Carrier {
+  int8attn::KCarrier k;
+  uint64_t phase = 0;  // increases with every new K
+};
+
 // Never destroyed: its tensors must not be freed after the CUDA runtime at exit.
 struct State {
   std::mutex mu;
@@ -90,39 +96,22 @@ at::Tensor sample_of(const at::Tensor& k) {
   return k.index_select(1, idx);
 }
 
-}  // namespace
-
+// The [G, rows, D] view of the consumer interface's [1, G, rows, D] tensor.
 at::Tensor heads_rows(const at::Tensor& t, const char* what, const std::string& consumer) {
-  if (t.dim() != 4 || t.size(0) != 1) {
-    std::ostringstream os;
-    os << "consumer '" << consumer << "': " << what << " must be [1, heads, rows, head_dim], got " << t.sizes();
-    throw contracts::ContractError(os.str());
-  }
+  if (t.dim() != 4 || t.size(0) != 1)
+    throw contracts::ContractError(
+        c10::str("consumer '", consumer, "': ", what, " must be [1, heads, rows, head_dim], got ", t.sizes()));
   return t.select(0, 0);
 }
 
-std::string unusable(const std::string& consumer, const at::Device& device, at::ScalarType dtype) {
-  try {
-    require(consumer, at::empty({1, 0, 64}, at::TensorOptions().dtype(dtype).device(device)));
-  } catch (const contracts::ContractError& e) {
-    return e.what();
-  }
-  return {};
-}
-
+// Throws contracts::ContractError unless the int8 kernels run on q's device.
 void require(const std::string& consumer, const at::Tensor& q) {
   const std::string who = "consumer '" + consumer + "' (int8 attention kernels)";
   if (!int8attn::built()) throw contracts::ContractError(who + " needs CUDA; this build has no CUDA kernels");
-  if (!q.is_cuda()) {
-    std::ostringstream os;
-    os << who << " needs a CUDA device; the attention runs on " << q.device();
-    throw contracts::ContractError(os.str());
-  }
-  if (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf) {
-    std::ostringstream os;
-    os << who << " takes bf16 or fp16 activations; q has dtype " << q.scalar_type();
-    throw contracts::ContractError(os.str());
-  }
+  if (!q.is_cuda())
+    throw contracts::ContractError(c10::str(who, " needs a CUDA device; the attention runs on ", q.device()));
+  if (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf)
+    throw contracts::ContractError(c10::str(who, " takes bf16 or fp16 activations; q has dtype ", q.scalar_type()));
   if (q.size(-1) != 64 && q.size(-1) != 128)
     throw contracts::ContractError(who + " takes head_dim 64 or 128, got " + std::to_string(q.size(-1)));
 #ifdef STREAMPLAN_WITH_CUDA
@@ -140,6 +129,17 @@ void require(const std::string& consumer, const at::Tensor& q) {
 #endif
 }
 
+// require()'s reason for `device` and `dtype`, or "" where the kernels run there.
+std::string unusable(const std::string& consumer, const at::Device& device, at::ScalarType dtype) {
+  try {
+    require(consumer, at::empty({1, 0, 64}, at::TensorOptions().dtype(dtype).device(device)));
+  } catch (const contracts::ContractError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// k [G, kv_rows, D]: the cached carrier of this K, or a new one.
 Carrier carrier_for(const at::Tensor& k) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -160,19 +160,16 @@ Carrier carrier_for(const at::Tensor& k) {
   return st.cached;
 }
 
-void drop_carrier() {
-  State& st = state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  st.cached = {};
-  st.sample = at::Tensor();
-  st.ptr = nullptr;
-  st.shape.clear();
-}
-
+// After a Q slab of rows [q_begin, q_begin + q_rows): frees the cached carrier once the slab
+// reaches row kv_rows, the end of a self-attention over rows [0, kv_rows) (elsewhere it may
+// free it early, which only costs a new carrier).
 void after_slab(int64_t q_begin, int64_t q_rows, int64_t kv_rows) {
   if (q_begin + q_rows >= kv_rows) drop_carrier();
 }
 
+// The K carrier a K/V phase fills slab by slab in `bytes` ([G, n] int8 of the arena): carry_k
+// quantizes the slab k [1, G, rows, D] at row0 (the first slab starts a new phase); carried views
+// the filled carrier with the phase of its last first slab.
 void carry_k(const std::string& consumer, const at::Tensor& k, const at::Tensor& bytes, int64_t row0, int64_t kv_rows) {
   const at::Tensor k3 = heads_rows(k, "k", consumer);
   require(consumer, k3);
@@ -192,6 +189,67 @@ Carrier carried(const at::Tensor& bytes, int64_t kv_rows, int64_t head_dim) {
   std::lock_guard<std::mutex> lock(st.mu);
   c.phase = st.carried_phase;
   return c;
+}
+
+struct Int8Consumer : ConsumerImpl {
+  Int8Consumer(std::string name, bool routed) : name(std::move(name)), routed(routed) {}
+  std::string unusable(const at::Device& d, at::ScalarType dt) const override { return int8c::unusable(name, d, dt); }
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const override {
+    if (routed) return attend_rows(q, k, v, scale, {});
+    const at::Tensor q3 = checked_q(q);
+    return attend_with(q3, carrier_for(heads_rows(k, "k", name)), v, scale, {});
+  }
+  at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                         const contracts::AttnCall& call) const override {
+    const at::Tensor q3 = checked_q(q);
+    const Carrier kc = carrier_for(heads_rows(k, "k", name));
+    at::Tensor o = attend_with(q3, kc, v, scale, call);
+    after_slab(call.q_begin, q3.size(1), kc.k.rows);
+    return o;
+  }
+  void carry_k(const at::Tensor& k, const at::Tensor& carrier, int64_t row0, int64_t kv_rows) const override {
+    int8c::carry_k(name, k, carrier, row0, kv_rows);
+  }
+  at::Tensor attend_carried(const at::Tensor& q, const at::Tensor& carrier, const at::Tensor& v, double scale,
+                            const contracts::AttnCall& call, int64_t kv_rows) const override {
+    const at::Tensor q3 = checked_q(q);
+    return attend_with(q3, carried(carrier, kv_rows, q3.size(2)), v, scale, call);
+  }
+
+  // q's [G, rows, D] view, once the kernels are known to run it.
+  at::Tensor checked_q(const at::Tensor& q) const {
+    const at::Tensor q3 = heads_rows(q, "q", name);
+    require(name, q3);
+    return q3;
+  }
+  // The attention of q3 [G, rows, D] against a K carrier; routed: its phase's figures counted.
+  at::Tensor attend_with(const at::Tensor& q3, const Carrier& kc, const at::Tensor& v, double scale,
+                         const contracts::AttnCall& call) const {
+    const int8attn::QTiles qt = int8attn::quantize_q(q3, scale);
+    if (!routed) return int8attn::attend(qt, kc.k, heads_rows(v, "v", name), {}).unsqueeze(0);
+    const RoutedTiles r = route_slab(qt.tile_mean, kc.k.tile_mean, qt.rows, kc.k.rows, call);
+    at::Tensor o = int8attn::attend(qt, kc.k, heads_rows(v, "v", name), {r.offsets, r.indices}).unsqueeze(0);
+    if (SparseTally* t = SparseTally::current()) t->add({kc.k.rows, r.visited, r.tiles}, kc.phase);
+    return o;
+  }
+
+  std::string name;
+  bool routed;
+};
+
+}  // namespace
+
+std::shared_ptr<const ConsumerImpl> consumer(const std::string& name, bool routed) {
+  return std::make_shared<Int8Consumer>(name, routed);
+}
+
+void drop_carrier() {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.cached = {};
+  st.sample = at::Tensor();
+  st.ptr = nullptr;
+  st.shape.clear();
 }
 
 void declare_carrier(contracts::ConsumerCaps& c) {

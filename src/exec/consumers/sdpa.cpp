@@ -1,10 +1,8 @@
 // ATen's scaled_dot_product_attention, and "whole": the same kernel registered with no
-// declared capabilities (an attention kernel the planner must treat as needing complete
-// Q/K/V). On CUDA, 16-bit calls of 128K elements or more run cuDNN's fused attention where
-// ATen takes it for the inputs, it passed its self-test on the device and ran no more than 5%
-// slower than ATen's own choice at a long K/V; measured once per device, dtype and head_dim in
-// the process (sdpa_kernel says what was found; exec::run_device settles head_dim 128 before a
-// run).
+// declared capabilities (the planner must give it complete Q/K/V). On CUDA, 16-bit calls of 128K
+// elements or more run cuDNN's fused attention where it passed its self-test and raced no more
+// than 5% slower than ATen's own choice, measured once per device, dtype and head_dim
+// (docs/attention.md, "sdpa on CUDA"; sdpa_kernel says what was found).
 #include "exec/consumers/consumer.hpp"
 
 #include <algorithm>
@@ -53,11 +51,9 @@ at::Tensor token_major(int64_t heads, int64_t rows, int64_t d, const at::TensorO
   return at::randn({1, rows, heads, d}, gen, o.dtype(at::kFloat).device(at::kCPU)).to(o).transpose(1, 2);
 }
 
-// The self-test (awkward sizes against fp32 attention, rel L2 <= 2e-2) and the race (a
-// video model's long K/V, cuDNN against ATen's own choice): cuDNN is used where it passed and
-// was not more than 5% slower. ATen's own choice follows the process's backend priority, which
-// a host may change later (ComfyUI asks for flash first): a kernel chosen by name stays chosen.
-// Returns the choice and what decided it.
+// The self-test and the race (cuDNN against ATen's own choice at a video model's long K/V);
+// returns the choice and what decided it. ATen's own choice follows the process's backend
+// priority, which a host may change later: a kernel chosen by name stays chosen.
 std::pair<bool, std::string> cudnn_choice_measured(const at::Device& d, at::ScalarType dt, int64_t dim) {
   at::Generator gen = at::detail::createCPUGenerator(4321);
   const auto o = at::TensorOptions().dtype(dt).device(d);
@@ -145,7 +141,6 @@ std::string sdpa_kernel(const at::Device& device, at::ScalarType dtype, int64_t 
     return c.use ? "cuDNN fused attention (" + c.why + ")" : "ATen's own choice (cuDNN not used: " + c.why + ")";
   }
 #endif
-  (void)device, (void)dtype, (void)head_dim;
   return "ATen's own choice";
 }
 

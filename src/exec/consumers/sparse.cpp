@@ -2,7 +2,6 @@
 #include "exec/consumers/sparse.hpp"
 
 #include <algorithm>
-#include <sstream>
 #include <stdexcept>
 
 #include "exec/consumers/consumer.hpp"
@@ -13,8 +12,6 @@ namespace sp::exec {
 
 namespace {
 
-int64_t tiles(int64_t rows) { return (rows + kSparseTile - 1) / kSparseTile; }
-
 // Scratch per (head, query tile, key tile) triple the routing may hold at once, an upper
 // bound: the scores (fp32), top-k values and indices (fp32 + int64), the kept mask (bool),
 // masked_select's positions (int64) and the ascending lists (int32) and their concatenation
@@ -22,46 +19,11 @@ int64_t tiles(int64_t rows) { return (rows + kSparseTile - 1) / kSparseTile; }
 // also sorted and padded.
 constexpr int64_t kRouteBytesPerTriple = 4 + 12 + 16 + 4 + 1 + 4;
 
-struct SparseConsumer : ConsumerImpl {
-  std::string unusable(const at::Device& d, at::ScalarType dt) const override { return int8c::unusable("sparse", d, dt); }
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const override {
-    return attend_rows(q, k, v, scale, {});
-  }
-  at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                         const contracts::AttnCall& call) const override {
-    const at::Tensor q3 = int8c::heads_rows(q, "q", "sparse");
-    int8c::require("sparse", q3);
-    const int8c::Carrier kc = int8c::carrier_for(int8c::heads_rows(k, "k", "sparse"));
-    at::Tensor o = attend_with(q3, kc, v, scale, call);
-    int8c::after_slab(call.q_begin, q3.size(1), kc.k.rows);
-    return o;
-  }
-  void carry_k(const at::Tensor& k, const at::Tensor& carrier, int64_t row0, int64_t kv_rows) const override {
-    int8c::carry_k("sparse", k, carrier, row0, kv_rows);
-  }
-  at::Tensor attend_carried(const at::Tensor& q, const at::Tensor& carrier, const at::Tensor& v, double scale,
-                            const contracts::AttnCall& call, int64_t kv_rows) const override {
-    const at::Tensor q3 = int8c::heads_rows(q, "q", "sparse");
-    int8c::require("sparse", q3);
-    return attend_with(q3, int8c::carried(carrier, kv_rows, q3.size(2)), v, scale, call);
-  }
-
-  // The routed attention of q3 [G, rows, D] against a K carrier, its phase's figures counted.
-  at::Tensor attend_with(const at::Tensor& q3, const int8c::Carrier& kc, const at::Tensor& v, double scale,
-                         const contracts::AttnCall& call) const {
-    const int8attn::QTiles qt = int8attn::quantize_q(q3, scale);
-    const RoutedTiles r = route_slab(qt.tile_mean, kc.k.tile_mean, qt.rows, kc.k.rows, call);
-    at::Tensor o = int8attn::attend(qt, kc.k, int8c::heads_rows(v, "v", "sparse"), {r.offsets, r.indices}).unsqueeze(0);
-    if (SparseTally* t = SparseTally::current()) t->add({kc.k.rows, call.kv_budget, r.visited, r.tiles}, kc.phase);
-    return o;
-  }
-};
-
 thread_local SparseTally* current_tally = nullptr;
 
 int64_t sparse_call_bytes(const contracts::AttnShape& s) {
   const int64_t g = s.kv_heads > 0 ? s.kv_heads : s.heads, rows = s.q_rows * (s.heads / g);
-  return int8c::call_bytes(s) + g * tiles(rows) * tiles(s.kv_rows) * kRouteBytesPerTriple;
+  return int8c::call_bytes(s) + g * tiles_of(rows) * tiles_of(s.kv_rows) * kRouteBytesPerTriple;
 }
 
 // The share of the dense work of an attention call that routing leaves, over the whole
@@ -69,41 +31,22 @@ int64_t sparse_call_bytes(const contracts::AttnShape& s) {
 // other query tile every key tile (route_slab).
 double routed_share(const contracts::AttnShape& s, const contracts::AttnCall& call) {
   if (!call.routed(s.kv_rows)) return 1.0;
-  const int64_t nk = tiles(s.kv_rows);
+  const int64_t nk = tiles_of(s.kv_rows);
   const int64_t nkv = video_tiles(0, s.kv_rows, call.video).sum().item<int64_t>();
   if (nk == 0 || nkv == 0) return 1.0;
   const int64_t dropped = nkv - plan::kept_tiles(call.kv_budget, nkv);
   return 1.0 - double(nkv) / double(nk) * double(dropped) / double(nk);
 }
 
-contracts::ConsumerCaps sparse_caps() {
-  using contracts::Cap;
-  contracts::ConsumerCaps c;
-  c.name = "sparse";
-  c.description = "routed block-sparse INT8 attention (64x64 tiles, --kv-budget; 1 is dense); CUDA sm_80+";
-  c.accepts_bounded_q = c.requires_global_k = c.requires_global_v = c.slab_output = Cap::Yes;
-  c.dtypes = {ir::DType::BF16, ir::DType::F16};
-  c.q_align = kSparseTile;
-  c.call_bytes = sparse_call_bytes;
-  c.call_allocations = 4;  // int8's, and the routed tile lists
-  int8c::declare_carrier(c);
-  c.work_fraction = routed_share;
-  c.impl = std::make_shared<SparseConsumer>();
-  return c;
-}
-
 }  // namespace
 
 RoutedTiles route_slab(const at::Tensor& qm, const at::Tensor& km, int64_t q_rows, int64_t kv_rows,
                        const contracts::AttnCall& call) {
-  const int64_t nq = tiles(q_rows), nk = tiles(kv_rows);
+  const int64_t nq = tiles_of(q_rows), nk = tiles_of(kv_rows);
   if (qm.dim() != 3 || km.dim() != 3 || qm.size(1) != nq || km.size(1) != nk || km.size(0) != qm.size(0) ||
-      km.size(2) != qm.size(2)) {
-    std::ostringstream os;
-    os << "route_slab: tile means q " << qm.sizes() << " and k " << km.sizes() << " do not fit " << q_rows
-       << " query rows and " << kv_rows << " key rows in tiles of " << kSparseTile;
-    throw std::invalid_argument(os.str());
-  }
+      km.size(2) != qm.size(2))
+    throw std::invalid_argument(c10::str("route_slab: tile means q ", qm.sizes(), " and k ", km.sizes(), " do not fit ",
+                                         q_rows, " query rows and ", kv_rows, " key rows in tiles of ", kSparseTile));
   const int64_t g = qm.size(0);
   RoutedTiles r;
   r.tiles = r.visited = g * nq * nk;
@@ -155,7 +98,23 @@ void SparseTally::add(const SparsePhase& call, uint64_t id) {
 }
 
 namespace consumers {
-void register_sparse(contracts::Registry& reg) { reg.add(sparse_caps()); }
+
+void register_sparse(contracts::Registry& reg) {
+  using contracts::Cap;
+  contracts::ConsumerCaps c;
+  c.name = "sparse";
+  c.description = "routed block-sparse INT8 attention (64x64 tiles, --kv-budget; 1 is dense); CUDA sm_80+";
+  c.accepts_bounded_q = c.requires_global_k = c.requires_global_v = c.slab_output = Cap::Yes;
+  c.dtypes = {ir::DType::BF16, ir::DType::F16};
+  c.q_align = kSparseTile;
+  c.call_bytes = sparse_call_bytes;
+  c.call_allocations = 4;  // int8's, and the routed tile lists
+  int8c::declare_carrier(c);
+  c.work_fraction = routed_share;
+  c.impl = int8c::consumer("sparse", /*routed=*/true);
+  reg.add(c);
+}
+
 }  // namespace consumers
 
 }  // namespace sp::exec

@@ -1,14 +1,11 @@
 // "sparse": routed block-sparse INT8 attention (block_sparse.hpp's routing, the int8 kernels).
 //
-// Design note. The consumer keeps no options: each call brings the KV budget and the video
-// rows of its plan (contracts::AttnCall, the attend step's; plan::attn_call sets video rows only
-// for self-attention over every row of the model), and other attention (cross-attention to a
-// context) runs dense. Q slabs are routed by their position (AttnCall::q_begin), so a slab's
-// query tiles are the tiles of the full attention when slabs start at multiples of 64
-// (q_align). Grouped-query heads (rows folded per group) are not routed by position: use
-// kv_heads == heads models. Every call counts the fraction of tiles it visited into the
-// caller's SparseTally, where one lives; calls that share a K carrier form one phase (one
-// attention sublayer run).
+// Design note. Each call brings its plan's KV budget and video rows (contracts::AttnCall;
+// plan::attn_call sets video rows only for self-attention over every row); other attention
+// runs dense. Q slabs are routed by position (AttnCall::q_begin), as the full attention where
+// slabs start at multiples of 64 (q_align); grouped-query heads are not routed by position
+// (use kv_heads == heads models). Calls sharing a K carrier form one phase of the caller's
+// SparseTally.
 //
 // Example:
 //     sp::exec::SparseTally tally;
@@ -29,7 +26,6 @@ namespace sp::exec {
 
 struct SparsePhase {
   int64_t kv_rows = 0;
-  double budget = 1.0;
   int64_t visited = 0, tiles = 0;  // (head, query tile, key tile) triples
   double density() const { return tiles ? double(visited) / double(tiles) : 1.0; }
 };

@@ -85,9 +85,6 @@ std::shared_ptr<void> cap_at(const at::Device& d, int64_t bytes, std::optional<i
     return std::shared_ptr<void>(nullptr, [index](void*) { cca::setMemoryFraction(1.0, index); });
   }
 #endif
-  (void)d;
-  (void)bytes;
-  (void)own_held;
   return nullptr;
 }
 
@@ -117,8 +114,10 @@ int64_t cpu_gemm_scratch(at::ScalarType dtype) {
   return measured(dtype);
 }
 
-int64_t cpu_mixed_multiply_bytes(at::ScalarType dtype) {
-  // Shaped as a dequantizing acquire calls it: a [rows, cols] slice times [rows, 1] scales.
+// Bytes per element an in-place CPU multiply of a `dtype` tensor by an fp32 one (a row scale)
+// allocates: fp32 temporaries where ATen's kernels have no mixed-dtype vectors (8 bytes on an
+// AVX2 machine), else 0. Shaped as a dequantizing acquire calls it: [rows, cols] times [rows, 1].
+static int64_t cpu_mixed_multiply_bytes(at::ScalarType dtype) {
   static MeasuredPerDtype measured([](at::ScalarType t) -> int64_t {
     constexpr int64_t rows = 35, cols = 80;
     at::Tensor x = at::ones({rows, cols}, at::TensorOptions().dtype(t));

@@ -23,18 +23,13 @@ contracts::DeviceCaps describe_device(const at::Device& d);
 // (oneDNN on AMX / AVX512-BF16 units; 0 where it packs nothing). Measured once per dtype, at
 // a shape that reaches the kernel's block sizes.
 int64_t cpu_gemm_scratch(at::ScalarType dtype);
-// Bytes per element an in-place CPU multiply of a `dtype` tensor by an fp32 one (a row scale)
-// allocates: fp32 temporaries where ATen's kernels have no mixed-dtype vectors (8 bytes on an
-// AVX2 machine), else 0. Measured once per dtype.
-int64_t cpu_mixed_multiply_bytes(at::ScalarType dtype);
 void synchronize(const at::Device& d);
 // Returns the caching allocator's unused blocks to the device (after an out-of-memory).
 void release_cached(const at::Device& d);
 // Caps what the caching allocator may hold on `d`, its cached blocks included, at `bytes`
-// (releasing the cache first): an allocation beyond is an out-of-memory error. The cap is
-// lifted when the returned object goes. New segments grow in place from then on
-// (expandable_segments), so that fragmentation does not refuse what fits in total. Nothing on the CPU. Throws std::invalid_argument
-// when `bytes` exceeds the device's memory.
+// (releasing the cache first; an allocation beyond is an out-of-memory error) until the returned
+// object goes; new segments grow in place from then on (expandable_segments). Nothing on the
+// CPU. Throws std::invalid_argument when `bytes` exceeds the device's memory.
 std::shared_ptr<void> cap_device_memory(const at::Device& d, int64_t bytes);
 // The same cap, at `bytes` beyond what the process holds on `d` now apart from `own_held` of
 // it: a host process whose other models keep their memory while one call runs capped.

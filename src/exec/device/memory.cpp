@@ -145,13 +145,4 @@ int64_t PeakMeter::peak_reserved() const {
   return peak();
 }
 
-int64_t PeakMeter::live_above_start() const {
-  if (device_.is_cpu()) return g_live.load() - start_;
-#ifdef STREAMPLAN_WITH_CUDA
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index()).allocated_bytes[0].current - start_;
-#else
-  return 0;
-#endif
-}
-
 }  // namespace sp::exec

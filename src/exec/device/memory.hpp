@@ -1,10 +1,8 @@
 // Memory accounting: the activation high-water mark of a forward pass.
 //
-// Design note. On the CPU every ATen allocation goes through c10's CPU allocator; a
-// wrapper installed once (with priority over the default) counts live bytes and their
-// peak exactly, as requested. On CUDA the caching allocator's own statistics are used
-// (allocated bytes, which include its 512-byte rounding). A measurement is
-// peak - (live bytes when it started): weights and inputs allocated before are excluded.
+// Design note. On the CPU a counting allocator installed over c10's counts live bytes and
+// their peak exactly as requested; on CUDA the caching allocator's statistics (512-byte rounded)
+// are used. A measurement is the peak above the live bytes when it started.
 //
 // Example:
 //     sp::exec::PeakMeter meter(at::kCPU);
@@ -24,7 +22,6 @@ class PeakMeter {
  public:
   explicit PeakMeter(at::Device device);  // resets the peak to the current live bytes
   int64_t peak_above_start() const;
-  int64_t live_above_start() const;
   int64_t peak() const { return start_ + peak_above_start(); }  // everything allocated, at its peak
   int64_t peak_reserved() const;  // CUDA: what the caching allocator held at its peak; CPU: peak()
 

@@ -197,7 +197,8 @@ std::string probe_cache_path(const contracts::DeviceCaps& caps) {
   return dir + "/probe-" + probe_key(caps) + ".json";
 }
 
-ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps) {
+// Measures now; touches no cache.
+static ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps) {
   const auto t0 = Clock::now();
   const double busy0 = machine_busy_seconds(), own0 = own_cpu_seconds();
   ProbeResult r;
@@ -254,15 +255,11 @@ ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps
     r.rates.flops_per_s = scaled(gemm_rate(d, half, 256, 256, 0), 256);
   }
 
-  // Attention: the `sdpa` consumer's kernel large models run (16-bit on a GPU, fp32 on a CPU) on a slab of
-  // queries against a long K/V, as a fraction of the matmul peak in the same dtype, at the
-  // full waves the cost model scales by its own (plan::attention_efficiency). Twice: with a
-  // K/V length that is a multiple of 128, and one that is not (on an H200 ~8% slower: the
-  // kernel masks its last K/V tile). On a GPU each is timed sustained, after a second of the
-  // same calls (~20 ms each, as a video model's attention runs): a GPU holds its highest
-  // clocks for short bursts only. On a GPU the same queries are also timed in 4 calls of a
-  // quarter each: what a call costs besides its waves (the ramp of its first and last tiles),
-  // in tiles, is the difference, and the ratio is taken without it.
+  // Attention: the `sdpa` consumer's kernel (16-bit on a GPU, fp32 on a CPU) on a slab of
+  // queries against a long K/V, as a fraction of the matmul peak in the same dtype at full
+  // waves (plan::attention_efficiency); with a K/V length a multiple of 128 and one not (the
+  // last tile masked), timed sustained on a GPU. A GPU also times the queries in 4 calls: the
+  // tiles a call costs besides its waves are the difference (docs/budgets.md, "Calibration").
   const at::ScalarType adt = gpu ? half : at::kFloat;
   const auto fo = at::TensorOptions().dtype(at::kFloat).device(d);
   auto sdpa = [](const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& vt) {
@@ -390,12 +387,10 @@ std::vector<std::string> sanity_problems(const ProbeResult& r, bool gpu) {
   within("bytes_per_s", r.rates.bytes_per_s, gpu ? 1e11 : 5e8, 5e13, "GB/s", 1e9);
   within("launch_s", r.rates.launch_s, 2e-7, 2e-3, "us", 1e-6);
   within("host_bytes_per_s", r.rates.host_bytes_per_s, 1e8, 5e12, "GB/s", 1e9);
-  // Related rates. SDPA runs matmuls of the same dtype with a softmax between: between 20%
-  // and 150% of the matmul peak (the noisy probes seen gave 7%), and with a ragged K/V length
-  // not faster than without, nor 20 times slower. On a GPU fp32 matmuls are not faster than
-  // twice the 16-bit ones nor 64 times slower; a CPU may emulate 16-bit matmuls (this
-  // project's CPU machine: 29 times slower than fp32), not beyond 200 times. A GPU's launch gap
-  // is not above the host's cost of the operation.
+  // Related rates. SDPA: 20% to 150% of the matmul peak (noisy probes gave 7%), ragged not
+  // faster nor 20 times slower. fp32 matmuls: not faster than twice the 16-bit ones nor 64 times
+  // slower on a GPU; a CPU may emulate 16-bit ones (29 times slower here), not beyond 200 times.
+  // A GPU's launch gap is not above the host's cost of the operation.
   within("attention_ratio", r.rates.attention_ratio, 0.2, 1.5, "of the matmul peak", 1.0);
   // At most 4 tiles at once per multiprocessor (what the probe tries), and a wave of one tile
   // each not longer than a full one.

@@ -49,8 +49,6 @@ std::string probe_cache_path(const contracts::DeviceCaps& caps);
 // thread count are added, since both change the rates.
 std::string probe_key(const contracts::DeviceCaps& caps);
 
-// Measures now; touches no cache.
-ProbeResult measure_rates(const at::Device& d, const contracts::DeviceCaps& caps);
 // The cached result when a valid one exists and use_cache; otherwise measures and (re)writes
 // the cache (a cache that cannot be written is skipped silently: it is only a shortcut).
 ProbeResult probe_device(const at::Device& d, const contracts::DeviceCaps& caps, bool use_cache = true);

@@ -44,14 +44,14 @@ std::pair<at::Tensor, at::Tensor> rotate_quantize(const at::Tensor& x) {
     return {q, s};
   }
 #endif
-  return quant::quantize_rows_int8(quant::rotate(x.to(at::kFloat), kGroup));
+  return quant::quantize_rows(quant::rotate(x.to(at::kFloat), kGroup), at::kChar);
 }
 
 struct ConvRot : FormatImpl {
   std::vector<std::string> companions(const ir::Linear& l) const override { return quant::companions(l); }
   void store(TensorWeights& into, const ir::Linear& l, const at::Tensor& w, at::ScalarType) const override {
     check_groups(l, {}, w.size(1));
-    auto [q, s] = quant::quantize_rows_int8(quant::rotate(w.to(at::kFloat), kGroup));
+    auto [q, s] = quant::quantize_rows(quant::rotate(w.to(at::kFloat), kGroup), at::kChar);
     into.add(l.weight, q);
     into.add(quant::scale_name(l.weight), s.squeeze(1));
   }
@@ -66,7 +66,7 @@ struct ConvRot : FormatImpl {
             const at::Tensor& x, const at::Tensor& y, const at::Tensor& bias, bool accumulate) const override {
     check_groups(l, cols, stored.size(1));
     const at::Tensor sw = quant::row_scale(src, l, rows);
-    const at::Tensor w = stored.is_contiguous() ? stored : stored.contiguous();
+    const at::Tensor w = stored.contiguous();
     if (x.is_cuda() && (x.size(0) <= 16 || w.size(0) % 8 != 0))  // at::_int_mm's CUDA limits
       return quant::reference_gemm(quant::rotate(x.to(at::kFloat), kGroup), w.to(at::kFloat).mul_(sw), y, bias,
                                    accumulate);

@@ -39,7 +39,7 @@ struct Fp8 : ScaledFloat8 {
   void gemm(const WeightSource& src, const ir::Linear& l, Slice rows, Slice, const at::Tensor& stored,
             const at::Tensor& x, const at::Tensor& y, const at::Tensor& bias, bool accumulate) const override {
     const at::Tensor sw = quant::row_scale(src, l, rows);
-    const at::Tensor w = stored.is_contiguous() ? stored : stored.contiguous();
+    const at::Tensor w = stored.contiguous();
     const auto reference = [&] { quant::reference_gemm(x, w.to(at::kFloat).mul_(sw), y, bias, accumulate); };
     // Both fp8 GEMMs need in_features % 16 (TMA and cuBLASLt rows of 16-byte multiples).
     if (x.is_cuda() && x.size(1) % 16 != 0) return reference();
@@ -72,10 +72,7 @@ struct Fp8 : ScaledFloat8 {
       if (bias.defined()) y.add_(bias);
       return;
     }
-    at::Tensor r = at::_scaled_mm(xq, w.t(), sa, sb, std::nullopt, std::nullopt, od);
-    if (bias.defined()) r.add_(bias);
-    if (accumulate) y.add_(r);
-    else y.copy_(r);
+    quant::write_product(at::_scaled_mm(xq, w.t(), sa, sb, std::nullopt, std::nullopt, od), y, bias, accumulate);
   }
 };
 
@@ -110,9 +107,6 @@ void register_fp8(contracts::Registry& reg) {
   f.native_gemm = [](const contracts::DeviceCaps& d) {
     return d.kind == contracts::DeviceKind::CUDA && d.cc_major * 10 + d.cc_minor >= 89;
   };
-  // The quantized activation slab, its row scales and the weight's scales as a row; the bf16
-  // product of _scaled_mm where it is added to the output or the output is not bf16 (not where
-  // the fused kernel runs).
   f.gemm_workspace = quant::fp8_gemm_workspace;
   f.gemm_kernel = quant::fp8_gemm_kernel;
   f.tolerance = 0.08;  // fp8 activations: ~3-5% relative L2 on normal data

@@ -7,15 +7,10 @@ namespace sp::exec::formats {
 
 namespace {
 
-// at::_int_mm's CUDA kernel needs more than 16 rows and widths that are multiples of 8.
-bool int_mm_fits(const at::Tensor& x, const at::Tensor& w) {
-  return !x.is_cuda() || (x.size(0) > 16 && x.size(1) % 8 == 0 && w.size(0) % 8 == 0);
-}
-
 struct Int8 : FormatImpl {
   std::vector<std::string> companions(const ir::Linear& l) const override { return quant::companions(l); }
   void store(TensorWeights& into, const ir::Linear& l, const at::Tensor& w, at::ScalarType) const override {
-    auto [q, s] = quant::quantize_rows_int8(w);
+    auto [q, s] = quant::quantize_rows(w, at::kChar);
     into.add(l.weight, q);
     into.add(quant::scale_name(l.weight), s.squeeze(1));
   }
@@ -27,9 +22,11 @@ struct Int8 : FormatImpl {
   void gemm(const WeightSource& src, const ir::Linear& l, Slice rows, Slice, const at::Tensor& stored,
             const at::Tensor& x, const at::Tensor& y, const at::Tensor& bias, bool accumulate) const override {
     const at::Tensor sw = quant::row_scale(src, l, rows);
-    const at::Tensor w = stored.is_contiguous() ? stored : stored.contiguous();
-    if (!int_mm_fits(x, w)) return quant::reference_gemm(x, w.to(at::kFloat).mul_(sw), y, bias, accumulate);
-    auto [xq, sx] = quant::quantize_rows_int8(x);
+    const at::Tensor w = stored.contiguous();
+    // at::_int_mm's CUDA kernel needs more than 16 rows and widths that are multiples of 8.
+    if (x.is_cuda() && (x.size(0) <= 16 || x.size(1) % 8 != 0 || w.size(0) % 8 != 0))
+      return quant::reference_gemm(x, w.to(at::kFloat).mul_(sw), y, bias, accumulate);
+    auto [xq, sx] = quant::quantize_rows(x, at::kChar);
     quant::int8_gemm(xq, sx, w, sw, y, bias, accumulate);
   }
 };

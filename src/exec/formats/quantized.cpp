@@ -57,11 +57,7 @@ at::Tensor rotate(const at::Tensor& x, int64_t g) {
 }
 
 #ifdef STREAMPLAN_WITH_CUDA
-namespace {
-
-cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.get_device()).stream(); }
-
-}  // namespace
+static cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.get_device()).stream(); }
 #endif
 
 std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarType qtype) {
@@ -92,27 +88,19 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarT
   return {v.clamp_(-qmax, qmax).to(qtype), s};
 }
 
-std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x) { return quantize_rows(x, at::kChar); }
-
 namespace {
-
-[[maybe_unused]] bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, value) == 0;
-}
 
 // STREAMPLAN_INT8_GEMM=aten / STREAMPLAN_FP8_GEMM=aten: keep the ATen GEMM (for comparison).
 [[maybe_unused]] bool aten_gemm_asked(bool fp8) {
-  return env_is(fp8 ? "STREAMPLAN_FP8_GEMM" : "STREAMPLAN_INT8_GEMM", "aten");
+  const char* v = std::getenv(fp8 ? "STREAMPLAN_FP8_GEMM" : "STREAMPLAN_INT8_GEMM");
+  return v && std::strcmp(v, "aten") == 0;
 }
 
 #ifdef STREAMPLAN_SCALED_GEMM_SM90
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-
 // A contiguous copy where t is not contiguous or not 16-byte aligned (a slice of a larger tensor).
 at::Tensor aligned(const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
-  return aligned16(c) ? c : c.clone();
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
 }
 
 }  // namespace
@@ -157,7 +145,7 @@ bool fused_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq
   p.bias = b.defined() ? b.data_ptr() : nullptr;
   p.accumulate = accumulate;
   if (!kernels::scaled_gemm_sm90_fits(p)) return false;
-  const cudaError_t e = kernels::scaled_gemm_sm90(p, c10::cuda::getCurrentCUDAStream(y.get_device()).stream());
+  const cudaError_t e = kernels::scaled_gemm_sm90(p, stream_of(y));
   TORCH_CHECK(e == cudaSuccess, "scaled_gemm_sm90: ", cudaGetErrorString(e));
   return true;
 }
@@ -169,8 +157,6 @@ bool fused_on(const contracts::DeviceCaps& dev, bool fp8) {
   return dev.kind == contracts::DeviceKind::CUDA && dev.cc_major == 9 && dev.cc_minor == 0 && !aten_gemm_asked(fp8) &&
          kernels::scaled_gemm_sm90_ready();
 #else
-  (void)dev;
-  (void)fp8;
   return false;
 #endif
 }
@@ -222,11 +208,7 @@ void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq,
     return;
   }
 #endif
-  at::Tensor acc = at::_int_mm(xq, wq.t()).to(at::kFloat).mul_(sx);
-  acc.mul_(sw.dim() == 0 ? sw : sw.t());
-  if (bias.defined()) acc.add_(bias);
-  if (accumulate) y.add_(acc);
-  else y.copy_(acc);
+  write_product(at::_int_mm(xq, wq.t()).to(at::kFloat).mul_(sx).mul_(sw.dim() == 0 ? sw : sw.t()), y, bias, accumulate);
 }
 
 bool fp8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
@@ -239,10 +221,6 @@ bool fp8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, 
 }
 
 bool fused_int8_gemm(const contracts::DeviceCaps& dev) { return fused_on(dev, false); }
-
-bool fused_int8_gemm(const contracts::DeviceCaps& dev, const contracts::GemmCall& g) {
-  return fused_for(dev, g, false);
-}
 
 bool fused_fp8_gemm(const contracts::DeviceCaps& dev) { return fused_on(dev, true); }
 
@@ -257,30 +235,34 @@ std::string int8_gemm_kernel(const contracts::DeviceCaps& dev) {
 }
 
 std::string fp8_gemm_kernel(const contracts::DeviceCaps& dev) {
-  if (fused_fp8_gemm(dev))
-    return fused_kernel_text("fp8");
-  return "at::_scaled_mm (cuBLASLt), row-wise scales, activations quantized per row";
+  return fused_fp8_gemm(dev) ? fused_kernel_text("fp8")
+                             : "at::_scaled_mm (cuBLASLt), row-wise scales, activations quantized per row";
 }
 
-int64_t int8_gemm_workspace(const contracts::GemmCall& g, const contracts::DeviceCaps& dev) {
-  if (fused_int8_gemm(dev, g)) return activation_bytes(g) + g.out_features * 4;
+// Bytes of an int8 quantize_rows (or ConvRot rotation) + int8_gemm call beside its operands: the
+// int8 activations and their scales, and the int32 product where the fused kernel does not run
+// (where it does, the weight scales as a row). An output view not 16-byte aligned falls back to
+// _int_mm, beyond this count.
+static int64_t int8_gemm_workspace(const contracts::GemmCall& g, const contracts::DeviceCaps& dev) {
+  if (fused_for(dev, g, false)) return activation_bytes(g) + g.out_features * 4;
   return activation_bytes(g) + g.rows * g.out_features * 4;
 }
 
 int64_t fp8_gemm_workspace(const contracts::GemmCall& g, const contracts::DeviceCaps& dev) {
-  // The weight's scales as one fp32 value per output row (either path); _scaled_mm's bf16
-  // product where it is added to the output or the output is not bf16.
   const int64_t operands = activation_bytes(g) + g.out_features * 4;
   if (fused_fp8_gemm(dev, g) || (!g.accumulate && g.out == ir::DType::BF16)) return operands;
   return operands + g.rows * g.out_features * 2;
 }
 
-void reference_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const at::Tensor& bias,
-                    bool accumulate) {
-  at::Tensor r = at::matmul(x.to(at::kFloat), w.t());
+void write_product(at::Tensor r, const at::Tensor& y, const at::Tensor& bias, bool accumulate) {
   if (bias.defined()) r.add_(bias);
   if (accumulate) y.add_(r);
   else y.copy_(r);
+}
+
+void reference_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const at::Tensor& bias,
+                    bool accumulate) {
+  write_product(at::matmul(x.to(at::kFloat), w.t()), y, bias, accumulate);
 }
 
 contracts::FormatCaps format_caps(std::string name, std::string description, ir::DType storage) {

@@ -45,13 +45,10 @@ at::Tensor rotate(const at::Tensor& x, int64_t g);
 // fp8 e4m3: to the nearest value, saturating at ±448), s = max|x| / qmax per row ([n, 1]
 // fp32). `qtype` is at::kChar or at::kFloat8_e4m3fn. On CUDA one kernel (kernels/quantize.cuh).
 std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarType qtype);
-std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x);
 
 // y (+)= (xq @ wq^T) * sx * sw (+ bias), int8 x int8, xq [n, k] int8, sx [n, 1], wq [r, k] int8,
-// sw [] or [r, 1]. On CUDA: the fused sm_90a kernel (kernels/scaled_gemm_sm90.cuh: the int32
-// product never leaves the registers) where fused_int8_gemm holds for the device and the
-// operands fit it (16-bit y, k % 16, r % 8, 16-byte aligned rows); elsewhere at::_int_mm and
-// one pass over its int32 product for the scaling, bias and write (kernels/quantize.cuh).
+// sw [] or [r, 1]. On CUDA the fused sm_90a kernel where fused_int8_gemm holds and the operands
+// fit it (16-bit y, k % 16, r % 8, 16-byte aligned rows), else at::_int_mm and int8_epilogue.
 void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
                const at::Tensor& y, const at::Tensor& bias, bool accumulate);
 // The same for fp8 e4m3 operands (xq, wq float8_e4m3fn) through the same fused kernel (fp32
@@ -60,43 +57,35 @@ void int8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq,
 bool fp8_gemm(const at::Tensor& xq, const at::Tensor& sx, const at::Tensor& wq, const at::Tensor& sw,
               const at::Tensor& y, const at::Tensor& bias, bool accumulate);
 #ifdef STREAMPLAN_SCALED_GEMM_SM90
-// The fused kernel's parameters for xq [n, k] and wq [r, k] (int8 or fp8 e4m3, as xq's dtype
-// says), row scales rs [n] and column scales cs [r] (fp32) and y [n, r] (bf16 or fp16): the
-// operand type, pointers, strides, sizes and output type of a write without bias; the caller
-// sets bias, accumulate and tile.
+// The fused kernel's parameters for xq [n, k] and wq [r, k] (int8 or fp8 e4m3), row scales rs
+// [n], column scales cs [r] (fp32) and y [n, r] (16-bit); the caller sets bias, accumulate, tile.
 kernels::ScaledGemmParams scaled_gemm_params(const at::Tensor& xq, const at::Tensor& rs, const at::Tensor& wq,
                                              const at::Tensor& cs, const at::Tensor& y);
 #endif
-// Whether int8_gemm runs the fused kernel on `dev`: a build with it (CMake option
-// STREAMPLAN_SCALED_GEMM_SM90), a CUDA device of compute capability 9.0 whose sm_90a images
-// load, and STREAMPLAN_INT8_GEMM not set to "aten" (which keeps _int_mm + epilogue, for
-// comparison).
+// Whether int8_gemm runs the fused kernel on `dev`: a build with it, a cc 9.0 device whose
+// sm_90a images load, and STREAMPLAN_INT8_GEMM not "aten" (which keeps _int_mm + epilogue).
 bool fused_int8_gemm(const contracts::DeviceCaps& dev);
-// ... and for a call of this shape (16-bit output, in_features % 16, out_features % 8).
-bool fused_int8_gemm(const contracts::DeviceCaps& dev, const contracts::GemmCall& g);
-// The same for fp8_gemm, with STREAMPLAN_FP8_GEMM=aten keeping _scaled_mm.
+// The same for fp8_gemm, with STREAMPLAN_FP8_GEMM=aten keeping _scaled_mm; the second also for
+// a call of this shape (16-bit output, in_features % 16, out_features % 8).
 bool fused_fp8_gemm(const contracts::DeviceCaps& dev);
 bool fused_fp8_gemm(const contracts::DeviceCaps& dev, const contracts::GemmCall& g);
 // The kernel int8_gemm / the fp8-e4m3 format runs on `dev` (FormatCaps::gemm_kernel, named by
 // --explain).
 std::string int8_gemm_kernel(const contracts::DeviceCaps& dev);
 std::string fp8_gemm_kernel(const contracts::DeviceCaps& dev);
-// Bytes of a quantize_rows_int8 (or ConvRot rotation) + int8_gemm call on `dev` beside its
-// operands: the int8 activations and their scales, and the int32 product where the fused kernel
-// does not run (where it does: the weight scales as one fp32 value per output row). An output
-// view that is not 16-byte aligned falls back to _int_mm, beyond this count.
-int64_t int8_gemm_workspace(const contracts::GemmCall& g, const contracts::DeviceCaps& dev);
-// ... of the fp8-e4m3 format's quantize_rows + GEMM: the fp8 activations, their scales, the
-// weight scales as one fp32 value per output row, and where _scaled_mm runs (not the fused
-// kernel) its bf16 product if it is added to the output or the output is not bf16.
+// Bytes of the fp8-e4m3 format's quantize_rows + GEMM beside its operands: the fp8 activations,
+// their scales, the weight scales as a row, and _scaled_mm's bf16 product where it runs and is
+// added to the output or the output is not bf16.
 int64_t fp8_gemm_workspace(const contracts::GemmCall& g, const contracts::DeviceCaps& dev);
 
 // The caps every quantized format shares: stored in `storage` (not dense), sliced by rows and
 // by columns, held for a block.
 contracts::FormatCaps format_caps(std::string name, std::string description, ir::DType storage);
-// The int8 GEMM as a format's own: on CUDA, with int8_gemm_workspace and int8_gemm_kernel.
+// The int8 GEMM as a format's own: on CUDA, with its workspace and int8_gemm_kernel.
 void native_int8_gemm(contracts::FormatCaps& f);
 
+// y (+)= r (+ bias); r, a product in fp32 or bf16, is modified.
+void write_product(at::Tensor r, const at::Tensor& y, const at::Tensor& bias, bool accumulate);
 // y (+)= dequantized: the reference a native GEMM falls back to where its kernel cannot run.
 void reference_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const at::Tensor& bias,
                     bool accumulate);

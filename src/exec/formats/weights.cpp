@@ -53,8 +53,6 @@ void FormatImpl::gemm(const WeightSource&, const ir::Linear& l, Slice, Slice, co
   throw std::logic_error("format '" + l.format + "' of weight '" + l.weight + "' has no GEMM of its own");
 }
 
-void TensorWeights::add(const std::string& name, at::Tensor t) { t_[name] = std::move(t); }
-
 void TensorWeights::store(const ir::Linear& l, const at::Tensor& w, at::ScalarType model) {
   impl_of<FormatImpl>(reg_->format(l.format)).store(*this, l, w, model);
 }

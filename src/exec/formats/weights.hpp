@@ -1,18 +1,14 @@
-// Weight sources and weight formats: how the executor acquires the weights the IR names.
+// Weight sources and weight formats: how the executor acquires the weights the IR names
+// (exec/formats/README.md).
 //
-// Design note. The IR names weights with their format; a WeightSource supplies them on
-// acquire, as the program asks: whole or a slice of rows (output features, optionally
-// strided for interleaved layouts) and columns (input features), for compute in a dtype.
-// How a stored weight becomes a computable one is the format's: each format is one file
-// here (dense.cpp, int8_rowwise.cpp) registering its capabilities (contracts::FormatCaps)
-// together with a FormatImpl. A format whose caps declare acquire bytes writes the
-// converted slice into the buffer the program placed for it (`out`); one handed out as a
-// view allocates nothing. Nothing keeps a converted copy beyond the program's release step.
+// Design note. A WeightSource hands out a weight whole or as a slice of rows (output
+// features, optionally strided) and columns (input features), for compute in a dtype, through
+// its format's FormatImpl. A converting format writes into the buffer the program placed for
+// it (`out`) and keeps no copy beyond the program's release step.
 //
 // Example:
 //     sp::exec::TensorWeights w(&reg);
-//     reg.format("dense") ... ;
-//     w.store(lin, at::randn({64, 32}));                              // in lin's format
+//     w.store(lin, at::randn({64, 32}), at::kFloat);                  // in lin's format
 //     at::Tensor rows = w.acquire(lin, {0, 16}, {}, at::kFloat);      // view of rows 0..15
 #pragma once
 
@@ -71,7 +67,7 @@ struct FormatImpl : contracts::Impl {
 class TensorWeights : public WeightSource {
  public:
   explicit TensorWeights(const contracts::Registry* reg) : reg_(reg) {}
-  void add(const std::string& name, at::Tensor t);
+  void add(const std::string& name, at::Tensor t) { t_[name] = std::move(t); }
   // `w` (float) stored in l's format under l.weight.
   void store(const ir::Linear& l, const at::Tensor& w, at::ScalarType model);
   at::Tensor tensor(const std::string& name) const override;

@@ -105,16 +105,10 @@ void qk_norm_rope(const at::Tensor& in, const at::Tensor& out, ir::QkNormKind no
   p.heads = heads;
   p.head_dim = hd;
   p.eps = static_cast<float>(eps);
-  switch (norm) {
-    case ir::QkNormKind::None: p.norm = kernels::QkNorm::None; break;
-    case ir::QkNormKind::PerHead:
-      p.norm = kernels::QkNorm::PerHead;
-      p.weight = row_vec(weight, rows, hd, in, "q/k norm weight", Shared);
-      break;
-    default:
-      p.norm = kernels::QkNorm::AcrossHeads;
-      p.weight = row_vec(weight, rows, heads * hd, in, "q/k norm weight", Shared);
-      break;
+  if (norm != ir::QkNormKind::None) {
+    const bool per_head = norm == ir::QkNormKind::PerHead;
+    p.norm = per_head ? kernels::QkNorm::PerHead : kernels::QkNorm::AcrossHeads;
+    p.weight = row_vec(weight, rows, per_head ? hd : heads * hd, in, "q/k norm weight", Shared);
   }
   if (rope.style != ir::RopeStyle::None) {
     TORCH_CHECK(rope.rotary_dim > 0 && rope.rotary_dim % 2 == 0 && rope.rotary_dim <= hd, "fused qk: rotary_dim ",

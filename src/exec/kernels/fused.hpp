@@ -1,10 +1,8 @@
 // ATen adapters of the fused row kernels (exec/kernels/row_kernels.cuh).
 //
-// Design note. These take the tensors the bounded executor already holds and check every
-// pointer, dtype and stride the kernels rely on; a tensor that does not fit raises a
-// c10::Error naming the argument. On a build without CUDA, fused_rows_built() is false and
-// the planner never selects them (plan::fused_norm / plan::fused_qk read
-// DeviceCaps::fused_row_kernels, which exec::describe_device sets from it).
+// Design note. Every pointer, dtype and stride the kernels rely on is checked (a c10::Error
+// naming the argument). Without CUDA fused_rows_built() is false and the planner never selects
+// them (DeviceCaps::fused_row_kernels).
 //
 // Example:
 //     // h [n, D] bf16 := modulate(norm(x rows)); scale / shift: [n, D] or [D], or undefined

@@ -287,29 +287,16 @@ cudaError_t rotate_quantize_int8_two_pass(const RotateQuantParams& p, cudaStream
   if (p.group != kGroup || p.cols % kGroup != 0 || p.rows < 0) return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(p.rows)), block(kWarps * 32);
-  switch (p.x_type) {
-    case Elem::F32: rotate_quantize_kernel<float><<<grid, block, 0, stream>>>(p); break;
-    case Elem::F16: rotate_quantize_kernel<__half><<<grid, block, 0, stream>>>(p); break;
-    case Elem::BF16: rotate_quantize_kernel<__nv_bfloat16><<<grid, block, 0, stream>>>(p); break;
-  }
+  with_elem(p.x_type, [&](auto t) { rotate_quantize_kernel<decltype(t)><<<grid, block, 0, stream>>>(p); });
   return cudaGetLastError();
 }
 
 cudaError_t rotate_quantize_int8(const RotateQuantParams& p, cudaStream_t stream) {
   if (p.group != kGroup || p.cols % kGroup != 0 || p.rows < 0) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
-  cudaError_t e = cudaErrorNotSupported;
-  switch (p.x_type) {
-    case Elem::F32:
-      e = launch_rows<float, int8_t, true>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, 127.f, stream);
-      break;
-    case Elem::F16:
-      e = launch_rows<__half, int8_t, true>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, 127.f, stream);
-      break;
-    case Elem::BF16:
-      e = launch_rows<__nv_bfloat16, int8_t, true>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, 127.f, stream);
-      break;
-  }
+  const cudaError_t e = with_elem(p.x_type, [&](auto t) {
+    return launch_rows<decltype(t), int8_t, true>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, 127.f, stream);
+  });
   return e == cudaErrorNotSupported ? rotate_quantize_int8_two_pass(p, stream) : e;
 }
 
@@ -317,20 +304,11 @@ cudaError_t quantize_rows_registers(const QuantizeParams& p, cudaStream_t stream
   if (p.rows <= 0 || p.cols <= 0) return cudaSuccess;
   const bool fp8 = p.q_type == QType::Fp8E4M3;
   const float qmax = fp8 ? 448.f : 127.f;
-  switch (p.x_type) {
-    case Elem::F32:
-      return fp8 ? launch_rows<float, __nv_fp8_e4m3, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, qmax, stream)
-                 : launch_rows<float, int8_t, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, qmax, stream);
-    case Elem::F16:
-      return fp8 ? launch_rows<__half, __nv_fp8_e4m3, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, qmax, stream)
-                 : launch_rows<__half, int8_t, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, qmax, stream);
-    case Elem::BF16:
-      return fp8 ? launch_rows<__nv_bfloat16, __nv_fp8_e4m3, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols,
-                                                                     qmax, stream)
-                 : launch_rows<__nv_bfloat16, int8_t, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, qmax,
-                                                              stream);
-  }
-  return cudaErrorNotSupported;
+  return with_elem(p.x_type, [&](auto t) {
+    using T = decltype(t);
+    return fp8 ? launch_rows<T, __nv_fp8_e4m3, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, qmax, stream)
+               : launch_rows<T, int8_t, false>(p.x, p.x_stride, p.q, p.scale, p.rows, p.cols, qmax, stream);
+  });
 }
 
 }  // namespace sp::kernels

@@ -22,9 +22,6 @@
 // flight. Rows of up to 32,768 features (16 warps); longer rows and rows not 16-byte aligned
 // take the two-pass kernel of the first version (rotating each group in shared memory twice).
 //
-// The same kernel without the rotation is quantize_rows (quantize.cuh) for rows whose length
-// is a multiple of 8: int8 or fp8 e4m3.
-//
 // Example:
 //     sp::kernels::RotateQuantParams p;
 //     p.x = x_ptr; p.x_stride = k; p.x_type = sp::kernels::Elem::BF16;

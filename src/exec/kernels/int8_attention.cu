@@ -379,9 +379,6 @@ cudaError_t launch_attention(const Int8AttnParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-}  // namespace
-
-namespace {
 template <typename T>
 cudaError_t launch_quantize(const AttnQuantParams& p, dim3 grid, size_t bytes, cudaStream_t stream) {
   constexpr int kVec = 16 / int(sizeof(T));
@@ -400,15 +397,7 @@ cudaError_t attn_quantize(const AttnQuantParams& p, cudaStream_t stream) {
   if (p.head_dim <= 0 || p.head_dim % 16 || p.head_dim > 256) return cudaErrorInvalidValue;
   const dim3 grid((p.rows + kTile - 1) / kTile, p.heads);
   const size_t bytes = size_t(kTile) * p.head_dim * sizeof(float);
-  switch (p.type) {
-    case Elem::BF16:
-      return launch_quantize<__nv_bfloat16>(p, grid, bytes, stream);
-    case Elem::F16:
-      return launch_quantize<__half>(p, grid, bytes, stream);
-    case Elem::F32:
-      return launch_quantize<float>(p, grid, bytes, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_elem(p.type, [&](auto t) { return launch_quantize<decltype(t)>(p, grid, bytes, stream); });
 }
 
 cudaError_t attn_head_mean(const float* tile_mean, int heads, int rows, int head_dim, float* head_mean,

@@ -19,21 +19,10 @@
 // (offsets [heads * q_tiles + 1], indices); no list visits all key tiles (dense).
 // Two kernels run this, with the same parameters and arithmetic (results equal up to the
 // order of sums): the portable one above (int8_attention.cu, sm_80 and later) and, for
-// head_dim 128 on compute capability 9.0 when the sm_90a image is built
-// (int8_attention_sm90.cu), a wgmma one: Q and K tiles in shared memory with the 128-byte
-// swizzle (an int8 row of 128 is one swizzle row), QK^T on wgmma m64nNk32 s8 with both operands
-// from shared memory, P from the S accumulator registers (their layout is the A fragment's)
-// times V from shared memory (N-major, the transpose bit) on wgmma m64n128k16, 4-stage cp.async.
-// The QK^T of step i+1 is issued with the P·V of step i, so the softmax of i+1 runs while P·V
-// of i does. Dense: 2 warpgroups (128 query rows) share each step's two key tiles. Sparse (a
-// kernel of its own): one warpgroup per 64-row query tile (its own list), Q in registers as
-// QK^T's A operand, two listed key tiles per step, K and V in rings of their own loaded a step
-// ahead, two CTAs per SM.
-// With bf16 V, k_norm and check, the sm_90a kernels run the bounded softmax: each row's
-// exponent offset fixed before its first key from the Cauchy-Schwarz bound of its scores (no
-// row maxima, no rescaling), then the online softmax again on the query tiles whose rows the
-// bound did not fit (int8_attention_sm90.cuh, kernels/README.md).
-// AttnPath::Auto picks, once per device (int8_attention_sm90_ready); Portable and Sm90 force.
+// head_dim 128 on compute capability 9.0 when the sm_90a image is built, a wgmma one
+// (int8_attention_sm90.cuh/.cu, kernels/README.md), which with bf16 V, k_norm and check runs
+// the bounded softmax. AttnPath::Auto picks, once per device (int8_attention_sm90_ready);
+// Portable and Sm90 force.
 //
 // Example:
 //     sp::kernels::AttnQuantParams qp;   // Q: scales carry softmax scale * log2(e)

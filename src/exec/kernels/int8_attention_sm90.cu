@@ -395,12 +395,9 @@ cudaError_t launch(const Int8AttnParams& p, cudaStream_t stream, bool redo) {
   return cudaGetLastError();
 }
 
-// Dense: 128 query rows and 128 keys per step, 4 steps in flight (209 KiB, one CTA per SM); Q
-// in registers as in the sparse kernel measured 1% slower here (219.9 against 217.5 ms at Wan).
+// Dense: 128 query rows and 128 keys per step, 4 steps in flight (209 KiB, one CTA per SM).
 // Block-sparse: two listed tiles (128 keys) per step, loaded a step ahead (97 KiB, two CTAs per
-// SM). On the H200 at 30% of the tiles this ran 7% faster than one tile per step loaded three
-// steps ahead (the same shared memory), which ran 3% faster than the kernel with Q in shared
-// memory and one 4-stage ring for K and V.
+// SM). The variants measured against these: docs/kernels_measured.md.
 template <bool Bounded, typename T>
 cudaError_t launch_sparse(const Int8AttnParams& p, cudaStream_t stream, bool redo) {
   constexpr int NT = 2, Ahead = 1;

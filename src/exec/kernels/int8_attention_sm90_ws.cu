@@ -1,27 +1,12 @@
 // Warp-specialized sm_90a kernels of int8_attention, head_dim 128 (see int8_attention.cuh for
 // the arithmetic, which is that of the cp.async kernels in int8_attention_sm90.cu step for step,
-// so the outputs are the same bits).
-//
-// One CTA = a producer warpgroup and WG consumer warpgroups of 64 query rows each.
-// - The producer warpgroup gives its registers back (setmaxnreg) and one warp of it issues every
-//   load: per step, NT key tiles of K (int8, one 64 x 128-byte box each) and of V (16-bit, two
-//   64 x 64-column boxes each) by cp.async.bulk.tensor with the 128-byte swizzle the wgmma
-//   descriptors expect, into a ring of Stages slots. Each slot has a "full" mbarrier per operand
-//   (arrive.expect_tx by the producer, completed by the copy engine) and an "empty" one (one
-//   arrival per consumer warp once its wgmma reading the slot completed). With the K tiles it
-//   writes the step's tile ids and k scales into the slot, so that the consumers never read the
-//   list. Rows past kv_rows come zero-filled from the copy engine; tiles past a list are not
-//   loaded (their keys are masked; the V ring is zeroed once at the start so stale V is finite).
-// - Consumer warpgroups: QK^T of step it+1 (s8 wgmma, K from the ring), P·V of step it (P from
-//   registers), the online softmax of it+1 while P·V runs; no block barrier in the loop.
-// Dense: WG = 2 (the CTA's 128 query rows share the K/V tiles; Q loaded by TMA into shared
-// memory), 4 stages (209 KiB, one CTA per SM), the two consumer warpgroups optionally taking
-// turns issuing their wgmma (ping-pong). Block-sparse: WG = 1 (one list per 64-row query tile),
-// Q in registers, 2 stages (97 KiB, two CTAs per SM); the producer warp reads the list 32
-// entries at a time, with their k scales.
-// The tensor maps are encoded on the host with cuTensorMapEncodeTiled, taken from the driver at
-// run time (cudaGetDriverEntryPoint), so nothing links libcuda; where that or the alignment
-// fails, int8_attention_sm90_ws says cudaErrorNotSupported and the caller keeps cp.async.
+// so the outputs are the same bits). One CTA = a producer warpgroup, one warp of which loads K
+// and V tiles by TMA into mbarrier-guarded rings (writing each step's tile ids and k scales
+// into the slot), and WG consumer warpgroups of 64 query rows with no block barrier in the loop;
+// the layout, barriers and configurations: docs/kernels_measured.md. The tensor maps are encoded
+// with cuTensorMapEncodeTiled from the driver at run time (cudaGetDriverEntryPoint), so nothing
+// links libcuda; where that or the alignment fails, int8_attention_sm90_ws says
+// cudaErrorNotSupported and the caller keeps cp.async.
 #include "exec/kernels/int8_attention_sm90_ws.cuh"
 
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime

@@ -1,15 +1,12 @@
 // ATen adapter of the INT8 attention kernels (kernels/int8_attention.cuh).
 //
-// Design note. Attention over a K/V phase is split in two: the K carrier (int8 K per 64-row
-// tile after subtracting K's per-head mean, the tile scales, and the fp32 tile means the
-// routing needs) is made once and reused by every streamed Q slab; each Q slab is quantized
-// per tile (its scales carry softmax scale x log2 e) with its tile means, then attends against
-// the carrier and V. A TileList (CSR over (head, query tile)) restricts the key tiles; an
-// empty one is dense. The carrier also holds each head's largest K row norm and the Q tiles a
-// byte per 16 rows: with bf16 V the sm_90a kernels fix each row's softmax offset from the
-// bound those give and redo the rows it does not fit (kernels/int8_attention_sm90.cuh). Every
-// check names the tensor and its shape, dtype or device (c10::Error). Without CUDA (built())
-// all entry points throw.
+// Design note. The K carrier (int8 K per 64-row tile less K's per-head mean, the tile scales,
+// the fp32 tile means the routing needs, each head's largest row norm) is made once per K/V
+// phase and reused by every streamed Q slab; each Q slab is quantized per tile (its scales carry
+// softmax scale x log2 e; a byte per 16 rows flags the bounded softmax's redo,
+// kernels/int8_attention_sm90.cuh) and attends against it and V. A TileList (CSR over (head,
+// query tile)) restricts the key tiles; an empty one is dense. Checks name the tensor
+// (c10::Error); without CUDA (built()) all entry points throw.
 //
 // Example:
 //     auto kc = sp::exec::int8attn::quantize_k(k);           // k [G, kv_rows, D] on CUDA

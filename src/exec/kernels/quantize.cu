@@ -71,11 +71,7 @@ template <typename Y>
 cudaError_t epilogue_as(const Int8EpilogueParams& p, cudaStream_t stream) {
   const int64_t total = p.rows * p.cols;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535 * 8));
-  switch (p.bias_type) {
-    case Elem::F16: epilogue_kernel<Y, __half><<<blocks, kThreads, 0, stream>>>(p); break;
-    case Elem::BF16: epilogue_kernel<Y, __nv_bfloat16><<<blocks, kThreads, 0, stream>>>(p); break;
-    default: epilogue_kernel<Y, float><<<blocks, kThreads, 0, stream>>>(p); break;
-  }
+  with_elem(p.bias_type, [&](auto b) { epilogue_kernel<Y, decltype(b)><<<blocks, kThreads, 0, stream>>>(p); });
   return cudaGetLastError();
 }
 
@@ -86,20 +82,12 @@ cudaError_t quantize_rows(const QuantizeParams& p, cudaStream_t stream) {
   // Rows in registers, one read (hadamard.cu); the two-read kernel here for the rest.
   const cudaError_t e = quantize_rows_registers(p, stream);
   if (e != cudaErrorNotSupported) return e;
-  switch (p.x_type) {
-    case Elem::F16: return quantize_as<__half>(p, stream);
-    case Elem::BF16: return quantize_as<__nv_bfloat16>(p, stream);
-    default: return quantize_as<float>(p, stream);
-  }
+  return with_elem(p.x_type, [&](auto t) { return quantize_as<decltype(t)>(p, stream); });
 }
 
 cudaError_t int8_epilogue(const Int8EpilogueParams& p, cudaStream_t stream) {
   if (p.rows <= 0 || p.cols <= 0) return cudaSuccess;
-  switch (p.y_type) {
-    case Elem::F16: return epilogue_as<__half>(p, stream);
-    case Elem::BF16: return epilogue_as<__nv_bfloat16>(p, stream);
-    default: return epilogue_as<float>(p, stream);
-  }
+  return with_elem(p.y_type, [&](auto t) { return epilogue_as<decltype(t)>(p, stream); });
 }
 
 }  // namespace sp::kernels

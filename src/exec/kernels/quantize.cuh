@@ -1,14 +1,11 @@
 // Per-row 8-bit quantization of an activation slab and the int8 GEMM's epilogue, as plain
 // CUDA (no ATen).
 //
-// Design note. The quantized formats' GEMMs (exec/formats) take 8-bit activations with one
-// fp32 scale per row, s[r] = max|x[r]| / qmax (127 for int8, 448 for fp8 e4m3), and the
-// int8 GEMM returns int32 sums. quantize_rows reads each row once into registers (rows of up
-// to 32,768 values whose length is a multiple of 8: the kernel of hadamard.cuh without the
-// rotation; other rows are read twice, the second read mostly from the cache) and writes the
-// 8-bit row and its scale: no fp32 copy of the slab. int8_epilogue turns the int32 sums into
-// the projection's output in one pass: y = acc · s_x[r] · s_w[c] (+ bias[c]) written or added
-// into y, in y's dtype; where the fused GEMM runs (scaled_gemm_sm90.cuh) it is not needed.
+// Design note. quantize_rows writes each row's 8-bit values and fp32 scale s[r] = max|x[r]| /
+// qmax (127 int8, 448 fp8 e4m3) with no fp32 copy of the slab (the register kernel of
+// hadamard.cuh where rows fit, else two reads per row). int8_epilogue turns the int8 GEMM's
+// int32 sums into y (+)= acc · s_x[r] · s_w[c] (+ bias[c]) in y's dtype in one pass, where
+// the fused GEMM (scaled_gemm_sm90.cuh) does not run.
 //
 // Example:
 //     sp::kernels::QuantizeParams p;

@@ -236,15 +236,6 @@ void launch_residual_as(const ResidualAddParams& p, cudaStream_t s) {
   else residual_add_kernel<TX, TY, false><<<blocks, 256, 0, s>>>(p);
 }
 
-template <typename TX>
-void launch_residual(const ResidualAddParams& p, cudaStream_t s) {
-  switch (p.y_type) {
-    case Elem::F16: launch_residual_as<TX, __half>(p, s); break;
-    case Elem::BF16: launch_residual_as<TX, __nv_bfloat16>(p, s); break;
-    default: launch_residual_as<TX, float>(p, s); break;
-  }
-}
-
 // 1 / rms over all heads of a row from its per-head sums of squares (AcrossHeads), else 1.
 __device__ float across_heads_inv(const QkRopeParams& p, const float* sums) {
   if (p.norm != QkNorm::AcrossHeads) return 1.f;
@@ -384,25 +375,14 @@ void launch_norm_as(const NormModParams& p, cudaStream_t s) {
   norm_modulate_kernel<TX, TO><<<grid, dim3(threads_for(p.dim)), 0, s>>>(p);
 }
 
-template <typename TX>
-cudaError_t launch_norm(const NormModParams& p, cudaStream_t s) {
-  switch (p.out_type) {
-    case Elem::F32: launch_norm_as<TX, float>(p, s); break;
-    case Elem::F16: launch_norm_as<TX, __half>(p, s); break;
-    case Elem::BF16: launch_norm_as<TX, __nv_bfloat16>(p, s); break;
-  }
-  return cudaGetLastError();
-}
-
 }  // namespace
 
 cudaError_t norm_modulate(const NormModParams& p, cudaStream_t s) {
   if (p.rows <= 0) return cudaSuccess;
-  switch (p.x_type) {
-    case Elem::F16: return launch_norm<__half>(p, s);
-    case Elem::BF16: return launch_norm<__nv_bfloat16>(p, s);
-    default: return launch_norm<float>(p, s);
-  }
+  with_elem(p.x_type, [&](auto x) {
+    with_elem(p.out_type, [&](auto out) { launch_norm_as<decltype(x), decltype(out)>(p, s); });
+  });
+  return cudaGetLastError();
 }
 
 cudaError_t qk_norm_rope(const QkRopeParams& p, cudaStream_t s) {
@@ -412,29 +392,19 @@ cudaError_t qk_norm_rope(const QkRopeParams& p, cudaStream_t s) {
   if (qk_vectorizable(p)) {
     // A warp per head, up to 8 warps.
     const dim3 block(static_cast<unsigned>(32 * std::min<int64_t>(8, p.heads)));
-    switch (p.type) {
-      case Elem::F16: qk_norm_rope_vec_kernel<__half><<<grid, block, smem, s>>>(p); break;
-      case Elem::BF16: qk_norm_rope_vec_kernel<__nv_bfloat16><<<grid, block, smem, s>>>(p); break;
-      default: qk_norm_rope_vec_kernel<float><<<grid, block, smem, s>>>(p); break;
-    }
+    with_elem(p.type, [&](auto t) { qk_norm_rope_vec_kernel<decltype(t)><<<grid, block, smem, s>>>(p); });
     return cudaGetLastError();
   }
   const dim3 block(threads_for(p.heads * p.head_dim));
-  switch (p.type) {
-    case Elem::F16: qk_norm_rope_kernel<__half><<<grid, block, smem, s>>>(p); break;
-    case Elem::BF16: qk_norm_rope_kernel<__nv_bfloat16><<<grid, block, smem, s>>>(p); break;
-    default: qk_norm_rope_kernel<float><<<grid, block, smem, s>>>(p); break;
-  }
+  with_elem(p.type, [&](auto t) { qk_norm_rope_kernel<decltype(t)><<<grid, block, smem, s>>>(p); });
   return cudaGetLastError();
 }
 
 cudaError_t residual_add(const ResidualAddParams& p, cudaStream_t s) {
   if (p.rows <= 0 || p.dim <= 0) return cudaSuccess;
-  switch (p.x_type) {
-    case Elem::F16: launch_residual<__half>(p, s); break;
-    case Elem::BF16: launch_residual<__nv_bfloat16>(p, s); break;
-    default: launch_residual<float>(p, s); break;
-  }
+  with_elem(p.x_type, [&](auto x) {
+    with_elem(p.y_type, [&](auto y) { launch_residual_as<decltype(x), decltype(y)>(p, s); });
+  });
   return cudaGetLastError();
 }
 

@@ -1,12 +1,9 @@
 // Fused row kernels of the bounded schedule, as plain CUDA with parameter structs (no ATen).
 //
-// Design note. The bounded executor normalizes and modulates each slab of residual rows, and
-// normalizes and rotates each slab of Q and K, once per slab. Composed from ATen elementwise
-// operations this is about 25 launches per slab, each a full pass over the slab in fp32; the
-// kernels here do each step in one pass: read the 16-bit (or fp32) rows once, compute in fp32
-// registers, write the result in the dtype and layout its consumer wants. The arithmetic is
-// the one of the composed path (two-pass mean/variance, then scale, shift), so results agree
-// to the rounding of the output dtype. exec/kernels/fused.hpp adapts ATen tensors to these structs.
+// Design note. Each kernel does in one pass what composed ATen operations do in about 25
+// launches per slab: read the rows once, compute in fp32 registers with the composed path's
+// arithmetic (two-pass mean/variance), write the dtype and layout the consumer wants
+// (kernels/README.md). exec/kernels/fused.hpp adapts ATen tensors to these structs.
 //
 // Example:
 //     sp::kernels::NormModParams p;

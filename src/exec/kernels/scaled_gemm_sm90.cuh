@@ -1,38 +1,20 @@
-// The 8-bit GEMM of the quantized formats fused with its epilogue, for sm_90a (Hopper), built on
-// the CUTLASS 3.x / CuTe headers (the PyPI wheel nvidia-cutlass; CMake option
-// STREAMPLAN_SCALED_GEMM_SM90). One kernel template serves two operand types: int8 x int8 with
-// int32 accumulators (the int8 and convrot-int8 formats) and fp8 e4m3 x fp8 e4m3 with fp32
-// accumulators (the fp8-e4m3 format). Plain CUDA, no ATen: exec/formats/quantized.cpp adapts
-// tensors.
+// The 8-bit GEMM of the quantized formats fused with its epilogue, for sm_90a (Hopper), on the
+// CUTLASS 3.x / CuTe headers (CMake option STREAMPLAN_SCALED_GEMM_SM90): int8 x int8 with int32
+// accumulators (the int8 and convrot-int8 formats) or fp8 e4m3 x fp8 e4m3 with fp32 accumulators
+// (the fp8-e4m3 format). Plain CUDA, no ATen: exec/formats/quantized.cpp adapts tensors.
 //
-// Design note. The unfused paths (at::_int_mm then int8_epilogue in quantize.cuh; at::_scaled_mm
-// then a bias pass and an add into the output) write the product of the whole slab to memory
-// and read it back: for int8 4 bytes per output element twice, more than the 16-bit output
-// itself, and on the Wan projections as much time as the product (1.5-3.5 ms of 4-12 ms). Here
-// the product stays in the accumulator registers and the epilogue of each output tile does:
+// Design note. The unfused paths (at::_int_mm then int8_epilogue; at::_scaled_mm then bias and
+// add passes) write the slab's product to memory and read it back: on the Wan projections as
+// much time as the product itself. Here it stays in the accumulator registers and the epilogue
+// visitor tree of each output tile does
 //
 //     y[r, c] (+)= acc[r, c] · row_scale[r] · col_scale[c] (+ bias[c])
 //
-// as an epilogue visitor tree of the TMA warp-specialized epilogue (per-row scale: a column
-// broadcast, per-column scale and bias: row broadcasts, the existing output: the source C, read
-// only where accumulate is set, beta = 1). x [rows, k] and w [cols, k] are K-major 8-bit
-// ("TN"), y is row-major 16-bit. TMA needs every row stride and base address 16-byte aligned
-// (16 elements of either operand type): k a multiple of 16, cols and y's row stride multiples
-// of 8 (scaled_gemm_sm90_fits). The kernels are compiled for sm_90a only (their own object
-// library), and picked at run time where scaled_gemm_sm90_ready() (cc 9.0 with the sm_90a
-// images loaded, probed once per device).
-//
-// fp8 runs CUTLASS's FP8FastAccum mainloop: the tensor cores accumulate over the whole k. The
-// mainloop with accumulation promotion (partial sums added into a second set of fp32 registers
-// every 4 k-blocks) holds two accumulator tiles per consumer warpgroup, spilled about 0.9 KB a
-// thread and ran 4x slower on the H200; the fast one differs from it by 2.5e-3 - 3.6e-3 rel L2,
-// a tenth of the fp8 quantization's own error (kernels/README.md).
-//
-// Two tile configurations are built per operand type: 128x128x128 ping-pong (two consumer
-// warpgroups on alternate tiles; the epilogue of one overlaps the other's mainloop) and
-// 256x128x128 cooperative (both warpgroups on one tile), each with clusters of 2 along M sharing
-// the B tile by TMA multicast. GemmTile::Auto picks by the measured shapes (README.md of this
-// folder).
+// (C, the existing output, read only where accumulate is set). x [rows, k] and w [cols, k] are
+// K-major 8-bit ("TN"), y row-major 16-bit; TMA needs 16-byte aligned rows and base addresses
+// (scaled_gemm_sm90_fits). Picked at run time where scaled_gemm_sm90_ready(). The fp8 fast
+// accumulation and the two tile configurations (ping-pong 128 / cooperative 256, GemmTile::Auto
+// by the measured shapes): scaled_gemm_sm90.cu and kernels/README.md.
 //
 // Example:
 //     sp::kernels::ScaledGemmParams p;

@@ -1,14 +1,10 @@
 // LoRA: a low-rank update of a projection's weight, applied lazily per slab.
 //
-// Design note. An adapter (ir::LoraAdapter) adds scale * B A to output rows
-// [row_offset, + rows) of a Linear's weight. The planned schedule never forms that sum: after
-// each projection of the weight, the program's LoRA step (plan/compile_lora.cpp) computes
-// A x for the slab into a placed [rows, rank] buffer and adds scale * (A x) B^T into the
-// projected rows, whatever format the base weight has. The naive reference instead merges
-// the adapters into its full weight. Both are this registration's implementation, so the
-// equivalence tests compare the schedules, not two LoRA codes. A and B are read from the
-// weight source by the names the adapter gives, held in the model's dtype
-// (models/lora_file.hpp puts them there).
+// Design note. The planned schedule never forms W + scale * B A: the program's LoRA step
+// (plan/compile_lora.cpp) adds scale * (A x) B^T into each projection's rows, whatever the base
+// weight's format; the naive reference merges the adapters into its full weight. Both are this
+// implementation, so the equivalence tests compare schedules, not two LoRA codes. A and B are
+// read by the adapter's names, in the model's dtype (patches/README.md).
 //
 // Example:
 //     const auto& lora = sp::exec::impl_of<sp::exec::LoraImpl>(reg.patch("lora"));
@@ -32,10 +28,6 @@ struct LoraImpl : contracts::Impl {
   // The full weight `base` [out, in] of `l` with every adapter of `l` added (a new tensor).
   at::Tensor merged(const WeightSource& w, const ir::Linear& l, const at::Tensor& base) const;
 };
-
-}  // namespace sp::exec
-
-namespace sp::exec {
 
 // A weight source that also serves the LoRA tensors (by the adapters' names) over `base`,
 // which keeps serving everything else, the Linears' weights included.

@@ -36,6 +36,45 @@ at::Tensor placed(const at::Tensor& bytes, int64_t offset, at::ScalarType dtype,
 at::cuda::CUDAStream& as_stream(const std::shared_ptr<void>& p) { return *static_cast<at::cuda::CUDAStream*>(p.get()); }
 #endif
 
+// The tensors of `w` that go to the device although no block holds them: those the run reads
+// outside the blocks (the embeddings' and the final layer's), or with the prologue on the
+// device every tensor no block holds.
+std::set<std::string> device_tensors_outside_blocks(const ir::Model& m, const TensorWeights& w,
+                                                    const contracts::Registry& reg, Prologue prologue) {
+  std::set<std::string> out;
+  if (prologue == Prologue::Device) {
+    std::set<std::string> in_blocks;
+    for (const auto& names : block_tensors(m, w, reg)) in_blocks.insert(names.begin(), names.end());
+    for (const auto& [name, t] : w.all())
+      if (!in_blocks.count(name)) out.insert(name);
+    return out;
+  }
+  auto add = [&](const std::string& n) {
+    if (w.contains(n)) out.insert(n);
+  };
+  for (const auto& n : ir::tensor_names_outside_blocks(m)) add(n);
+  auto add_companions = [&](const ir::Linear& l) {
+    for (const auto& c : companions(reg, l)) add(c);
+  };
+  for (const auto& e : m.embeds) add_companions(e.linear);
+  if (m.final_layer) {
+    add_companions(m.final_layer->proj);
+    for (const auto& [segment, l] : m.final_layer->heads) add_companions(l);
+  }
+  return out;
+}
+
+// Whether t is on `held`, a GPU where its host placed it: read there, neither kept nor streamed.
+bool held_there(const at::Tensor& t, const at::Device& held) { return !held.is_cpu() && t.device() == held; }
+
+// t's storage as the device allocates it, unless `counted` has it already.
+int64_t storage_bytes(const at::Tensor& t, const contracts::DeviceCaps& dev, std::set<const void*>& counted) {
+  if (!t.defined()) return 0;
+  const void* data = t.storage().data();
+  if (data && !counted.insert(data).second) return 0;
+  return dev.round_alloc(int64_t(t.storage().nbytes()));
+}
+
 }  // namespace
 
 // A device buffer a streamed block is loaded into; events on CUDA.
@@ -69,50 +108,6 @@ std::vector<std::vector<std::string>> block_tensors(const ir::Model& m, const Te
   return names;
 }
 
-std::set<std::string> tensors_outside_blocks(const ir::Model& m, const TensorWeights& w, const contracts::Registry& reg) {
-  std::set<std::string> names;
-  auto add = [&](const std::string& n) {
-    if (w.contains(n)) names.insert(n);
-  };
-  for (const auto& n : ir::tensor_names_outside_blocks(m)) add(n);
-  auto add_companions = [&](const ir::Linear& l) {
-    for (const auto& c : companions(reg, l)) add(c);
-  };
-  for (const auto& e : m.embeds) add_companions(e.linear);
-  if (m.final_layer) {
-    add_companions(m.final_layer->proj);
-    for (const auto& [segment, l] : m.final_layer->heads) add_companions(l);
-  }
-  return names;
-}
-
-namespace {
-
-// The tensors of `w` that go to the device although no block holds them.
-std::set<std::string> device_tensors_outside_blocks(const ir::Model& m, const TensorWeights& w,
-                                                    const contracts::Registry& reg, Prologue prologue) {
-  if (prologue == Prologue::Host) return tensors_outside_blocks(m, w, reg);
-  std::set<std::string> out;
-  std::set<std::string> in_blocks;
-  for (const auto& names : block_tensors(m, w, reg)) in_blocks.insert(names.begin(), names.end());
-  for (const auto& [name, t] : w.all())
-    if (!in_blocks.count(name)) out.insert(name);
-  return out;
-}
-
-// Whether t is on `held`, a GPU where its host placed it: read there, neither kept nor streamed.
-bool held_there(const at::Tensor& t, const at::Device& held) { return !held.is_cpu() && t.device() == held; }
-
-// t's storage as the device allocates it, unless `counted` has it already.
-int64_t storage_bytes(const at::Tensor& t, const contracts::DeviceCaps& dev, std::set<const void*>& counted) {
-  if (!t.defined()) return 0;
-  const void* data = t.storage().data();
-  if (data && !counted.insert(data).second) return 0;
-  return dev.round_alloc(int64_t(t.storage().nbytes()));
-}
-
-}  // namespace
-
 plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights& w, const Inputs& in,
                                          const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                                          Prologue prologue, const at::Device& held) {
@@ -125,10 +120,7 @@ plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights
     }
     rq.block_bytes.push_back(bytes);
   }
-  // The embeddings' and final layer's weights and the inputs are held for the whole run; a
-  // storage shared by several tensors counts once. Weights the run never reads (those the
-  // family's prologue turned into the inputs) stay in host memory unless the prologue runs
-  // on the device.
+  // Held for the whole run, a storage shared by several tensors counted once.
   std::set<const void*> counted;
   for (const auto& name : device_tensors_outside_blocks(m, w, reg, prologue))
     if (!held_there(w.tensor(name), held)) rq.fixed_bytes += storage_bytes(w.tensor(name), dev, counted);
@@ -179,8 +171,7 @@ StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeigh
     order_.push_back(b);
     slot_bytes = std::max(slot_bytes, bytes);
   }
-  // What the run reads outside the blocks goes to the device; what it never reads (the
-  // prologue's weights) to host memory, unless the prologue runs on the device.
+  // What the run reads goes to the device, what it never reads to host memory.
   std::set<std::string> read = device_tensors_outside_blocks(m, *w_, reg, prologue);
   for (const auto& n : names) read.insert(n.begin(), n.end());
   std::vector<std::pair<std::string, at::Tensor>> resident;
@@ -205,9 +196,7 @@ StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeigh
     resident_ = at::empty({resident_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
     int64_t offset = 0;
     for (auto& [name, t] : resident) {
-      at::Tensor dst = placed(resident_, offset, t.scalar_type(), t.sizes().vec());
-      dst.copy_(t);
-      w_->add(name, dst);
+      w_->add(name, placed(resident_, offset, t.scalar_type(), t.sizes().vec()).copy_(t));
       offset += packed_bytes(t);
     }
   }
@@ -334,9 +323,7 @@ void StreamedWeights::begin_block(size_t block) const {
   if (!s || s->begun) {
     // Out of the rotation's order (a run that stopped half-way, or blocks run out of order):
     // start it again at this block.
-#ifdef STREAMPLAN_WITH_CUDA
-    if (device_.is_cuda()) c10::cuda::device_synchronize();
-#endif
+    synchronize(device_);
     reset();
     next_ = size_t(std::find(order_.begin(), order_.end(), block) - order_.begin());
     load_next();

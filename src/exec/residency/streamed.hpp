@@ -1,21 +1,12 @@
 // Weights under a device-memory budget: the streamed blocks' weights in host memory,
-// copied into rotating device slots around each block's work.
+// copied into rotating device slots around each block's work (exec/residency/README.md).
 //
-// Design note. StreamedWeights wraps the model's TensorWeights. It moves the tensors of the
-// blocks that plan::Residency marks streamed into host memory, one contiguous buffer per
-// block (pinned on CUDA, each tensor at a 512-byte aligned offset, in its stored form: a
-// quantized weight travels quantized). The kept blocks' tensors and those the run reads
-// outside the blocks (embeddings, final layer) go to the device; tensors the run never reads
-// (the weights a family's prologue turned into the inputs, such as modulation projections)
-// go to host memory. The
-// executors call begin_block / end_block around each block (WeightSource): begin_block makes
-// the compute stream wait for the block's load; end_block records that its slot is free.
-// Loads run in block order, cyclically (after the last streamed block come the first ones of
-// the next call), on a side stream, each into the slot least recently used once the block
-// that used that slot has finished: events order them and no host synchronization happens
-// per block. On the CPU the copies are plain and happen in order. A block read out of order
-// (a run that failed half-way) resets the rotation. The weights a streamed block's tensors
-// hand out are views of its slot, valid while the block runs.
+// Design note. StreamedWeights wraps the model's TensorWeights: each streamed block's tensors
+// in one host buffer (pinned on CUDA, 512-byte aligned offsets, in their stored form). On
+// CUDA, begin_block makes the compute stream wait for the block's load and end_block records
+// that its slot is free; loads run on a side stream, ordered by events, with no host
+// synchronization per block. A block read out of order (a run that failed half-way) resets
+// the rotation. A streamed block's tensors are views of its slot, valid while the block runs.
 //
 // Example:
 //     auto rq = sp::exec::residency_request(model, *weights, inputs, reg, caps);
@@ -29,7 +20,6 @@
 
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -43,9 +33,6 @@ namespace sp::exec {
 // tensor that two blocks name belongs to neither.
 std::vector<std::vector<std::string>> block_tensors(const ir::Model& m, const TensorWeights& w,
                                                     const contracts::Registry& reg);
-
-// The tensors of `w` the run reads outside the blocks: the embeddings' and the final layer's.
-std::set<std::string> tensors_outside_blocks(const ir::Model& m, const TensorWeights& w, const contracts::Registry& reg);
 
 // Where the weights go that only the family's prologue reads (those it turns into the
 // inputs, such as modulation projections): host memory when the inputs are prepared once

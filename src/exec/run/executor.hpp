@@ -1,14 +1,9 @@
-// Executors: the naive reference schedule and the planned schedule.
+// Executors: the naive reference schedule and the planned schedule (exec/run/README.md).
 //
-// Design note. run_naive computes every op of the IR on full tensors, exactly as the
-// original model does, and shares no chunking code with run_planned — comparing the two
-// tests the schedule. run_planned checks that the plan was made for this model, registry and
-// device (plan::check_match), then interprets the program of each of its parts
-// (interpreter.cpp) as compiled when the plan was made: one arena per program, at the
-// placement the plan holds (plan/arena.hpp), and nothing else allocated besides what
-// consumers declare.
-// Both return the model output [T, out] rows of the final layer's segments, in fp32 (or
-// fp64 for an fp64 model), and never modify their inputs.
+// Design note. run_naive computes every op of the IR on full tensors and shares no chunking
+// code with run_planned, which interprets each part's program in one arena at the placement
+// the plan holds (plan/arena.hpp). Both return the [T, out] rows of the final layer's
+// segments in fp32 (fp64 for an fp64 model) and never modify their inputs.
 //
 // Example:
 //     sp::exec::Inputs in = ...;                      // tokens per segment + tables
@@ -46,14 +41,11 @@ void validate_inputs(const ir::Model& m, const Inputs& in);
 // Called once per finished sublayer (progress reporting); may be empty.
 using Progress = std::function<void(int64_t done, int64_t total)>;
 
-// Where a planned run's time goes, per step kind (plan::step_name): how many steps ran,
-// the device time between events recorded around each (on the CPU: the wall time), the host
-// time spent issuing them, and the cost model's estimate of the same steps. `between_ms` is
-// the device time of the run outside any step. Events around every step cost host time:
-// a profiled run is slower than an unprofiled one; the split is what it is for.
-// `transient_over` is the most bytes one step of the kind allocated, at its peak, beyond the
-// transient its program declares (0 where every step stayed within it): where a measured
-// peak exceeds the estimate, the step that did it. On CUDA a profiled run resets the caching
+// Where a planned run's time goes, per step kind (plan::step_name): steps run, device time
+// between events around each (CPU: wall time), host time issuing them, and the cost model's
+// estimate. `between_ms`: device time outside any step. `transient_over`: the most bytes one
+// step allocated beyond the transient its program declares (where a measured peak exceeds the
+// estimate, the step that did it). Profiling slows the run, and on CUDA resets the caching
 // allocator's peak statistics at every step.
 struct StepProfile {
   struct Kind {

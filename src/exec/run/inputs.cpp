@@ -59,10 +59,9 @@ void validate_inputs(const ir::Model& m, const Inputs& in) {
   for (const auto& b : m.blocks) {
     check_mod(b.modulation, "block " + b.name);
     for (const auto& s : b.sublayers)
-      if (const auto* a = std::get_if<ir::Attention>(&s.body); a && a->rope.style != ir::RopeStyle::None) {
-        expect_shape("rope table '" + a->rope.table + ".cos'", in.table(a->rope.table + ".cos"), {T, a->rope.rotary_dim / 2});
-        expect_shape("rope table '" + a->rope.table + ".sin'", in.table(a->rope.table + ".sin"), {T, a->rope.rotary_dim / 2});
-      }
+      if (const auto* a = std::get_if<ir::Attention>(&s.body); a && a->rope.style != ir::RopeStyle::None)
+        for (const std::string& t : {a->rope.table + ".cos", a->rope.table + ".sin"})
+          expect_shape("rope table '" + t + "'", in.table(t), {T, a->rope.rotary_dim / 2});
   }
   if (m.final_layer) check_mod(m.final_layer->modulation, "final layer");
 }

@@ -25,12 +25,11 @@ class Interpreter {
               const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x, StepProfile* profile)
       : m_(m), p_(part.program), w_(w), in_(in), reg_(reg), x_(x), ops_(m, w, in), device_(in.device()),
         profile_(profile), rates_(rates_of(dev)) {
-    const Program& p = p_;
     const Placement& pl = part.placement;
     if (pl.arena_bytes > 0) arena_ = at::empty({pl.arena_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
-    bufs_.resize(p.buffers.size());
-    for (size_t i = 0; i < p.buffers.size(); ++i) {
-      const Buffer& b = p.buffers[i];
+    bufs_.resize(p_.buffers.size());
+    for (size_t i = 0; i < p_.buffers.size(); ++i) {
+      const Buffer& b = p_.buffers[i];
       if (b.view || pl.live[i].first < 0) continue;
       const auto opts = at::TensorOptions().dtype(to_aten(b.dtype)).device(device_);
       if (separate(b)) bufs_[i] = at::empty(b.shape, opts);
@@ -39,13 +38,10 @@ class Interpreter {
     }
   }
 
-  void run() {
+  // Runs the program; returns the buffer it returns (its model output), if any.
+  at::Tensor run() {
     range(0, int(p_.steps.size()));
     if (profile_) settle();
-  }
-
-  // The buffer a program returns (its model output), if any.
-  at::Tensor output() const {
     for (size_t i = 0; i < p_.buffers.size(); ++i)
       if (separate(p_.buffers[i])) return bufs_[i];
     return {};
@@ -330,16 +326,6 @@ class Interpreter {
   std::vector<Timed> timed_;
 };
 
-// Runs one part on the residual stream x (modified in place); returns the program's output
-// buffer (the final layer's), else an undefined tensor.
-at::Tensor run_part(const ir::Model& m, const Part& part, const WeightSource& w, const Inputs& in,
-                    const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x,
-                    StepProfile* profile) {
-  Interpreter it(m, part, w, in, reg, dev, x, profile);
-  it.run();
-  return it.output();
-}
-
 }  // namespace
 
 at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSource& w, const Inputs& in,
@@ -349,21 +335,24 @@ at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSour
   check_match(p, m, reg, dev);
   at::Tensor x = at::empty({m.tokens(), m.dim}, at::TensorOptions().dtype(to_aten(m.dtype)).device(in.device()));
   if (profile) ++profile->runs;
-  run_part(m, p.embed, w, in, reg, dev, x, profile);
+  // One part on the residual stream x (modified in place): the program's output buffer (the
+  // final layer's), else an undefined tensor.
+  auto run_part = [&](const plan::Part& part) { return Interpreter(m, part, w, in, reg, dev, x, profile).run(); };
+  run_part(p.embed);
   int64_t done = 0, total = 0;
   for (const auto& b : m.blocks) total += int64_t(b.sublayers.size());
   for (size_t bi = 0; bi < m.blocks.size(); ++bi) {
     const ir::Block& b = m.blocks[bi];
     w.begin_block(bi);
     for (size_t si = 0; si < b.sublayers.size(); ++si) {
-      run_part(m, p.blocks[bi].sublayers[si].part, w, in, reg, dev, x, profile);
+      run_part(p.blocks[bi].sublayers[si].part);
       if (progress) progress(++done, total);
     }
-    if (const auto& pn = p.blocks[bi].post_norm) run_part(m, *pn, w, in, reg, dev, x, profile);
+    if (const auto& pn = p.blocks[bi].post_norm) run_part(*pn);
     w.end_block(bi);
   }
   if (!m.final_layer) return x.to(to_aten(accumulation_dtype(m.dtype)));
-  return run_part(m, p.final_layer.part, w, in, reg, dev, x, profile);
+  return run_part(p.final_layer.part);
 }
 
 std::string consumer_unusable(const contracts::Registry& reg, const std::string& name, const at::Device& device,

@@ -218,9 +218,8 @@ at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in
   std::vector<at::Tensor> parts;
   for (const auto& seg : m.segments) {
     const ir::SegmentEmbed* e = m.embed_for(seg.name);
-    if (!e) parts.push_back(in.segment_tokens(seg.name));
-    else if (e->linear.fp32_compute) parts.push_back(linear(c, e->linear, in.segment_tokens(seg.name), acc_of(c.dt)).to(c.dt));
-    else parts.push_back(linear(c, e->linear, in.segment_tokens(seg.name), c.dt));
+    const at::Tensor& t = in.segment_tokens(seg.name);
+    parts.push_back(e ? linear(c, e->linear, t, e->linear.fp32_compute ? acc_of(c.dt) : c.dt).to(c.dt) : t);
   }
   at::Tensor x = at::cat(parts, 0);
   int64_t done = 0, total = 0;

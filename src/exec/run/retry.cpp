@@ -11,12 +11,6 @@ bool is_out_of_memory(const std::exception& e) {
   return c && c->msg().find("DefaultCPUAllocator: can't allocate memory") != std::string::npos;
 }
 
-Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,
-                             const contracts::DeviceCaps& dev, const at::Device& device,
-                             const Progress& progress) {
-  return run_planned_retrying(inst.model, *inst.weights, inst.inputs, p, reg, dev, device, progress);
-}
-
 Retried run_planned_retrying(const ir::Model& m, const WeightSource& w, const Inputs& in,
                              const plan::Plan& p, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                              const at::Device& device, const exec::Progress& progress) {
@@ -38,16 +32,14 @@ Retried run_planned_retrying(const ir::Model& m, const WeightSource& w, const In
                              " did not fit: out of memory with " + plan::human_bytes(now.memory_free) +
                              " free after releasing the cache";
   if (budget <= 0 || budget >= p.estimated_peak_bytes)
-    throw OutOfMemory("out of memory: " + failed + ", and the plan already asked for no more than that",
-                      p.estimated_peak_bytes, now.memory_free);
+    throw OutOfMemory("out of memory: " + failed + ", and the plan already asked for no more than that");
   plan::Options o;
   o.budget_bytes = budget;
   o.kv_budget = p.kv_budget;
   try {
     r.plan = plan::make_plan(m, reg, now, o);
   } catch (const plan::BudgetError& e) {
-    throw OutOfMemory("out of memory: " + failed + "; no schedule fits " + plan::human_bytes(budget) + ": " + e.what(),
-                      e.smallest_peak_bytes, now.memory_free);
+    throw OutOfMemory("out of memory: " + failed + "; no schedule fits " + plan::human_bytes(budget) + ": " + e.what());
   }
   r.retried = true;
   r.note = "retried once: " + failed + "; planned again under a budget of " + plan::human_bytes(budget) +
@@ -57,8 +49,7 @@ Retried run_planned_retrying(const ir::Model& m, const WeightSource& w, const In
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) throw;
     release_cached(device);
-    throw OutOfMemory("out of memory again after a retry under " + plan::human_bytes(budget) + " (" + failed + ")",
-                      r.plan.estimated_peak_bytes, describe_device(device).memory_free);
+    throw OutOfMemory("out of memory again after a retry under " + plan::human_bytes(budget) + " (" + failed + ")");
   }
   return r;
 }

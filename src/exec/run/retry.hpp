@@ -11,7 +11,7 @@
 // writes only into memory it allocates, and the CLI writes its outputs after success).
 //
 // Example:
-//     sp::exec::Retried r = sp::exec::run_planned_retrying(inst, plan, reg, caps, device, {});
+//     sp::exec::Retried r = sp::exec::run_planned_retrying(model, weights, inputs, plan, reg, caps, device);
 //     if (r.retried) std::cerr << r.note << "\n";
 #pragma once
 
@@ -27,13 +27,10 @@
 namespace sp::exec {
 
 // The run needed more device memory than there is, even with the leanest schedule that the
-// free memory allowed. needed_bytes: the smallest achievable peak (or the failed plan's
-// estimate); free_bytes: what the device had free after releasing its cache.
+// free memory allowed.
 class OutOfMemory : public std::runtime_error {
  public:
-  OutOfMemory(const std::string& what, int64_t needed, int64_t free)
-      : std::runtime_error(what), needed_bytes(needed), free_bytes(free) {}
-  int64_t needed_bytes, free_bytes;
+  using std::runtime_error::runtime_error;
 };
 
 // Out of device or host memory: c10::OutOfMemoryError, and the failure of c10's CPU
@@ -48,10 +45,6 @@ struct Retried {
 };
 
 // run_planned with `p`; on out of memory, one retry as described above. Throws OutOfMemory.
-Retried run_planned_retrying(const models::Instance& inst, const plan::Plan& p, const contracts::Registry& reg,
-                             const contracts::DeviceCaps& dev, const at::Device& device,
-                             const Progress& progress = {});
-// The same for weights held by any source (a host's module, src/host).
 Retried run_planned_retrying(const ir::Model& m, const WeightSource& w, const Inputs& in,
                              const plan::Plan& p, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                              const at::Device& device, const Progress& progress = {});
