@@ -1,0 +1,84 @@
+#include "exec/dist/exchange.hpp"
+
+#include <c10/util/StringUtil.h>
+
+#include <numeric>
+#include <stdexcept>
+
+namespace sp::exec::dist {
+
+namespace {
+
+int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+
+// The rank, checked against the split vectors and x's [.., .., D] shape.
+size_t check(const c10d::ProcessGroup& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
+             const std::vector<int64_t>& heads, const char* what) {
+  const int p = pg.getSize(), me = pg.getRank();
+  if (int(rows.size()) != p || int(heads.size()) != p)
+    throw std::invalid_argument(c10::str(what, ": ", rows.size(), " row and ", heads.size(),
+                                         " head counts for a process group of ", p, " ranks"));
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i] < 0 || heads[i] < 0)
+      throw std::invalid_argument(c10::str(what, ": negative count for rank ", i, " (rows ", rows[i], ", heads ",
+                                           heads[i], ")"));
+  if (x.dim() != 3) throw std::invalid_argument(c10::str(what, ": expects [rows, heads, head_dim], got ", x.sizes()));
+  return size_t(me);
+}
+
+void exchange(c10d::ProcessGroup& pg, at::Tensor& out, at::Tensor& in, std::vector<int64_t> out_splits,
+              std::vector<int64_t> in_splits) {
+  pg.alltoall_base(out, in, out_splits, in_splits)->wait();
+}
+
+}  // namespace
+
+std::vector<int64_t> shares(int64_t n, int64_t p) {
+  if (n < 0 || p < 1) throw std::invalid_argument(c10::str("shares: ", n, " items over ", p, " ranks"));
+  std::vector<int64_t> s(size_t(p), n / p);
+  for (int64_t i = 0; i < n % p; ++i) ++s[size_t(i)];
+  return s;
+}
+
+at::Tensor rows_to_heads(c10d::ProcessGroup& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
+                         const std::vector<int64_t>& heads) {
+  const size_t me = check(pg, x, rows, heads, "rows_to_heads");
+  const int64_t d = x.size(2);
+  if (x.size(0) != rows[me] || x.size(1) != sum(heads))
+    throw std::invalid_argument(c10::str("rows_to_heads: rank ", me, " holds ", x.sizes(), ", expected [", rows[me],
+                                         ", ", sum(heads), ", D]"));
+  // To rank j: this rank's rows of j's heads; from rank i: i's rows of this rank's heads.
+  std::vector<at::Tensor> parts;
+  std::vector<int64_t> send, recv;
+  for (size_t j = 0, h0 = 0; j < rows.size(); h0 += size_t(heads[j]), ++j) {
+    parts.push_back(x.narrow(1, int64_t(h0), heads[j]).flatten());
+    send.push_back(rows[me] * heads[j] * d);
+    recv.push_back(rows[j] * heads[me] * d);
+  }
+  at::Tensor in = at::cat(parts), out = at::empty({sum(recv)}, x.options());
+  exchange(pg, out, in, recv, send);
+  return out.view({sum(rows), heads[me], d});
+}
+
+at::Tensor heads_to_rows(c10d::ProcessGroup& pg, const at::Tensor& y, const std::vector<int64_t>& rows,
+                         const std::vector<int64_t>& heads) {
+  const size_t me = check(pg, y, rows, heads, "heads_to_rows");
+  const int64_t d = y.size(2);
+  if (y.size(0) != sum(rows) || y.size(1) != heads[me])
+    throw std::invalid_argument(c10::str("heads_to_rows: rank ", me, " holds ", y.sizes(), ", expected [", sum(rows),
+                                         ", ", heads[me], ", D]"));
+  // To rank i: i's rows of this rank's heads (a contiguous range); from rank j: this rank's rows of j's heads.
+  std::vector<int64_t> send, recv;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    send.push_back(rows[i] * heads[me] * d);
+    recv.push_back(rows[me] * heads[i] * d);
+  }
+  at::Tensor in = y.contiguous().flatten(), out = at::empty({sum(recv)}, y.options());
+  exchange(pg, out, in, recv, send);
+  std::vector<at::Tensor> parts;
+  for (size_t j = 0, at_ = 0; j < rows.size(); at_ += size_t(recv[j]), ++j)
+    parts.push_back(out.narrow(0, int64_t(at_), recv[j]).view({rows[me], heads[j], d}));
+  return at::cat(parts, 1);
+}
+
+}  // namespace sp::exec::dist

@@ -1,0 +1,30 @@
+// Sequence-parallel exchanges over a torch.distributed process group (c10d: NCCL on CUDA, gloo
+// on the CPU). Ulysses attention splits the rows of a sequence across ranks; around attention
+// one all-to-all trades a rank's rows of every head for every rank's rows of its own heads, and
+// another trades them back. Row and head counts per rank may be uneven (split sizes), so any
+// head count runs on any rank count.
+//
+// Example (rank r of p, its rows of Q as [rows[r], H, D]):
+//     const auto rows = sp::exec::dist::shares(total_rows, p), heads = sp::exec::dist::shares(H, p);
+//     at::Tensor qh = sp::exec::dist::rows_to_heads(pg, q, rows, heads);   // [total_rows, heads[r], D]
+//     at::Tensor back = sp::exec::dist::heads_to_rows(pg, qh, rows, heads); // == q
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <vector>
+
+namespace sp::exec::dist {
+
+// n items over p ranks: the first n % p ranks take one more.
+std::vector<int64_t> shares(int64_t n, int64_t p);
+
+// x [rows[me], sum(heads), D] -> [sum(rows), heads[me], D]: every rank's rows of this rank's heads.
+at::Tensor rows_to_heads(c10d::ProcessGroup& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
+                         const std::vector<int64_t>& heads);
+// The inverse: y [sum(rows), heads[me], D] -> [rows[me], sum(heads), D].
+at::Tensor heads_to_rows(c10d::ProcessGroup& pg, const at::Tensor& y, const std::vector<int64_t>& rows,
+                         const std::vector<int64_t>& heads);
+
+}  // namespace sp::exec::dist

@@ -1,0 +1,45 @@
+"""Sequence-parallel exchanges (streamplan._C.rows_to_heads / heads_to_rows) over gloo process
+groups of 2 and 4 CPU processes: the Ulysses all-to-all against slicing the whole tensor, and its
+inverse back to each rank's rows, bit for bit; uneven row and head counts, a rank with no rows."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from streamplan import _C
+
+
+def _rank(rank: int, world: int, store: str, rows_total: int, heads: int, dtype: torch.dtype) -> None:
+    import streamplan._C as C
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        full = torch.randn(rows_total, heads, 8, generator=torch.Generator().manual_seed(0)).to(dtype)
+        rows, hs = C.shares(rows_total, world), C.shares(heads, world)
+        r0, h0 = sum(rows[:rank]), sum(hs[:rank])
+        mine = full[r0:r0 + rows[rank]]
+        got = C.rows_to_heads(dist.group.WORLD, mine, rows, hs)
+        assert torch.equal(got, full[:, h0:h0 + hs[rank]]), f"rank {rank}: rows_to_heads differs from the slice"
+        back = C.heads_to_rows(dist.group.WORLD, got, rows, hs)
+        assert torch.equal(back, mine), f"rank {rank}: heads_to_rows does not give back the rank's rows"
+        with pytest.raises(ValueError, match="head counts for a process group of"):
+            C.rows_to_heads(dist.group.WORLD, mine, rows, hs[:-1])
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world,rows_total,heads,dtype", [
+    (2, 37, 40, torch.float32),   # Wan's 40 heads, an odd row count
+    (4, 37, 6, torch.bfloat16),   # heads 2, 2, 1, 1
+    (4, 3, 24, torch.float32),    # rows 1, 1, 1, 0
+])
+def test_ulysses_exchange_matches_slicing_and_inverts(tmp_path, world, rows_total, heads, dtype):
+    mp.spawn(_rank, args=(world, str(tmp_path / "store"), rows_total, heads, dtype), nprocs=world, join=True)
+
+
+def test_shares_spread_the_remainder_over_the_first_ranks():
+    assert _C.shares(10, 4) == [3, 3, 2, 2]
+    assert _C.shares(3, 4) == [1, 1, 1, 0]
+    with pytest.raises(ValueError, match="shares: 5 items over 0 ranks"):
+        _C.shares(5, 0)
