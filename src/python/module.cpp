@@ -140,24 +140,15 @@ PYBIND11_MODULE(_C, m) {
       py::arg("name"), py::arg("device"), py::arg("dtype"),
       "Why the built-in consumer cannot run on the device in the dtype (its kernels' requirements and "
       "self-test there), or '' where it can.");
-  using Group = c10::intrusive_ptr<c10d::ProcessGroup>;
   m.def("shares", &exec::dist::shares, py::arg("n"), py::arg("ranks"),
         "n items over `ranks` ranks, the first n % ranks one more each.");
-  m.def(
-      "rows_to_heads",
-      [](const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows, const std::vector<int64_t>& heads) {
-        return exec::dist::rows_to_heads(*pg, x, rows, heads);
-      },
-      py::arg("group"), py::arg("x"), py::arg("rows"), py::arg("heads"), py::call_guard<py::gil_scoped_release>(),
-      "Ulysses all-to-all over a torch.distributed group: this rank's x [rows[r], sum(heads), D] to every "
-      "rank's rows of its heads [sum(rows), heads[r], D].");
-  m.def(
-      "heads_to_rows",
-      [](const Group& pg, const at::Tensor& y, const std::vector<int64_t>& rows, const std::vector<int64_t>& heads) {
-        return exec::dist::heads_to_rows(*pg, y, rows, heads);
-      },
-      py::arg("group"), py::arg("y"), py::arg("rows"), py::arg("heads"), py::call_guard<py::gil_scoped_release>(),
-      "The inverse of rows_to_heads: y [sum(rows), heads[r], D] to [rows[r], sum(heads), D].");
+  m.def("rows_to_heads", &exec::dist::rows_to_heads, py::arg("group"), py::arg("x"), py::arg("rows"), py::arg("heads"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Ulysses all-to-all over a torch.distributed group: this rank's x [rows[r], sum(heads), D] to every "
+        "rank's rows of its heads [sum(rows), heads[r], D].");
+  m.def("heads_to_rows", &exec::dist::heads_to_rows, py::arg("group"), py::arg("y"), py::arg("rows"), py::arg("heads"),
+        py::call_guard<py::gil_scoped_release>(),
+        "The inverse of rows_to_heads: y [sum(rows), heads[r], D] to [rows[r], sum(heads), D].");
   m.def("sdpa_attention", &exec::sdpa_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"),
         "The 'sdpa' consumer's attention of q [B, H, rows, d] against k, v [B, H, kv_rows, d].");
   m.def(

@@ -239,8 +239,19 @@ struct Int8Consumer : ConsumerImpl {
 
 }  // namespace
 
-std::shared_ptr<const ConsumerImpl> consumer(const std::string& name, bool routed) {
-  return std::make_shared<Int8Consumer>(name, routed);
+contracts::ConsumerCaps caps(const std::string& name, const std::string& description, bool routed) {
+  using contracts::Cap;
+  contracts::ConsumerCaps c;
+  c.name = name;
+  c.description = description;
+  c.accepts_bounded_q = c.requires_global_k = c.requires_global_v = c.slab_output = Cap::Yes;
+  c.dtypes = {ir::DType::BF16, ir::DType::F16};
+  c.call_bytes = call_bytes;
+  c.call_allocations = 3;  // output, quantized Q; uncarried K: its carrier (scales and samples are small)
+  c.k_carrier_bytes = int8attn::k_carrier_bytes;
+  c.k_carrier_align = int8attn::kTile;
+  c.impl = std::make_shared<Int8Consumer>(name, routed);
+  return c;
 }
 
 void drop_carrier() {
@@ -250,11 +261,6 @@ void drop_carrier() {
   st.sample = at::Tensor();
   st.ptr = nullptr;
   st.shape.clear();
-}
-
-void declare_carrier(contracts::ConsumerCaps& c) {
-  c.k_carrier_bytes = int8attn::k_carrier_bytes;
-  c.k_carrier_align = int8attn::kTile;
 }
 
 int64_t call_bytes(const contracts::AttnShape& s) {

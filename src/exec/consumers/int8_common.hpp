@@ -11,8 +11,8 @@
 // share one version counter), and freed after the slab that ends the phase (after_slab).
 //
 // Example:
-//     c.impl = sp::exec::int8c::consumer("sparse", /*routed=*/true);   // ConsumerCaps c
-//     c.call_bytes = sp::exec::int8c::call_bytes;
+//     contracts::ConsumerCaps c = sp::exec::int8c::caps("sparse", "routed ...", /*routed=*/true);
+//     c.work_fraction = routed_share;  // what only the routed consumer adds
 #pragma once
 
 #include <ATen/ATen.h>
@@ -25,13 +25,13 @@
 
 namespace sp::exec::int8c {
 
-// The implementation of the consumer `name`: dense attention ("int8") or, `routed`, routed
-// block-sparse attention with its phases tallied ("sparse", sparse.hpp).
-std::shared_ptr<const ConsumerImpl> consumer(const std::string& name, bool routed);
+// The capabilities both consumers declare (bf16/fp16, bounded Q slabs, global K/V, slab
+// output, the K carrier, an int8 call's bytes and allocations) with the implementation of the
+// consumer `name`: dense attention ("int8") or, `routed`, routed block-sparse attention with
+// its phases tallied ("sparse", sparse.hpp).
+contracts::ConsumerCaps caps(const std::string& name, const std::string& description, bool routed);
 // Frees the cached K carrier (the next call makes a new one; benchmarks time that too).
 void drop_carrier();
-// Declares the K carrier in a consumer's capabilities (ConsumerCaps::k_carrier_bytes).
-void declare_carrier(contracts::ConsumerCaps& c);
 // Output and Q tiles, and where K is not carried the cached K carrier and its samples: what an
 // int8 call holds.
 int64_t call_bytes(const contracts::AttnShape& s);

@@ -100,18 +100,13 @@ void SparseTally::add(const SparsePhase& call, uint64_t id) {
 namespace consumers {
 
 void register_sparse(contracts::Registry& reg) {
-  using contracts::Cap;
-  contracts::ConsumerCaps c;
-  c.name = "sparse";
-  c.description = "routed block-sparse INT8 attention (64x64 tiles, --kv-budget; 1 is dense); CUDA sm_80+";
-  c.accepts_bounded_q = c.requires_global_k = c.requires_global_v = c.slab_output = Cap::Yes;
-  c.dtypes = {ir::DType::BF16, ir::DType::F16};
+  contracts::ConsumerCaps c =
+      int8c::caps("sparse", "routed block-sparse INT8 attention (64x64 tiles, --kv-budget; 1 is dense); CUDA sm_80+",
+                  /*routed=*/true);
   c.q_align = kSparseTile;
   c.call_bytes = sparse_call_bytes;
   c.call_allocations = 4;  // int8's, and the routed tile lists
-  int8c::declare_carrier(c);
   c.work_fraction = routed_share;
-  c.impl = int8c::consumer("sparse", /*routed=*/true);
   reg.add(c);
 }
 

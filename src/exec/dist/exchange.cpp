@@ -26,11 +26,6 @@ size_t check(const c10d::ProcessGroup& pg, const at::Tensor& x, const std::vecto
   return size_t(me);
 }
 
-void exchange(c10d::ProcessGroup& pg, at::Tensor& out, at::Tensor& in, std::vector<int64_t> out_splits,
-              std::vector<int64_t> in_splits) {
-  pg.alltoall_base(out, in, out_splits, in_splits)->wait();
-}
-
 }  // namespace
 
 std::vector<int64_t> shares(int64_t n, int64_t p) {
@@ -40,9 +35,9 @@ std::vector<int64_t> shares(int64_t n, int64_t p) {
   return s;
 }
 
-at::Tensor rows_to_heads(c10d::ProcessGroup& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
+at::Tensor rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& heads) {
-  const size_t me = check(pg, x, rows, heads, "rows_to_heads");
+  const size_t me = check(*pg, x, rows, heads, "rows_to_heads");
   const int64_t d = x.size(2);
   if (x.size(0) != rows[me] || x.size(1) != sum(heads))
     throw std::invalid_argument(c10::str("rows_to_heads: rank ", me, " holds ", x.sizes(), ", expected [", rows[me],
@@ -56,13 +51,13 @@ at::Tensor rows_to_heads(c10d::ProcessGroup& pg, const at::Tensor& x, const std:
     recv.push_back(rows[j] * heads[me] * d);
   }
   at::Tensor in = at::cat(parts), out = at::empty({sum(recv)}, x.options());
-  exchange(pg, out, in, recv, send);
+  pg->alltoall_base(out, in, recv, send)->wait();
   return out.view({sum(rows), heads[me], d});
 }
 
-at::Tensor heads_to_rows(c10d::ProcessGroup& pg, const at::Tensor& y, const std::vector<int64_t>& rows,
+at::Tensor heads_to_rows(const Group& pg, const at::Tensor& y, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& heads) {
-  const size_t me = check(pg, y, rows, heads, "heads_to_rows");
+  const size_t me = check(*pg, y, rows, heads, "heads_to_rows");
   const int64_t d = y.size(2);
   if (y.size(0) != sum(rows) || y.size(1) != heads[me])
     throw std::invalid_argument(c10::str("heads_to_rows: rank ", me, " holds ", y.sizes(), ", expected [", sum(rows),
@@ -74,7 +69,7 @@ at::Tensor heads_to_rows(c10d::ProcessGroup& pg, const at::Tensor& y, const std:
     recv.push_back(rows[me] * heads[i] * d);
   }
   at::Tensor in = y.contiguous().flatten(), out = at::empty({sum(recv)}, y.options());
-  exchange(pg, out, in, recv, send);
+  pg->alltoall_base(out, in, recv, send)->wait();
   std::vector<at::Tensor> parts;
   for (size_t j = 0, at_ = 0; j < rows.size(); at_ += size_t(recv[j]), ++j)
     parts.push_back(out.narrow(0, int64_t(at_), recv[j]).view({rows[me], heads[j], d}));

@@ -17,14 +17,16 @@
 
 namespace sp::exec::dist {
 
+using Group = c10::intrusive_ptr<c10d::ProcessGroup>;
+
 // n items over p ranks: the first n % p ranks take one more.
 std::vector<int64_t> shares(int64_t n, int64_t p);
 
 // x [rows[me], sum(heads), D] -> [sum(rows), heads[me], D]: every rank's rows of this rank's heads.
-at::Tensor rows_to_heads(c10d::ProcessGroup& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
+at::Tensor rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& heads);
 // The inverse: y [sum(rows), heads[me], D] -> [rows[me], sum(heads), D].
-at::Tensor heads_to_rows(c10d::ProcessGroup& pg, const at::Tensor& y, const std::vector<int64_t>& rows,
+at::Tensor heads_to_rows(const Group& pg, const at::Tensor& y, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& heads);
 
 }  // namespace sp::exec::dist
