@@ -298,11 +298,14 @@ std::string estimate_text(const plan::Plan& p, const CompareOptions& opt, bool g
 }
 
 std::string printf_text(const char* format, ...) {
-  char text[512];
-  va_list args;
+  va_list args, again;
   va_start(args, format);
-  std::vsnprintf(text, sizeof text, format, args);
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, format, args);
   va_end(args);
+  std::string text(size_t(std::max(n, 0)), '\0');
+  std::vsnprintf(text.data(), text.size() + 1, format, again);  // the whole text, however long
+  va_end(again);
   return text;
 }
 

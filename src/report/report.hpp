@@ -131,7 +131,7 @@ std::string estimate_text(const plan::Plan& p, const CompareOptions& opt, bool g
 
 // Short human-readable table of a report.
 std::string to_table(const RunReport& r);
-// printf's text of `format` and the arguments (at most 511 characters): the tables' rows.
+// printf's text of `format` and the arguments, whole: the tables' rows.
 [[gnu::format(printf, 1, 2)]] std::string printf_text(const char* format, ...);
 
 }  // namespace sp::report
