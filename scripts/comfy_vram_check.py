@@ -36,6 +36,7 @@ probed (`streamplan probe`, cached) before the first configuration.
 
     .venv/bin/python scripts/comfy_vram_check.py --model wan [--layers 40] [--cap-gib 12] [--out FILE]
     .venv/bin/python scripts/comfy_vram_check.py --model wan --tiny --device cpu   # the mechanics, on the CPU
+    .venv/bin/python scripts/comfy_vram_check.py --model minimax --source-dir /dev/shm --prepare  # the checkpoint only
 
 It needs what scripts/comfy_check.py needs (torch, streamplan, a ComfyUI tree, build/streamplan).
 The checkpoints are kept in --work (default .deps/vram-check) and written once.
@@ -92,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="MiniMax H3: where its bf16 source is written before conversion (default --work; "
                          "/dev/shm keeps the 66 GB of the whole model off the disk)")
     ap.add_argument("--out", metavar="FILE", help="write the rows as JSON")
+    ap.add_argument("--prepare", action="store_true",
+                    help="write the fp8 checkpoint into --work where it is missing, and stop (no sampling)")
     ap.add_argument("--run-config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)  # one configuration, here
     a = ap.parse_args(argv)
     configs = a.configs.split(",")
@@ -199,14 +202,19 @@ def ballast(device, cap: int) -> int:
 BALLAST: list = []  # held for the process's life
 
 
-def run_config(a: argparse.Namespace) -> dict:
-    """One configuration in this process: its row."""
-    cuda = a.device.startswith("cuda")
-    capped = a.run_config in ("a", "b", "c") and cuda
+def comfy_path(a: argparse.Namespace) -> None:
+    """ComfyUI's tree and its dependencies' folder (COMFY_SITE) on sys.path."""
     tree = comfy_check.comfy_tree(a.comfyui)
     for p in (os.environ.get("COMFY_SITE", os.path.join(ROOT, ".deps", "comfy-site")), tree):
         if os.path.isdir(p) and p not in sys.path:
             sys.path.insert(0, p)
+
+
+def run_config(a: argparse.Namespace) -> dict:
+    """One configuration in this process: its row."""
+    cuda = a.device.startswith("cuda")
+    capped = a.run_config in ("a", "b", "c") and cuda
+    comfy_path(a)
     import comfy.cli_args
 
     total = torch.cuda.get_device_properties(torch.device(a.device)).total_memory if cuda else 0
@@ -293,6 +301,12 @@ def main() -> int:
         fail(f"--device {a.device}: torch sees no CUDA device here; use --device cpu with --tiny")
     if a.run_config:
         print("ROW " + json.dumps(run_config(a)), flush=True)
+        return 0
+    if a.prepare:
+        comfy_path(a)
+        t0 = time.time()
+        path = checkpoint(a, comfy_check.comfy_import(a.device, a.comfyui))
+        print(f"{path} ({path.stat().st_size / GiB:.1f} GiB, {time.time() - t0:.0f} s)")
         return 0
     rows = []
     if a.device.startswith("cuda"):  # the device's rates, measured once and cached, outside every timing

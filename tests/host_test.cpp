@@ -178,7 +178,9 @@ TEST(AttachedWan, EachKvBudgetHasItsPlan) {
   host::AttachOptions o;
   o.consumer = "recording";
   host::Attached a(tensors, recognize::sidecar_for(config), o, reg);
-  const auto raw = models::random_raw_inputs(config, {.tokens = 256, .text_tokens = 4}, 2);
+  // Enough rows that attention's arithmetic, which the budget scales, outweighs its launches
+  // and reads on a fast CPU as well.
+  const auto raw = models::random_raw_inputs(config, {.tokens = 2048, .text_tokens = 4}, 2);
   a.forward(raw);
   EXPECT_THROW(a.set_kv_budget(0.0), std::invalid_argument);
   a.set_kv_budget(0.25);

@@ -129,6 +129,61 @@ TEST(Residency, PlannerKeepsAsManyBlocksAsFitAndStaysWithinTheDeviceMemory) {
   EXPECT_TRUE(three.residency.streaming());
 }
 
+TEST(Residency, PrologueWeightsAreKeptWhereTheyFitAndCopiedOnEachCallWhereTheyDoNot) {
+  // Weights only the prologue reads (a host's per-call modulation projections), 3 blocks' worth.
+  const auto reg = exec::builtin_registry();
+  const auto dev = cpu_caps();
+  const auto inst = instance(reg, 6);
+  plan::ResidencyRequest rq = exec::residency_request(inst.model, *inst.weights, inst.inputs, reg, dev);
+  const int64_t all = std::accumulate(rq.block_bytes.begin(), rq.block_bytes.end(), int64_t{0});
+  const int64_t fixed = rq.fixed_bytes;
+  rq.prologue_bytes = all / 2;
+  rq.prologue_peak_bytes = rq.block_bytes.front();
+
+  rq.device_memory = int64_t{1} << 34;  // room for everything: kept, no copy
+  const plan::Residency roomy = plan::plan_with_residency(inst.model, reg, dev, {}, rq).residency;
+  EXPECT_FALSE(roomy.prologue_copied);
+  EXPECT_FALSE(roomy.streaming());
+  EXPECT_EQ(roomy.fixed_bytes, fixed + rq.prologue_bytes);
+  EXPECT_NE(plan::explain(roomy).find("kept on the device"), std::string::npos) << plan::explain(roomy);
+
+  // Below what keeping them needs with a single block on the device: copied on each call, their
+  // copy time in the prediction, their largest on the device while the prologue reads it.
+  plan::ResidencyRequest kept_only = rq;
+  kept_only.fixed_bytes += rq.prologue_bytes;
+  kept_only.prologue_bytes = kept_only.prologue_peak_bytes = 0;
+  int64_t kept_smallest = 0;
+  try {
+    kept_only.device_memory = 1;
+    plan::plan_with_residency(inst.model, reg, dev, {}, kept_only);
+  } catch (const plan::DeviceMemoryError& e) {
+    kept_smallest = e.smallest_bytes;
+  }
+  ASSERT_GT(kept_smallest, 0);
+  rq.device_memory = kept_smallest - 1;
+  const plan::Residency tight = plan::plan_with_residency(inst.model, reg, dev, {}, rq).residency;
+  EXPECT_TRUE(tight.prologue_copied);
+  EXPECT_EQ(tight.fixed_bytes, fixed);
+  EXPECT_LE(tight.device_bytes(), rq.device_memory);
+  EXPECT_GE(tight.activation_bytes, rq.prologue_peak_bytes);
+  const double copy_ms = 1e3 * double(rq.prologue_bytes) / dev.rates.host_bytes_per_s;
+  EXPECT_GE(tight.copy_ms, copy_ms);
+  EXPECT_GE(tight.predicted_ms, tight.resident_ms + copy_ms * 0.999);
+  EXPECT_NE(plan::explain(tight).find("copied to the device as the prologue reads them"), std::string::npos)
+      << plan::explain(tight);
+
+  // The smallest size named counts the prologue's largest weight, not all of them.
+  rq.device_memory = 1;
+  try {
+    plan::plan_with_residency(inst.model, reg, dev, {}, rq);
+    ADD_FAILURE() << "expected DeviceMemoryError";
+  } catch (const plan::DeviceMemoryError& e) {
+    EXPECT_LT(e.smallest_bytes, kept_smallest);
+    rq.device_memory = e.smallest_bytes;
+  }
+  EXPECT_TRUE(plan::plan_with_residency(inst.model, reg, dev, {}, rq).residency.prologue_copied);
+}
+
 // The planned (and naive) output with the blocks of `r` streamed equals the all-resident one
 // bit for bit, on two calls in a row (the second starts from the previous call's prefetch).
 // In place, the blocks load from the weights' own tensors, with no host buffer of its own.

@@ -446,7 +446,9 @@ class PlannerWrapper:
                          f"{_size(device_memory)}, resident blocks {resident or 'auto'})"
                          + (f": {r['kept_blocks']} blocks kept, {len(r['streamed_blocks'])} streamed through {r['slots']} "
                             f"slot{'s' if r['slots'] != 1 else ''}, predicted {r['predicted_ms']:.0f} ms against {r['all_resident_ms']:.0f} ms "
-                            "all resident" if r else ""))
+                            "all resident" if r else "")
+                         + (f"; the weights only the prologue reads ({_size(r['prologue_bytes'])}) stay in host memory, "
+                            "copied as it reads them" if r and r.get("prologue_copied") else ""))
         if h.consumer == COMFY_CONSUMER and comfy_runs_sdpa():
             for (device, dtype, dim), kernel in SDPA_KERNELS.items():
                 lines.append(f"  attention kernel on {device}, {dtype}, head_dim {dim}: PyTorch's SDPA as {kernel}")

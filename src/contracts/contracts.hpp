@@ -7,6 +7,7 @@
 // declared here as pure functions, so the cost model and the executor cannot disagree.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -29,6 +30,13 @@ struct Impl {
 const char* to_string(Cap);
 
 enum class DeviceKind { CPU, CUDA };
+
+// CPU: the packing a 16-bit GEMM allocates per worker thread for operands of `elements` in
+// all: the figure measured at saturating sizes (`per_thread`, DeviceCaps::gemm_scratch), below
+// them at most 32 KiB plus 4 bytes per operand element (oneDNN's fp16 and bf16 kernels).
+inline int64_t gemm_packing_per_thread(int64_t per_thread, int64_t elements) {
+  return per_thread > 0 ? std::min(per_thread, (int64_t{32} << 10) + 4 * elements) : 0;
+}
 
 // Shapes an attention call sees: q_rows query rows per head group against kv_rows keys.
 struct AttnShape {
@@ -226,6 +234,10 @@ struct DeviceCaps {
   int64_t held(int64_t bytes, int allocations = 1) const;
   bool operator==(const DeviceCaps&) const = default;
   int64_t gemm_scratch(ir::DType dtype) const { return of(gemm_scratch_per_thread, dtype); }
+  // All threads' packing of one GEMM in `dtype` whose operands have `elements` in all.
+  int64_t gemm_packing(ir::DType dtype, int64_t elements) const {
+    return threads * gemm_packing_per_thread(gemm_scratch(dtype), elements);
+  }
   int64_t mixed_multiply_bytes(ir::DType dtype, int64_t elements) const {
     return of(mixed_multiply_bytes_per_element, dtype) * elements;
   }

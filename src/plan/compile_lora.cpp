@@ -21,7 +21,7 @@ void Compiler::lora(const Operand& in, const Operand& out, const std::vector<Seg
   std::vector<std::vector<LoraUse>> uses(ws.size());
   const DType cd = p_.buffers[size_t(out.buf >= 0 ? out.buf : ws.front().weight)].dtype;
   const double csz = double(ir::dtype_size(cd));
-  int64_t max_rank = 0, launches = 0, transient = 0, count = 0;
+  int64_t max_rank = 0, launches = 0, transient = 0, count = 0, operands = 0;
   double flops = 0, bytes = 0;
   std::string target;
   for (size_t i = 0; i < ws.size(); ++i) {
@@ -43,6 +43,7 @@ void Compiler::lora(const Operand& in, const Operand& out, const std::vector<Seg
       if (r == 0) continue;
       uses[i].push_back({&ad, rows, cols});
       max_rank = std::max(max_rank, ad.rank);
+      operands = std::max({operands, (n + ad.rank) * cols.length, (n + r) * ad.rank});
       flops += 2.0 * double(n) * double(ad.rank) * double(cols.length + r);
       bytes += (double(n) * double(cols.length) + double(ad.rank) * double(cols.length) + 2.0 * double(n * ad.rank) +
                 double(r * ad.rank) + 2.0 * double(n * r)) * csz;
@@ -58,7 +59,7 @@ void Compiler::lora(const Operand& in, const Operand& out, const std::vector<Seg
   }
   if (count == 0) return;
   // Its GEMMs pack their operands as the projection's do (DeviceCaps::gemm_scratch).
-  transient += dev_.held(dev_.gemm_scratch(cd) * dev_.threads);
+  transient += dev_.held(dev_.gemm_packing(cd, operands));
   const Operand ax = whole(buffer(BufRole::LoraAx, "LoraAx", {n, max_rank}, cd));
   Terms t{flops, bytes, launches, n, cd};
   emit(LoraStep{"lora", in, out, ws, std::move(uses), ax},

@@ -221,7 +221,7 @@ class Compiler {
     const bool nat = acq && acq->native;
     // Where the device's GEMMs in this dtype pack their operands (DeviceCaps::gemm_scratch: CPUs
     // with AMX / AVX512-BF16), that packing.
-    int64_t workspace = dev_.held(dev_.gemm_scratch(cd) * dev_.threads);
+    int64_t workspace = dev_.held(dev_.gemm_packing(cd, n * in_features + in_features * out_features));
     if (nat) {  // 8-bit weights read, the activations quantized in one more pass per piece
       const auto& f = reg_.format(acq->linear->format);
       t.dtype = p_.buffers[size_t(ws.front().weight)].dtype;

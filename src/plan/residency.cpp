@@ -107,8 +107,8 @@ std::vector<double> block_times(const Plan& p, double& other_ms) {
 }
 
 // The byte counts of the arrangement (`streamed` blocks through `slots` slots) and its time on plan `p`.
-Residency evaluate(const std::vector<bool>& streamed, int slots, const Plan& p, const ResidencyRequest& req,
-                   const contracts::DeviceCaps& dev, double host_rate, int64_t slack) {
+Residency evaluate(const std::vector<bool>& streamed, int slots, bool copied, const Plan& p,
+                   const ResidencyRequest& req, const contracts::DeviceCaps& dev, double host_rate, int64_t slack) {
   Residency r;
   r.streamed = streamed;
   r.slots = slots;
@@ -117,8 +117,10 @@ Residency evaluate(const std::vector<bool>& streamed, int slots, const Plan& p, 
     else r.kept_bytes += req.block_bytes[b];
   }
   if (r.streamed_count() == 0) r.slots = 0;
-  r.fixed_bytes = req.fixed_bytes;
-  r.activation_bytes = p.estimated_peak_bytes;
+  r.prologue_bytes = req.prologue_bytes;
+  r.prologue_copied = copied && req.prologue_bytes > 0;
+  r.fixed_bytes = req.fixed_bytes + (r.prologue_copied ? 0 : req.prologue_bytes);
+  r.activation_bytes = std::max(p.estimated_peak_bytes, r.prologue_copied ? req.prologue_peak_bytes : 0);
   r.slack_bytes = slack;
   r.device_memory = req.device_memory;
   r.host_bytes_per_s = host_rate;
@@ -131,6 +133,11 @@ Residency evaluate(const std::vector<bool>& streamed, int slots, const Plan& p, 
   }
   r.resident_ms = p.estimated_ms;
   r.predicted_ms = streamed_call_ms(ms, r.streamed, r.slots, copy, other, dev.kind == contracts::DeviceKind::CUDA);
+  if (r.prologue_copied) {  // before the first block, not overlapped
+    const double ms_copied = 1e3 * double(req.prologue_bytes) / host_rate;
+    r.copy_ms += ms_copied;
+    r.predicted_ms += ms_copied;
+  }
   return r;
 }
 
@@ -139,12 +146,12 @@ bool fits(const Residency& r) { return r.device_memory <= 0 || r.device_bytes() 
 // The arrangements of `n` blocks with `slots` slots: with a count of blocks on the device,
 // kept = count - slots; else (auto) the most kept blocks that fit.
 std::optional<Residency> arrange(const Plan& p, const ResidencyRequest& req, const contracts::DeviceCaps& dev,
-                                 double host_rate, int64_t slack, int slots) {
+                                 double host_rate, int64_t slack, int slots, bool copied) {
   const int n = int(req.block_bytes.size());
   auto with_kept = [&](int kept) {
     std::vector<bool> streamed = kept_pattern(n, kept);
     streamed.flip();
-    return evaluate(streamed, slots, p, req, dev, host_rate, slack);
+    return evaluate(streamed, slots, copied, p, req, dev, host_rate, slack);
   };
   if (req.resident_blocks > 0) {
     const int kept = req.resident_blocks - slots;
@@ -173,7 +180,7 @@ int64_t least_blocks(const ResidencyRequest& req) {
 // device memory (residency_slack).
 int64_t smallest_device_memory(const ResidencyRequest& req, const contracts::DeviceCaps& dev, int64_t activations) {
   const int64_t block = largest_block(req);
-  const int64_t base = req.fixed_bytes + least_blocks(req) * block + activations;
+  const int64_t base = req.fixed_bytes + least_blocks(req) * block + std::max(activations, req.prologue_peak_bytes);
   int64_t smallest = base + residency_slack(dev, base);
   while (base + residency_slack(dev, smallest) > smallest) smallest = base + residency_slack(dev, smallest);
   return smallest;
@@ -187,8 +194,10 @@ std::string too_small(const ResidencyRequest& req, const contracts::DeviceCaps& 
   if (req.resident_blocks > 0) os << " for " << req.resident_blocks << " resident blocks";
   os << ": the smallest device memory that works is " << human_bytes(smallest) << " = weights and inputs held for "
      << "the whole run " << human_bytes(req.fixed_bytes) << " + " << least_blocks(req) << " x the largest block "
-     << human_bytes(block)
-     << " + activations " << human_bytes(activations) << " (the smallest schedule) + allocator slack "
+     << human_bytes(block) << " + activations " << human_bytes(std::max(activations, req.prologue_peak_bytes))
+     << (activations < req.prologue_peak_bytes ? " (the prologue's largest weight read from host memory)"
+                                               : " (the smallest schedule)")
+     << " + allocator slack "
      << human_bytes(residency_slack(dev, smallest));
   return os.str();
 }
@@ -218,15 +227,17 @@ ResidentPlan plan_with_residency(const ir::Model& m, const contracts::Registry& 
                       (fixed_blocks(r) == fixed_blocks(b) && r.activation_bytes < b.activation_bytes)
                 : r.predicted_ms < b.predicted_ms;
   };
-  for (const Plan& p : plans) {
-    // Every weight resident, where allowed.
-    if (req.resident_blocks == 0 || req.resident_blocks >= n) {
-      Residency r = evaluate(std::vector<bool>(size_t(n), false), 0, p, req, dev, host_rate, slack);
-      if (fits(r) && better(r)) best = ResidentPlan{p, r};
+  for (const Plan& p : plans)
+    for (bool copied : {false, true}) {
+      if (copied && req.prologue_bytes == 0) continue;
+      // Every weight resident, where allowed.
+      if (req.resident_blocks == 0 || req.resident_blocks >= n) {
+        Residency r = evaluate(std::vector<bool>(size_t(n), false), 0, copied, p, req, dev, host_rate, slack);
+        if (fits(r) && better(r)) best = ResidentPlan{p, r};
+      }
+      for (int slots = 1; slots <= 3; ++slots)
+        if (auto r = arrange(p, req, dev, host_rate, slack, slots, copied); r && better(*r)) best = ResidentPlan{p, *r};
     }
-    for (int slots = 1; slots <= 3; ++slots)
-      if (auto r = arrange(p, req, dev, host_rate, slack, slots); r && better(*r)) best = ResidentPlan{p, *r};
-  }
   if (!best) {
     int64_t smallest = plans.front().estimated_peak_bytes;
     for (const Plan& p : plans) smallest = std::min(smallest, p.estimated_peak_bytes);
@@ -252,6 +263,10 @@ std::string explain(const Residency& r) {
        << " per call against " << human_ms(r.resident_ms) << " with every weight resident ("
        << (r.predicted_ms <= 1.01 * r.resident_ms ? "copies hidden behind compute" : "copies not fully hidden") << ")";
   }
+  if (r.prologue_bytes > 0)
+    os << "\nweights only the prologue reads (" << human_bytes(r.prologue_bytes) << "): "
+       << (r.prologue_copied ? "in host memory, copied to the device as the prologue reads them on each call"
+                             : "kept on the device");
   if (r.device_memory > 0)
     os << "\ndevice memory " << human_bytes(r.device_memory) << ": " << human_bytes(r.device_bytes())
        << " planned = other weights and inputs " << human_bytes(r.fixed_bytes) << " + kept blocks "

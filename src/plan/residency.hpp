@@ -20,6 +20,11 @@ struct ResidencyRequest {
   int resident_blocks = 0;           // at most this many blocks' weights on the device at once; 0: auto
   std::vector<int64_t> block_bytes;  // per IR block: its weights as the device allocates them
   int64_t fixed_bytes = 0;           // held for the whole run besides: other weights, inputs
+  // Weights that only the family's prologue reads, on every call (a host that prepares each
+  // call's inputs on the device): kept there with the fixed bytes, or left in host memory and
+  // copied as the prologue reads them, the largest at once (`prologue_peak_bytes` on the device
+  // while no activation is live). The chooser takes whichever is faster under the device memory.
+  int64_t prologue_bytes = 0, prologue_peak_bytes = 0;
 };
 
 struct Residency {
@@ -28,6 +33,8 @@ struct Residency {
   int64_t slot_bytes = 0;      // the largest streamed block
   int64_t kept_bytes = 0;      // weights of the blocks kept on the device
   int64_t fixed_bytes = 0, activation_bytes = 0, slack_bytes = 0, device_memory = 0;
+  int64_t prologue_bytes = 0;   // the request's prologue weights, kept (in fixed_bytes) or copied
+  bool prologue_copied = false;  // copied from host memory on each call
   double host_bytes_per_s = 0;  // the copy rate the prediction used
   double predicted_ms = 0;      // one call in steady state, copies included
   double resident_ms = 0;       // the same activation plan with every weight resident

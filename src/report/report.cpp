@@ -195,6 +195,8 @@ nlohmann::json to_json(const plan::Residency& r) {
           {"slot_bytes", r.slot_bytes},
           {"kept_bytes", r.kept_bytes},
           {"fixed_bytes", r.fixed_bytes},
+          {"prologue_bytes", r.prologue_bytes},
+          {"prologue_copied", r.prologue_copied},
           {"activation_bytes", r.activation_bytes},
           {"slack_bytes", r.slack_bytes},
           {"device_memory_bytes", r.device_memory},

@@ -157,6 +157,37 @@ def test_remove_restores_the_original_forward(comfy: Any) -> None:
     assert all(torch.equal(a, b) for a, b in zip(after, before))
 
 
+def test_modulation_weights_stay_in_host_memory_where_the_device_memory_is_short(comfy: Any) -> None:
+    """Every block's adaln projection is read only by the prologue (the modulation rows of each
+    call): with room they are kept on the device; at the smallest device memory that plans they
+    stay in host memory and are copied as the prologue reads them, the answer unchanged."""
+    m = build(comfy, h3.TINY)
+    args, kwargs = call_args(m, h3.TINY, tags=MIXED_TAGS)
+    want = run(m, args, kwargs)
+
+    def planned(device_memory: int) -> tuple[Any, list[torch.Tensor]] | None:
+        try:
+            return attached(m, lambda m: run(m, args, kwargs), device_memory=device_memory)
+        except streamplan.DeviceMemoryError:
+            return None
+
+    roomy = planned(1 << 34)
+    assert roomy is not None
+    r = roomy[0].residency
+    assert r["prologue_bytes"] > 0 and not r["prologue_copied"] and r["fixed_bytes"] > r["prologue_bytes"], r
+    lo, hi = 1, r["planned_device_bytes"]  # lo fails, hi plans
+    assert planned(lo) is None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if planned(mid) is not None else (mid, hi)
+    handle, got = planned(hi)
+    r = handle.residency
+    assert r["prologue_copied"] and r["planned_device_bytes"] <= hi, r
+    assert "copied to the device as the prologue reads them" in r["explain"], r["explain"]
+    for g, w in zip(got, want):
+        assert rel_l2(g, w) <= TOL
+
+
 def test_one_plan_per_geometry(comfy: Any) -> None:
     m = build(comfy, h3.TINY)
     handle = streamplan.apply(m)

@@ -22,7 +22,8 @@ int64_t math_call_bytes(const contracts::AttnShape& s) {
   const int64_t scores = s.heads * s.q_rows * s.kv_rows;
   const bool upcast = s.dtype != ir::DType::F32 && s.dtype != ir::DType::F64;
   // Reduced dtypes: the two batched matmuls' packing buffers on a CPU that packs (one at a time).
-  const int64_t packing = upcast ? s.gemm_scratch_per_thread * s.threads : 0;
+  const int64_t operands = std::max(s.q_rows + s.kv_rows, s.q_rows + s.head_dim) * std::max(s.kv_rows, s.head_dim);
+  const int64_t packing = upcast ? s.threads * contracts::gemm_packing_per_thread(s.gemm_scratch_per_thread, operands) : 0;
   return scores * (upcast ? esz + 4 + esz : esz) + s.q_rows * s.heads * s.head_dim * esz + packing;
 }
 

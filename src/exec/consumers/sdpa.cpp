@@ -159,7 +159,9 @@ int64_t sdpa_call_bytes(const contracts::AttnShape& s) {
     int64_t per_thread = (qs * ks + 2 * qs + qs * s.head_dim) * 4;
     // Reduced dtypes: a reduced copy of the score tile, and on CPUs with packed bf16/fp16
     // GEMMs (AMX, AVX512-BF16) their packing tiles (DeviceCaps::gemm_scratch).
-    if (s.dtype != ir::DType::F32 && s.dtype != ir::DType::F64) per_thread += qs * ks * esz + s.gemm_scratch_per_thread;
+    if (s.dtype != ir::DType::F32 && s.dtype != ir::DType::F64)
+      per_thread += qs * ks * esz +
+                    contracts::gemm_packing_per_thread(s.gemm_scratch_per_thread, (qs + s.head_dim) * ks + qs * s.head_dim);
     bytes += per_thread * s.threads;
   }
   return bytes;

@@ -120,10 +120,22 @@ plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights
     }
     rq.block_bytes.push_back(bytes);
   }
-  // Held for the whole run, a storage shared by several tensors counted once.
+  // Held for the whole run, a storage shared by several tensors counted once; with the
+  // prologue on the device, the tensors only it reads apart (kept or copied per call).
   std::set<const void*> counted;
-  for (const auto& name : device_tensors_outside_blocks(m, w, reg, prologue))
-    if (!held_there(w.tensor(name), held)) rq.fixed_bytes += storage_bytes(w.tensor(name), dev, counted);
+  const std::set<std::string> run_reads = device_tensors_outside_blocks(m, w, reg, Prologue::Host);
+  for (const auto& name : device_tensors_outside_blocks(m, w, reg, prologue)) {
+    const at::Tensor t = w.tensor(name);
+    if (held_there(t, held)) continue;
+    const int64_t bytes = storage_bytes(t, dev, counted);
+    if (run_reads.count(name)) {
+      rq.fixed_bytes += bytes;
+    } else {  // read dequantized (at most 4 bytes an element) beside its stored form
+      rq.prologue_bytes += bytes;
+      rq.prologue_peak_bytes =
+          std::max(rq.prologue_peak_bytes, dev.round_alloc(int64_t(t.nbytes())) + dev.round_alloc(4 * t.numel()));
+    }
+  }
   rq.fixed_bytes += input_bytes(in, dev);
   return rq;
 }
@@ -172,7 +184,7 @@ StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeigh
     slot_bytes = std::max(slot_bytes, bytes);
   }
   // What the run reads goes to the device, what it never reads to host memory.
-  std::set<std::string> read = device_tensors_outside_blocks(m, *w_, reg, prologue);
+  std::set<std::string> read = device_tensors_outside_blocks(m, *w_, reg, r.prologue_copied ? Prologue::Host : prologue);
   for (const auto& n : names) read.insert(n.begin(), n.end());
   std::vector<std::pair<std::string, at::Tensor>> resident;
   int64_t resident_bytes = 0;

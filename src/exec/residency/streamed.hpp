@@ -36,13 +36,15 @@ std::vector<std::vector<std::string>> block_tensors(const ir::Model& m, const Te
 
 // Where the weights go that only the family's prologue reads (those it turns into the
 // inputs, such as modulation projections): host memory when the inputs are prepared once
-// (the CLI), the device when a host prepares every call there (the Python package).
+// (the CLI), the device when a host prepares every call there (the Python package), unless
+// the residency copies them there on each call instead (Residency::prologue_copied).
 enum class Prologue { Host, Device };
 
 // The byte counts residency planning needs: per block its tensors as the device allocates
-// them, and the other weights on the device plus the inputs as fixed bytes. Tensors already
-// on `held` (a GPU where a host placed part of the weights itself) are read where they are
-// and count in neither.
+// them, and the other weights on the device plus the inputs as fixed bytes; with the
+// prologue on the device, the weights only it reads as prologue bytes. Tensors already on
+// `held` (a GPU where a host placed part of the weights itself) are read where they are and
+// count in none of them.
 plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights& w, const Inputs& in,
                                          const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                                          Prologue prologue = Prologue::Host, const at::Device& held = at::kCPU);
