@@ -155,8 +155,8 @@ models::TensorMap Attached::forward_named(const models::TensorMap& raw) {
 models::FamilyRun Attached::prepare(const models::TensorMap& raw) {
   // The prologue reads quantized weights whole, dequantized (ModuleWeights::prologue_view);
   // where a host placed them on several devices, each on the run's (until they stream). Under
-  // residency, those it alone reads may be in host memory: each comes to the device in its
-  // stored form and is dequantized there.
+  // residency, those it alone reads may be left in host memory: each comes to the device in
+  // its stored form and is dequantized there.
   const OnDevice on_device(weights_->prologue_view(), device_);
   const OnDevice stored(streamed_ ? static_cast<const exec::WeightSource&>(*streamed_) : on_device, device_);
   const auto over_streamed = streamed_ ? weights_->prologue_over(stored) : nullptr;
