@@ -149,6 +149,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("heads_to_rows", &exec::dist::heads_to_rows, py::arg("group"), py::arg("y"), py::arg("rows"), py::arg("heads"),
         py::call_guard<py::gil_scoped_release>(),
         "The inverse of rows_to_heads: y [sum(rows), heads[r], D] to [rows[r], sum(heads), D].");
+  m.def("ring_attention", &exec::dist::ring_attention, py::arg("group"), py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("rows"), py::arg("scale"), py::call_guard<py::gil_scoped_release>(),
+        "Ring attention over a torch.distributed group: this rank's q [n_q, H, D] against every rank's k, v "
+        "[rows[r], G, D], the blocks passed around the ring and merged by log-sum-exp.");
   m.def("sdpa_attention", &exec::sdpa_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"),
         "The 'sdpa' consumer's attention of q [B, H, rows, d] against k, v [B, H, kv_rows, d].");
   m.def(

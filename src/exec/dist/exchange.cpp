@@ -76,4 +76,61 @@ at::Tensor heads_to_rows(const Group& pg, const at::Tensor& y, const std::vector
   return at::cat(parts, 1);
 }
 
+namespace {
+
+// Attention of q [H, n_q, D] (fp32, scaled) against one K/V block [n, G, D]: the output
+// [H, n_q, D] and the log-sum-exp of each row's scores [H, n_q], in fp32.
+std::pair<at::Tensor, at::Tensor> attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t rep = q.size(0) / k.size(1);
+  auto heads = [&](const at::Tensor& t) { return t.to(at::kFloat).permute({1, 0, 2}).repeat_interleave(rep, 0); };
+  const at::Tensor s = at::bmm(q, heads(k).transpose(1, 2));
+  const at::Tensor lse = at::logsumexp(s, -1);
+  return {at::bmm(at::exp(s - lse.unsqueeze(-1)), heads(v)), lse};
+}
+
+}  // namespace
+
+at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::vector<int64_t>& rows, double scale) {
+  const int p = pg->getSize(), me = pg->getRank();
+  if (int(rows.size()) != p)
+    throw std::invalid_argument(c10::str("ring_attention: ", rows.size(), " row counts for a process group of ", p,
+                                         " ranks"));
+  if (q.dim() != 3 || k.dim() != 3 || !k.sizes().equals(v.sizes()) || k.size(0) != rows[size_t(me)] ||
+      q.size(2) != k.size(2) || k.size(1) < 1 || q.size(1) % k.size(1))
+    throw std::invalid_argument(c10::str("ring_attention: rank ", me, " holds q ", q.sizes(), ", k ", k.sizes(), ", v ",
+                                         v.sizes(), "; expected [n_q, H, D] and [", rows[size_t(me)],
+                                         ", G, D] with H a multiple of G"));
+  const at::Tensor qh = q.to(at::kFloat).permute({1, 0, 2}).mul(scale);
+  at::Tensor out, lse;
+  at::Tensor held = at::stack({k, v}).contiguous();  // the block of rank (me - step)
+  for (int step = 0; step < p; ++step) {
+    const int origin = (me - step + p) % p, next = (origin - 1 + p) % p;
+    std::vector<at::Tensor> incoming, outgoing{held};
+    c10::intrusive_ptr<c10d::Work> sent, received;
+    if (step + 1 < p) {  // the next block travels while this one is attended
+      incoming.push_back(at::empty({2, rows[size_t(next)], k.size(1), k.size(2)}, k.options()));
+      sent = pg->send(outgoing, (me + 1) % p, step);
+      received = pg->recv(incoming, (me - 1 + p) % p, step);
+    }
+    if (rows[size_t(origin)] > 0) {
+      auto [o, l] = attend_block(qh, held[0], held[1]);
+      if (!out.defined()) {
+        out = o, lse = l;
+      } else {  // merged by log-sum-exp
+        const at::Tensor m = at::maximum(lse, l), a = at::exp(lse - m), b = at::exp(l - m);
+        out = (out * a.unsqueeze(-1) + o * b.unsqueeze(-1)) / (a + b).unsqueeze(-1);
+        lse = m + at::log(a + b);
+      }
+    }
+    if (step + 1 < p) {
+      sent->wait();
+      received->wait();
+      held = incoming.front();
+    }
+  }
+  if (!out.defined()) throw std::invalid_argument("ring_attention: no rank holds a key row");
+  return out.permute({1, 0, 2}).to(q.scalar_type());
+}
+
 }  // namespace sp::exec::dist

@@ -2,7 +2,7 @@
 // on the CPU). Ulysses attention splits the rows of a sequence across ranks; around attention
 // one all-to-all trades a rank's rows of every head for every rank's rows of its own heads, and
 // another trades them back. Row and head counts per rank may be uneven (split sizes), so any
-// head count runs on any rank count.
+// head count runs on any rank count. Ring attention keeps the heads and passes K/V around.
 //
 // Example (rank r of p, its rows of Q as [rows[r], H, D]):
 //     const auto rows = sp::exec::dist::shares(total_rows, p), heads = sp::exec::dist::shares(H, p);
@@ -28,5 +28,13 @@ at::Tensor rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector
 // The inverse: y [sum(rows), heads[me], D] -> [rows[me], sum(heads), D].
 at::Tensor heads_to_rows(const Group& pg, const at::Tensor& y, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& heads);
+
+// Ring attention: this rank's query rows q [n_q, H, D] against the keys and values of every
+// rank, k and v [rows[me], G, D] here (H a multiple of G). The K/V blocks travel around the
+// ring (to rank me + 1, from me - 1; the next block in flight while this one is attended), and
+// each block's output merges into the running one by its log-sum-exp, in fp32. `scale`
+// multiplies the scores. Returns [n_q, H, D] in q's dtype: attention over all sum(rows) keys.
+at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::vector<int64_t>& rows, double scale);
 
 }  // namespace sp::exec::dist
