@@ -504,12 +504,10 @@ uint64_t SafetensorsStreamWriter::header_bytes() const {
 
 std::string SafetensorsStreamWriter::header() const {
   std::string text = "{";
-  if (!metadata_.empty()) {
-    text += "\"__metadata__\":" + metadata_json_;
-    text += entries_json_;
-  } else if (!entries_json_.empty()) {
+  if (!metadata_.empty())
+    text += "\"__metadata__\":" + metadata_json_ + entries_json_;
+  else if (!entries_json_.empty())
     text.append(entries_json_, 1);
-  }
   text += '}';
   text.append((8 - text.size() % 8) % 8, ' ');
   std::string out(8, '\0');

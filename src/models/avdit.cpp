@@ -22,8 +22,7 @@ ir::Model build(const recognize::FamilyConfig& c, const Lengths& n, ir::DType dt
   m.dim = c.dim;
   m.dtype = dtype;
   for (const auto& s : c.segments) {
-    const int64_t len = s == "video" ? n.video : s == "text" ? n.text : n.audio;
-    m.segments.push_back({s, len});
+    m.segments.push_back({s, s == "video" ? n.video : s == "text" ? n.text : n.audio});
     const int64_t in = s == "video" ? c.in_channels : s == "text" ? c.text_dim : c.audio_dim;
     m.embeds.push_back({s, linear(s == "video" ? "patch_embed" : s + "_embed", in, c.dim, true)});
   }

@@ -29,7 +29,7 @@ struct Layout {
 };
 
 Layout layout_of(const at::Tensor& tags, int64_t audio_rows, int64_t video_rows) {
-  Layout l;
+  Layout l{{}, {}, audio_rows, video_rows};
   const at::Tensor t = tags.to(at::kLong).cpu().contiguous();
   const int64_t* p = t.data_ptr<int64_t>();
   const int64_t L = t.numel();
@@ -44,8 +44,6 @@ Layout layout_of(const at::Tensor& tags, int64_t audio_rows, int64_t video_rows)
     i = j;
   }
   if (l.text_runs.size() == 1) l.text_runs[0].first = "text";
-  l.audio = audio_rows;
-  l.video = video_rows;
   return l;
 }
 
@@ -202,8 +200,7 @@ FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w,
 
   FamilyRun run;
   const Layout lay = layout_of(tags, 2 * Ta, T * Hp * Wp);
-  const bool refine = text.size(1) != c.dim;
-  run.model = build(c, lay, dtype, consumer, refine);
+  run.model = build(c, lay, dtype, consumer, /*refine=*/text.size(1) != c.dim);
 
   // Tokens: text (encoder states, or refined already) in the activation dtype; patches and audio
   // rows in fp32 (their projections run in it).

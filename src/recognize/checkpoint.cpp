@@ -24,10 +24,8 @@ std::vector<TensorSpec> checkpoint_tensors(const FamilyConfig& config, const std
   std::vector<TensorSpec> out;
   std::vector<int> part_of;  // Concat0 part of each emitted tensor
   auto emit = [&](const Entry& e, int64_t index) {
-    TensorSpec t;
-    t.name = expand(e.name, std::to_string(index));
-    t.canonical = expand(e.canonical.empty() ? e.name : e.canonical, std::to_string(index));
-    t.op = e.op;
+    const std::string i = std::to_string(index);
+    TensorSpec t{expand(e.name, i), {}, expand(e.canonical.empty() ? e.name : e.canonical, i), e.op, 0};
     for (const Expr& d : parse_shape(e.shape)) {
       auto v = evaluate(d, syms);
       if (!v) throw std::logic_error("recognize table: unbound symbol in " + e.shape);

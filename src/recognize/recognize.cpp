@@ -127,13 +127,7 @@ class Matcher {
     check_missing();
     bind_symbols();
     check_shapes();
-    const Symbols syms = bound_values();
-    Recognized r;
-    r.layout = cl_.layout->name;
-    r.prefix = prefix;
-    r.config = configure(syms, sidecar);
-    r.tensors = sources(prefix);
-    return r;
+    return {configure(bound_values(), sidecar), cl_.layout->name, prefix, sources(prefix), {}};
   }
 
  private:
@@ -267,7 +261,7 @@ class Matcher {
   [[noreturn]] void shape_error(size_t i, size_t k) const {
     const Pattern& p = cl_.patterns[i];
     const Tensor& t = *inst_[i][k].second;
-    std::string expect = "[", values = "[", ctx;
+    std::string expect, values, ctx;
     for (size_t d = 0; d < p.shape.size(); ++d) {
       expect += (d ? ", " : "") + to_string(p.shape[d]);
       auto v = evaluate(p.shape[d], bound_values());
@@ -276,10 +270,8 @@ class Matcher {
       if (!c.empty() && ctx.find(c.substr(2, c.size() - 3)) == std::string::npos)
         ctx += (ctx.empty() ? "" : "; ") + c.substr(2, c.size() - 3);
     }
-    expect += "]";
-    values += "]";
-    fail("tensor " + t.name + " has shape " + shape_string(t.info->shape) + ", expected " + expect +
-         " = " + values + (ctx.empty() ? "" : " (" + ctx + ")"));
+    fail("tensor " + t.name + " has shape " + shape_string(t.info->shape) + ", expected [" + expect +
+         "] = [" + values + "]" + (ctx.empty() ? "" : " (" + ctx + ")"));
   }
 
   void check_shapes() const {
@@ -303,10 +295,9 @@ class Matcher {
       c.layers = syms.count("layers") ? syms.at("layers") : 0;
       c.single_layers = syms.count("single_layers") ? syms.at("single_layers") : 0;
       const FamilyConfig* match = nullptr;
-      for (const Preset& p : fam.presets) {
-        if (!match && same_structure(c, p.real)) match = &p.real;
-        if (!match && same_structure(c, p.tiny)) match = &p.tiny;
-      }
+      for (const Preset& p : fam.presets)
+        for (const FamilyConfig* candidate : {&p.real, &p.tiny})
+          if (!match && same_structure(c, *candidate)) match = candidate;
       c.variant = match ? match->variant : "custom";
       if (match)
         copy_conventions(*match, c);
@@ -393,10 +384,8 @@ Recognized recognize(const std::vector<io::TensorInfo>& infos,
   std::vector<Attempt> attempts;
   for (const CompiledLayout& cl : compiled()) {
     if (sc.family && cl.family->name != *sc.family) continue;
-    Attempt a;
-    a.cl = &cl;
     Matcher m(cl, tensors);
-    a.unexplained = m.explain();
+    Attempt a{&cl, m.explain(), {}};
     if (a.unexplained.empty()) {
       try {
         return m.validate(prefix, sc);

@@ -5,8 +5,6 @@
 namespace sp::recognize::detail {
 namespace {
 
-using Op = Source::Op;
-
 const std::vector<Entry> kOriginal = with_biases({
     {"patch_embedding.weight+bias", "dim, in, pt, ph, pw"},
     {"text_embedding.0.weight+bias", "dim, text_dim"},
