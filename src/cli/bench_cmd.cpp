@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <numeric>
 #include <sstream>
 
 #include "cli/commands.hpp"
@@ -74,9 +75,9 @@ int bench(const Args& a) {
   std::vector<int64_t> memories;
   std::stringstream list(a.device_memory);
   for (std::string item; std::getline(list, item, ',');) memories.push_back(plan::parse_budget(item));
+  const int resident_blocks = memories.empty() ? 0 : parse_resident_blocks(a.resident_blocks);
   if (!memories.empty() && a.estimate) {
-    for (const auto& c : chosen)
-      std::cout << report::estimate_residency(c, reg, caps, opt, memories, parse_resident_blocks(a.resident_blocks));
+    for (const auto& c : chosen) std::cout << report::estimate_residency(c, reg, caps, opt, memories, resident_blocks);
     return 0;
   }
   // The real-dimension cases take hours on a CPU; say so before starting, with the cost
@@ -85,8 +86,7 @@ int bench(const Args& a) {
   std::vector<double> estimates;
   if (a.estimate || (on_cpu && a.sweep == 0))
     for (const auto& c : chosen) estimates.push_back(report::estimate_case_ms(c, reg, caps, opt));
-  double total_ms = 0;
-  for (double ms : estimates) total_ms += ms;
+  const double total_ms = std::accumulate(estimates.begin(), estimates.end(), 0.0);
   const std::string runs = " (an estimate of the cost model: " + std::to_string(1 + a.reps) +
                            " runs of each schedule, the naive one taken as long as the planned one, weights not included)";
   if (on_cpu) {
@@ -102,13 +102,19 @@ int bench(const Args& a) {
               << "\n";
     return 0;
   }
-  if (!memories.empty()) {
-    nlohmann::json rows = nlohmann::json::array();
+  // The JSON of every case run so far, in one array that --out rewrites after each case.
+  auto run_cases = [&](const auto& add) {
+    nlohmann::json all = nlohmann::json::array();
     for (const auto& c : chosen) {
-      for (auto& row : report::run_residency_case(c, reg, caps, d, opt, memories, parse_resident_blocks(a.resident_blocks)))
-        rows.push_back(row);
-      if (!a.out.empty()) std::ofstream(a.out) << rows.dump(2) << "\n";
+      add(c, all);
+      if (!a.out.empty()) std::ofstream(a.out) << all.dump(2) << "\n";
     }
+    return all;
+  };
+  if (!memories.empty()) {
+    const nlohmann::json rows = run_cases([&](const auto& c, auto& into) {
+      for (auto& row : report::run_residency_case(c, reg, caps, d, opt, memories, resident_blocks)) into.push_back(row);
+    });
     std::cout << "device: " << caps.name << ", dtype " << a.dtype << ", " << a.reps
               << " timed runs each (median); weights streamed from host memory under each device memory\n"
               << report::residency_table(rows);
@@ -116,22 +122,17 @@ int bench(const Args& a) {
   }
   if (!a.resident_blocks.empty()) throw std::invalid_argument("--resident-blocks: give --device-memory with it");
   if (a.policies) {
-    nlohmann::json all = nlohmann::json::array();
-    for (const auto& c : chosen) {
-      all.push_back(report::run_policy_case(c, reg, caps, d, opt));
-      if (!a.out.empty()) std::ofstream(a.out) << all.dump(2) << "\n";
-    }
+    const nlohmann::json all =
+        run_cases([&](const auto& c, auto& into) { into.push_back(report::run_policy_case(c, reg, caps, d, opt)); });
     std::cout << "device: " << caps.name << ", dtype " << a.dtype << ", " << a.reps
               << " rounds of the policies in turn (median)\n"
               << report::policy_table(all);
     return 0;
   }
   if (a.sweep > 0) {
-    nlohmann::json all_sweeps = nlohmann::json::array();
-    for (const auto& c : chosen) {
-      all_sweeps.push_back(report::run_budget_sweep(c, reg, caps, d, opt, a.sweep, a.fixed));
-      if (!a.out.empty()) std::ofstream(a.out) << all_sweeps.dump(2) << "\n";
-    }
+    const nlohmann::json all_sweeps = run_cases([&](const auto& c, auto& into) {
+      into.push_back(report::run_budget_sweep(c, reg, caps, d, opt, a.sweep, a.fixed));
+    });
     for (const auto& s : all_sweeps) {
       int within = 0, close = 0;
       for (const auto& p : s["sweep"]) {

@@ -87,8 +87,7 @@ std::optional<Built> extrapolate(const recognize::Recognized& rec, exec::TensorW
   if (!extend_all(out.model.segments, at[1].model.segments, at[2].model.segments) ||
       !extend_all(out.model.contexts, at[1].model.contexts, at[2].model.contexts))
     return std::nullopt;
-  const int64_t step = (at[1].input_bytes - at[0].input_bytes) / t;
-  out.input_bytes = at[0].input_bytes + (n - t) * step;
+  out.input_bytes = at[0].input_bytes + (n - t) * ((at[1].input_bytes - at[0].input_bytes) / t);
   return out;
 }
 
@@ -110,9 +109,8 @@ void check_segments(const ir::Model& m, const models::Geometry& g) {
   std::string segments, contexts;
   for (const auto& s : m.segments) segments += (segments.empty() ? "" : ", ") + s.name;
   for (const auto& c : m.contexts) contexts += (contexts.empty() ? "" : ", ") + c.name;
-  if (std::any_of(m.segments.begin(), m.segments.end(), [](const auto& s) { return s.name == "audio"; }) ||
-      std::any_of(m.contexts.begin(), m.contexts.end(), [](const auto& c) { return c.name == "audio"; }))
-    return;
+  const auto audio = [](const auto& s) { return s.name == "audio"; };
+  if (std::ranges::any_of(m.segments, audio) || std::ranges::any_of(m.contexts, audio)) return;
   throw std::invalid_argument("--audio-tokens " + std::to_string(g.audio_tokens) + ": " + m.name +
                               " has no audio tokens (token segments: " + segments +
                               (contexts.empty() ? "" : "; contexts: " + contexts) + ")");

@@ -24,17 +24,13 @@ int run_probe(const Args& a) {
     std::cout << (removed ? "removed " : "nothing cached at ") << (path.empty() ? "(no cache directory)" : path) << "\n";
     return 0;
   }
-  std::optional<exec::ProbeResult> r;
-  if (a.show) {
-    r = exec::cached_probe(caps);
-    if (!r) {
-      std::cout << "no cached rates for " << exec::probe_key(caps) << " at "
-                << (path.empty() ? "(no cache directory: set XDG_CACHE_HOME or HOME)" : path)
-                << "; `streamplan probe` measures them\n";
-      return 0;
-    }
-  } else {
-    r = exec::probe_device(d, caps, /*use_cache=*/false);
+  const std::optional<exec::ProbeResult> r =
+      a.show ? exec::cached_probe(caps) : exec::probe_device(d, caps, /*use_cache=*/false);
+  if (!r) {  // --show with nothing cached
+    std::cout << "no cached rates for " << exec::probe_key(caps) << " at "
+              << (path.empty() ? "(no cache directory: set XDG_CACHE_HOME or HOME)" : path)
+              << "; `streamplan probe` measures them\n";
+    return 0;
   }
   if (a.json) std::cout << exec::probe_json(*r).dump(2) << "\n";
   else std::cout << exec::probe_text(*r);

@@ -141,13 +141,10 @@ BenchResult run_bench_case(const BenchCase& c, const contracts::Registry& reg, c
                            p.kv_budget);
   };
   auto planned = [&](const std::string& what) {
-    try {
+    return noting_out_of_memory("while running the planned schedule of bench case " + c.name, [&] {
       return exec::run_planned(inst.model, p, *inst.weights, inst.inputs, reg, caps,
                                progress.sublayers(inst.model, c.name + ": " + what));
-    } catch (c10::Error& e) {
-      if (exec::is_out_of_memory(e)) e.add_context("while running the planned schedule of bench case " + c.name);
-      throw;
-    }
+    });
   };
   bool naive_fits = true;
   try {
@@ -209,11 +206,9 @@ nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& r
   const int64_t smallest = smallest_peak(inst.model, reg, caps, {});
   const int64_t lowest =
       std::max(smallest, int64_t(opt.sweep_min_floor * double(plan::floor_bytes(inst.model))));
-  plan::Options full;
-  full.token_chunk = inst.model.tokens();
   // The full-size schedule's peak, with the room the chooser keeps for row statistics.
-  const int64_t largest = std::max<int64_t>(
-      int64_t(1.05 * double(plan::make_plan(inst.model, reg, caps, full).estimated_peak_bytes)), int64_t(1.2 * double(lowest)));
+  const int64_t full = plan::make_plan(inst.model, reg, caps, {.token_chunk = inst.model.tokens()}).estimated_peak_bytes;
+  const int64_t largest = std::max<int64_t>(int64_t(1.05 * double(full)), int64_t(1.2 * double(lowest)));
   nlohmann::json j{{"case", c.name}, {"tokens", inst.model.tokens()}, {"floor_bytes", plan::floor_bytes(inst.model)},
                    {"smallest_peak_bytes", smallest}, {"lowest_budget_bytes", lowest},
                    {"full_peak_bytes", largest}};
@@ -235,10 +230,7 @@ nlohmann::json run_budget_sweep(const BenchCase& c, const contracts::Registry& r
   nlohmann::json fixed = nlohmann::json::array();
   double best = 0;
   for (int64_t chunk : fixed_chunks) {
-    plan::Options o;
-    o.token_chunk = chunk;
-    o.kv_budget = opt.plan.kv_budget;
-    const plan::Plan p = plan::make_plan(inst.model, reg, caps, o);
+    const plan::Plan p = plan::make_plan(inst.model, reg, caps, {.token_chunk = chunk, .kv_budget = opt.plan.kv_budget});
     const auto [ms, peak] = run(p);
     if (best == 0 || ms < best) best = ms;
     fixed.push_back({{"token_chunk", chunk}, {"ms", ms}, {"measured_peak_bytes", peak}});

@@ -24,10 +24,7 @@ namespace {
 int64_t full_size_peak(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
   int64_t rows = m.tokens();
   for (const auto& c : m.contexts) rows = std::max(rows, c.length);
-  plan::Options full;
-  full.token_chunk = rows;
-  full.feature_slice = -1;
-  return plan::make_plan(m, reg, dev, full).estimated_peak_bytes;
+  return plan::make_plan(m, reg, dev, {.token_chunk = rows, .feature_slice = -1}).estimated_peak_bytes;
 }
 
 }  // namespace

@@ -84,20 +84,14 @@ Progress::Phase::~Phase() {
   thread_.join();
 }
 
-namespace {
-
-// Runs one schedule; an out-of-memory error leaves saying which schedule it was.
-template <class F>
-auto schedule(const char* name, F&& f) {
+at::Tensor noting_out_of_memory(const std::string& context, const std::function<at::Tensor()>& f) {
   try {
     return f();
   } catch (c10::Error& e) {
-    if (exec::is_out_of_memory(e)) e.add_context(std::string("while running the ") + name + " schedule");
+    if (exec::is_out_of_memory(e)) e.add_context(context);
     throw;
   }
 }
-
-}  // namespace
 
 std::pair<at::Tensor, Measurement> measure(const at::Device& d, const std::function<at::Tensor()>& f) {
   exec::synchronize(d);
@@ -130,14 +124,14 @@ RunReport compare(const models::Instance& inst, const plan::Plan& p, const contr
   Progress& progress = opt.progress && opt.reporter ? *opt.reporter : own;
   const exec::WeightSource& w = opt.weights ? *opt.weights : *inst.weights;
   auto naive = [&](const std::string& what) {
-    return schedule("naive", [&] {
+    return noting_out_of_memory("while running the naive schedule", [&] {
       return exec::run_naive(inst.model, w, inst.inputs, reg, progress.sublayers(inst.model, what), p.kv_budget);
     });
   };
   // Out of memory: one retry under what is free; later runs keep the plan that ran.
   plan::Plan current = p;
   auto planned = [&](const std::string& what) {
-    return schedule("planned", [&] {
+    return noting_out_of_memory("while running the planned schedule", [&] {
       if (!opt.memory_cap.empty()) {
         try {
           return exec::run_planned(inst.model, current, w, inst.inputs, reg, dev, progress.sublayers(inst.model, what));

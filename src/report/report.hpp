@@ -107,6 +107,8 @@ struct CompareOptions {
 // One metered call on the device: its output, time (device events on a GPU) and the
 // activation peak above what was live when it started.
 std::pair<at::Tensor, Measurement> measure(const at::Device& d, const std::function<at::Tensor()>& f);
+// f(), where an out-of-memory error leaves with `context` added ("while running the naive schedule").
+at::Tensor noting_out_of_memory(const std::string& context, const std::function<at::Tensor()>& f);
 // ||out - ref|| / ||ref|| in float64.
 double rel_l2(const at::Tensor& out, const at::Tensor& ref);
 
