@@ -312,8 +312,9 @@ class Handle:
         """Where the weights are for the last call's geometry (None unless they stream, or
         before the first call): ``kept_blocks``, ``streamed_blocks``, ``slots``, the byte parts
         of the device memory (``kept_bytes``, ``slot_bytes``, ``fixed_bytes``,
-        ``activation_bytes``, ``slack_bytes``), ``predicted_ms`` and ``all_resident_ms``, and
-        ``explain``."""
+        ``activation_bytes``, ``slack_bytes``), ``prologue_bytes`` and ``prologue_copied`` (the
+        weights only the family's prologue reads, and whether they stay in host memory and are
+        copied on each call), ``predicted_ms`` and ``all_resident_ms``, and ``explain``."""
         key = self._attached.last_key
         for p in self._attached.plans():
             if p["key"] == key and p["residency"] is not None:

@@ -149,6 +149,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("heads_to_rows", &exec::dist::heads_to_rows, py::arg("group"), py::arg("y"), py::arg("rows"), py::arg("heads"),
         py::call_guard<py::gil_scoped_release>(),
         "The inverse of rows_to_heads: y [sum(rows), heads[r], D] to [rows[r], sum(heads), D].");
+  m.def("ulysses_attention", &exec::dist::ulysses_attention, py::arg("group"), py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("rows"), py::arg("scale"), py::call_guard<py::gil_scoped_release>(),
+        "Ulysses attention over a torch.distributed group: this rank's rows q [rows[r], H, D], k, v "
+        "[rows[r], G, D]; each rank attends its share of the K/V groups over every row.");
   m.def("ring_attention", &exec::dist::ring_attention, py::arg("group"), py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("rows"), py::arg("scale"), py::call_guard<py::gil_scoped_release>(),
         "Ring attention over a torch.distributed group: this rank's q [n_q, H, D] against every rank's k, v "

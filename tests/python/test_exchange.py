@@ -1,7 +1,7 @@
-"""Sequence-parallel exchanges (streamplan._C.rows_to_heads / heads_to_rows / ring_attention) over
+"""Sequence-parallel exchanges (streamplan._C.rows_to_heads / heads_to_rows, ring and Ulysses attention) over
 gloo process groups of 2 and 4 CPU processes: the Ulysses all-to-all against slicing the whole
-tensor, and its inverse back to each rank's rows, bit for bit; ring attention against attention
-over the whole sequence in one process; uneven row and head counts, a rank with no rows."""
+tensor, and its inverse back to each rank's rows, bit for bit; ring and Ulysses attention against
+attention over the whole sequence in one process; uneven row and head counts, a rank with no rows."""
 
 import pytest
 import torch
@@ -51,25 +51,27 @@ def _ring_rank(rank: int, world: int, store: str, rows_total: int, heads: int, g
         rows = C.shares(rows_total, world)
         r0 = sum(rows[:rank])
         mine = slice(r0, r0 + rows[rank])
-        got = C.ring_attention(dist.group.WORLD, q[mine], k[mine], v[mine], rows, 0.3)
         rep = heads // groups
         want = F.scaled_dot_product_attention(*(t.double().transpose(0, 1) for t in (
             q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1))), scale=0.3).transpose(0, 1)[mine]
-        assert got.dtype == dtype and got.shape == want.shape, (got.shape, want.shape)
-        err = ((got.double() - want).norm() / want.norm()).item() if want.numel() else 0.0
-        assert err <= (1e-6 if dtype == torch.float32 else 1e-2), f"rank {rank}: rel L2 {err:.2e}"
-        with pytest.raises(ValueError, match="with H a multiple of G"):
-            C.ring_attention(dist.group.WORLD, q[mine, :1], k[mine], v[mine], rows, 0.3)
+        for attend in (C.ring_attention, C.ulysses_attention):
+            got = attend(dist.group.WORLD, q[mine], k[mine], v[mine], rows, 0.3)
+            assert got.dtype == dtype and got.shape == want.shape, (attend.__name__, got.shape, want.shape)
+            err = ((got.double() - want).norm() / want.norm()).item() if want.numel() else 0.0
+            assert err <= (1e-6 if dtype == torch.float32 else 1e-2), f"rank {rank} {attend.__name__}: rel L2 {err:.2e}"
+            with pytest.raises(ValueError, match="with H a multiple of G"):
+                attend(dist.group.WORLD, q[mine, :1], k[mine], v[mine], rows, 0.3)
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world,rows_total,heads,groups,dtype", [
     (2, 37, 6, 3, torch.float32),   # grouped K/V, an odd row count
-    (4, 41, 5, 5, torch.float32),   # 5 heads: no even split of heads over 4 ranks
-    (4, 3, 4, 2, torch.bfloat16),   # rows 1, 1, 1, 0: a rank with no keys and no queries
+    (4, 41, 5, 5, torch.float32),   # 5 heads: no even split of heads over 4 ranks (Ulysses: 2, 1, 1, 1)
+    (4, 3, 4, 2, torch.bfloat16),   # rows 1, 1, 1, 0: a rank with no rows; Ulysses: 2 ranks without heads
 ])
-def test_ring_attention_equals_attention_over_the_whole_sequence(tmp_path, world, rows_total, heads, groups, dtype):
+def test_ring_and_ulysses_attention_equal_attention_over_the_whole_sequence(tmp_path, world, rows_total, heads, groups,
+                                                                           dtype):
     mp.spawn(_ring_rank, args=(world, str(tmp_path / "store"), rows_total, heads, groups, dtype), nprocs=world,
              join=True)
 

@@ -90,6 +90,31 @@ std::pair<at::Tensor, at::Tensor> attend_block(const at::Tensor& q, const at::Te
 
 }  // namespace
 
+at::Tensor ulysses_attention(const Group& pg, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const std::vector<int64_t>& rows, double scale) {
+  const int p = pg->getSize(), me = pg->getRank();
+  if (q.dim() != 3 || k.dim() != 3 || !k.sizes().equals(v.sizes()) || q.size(0) != k.size(0) ||
+      q.size(2) != k.size(2) || k.size(1) < 1 || q.size(1) % k.size(1))
+    throw std::invalid_argument(c10::str("ulysses_attention: rank ", me, " holds q ", q.sizes(), ", k ", k.sizes(),
+                                         ", v ", v.sizes(), "; expected [rows, H, D] and [rows, G, D] with H a "
+                                         "multiple of G"));
+  const int64_t rep = q.size(1) / k.size(1);
+  const std::vector<int64_t> groups = shares(k.size(1), p);
+  std::vector<int64_t> heads;
+  for (int64_t g : groups) heads.push_back(g * rep);
+  const at::Tensor qh = rows_to_heads(pg, q, rows, heads), kh = rows_to_heads(pg, k, rows, groups),
+                   vh = rows_to_heads(pg, v, rows, groups);
+  at::Tensor out = at::zeros_like(qh);
+  if (heads[size_t(me)] > 0) {  // [rows, heads, D] -> [heads, rows, D], fp32, the groups' heads repeated
+    auto hm = [&](const at::Tensor& t, int64_t r) {
+      return t.to(at::kFloat).permute({1, 0, 2}).repeat_interleave(r, 0);
+    };
+    const at::Tensor s = at::bmm(hm(qh, 1).mul(scale), hm(kh, rep).transpose(1, 2));
+    out = at::bmm(at::softmax(s, -1), hm(vh, rep)).permute({1, 0, 2}).to(q.scalar_type());
+  }
+  return heads_to_rows(pg, out.contiguous(), rows, heads);
+}
+
 at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::vector<int64_t>& rows, double scale) {
   const int p = pg->getSize(), me = pg->getRank();

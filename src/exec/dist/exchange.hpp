@@ -29,6 +29,13 @@ at::Tensor rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector
 at::Tensor heads_to_rows(const Group& pg, const at::Tensor& y, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& heads);
 
+// Ulysses attention: this rank's rows q [rows[me], H, D], k and v [rows[me], G, D] (H a multiple
+// of G); the K/V groups are shared out over the ranks (shares(G, p)), each with its query heads,
+// every rank attends its groups over all sum(rows) rows (scaled dot product, fp32 softmax), and
+// the outputs go back to their rows: [rows[me], H, D] in q's dtype.
+at::Tensor ulysses_attention(const Group& pg, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const std::vector<int64_t>& rows, double scale);
+
 // Ring attention: this rank's query rows q [n_q, H, D] against the keys and values of every
 // rank, k and v [rows[me], G, D] here (H a multiple of G). The K/V blocks travel around the
 // ring (to rank me + 1, from me - 1; the next block in flight while this one is attended), and
