@@ -26,6 +26,30 @@ size_t check(const c10d::ProcessGroup& pg, const at::Tensor& x, const std::vecto
   return size_t(me);
 }
 
+// q [n_q, H, D] against k and v [kv_rows, G, D] with H a multiple of G (and n_q == kv_rows where
+// `same_rows`): an error naming the shapes otherwise.
+void check_attention(const char* what, int me, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     int64_t kv_rows, bool same_rows) {
+  if (q.dim() != 3 || k.dim() != 3 || !k.sizes().equals(v.sizes()) || k.size(0) != kv_rows ||
+      (same_rows && q.size(0) != kv_rows) || q.size(2) != k.size(2) || k.size(1) < 1 || q.size(1) % k.size(1))
+    throw std::invalid_argument(c10::str(what, ": rank ", me, " holds q ", q.sizes(), ", k ", k.sizes(), ", v ",
+                                         v.sizes(), "; expected [", same_rows ? c10::str(kv_rows) : "n_q",
+                                         ", H, D] and [", kv_rows, ", G, D] with H a multiple of G"));
+}
+
+// Rows-major q [n_q, H, D] as the fp32 heads-major [H, n_q, D] that attend_block takes, scaled.
+at::Tensor scaled_heads(const at::Tensor& q, double scale) { return q.to(at::kFloat).permute({1, 0, 2}).mul(scale); }
+
+// Attention of q [H, n_q, D] (fp32, scaled) against one K/V block [n, G, D]: the output
+// [H, n_q, D] and the log-sum-exp of each row's scores [H, n_q], in fp32.
+std::pair<at::Tensor, at::Tensor> attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t rep = q.size(0) / k.size(1);
+  auto heads = [&](const at::Tensor& t) { return t.to(at::kFloat).permute({1, 0, 2}).repeat_interleave(rep, 0); };
+  const at::Tensor s = at::bmm(q, heads(k).transpose(1, 2));
+  const at::Tensor lse = at::logsumexp(s, -1);
+  return {at::bmm(at::exp(s - lse.unsqueeze(-1)), heads(v)), lse};
+}
+
 }  // namespace
 
 std::vector<int64_t> shares(int64_t n, int64_t p) {
@@ -76,28 +100,10 @@ at::Tensor heads_to_rows(const Group& pg, const at::Tensor& y, const std::vector
   return at::cat(parts, 1);
 }
 
-namespace {
-
-// Attention of q [H, n_q, D] (fp32, scaled) against one K/V block [n, G, D]: the output
-// [H, n_q, D] and the log-sum-exp of each row's scores [H, n_q], in fp32.
-std::pair<at::Tensor, at::Tensor> attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  const int64_t rep = q.size(0) / k.size(1);
-  auto heads = [&](const at::Tensor& t) { return t.to(at::kFloat).permute({1, 0, 2}).repeat_interleave(rep, 0); };
-  const at::Tensor s = at::bmm(q, heads(k).transpose(1, 2));
-  const at::Tensor lse = at::logsumexp(s, -1);
-  return {at::bmm(at::exp(s - lse.unsqueeze(-1)), heads(v)), lse};
-}
-
-}  // namespace
-
 at::Tensor ulysses_attention(const Group& pg, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const std::vector<int64_t>& rows, double scale) {
   const int p = pg->getSize(), me = pg->getRank();
-  if (q.dim() != 3 || k.dim() != 3 || !k.sizes().equals(v.sizes()) || q.size(0) != k.size(0) ||
-      q.size(2) != k.size(2) || k.size(1) < 1 || q.size(1) % k.size(1))
-    throw std::invalid_argument(c10::str("ulysses_attention: rank ", me, " holds q ", q.sizes(), ", k ", k.sizes(),
-                                         ", v ", v.sizes(), "; expected [rows, H, D] and [rows, G, D] with H a "
-                                         "multiple of G"));
+  check_attention("ulysses_attention", me, q, k, v, k.size(0), /*same_rows=*/true);
   const int64_t rep = q.size(1) / k.size(1);
   const std::vector<int64_t> groups = shares(k.size(1), p);
   std::vector<int64_t> heads;
@@ -105,13 +111,8 @@ at::Tensor ulysses_attention(const Group& pg, const at::Tensor& q, const at::Ten
   const at::Tensor qh = rows_to_heads(pg, q, rows, heads), kh = rows_to_heads(pg, k, rows, groups),
                    vh = rows_to_heads(pg, v, rows, groups);
   at::Tensor out = at::zeros_like(qh);
-  if (heads[size_t(me)] > 0) {  // [rows, heads, D] -> [heads, rows, D], fp32, the groups' heads repeated
-    auto hm = [&](const at::Tensor& t, int64_t r) {
-      return t.to(at::kFloat).permute({1, 0, 2}).repeat_interleave(r, 0);
-    };
-    const at::Tensor s = at::bmm(hm(qh, 1).mul(scale), hm(kh, rep).transpose(1, 2));
-    out = at::bmm(at::softmax(s, -1), hm(vh, rep)).permute({1, 0, 2}).to(q.scalar_type());
-  }
+  if (heads[size_t(me)] > 0)
+    out = attend_block(scaled_heads(qh, scale), kh, vh).first.permute({1, 0, 2}).to(q.scalar_type());
   return heads_to_rows(pg, out.contiguous(), rows, heads);
 }
 
@@ -121,12 +122,8 @@ at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor
   if (int(rows.size()) != p)
     throw std::invalid_argument(c10::str("ring_attention: ", rows.size(), " row counts for a process group of ", p,
                                          " ranks"));
-  if (q.dim() != 3 || k.dim() != 3 || !k.sizes().equals(v.sizes()) || k.size(0) != rows[size_t(me)] ||
-      q.size(2) != k.size(2) || k.size(1) < 1 || q.size(1) % k.size(1))
-    throw std::invalid_argument(c10::str("ring_attention: rank ", me, " holds q ", q.sizes(), ", k ", k.sizes(), ", v ",
-                                         v.sizes(), "; expected [n_q, H, D] and [", rows[size_t(me)],
-                                         ", G, D] with H a multiple of G"));
-  const at::Tensor qh = q.to(at::kFloat).permute({1, 0, 2}).mul(scale);
+  check_attention("ring_attention", me, q, k, v, rows[size_t(me)], /*same_rows=*/false);
+  const at::Tensor qh = scaled_heads(q, scale);
   at::Tensor out, lse;
   at::Tensor held = at::stack({k, v}).contiguous();  // the block of rank (me - step)
   for (int step = 0; step < p; ++step) {
