@@ -90,6 +90,16 @@ TEST(Inputs, PlanOfAnotherModelRegistryOrDeviceIsRefused) {
   EXPECT_EQ(mismatch_of(s, own, s.inst.model, s.reg, emptier), "") << "free memory is no part of the match";
 }
 
+// A plan of one rank's rows of a sequence-parallel run needs its process group: without one
+// it is refused by its code, naming the split.
+TEST(Inputs, SplitPlanWithoutItsProcessGroupIsRefused) {
+  Small s;
+  const auto p = plan::make_plan(s.inst.model, s.reg, s.dev, {.sequence = {1, 2, plan::SeqMode::Ulysses}});
+  const std::string e = mismatch_of(s, p, s.inst.model, s.reg, s.dev);
+  EXPECT_TRUE(e.starts_with("plan.sequence")) << e;
+  EXPECT_NE(e.find("ulysses over 2 ranks, rank 1"), std::string::npos) << e;
+}
+
 // The plan holds its compiled parts: a forward compiles nothing, and planning compiles each
 // candidate once per form of block, so three more blocks of the same form add only their
 // chosen programs.

@@ -410,6 +410,50 @@ TEST_F(Planning, EstimateIsResidualPlusWorstProgram) {
   }
 }
 
+// A sequence-parallel plan per rank: each holds its own rows of the residual stream, runs the
+// same exchanges in the same order as every other rank (all at loop depth 0, so that no rank
+// waits on one that runs another), refuses the output projection streamed with the Q slabs
+// (sequence.split) and says so in its explain text; under Ulysses it estimates a lower peak than
+// one rank's.
+TEST_F(Planning, SequenceSplitPlansEachRanksRowsWithTheSameExchanges) {
+  const Knobs k = gqa_bf16(2);
+  const ir::Model m = build(k);
+  const pl::Plan one = plan(m, {.token_chunk = 64});
+  for (const pl::SeqMode mode : {pl::SeqMode::Ulysses, pl::SeqMode::Ring})
+    for (int64_t ranks : {2, 3}) {
+      SCOPED_TRACE(std::string(pl::to_string(mode)) + " over " + std::to_string(ranks));
+      std::vector<std::vector<std::string>> exchanges;
+      int64_t rows = 0;
+      for (int64_t r = 0; r < ranks; ++r) {
+        const pl::Plan p = plan(m, {.token_chunk = 64, .sequence = {r, ranks, mode}});
+        const int64_t own = pl::own_rows(p.sequence, m.tokens()).size();
+        rows += own;
+        EXPECT_EQ(p.residual_bytes, own * k.dim * 2);
+        // Ulysses holds about 1/ranks of every activation; the ring attends in fp32 blocks.
+        if (mode == pl::SeqMode::Ulysses) EXPECT_LT(p.estimated_peak_bytes, one.estimated_peak_bytes);
+        std::vector<std::string> seen;
+        for (const pl::Part* part : pl::parts(p))
+          for (const pl::Step& st : part->program.steps)
+            if (const auto* x = std::get_if<pl::ExchangeStep>(&st.body)) {
+              EXPECT_EQ(st.depth, 0) << st.what;
+              EXPECT_GT(st.terms.link_bytes, 0) << st.what;
+              seen.push_back(part->program.name + " " + std::to_string(int(x->kind)));
+            }
+        EXPECT_EQ(seen.size(), size_t(m.blocks.size() * (mode == pl::SeqMode::Ulysses ? 4 : 1)));
+        exchanges.push_back(seen);
+        const std::string text = pl::explain(p);
+        EXPECT_TRUE(contains(text, "sequence parallel: " + std::string(pl::to_string(mode)) + " over " +
+                                       std::to_string(ranks) + " ranks, rank " + std::to_string(r)))
+            << text;
+        EXPECT_TRUE(contains(text, "[sequence.split]")) << text;
+        EXPECT_FALSE(p.blocks[0].sublayers[0].streamed_out);
+      }
+      EXPECT_EQ(rows, m.tokens());
+      for (const auto& e : exchanges) EXPECT_EQ(e, exchanges.front());
+    }
+  EXPECT_THROW(plan(m, {.sequence = {2, 2, pl::SeqMode::Ulysses}}), std::invalid_argument);
+}
+
 // Buffers of a role in a program.
 std::vector<const pl::Buffer*> of_role(const pl::Program& prog, pl::BufRole r) {
   std::vector<const pl::Buffer*> out;

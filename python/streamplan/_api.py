@@ -226,8 +226,10 @@ class Handle:
         loras: list[tuple[str, dict[str, torch.Tensor], float]] | None = None,
         residency: tuple[int, int, str, bool] = (0, -1, "", False),
         dtype: str = "",
+        sequence: tuple[Any, str] = (None, "ulysses"),
     ) -> None:
         self._module = module
+        self._sequence = sequence
         self._dtype = dtype
         self._residency = residency
         self._weight_hook = weight_hook
@@ -390,7 +392,7 @@ class Handle:
             self._attached = _C.Attached(tensors, sidecar, consumer, budget, chunk, fslice, self._python_consumers,
                                          hook.fn if hook else None, list(hook.names) if hook else [], self._loras,
                                          device_memory, resident_blocks, device, getattr(self, "_kv_budget", 1.0),
-                                         self._dtype, in_place)
+                                         self._dtype, in_place, *self._sequence)
         _lora.warn(self._attached.lora, self._lora_warned)
         device = torch.device(self._attached.device)
         self._adapter = self._adapter_type(m, self._original, _DTYPES[self._attached.dtype], device)
@@ -536,6 +538,8 @@ def apply(
     device: str | torch.device | None = None,
     kv_budget: float | None = None,
     dtype: str | torch.dtype | None = None,
+    process_group: Any = None,
+    sequence_parallel: str = "ulysses",
 ) -> Handle:
     """Attaches the planner to `module` and replaces its forward; returns the handle.
 
@@ -588,6 +592,15 @@ def apply(
         kv_budget: with ``consumer="sparse"``: the fraction of video key tiles each video query
             tile keeps (default 1: dense); :meth:`Handle.set_kv_budget` changes it per step
             (:func:`kv_budget_at` gives a step's budget of an early/late schedule).
+        process_group: a ``torch.distributed`` process group (gloo on the CPU, NCCL on CUDA) for
+            sequence parallelism, started e.g. by ``torchrun``. Every rank attaches the same
+            module and calls it with the same inputs; each computes its share of the token rows
+            and every rank gets the whole output. The plan of each rank holds its own rows
+            (``Handle.explain()`` prints the split and the exchanges). Not combined with
+            `device_memory` or `resident_blocks`.
+        sequence_parallel: how attention sees the other ranks' rows: ``"ulysses"`` (all-to-all
+            exchanges trade rows for K/V head groups; any head count on any rank count) or
+            ``"ring"`` (K/V blocks passed around the ranks, attended in fp32).
         install: False leaves the module's forward as it is: the host calls
             :meth:`Handle.call` from its own hook around the module instead (ComfyUI's
             diffusion-model wrappers: streamplan.comfy_nodes).
@@ -638,6 +651,7 @@ def apply(
         (_device_memory_bytes(device_memory), _resident_blocks(resident_blocks), "" if device is None else str(device),
          False),
         _dtype_name(dtype),
+        (process_group, sequence_parallel),
     )
     if kv_budget is not None:
         handle.set_kv_budget(kv_budget)

@@ -49,6 +49,9 @@ struct ModelArgs {
   // plan --checkpoint: a checkpoint's model at a geometry instead of the demo model.
   std::string checkpoint, sidecar;
   models::Geometry geom;
+  // plan --ranks: one rank's plan of a sequence-parallel run.
+  int64_t ranks = 1, rank = 0;
+  std::string sequence = "ulysses";
   const CLI::App* cmd = nullptr;  // which options were given
   bool given(const char* option) const { return cmd && cmd->count(option) > 0; }
 };
@@ -154,7 +157,10 @@ int cmd_plan(ModelArgs a) {
     mm = cli::meta_model(file, rec, "", a.geom, a.seed, dtype, cli::resolve_consumer(a.consumer), reg);
     return mm->model;
   }();
-  const plan::Options po = exec::plan_options({a.chunk, a.feature_slice, a.budget}, d);
+  plan::Options po = exec::plan_options({a.chunk, a.feature_slice, a.budget}, d);
+  if (a.rank >= a.ranks)
+    throw std::invalid_argument("--rank " + std::to_string(a.rank) + ": must be below --ranks " + std::to_string(a.ranks));
+  po.sequence = {a.rank, a.ranks, a.sequence == "ring" ? plan::SeqMode::Ring : plan::SeqMode::Ulysses};
   const plan::Plan p = [&] {
     const auto phase = progress.phase(planning(m));
     return plan::make_plan(m, reg, dev, po);
@@ -324,6 +330,15 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   plan_cmd->add_option("--sidecar", plan_args.sidecar, "with --checkpoint: sidecar descriptor (JSON)")->check(CLI::ExistingFile);
   sp::cli::add_geometry_options(plan_cmd, plan_args.geom, /*tokens=*/false);
+  plan_cmd->add_option("--ranks", plan_args.ranks, "plan one rank of a sequence-parallel run over this many ranks")
+      ->check(cli::between(1, 1024))
+      ->capture_default_str();
+  plan_cmd->add_option("--rank", plan_args.rank, "with --ranks: the rank whose plan to print")
+      ->check(cli::at_least(0))
+      ->capture_default_str();
+  plan_cmd->add_option("--sequence", plan_args.sequence, "with --ranks: how attention sees the other ranks' rows")
+      ->check(CLI::IsMember({"ulysses", "ring"}))
+      ->capture_default_str();
   const std::vector<sp::cli::Runner> runners = {sp::cli::add_run(app), sp::cli::add_make_checkpoint(app),
                                                  sp::cli::add_bench(app), sp::cli::add_convert(app),
                                                  sp::cli::add_bench_attention(app), sp::cli::add_probe(app)};

@@ -169,6 +169,7 @@ struct Rates {
   double row_bytes_per_s = 0;   // bandwidth of the fused norm + modulation kernel (bytes read + written)
   double qk_bytes_per_s = 0;    // bandwidth of the fused Q/K norm + RoPE kernel (bytes read + written)
   double host_bytes_per_s = 0;  // copies from pinned host memory onto the device (bytes per second)
+  double link_bytes_per_s = 0;  // sequence parallel: bytes one rank sends + receives per second in an all-to-all
   bool operator==(const Rates&) const = default;
 };
 
@@ -201,6 +202,8 @@ inline constexpr RateField kRateFields[] = {
     {"attention_lone_wave", &Rates::attention_lone_wave, "of a full wave's time (one tile per multiprocessor)", 1, RateZero::Invalid},
     {"row_bytes_per_s", &Rates::row_bytes_per_s, "GB/s (fused row kernels)", 1e9, RateZero::Absent},
     {"qk_bytes_per_s", &Rates::qk_bytes_per_s, "GB/s (fused Q/K norm + RoPE)", 1e9, RateZero::Absent},
+    // Measured over a process group when one is given (exec::dist::probe_link), not by `streamplan probe`.
+    {"link_bytes_per_s", &Rates::link_bytes_per_s, "GB/s (all-to-all between ranks)", 1e9, RateZero::Absent},
 };
 
 struct DeviceCaps {

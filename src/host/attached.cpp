@@ -132,6 +132,13 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
   lora_ = models::load_loras(options_.loras, rec_.config, exec::to_aten(dtype_),
                              options_.streams() ? at::Device(at::kCPU) : device_);
   dev_ = exec::run_device(device_);
+  if (const auto& pg = options_.process_group) {
+    if (options_.streams())
+      throw std::invalid_argument("process_group: sequence parallel runs keep the weights where they are; "
+                                  "device_memory and resident_blocks do not combine with it");
+    sequence_ = {pg->getRank(), pg->getSize(), options_.sequence_mode};
+    if (sequence_.split()) dev_.rates.link_bytes_per_s = exec::dist::probe_link(pg, device_);
+  }
 }
 
 void Attached::set_kv_budget(double budget) {
@@ -222,8 +229,9 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   std::unique_ptr<GeometryPlan>& slot = cache_[key];
   std::shared_ptr<exec::TensorWeights> host;  // the module's tensors, where planning read them
   if (!slot) {
-    const plan::Options po = exec::plan_options(
+    plan::Options po = exec::plan_options(
         {options_.token_chunk, options_.feature_slice, options_.budget, options_.kv_budget}, device_);
+    po.sequence = sequence_;
     auto g = std::make_unique<GeometryPlan>();
     g->key = key;
     g->model = fr.model;
@@ -249,7 +257,8 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   const exec::LoraWeights with_lora(*weights_, lora_.tensors);
   const exec::WeightSource& w = streamed_ ? static_cast<const exec::WeightSource&>(*streamed_) : with_lora;
   last_prepare_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  const exec::Retried r = exec::run_planned_retrying(fr.model, w, fr.inputs, slot->plan, reg_, dev_, device_);
+  const exec::Retried r = exec::run_planned_retrying(fr.model, w, fr.inputs, slot->plan, reg_, dev_, device_, {},
+                                                     sequence_.split() ? options_.process_group.get() : nullptr);
   if (r.retried) {
     slot->plan = r.plan;
     slot->retry = r.note;

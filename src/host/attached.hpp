@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "exec/dist/exchange.hpp"
 #include "exec/residency/streamed.hpp"
 #include "host/module_weights.hpp"
 #include "models/families.hpp"
@@ -70,6 +71,11 @@ struct AttachOptions {
   // holding most of the module's bytes. A host that stores weights in 8 bits and casts them per
   // use (ComfyUI's fp8 models) names the dtype it casts to.
   std::string dtype;
+  // Sequence parallel: the process group of the ranks (each attaches the same module and calls
+  // it with the same inputs; each computes its share of the rows, and every one returns the
+  // whole output) and how attention sees the other ranks' rows (plan::Sequence). Unset: one process.
+  exec::dist::Group process_group;
+  plan::SeqMode sequence_mode = plan::SeqMode::Ulysses;
   bool streams() const { return device_memory > 0 || resident_blocks >= 0; }
 };
 
@@ -151,6 +157,7 @@ class Attached {
   models::LoraSet lora_;
   at::Device device_{at::kCPU};
   contracts::DeviceCaps dev_;
+  plan::Sequence sequence_;  // this process's rows under options_.process_group
   ir::DType dtype_ = ir::DType::F32;
   // Under residency: the weights as they stream (made for the first geometry, again for one
   // whose arrangement differs) and the request's weight bytes, inputs not counted.

@@ -34,6 +34,7 @@ constexpr std::pair<const char*, const char*> kChecks[] = {
     {"device.dtype", "supports activation dtype"},
     {"device.fp32", "supports fp32 (final projection)"},
     {"transform.prerequisite", "prerequisite is legal"},
+    {"sequence.split", "runs on one rank's rows alone"},
     {"model.hidden_too_narrow", "at least two aligned slices"},
 };
 static_assert(std::size(kChecks) == std::size(kAllChecks), "names for every check");

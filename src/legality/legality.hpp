@@ -47,6 +47,7 @@ enum class Check {
   DeviceDtype,              // device supports the activation dtype
   DeviceFp32,               // device supports fp32 for the final projection
   Prerequisite,             // the transformation this one builds on is legal
+  SequenceSplit,            // runs on one rank's rows alone (a sequence-parallel plan)
   HiddenTooNarrow,          // MLP hidden width holds fewer than two aligned slices
 };
 // Every enumerator, in declaration order (HiddenTooNarrow is the last).

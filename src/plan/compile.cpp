@@ -72,51 +72,6 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     c.patches(a.patches, role, s32);
     c.copy(s32, dst, layout, groups, rep, hd);
   };
-  // K as it is, or the consumer's carrier of it, filled slab by slab at its row alignment.
-  // Token-major K/V (and Q where no heads fold) for a consumer that takes strided heads: the
-  // projections write V in place and the Q/K kernels write rows as they are.
-  const int carrier = c.k_carrier(a.consumer, G, L, hd);
-  const bool tm = carrier < 0 && c.reg().consumer(a.consumer).strided_heads == contracts::Cap::Yes;
-  const Layout kv_layout = tm ? Layout::Same : Layout::HeadMajor;
-  const Layout q_layout = tm && rep == 1 ? Layout::Same : Layout::Folded;
-  const int kv_dim = tm ? 0 : 1;  // the rows' dimension in K and V
-  const std::vector<int64_t> kv_shape = tm ? std::vector<int64_t>{L, wkv} : std::vector<int64_t>{G, L, hd};
-  const int K = carrier >= 0 ? carrier : c.buffer(BufRole::GlobalK, "K", kv_shape, dt);
-  const int V = c.buffer(BufRole::GlobalV, "V", kv_shape, dt);
-  int64_t kv_chunk = p.token_chunk;
-  if (carrier >= 0) {
-    const int64_t align = c.reg().consumer(a.consumer).k_carrier_align;
-    kv_chunk = std::max(align, kv_chunk / align * align);
-  }
-
-  // K/V: every row (or context row) projected, normed and rotated into the global buffers.
-  {
-    const Held wk = hold(c, a, [&](const ir::AttnProj& pr) {
-      return Pick{&pr.k_linear(), region_rows(pr, "k", wkv), pr.k_norm};
-    });
-    const Held wv = hold(c, a, [&](const ir::AttnProj& pr) {
-      return Pick{&pr.v_linear(), region_rows(pr, "v", wkv), {}};
-    });
-    // Cross-attention projects the context rows as they are, with the default projections.
-    auto only_default = [&](const Held& h) { return std::vector<SegWeight>{h.ws.front()}; };
-    c.token_loop(rr.begin, L, kv_chunk, !cross, [&](int64_t n, int64_t pieces) {
-      const Operand h = cross ? Operand{Src::Context, -1, a.context, -1, {n, kv_in}}
-                              : c.normed(s.norm, b.modulation, s.mod, n, pieces);
-      const Operand k = c.whole(c.buffer(BufRole::KV, "k", {n, wkv}, dt));
-      const Operand vdst = c.slab_of(V, kv_dim, n);
-      const Operand v = tm ? vdst : c.whole(c.buffer(BufRole::KV, "v", {n, wkv}, dt));
-      c.project(h, k, cross ? only_default(wk) : wk.ws, kv_in, wkv, n, pieces);
-      c.project(h, v, cross ? only_default(wv) : wv.ws, kv_in, wkv, n, pieces);
-      const Operand kdst =
-          carrier >= 0 ? c.whole(c.buffer(BufRole::KSlab, "KS", {G, n, hd}, dt)) : c.slab_of(K, kv_dim, n);
-      qk_rows(k, kdst, kv_layout, cross ? only_default(wk) : wk.ws, G, 1, TensorRole::K, n, pieces);
-      if (carrier >= 0) c.carry_k(a.consumer, kdst, carrier, L);
-      c.patches(a.patches, TensorRole::V, v);
-      if (!tm) c.copy(v, vdst, Layout::HeadMajor, G, 1, hd);
-    });
-    release_all(c, {&wk, &wv});
-  }
-
   // y = [o | u] @ out^T (+ bias), then the gated residual add; u: the parallel MLP (Flux single
   // blocks) of the rows normed() returns, their activated "mlp" region rows.
   auto project_out = [&](const Held& wo, const Held& wm, const Operand& o, auto&& normed, int64_t n, int64_t pieces) {
@@ -143,20 +98,153 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
   auto hold_mlp = [&] {
     return hold(c, a, [&](const ir::AttnProj& pr) { return Pick{&*pr.qkv, region_rows(pr, "mlp", mlp), {}}; });
   };
+  auto hold_k = [&] {
+    return hold(c, a, [&](const ir::AttnProj& pr) { return Pick{&pr.k_linear(), region_rows(pr, "k", wkv), pr.k_norm}; });
+  };
+  auto hold_v = [&] {
+    return hold(c, a, [&](const ir::AttnProj& pr) { return Pick{&pr.v_linear(), region_rows(pr, "v", wkv), {}}; });
+  };
+  auto hold_q = [&] {
+    return hold(c, a, [&](const ir::AttnProj& pr) { return Pick{&pr.q_linear(), region_rows(pr, "q", wq), pr.q_norm}; });
+  };
+  // The complete attention output of this rank's rows (patched) projected slab by slab; a
+  // parallel MLP is recomputed from the residual rows, which no write has touched yet.
+  auto project_all = [&](int ofull) {
+    c.patches(a.patches, TensorRole::AttnOut, c.whole(ofull));
+    const Held wo = hold_out();
+    const Held wm = mlp ? hold_mlp() : Held{};
+    c.own_loop(rr, p.token_chunk, true, [&](int64_t n, int64_t pieces) {
+      auto normed = [&] { return c.normed(s.norm, b.modulation, s.mod, n, pieces); };
+      project_out(wo, wm, c.slab_of(ofull, 0, n), normed, n, pieces);
+    });
+    release_all(c, {&wo, &wm});
+  };
+  const int64_t Tl = c.local_rows(rr);  // this rank's rows (all of them on one rank)
+
+  // Sequence parallel self-attention: this rank's rows of Q, K and V projected token-major,
+  // then exchanged (plan::Sequence).
+  if (c.seq().split() && !cross) {
+    if (L != T)
+      throw std::invalid_argument("sequence parallel: " + b.name + "." + s.name + " attends " + std::to_string(L) +
+                                  " key rows from " + std::to_string(T) + " query rows; only attention over its own rows splits");
+    if (c.reg().consumer(a.consumer).k_carrier_bytes)
+      throw std::invalid_argument("sequence parallel: consumer '" + a.consumer +
+                                  "' keeps K in a carrier it builds over every row; split runs need a consumer that takes K as it is");
+    const std::vector<int64_t> rows = c.rows_of(rr);
+    const int KL = c.buffer(BufRole::SeqRows, "K rows", {Tl, wkv}, dt);
+    const int VL = c.buffer(BufRole::SeqRows, "V rows", {Tl, wkv}, dt);
+    const int QL = c.buffer(BufRole::SeqRows, "Q rows", {Tl, wq}, dt);
+    {
+      const Held wk = hold_k(), wv = hold_v();
+      c.own_loop(rr, p.token_chunk, true, [&](int64_t n, int64_t pieces) {
+        const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
+        const Operand k = c.whole(c.buffer(BufRole::KV, "k", {n, wkv}, dt));
+        const Operand v = c.slab_of(VL, 0, n);
+        c.project(h, k, wk.ws, D, wkv, n, pieces);
+        c.project(h, v, wv.ws, D, wkv, n, pieces);
+        qk_rows(k, c.slab_of(KL, 0, n), Layout::Same, wk.ws, G, 1, TensorRole::K, n, pieces);
+        c.patches(a.patches, TensorRole::V, v);
+      });
+      release_all(c, {&wk, &wv});
+    }
+    {
+      const Held wqh = hold_q();
+      c.own_loop(rr, p.q_chunk, true, [&](int64_t n, int64_t pieces) {
+        const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
+        const Operand q = c.whole(c.buffer(BufRole::Q, "Q", {n, wq}, dt));
+        c.project(h, q, wqh.ws, D, wq, n, pieces);
+        qk_rows(q, c.slab_of(QL, 0, n), Layout::Same, wqh.ws, G, rep, TensorRole::Q, n, pieces);
+      });
+      release_all(c, {&wqh});
+    }
+    const int ofull = c.buffer(BufRole::AttnOutFull, "OFull", {Tl, wq}, dt);
+    if (c.seq().mode == SeqMode::Ring) {
+      if (call.routed(L))
+        throw std::invalid_argument("sequence parallel: ring attention attends every key; routed attention (kv budget " +
+                                    std::to_string(call.kv_budget) + ") needs the ulysses split");
+      c.ring(c.whole(QL), c.whole(KL), c.whole(VL), c.whole(ofull), rows, a.heads, G, hd, p.q_chunk);
+      project_all(ofull);
+      return;
+    }
+    // Ulysses: the K/V head groups shared out over the ranks, each with its query heads.
+    const std::vector<int64_t> groups = shares(G, c.seq().ranks);
+    const int64_t Gr = groups[size_t(c.seq().rank)];
+    const bool tm = c.reg().consumer(a.consumer).strided_heads == contracts::Cap::Yes;
+    const Layout kv_layout = tm ? Layout::Same : Layout::HeadMajor;
+    const Layout q_layout = tm && rep == 1 ? Layout::Same : Layout::Folded;
+    const std::vector<int64_t> kv_shape = tm ? std::vector<int64_t>{L, Gr * hd} : std::vector<int64_t>{Gr, L, hd};
+    const int K = c.buffer(BufRole::GlobalK, "K", kv_shape, dt), V = c.buffer(BufRole::GlobalV, "V", kv_shape, dt);
+    c.exchange(Exchange::RowsToHeads, c.whole(KL), c.whole(K), rows, groups, hd, kv_layout);
+    c.exchange(Exchange::RowsToHeads, c.whole(VL), c.whole(V), rows, groups, hd, kv_layout);
+    const int QH = c.buffer(BufRole::SeqHeads, "Q heads", {L, Gr * rep * hd}, dt);
+    const int OH = c.buffer(BufRole::SeqHeads, "O heads", {L, Gr * rep * hd}, dt);
+    c.exchange(Exchange::RowsToHeads, c.whole(QL), c.whole(QH), rows, groups, rep * hd);
+    if (Gr > 0)
+      c.token_loop(rr.begin, L, p.q_chunk, false, [&](int64_t n, int64_t) {
+        const Operand qs = c.slab_of(QH, 0, n);
+        Operand qf = qs;
+        if (q_layout == Layout::Folded) {
+          qf = c.whole(c.buffer(BufRole::QFolded, "QF", {Gr, rep * n, hd}, dt));
+          c.copy(qs, qf, Layout::Folded, Gr, rep, hd);
+        }
+        c.attend(a, qf, K, V, c.slab_of(OH, 0, n), n, L, q_layout, kv_layout, call, Gr);
+      });
+    c.exchange(Exchange::HeadsToRows, c.whole(OH), c.whole(ofull), rows, groups, rep * hd);
+    project_all(ofull);
+    return;
+  }
+
+  // K as it is, or the consumer's carrier of it, filled slab by slab at its row alignment.
+  // Token-major K/V (and Q where no heads fold) for a consumer that takes strided heads: the
+  // projections write V in place and the Q/K kernels write rows as they are.
+  const int carrier = c.k_carrier(a.consumer, G, L, hd);
+  const bool tm = carrier < 0 && c.reg().consumer(a.consumer).strided_heads == contracts::Cap::Yes;
+  const Layout kv_layout = tm ? Layout::Same : Layout::HeadMajor;
+  const Layout q_layout = tm && rep == 1 ? Layout::Same : Layout::Folded;
+  const int kv_dim = tm ? 0 : 1;  // the rows' dimension in K and V
+  const std::vector<int64_t> kv_shape = tm ? std::vector<int64_t>{L, wkv} : std::vector<int64_t>{G, L, hd};
+  const int K = carrier >= 0 ? carrier : c.buffer(BufRole::GlobalK, "K", kv_shape, dt);
+  const int V = c.buffer(BufRole::GlobalV, "V", kv_shape, dt);
+  int64_t kv_chunk = p.token_chunk;
+  if (carrier >= 0) {
+    const int64_t align = c.reg().consumer(a.consumer).k_carrier_align;
+    kv_chunk = std::max(align, kv_chunk / align * align);
+  }
+
+  // K/V: every row (or context row) projected, normed and rotated into the global buffers.
+  {
+    const Held wk = hold_k(), wv = hold_v();
+    // Cross-attention projects the context rows as they are, with the default projections.
+    auto only_default = [&](const Held& h) { return std::vector<SegWeight>{h.ws.front()}; };
+    c.token_loop(rr.begin, L, kv_chunk, !cross, [&](int64_t n, int64_t pieces) {
+      const Operand h = cross ? Operand{Src::Context, -1, a.context, -1, {n, kv_in}}
+                              : c.normed(s.norm, b.modulation, s.mod, n, pieces);
+      const Operand k = c.whole(c.buffer(BufRole::KV, "k", {n, wkv}, dt));
+      const Operand vdst = c.slab_of(V, kv_dim, n);
+      const Operand v = tm ? vdst : c.whole(c.buffer(BufRole::KV, "v", {n, wkv}, dt));
+      c.project(h, k, cross ? only_default(wk) : wk.ws, kv_in, wkv, n, pieces);
+      c.project(h, v, cross ? only_default(wv) : wv.ws, kv_in, wkv, n, pieces);
+      const Operand kdst =
+          carrier >= 0 ? c.whole(c.buffer(BufRole::KSlab, "KS", {G, n, hd}, dt)) : c.slab_of(K, kv_dim, n);
+      qk_rows(k, kdst, kv_layout, cross ? only_default(wk) : wk.ws, G, 1, TensorRole::K, n, pieces);
+      if (carrier >= 0) c.carry_k(a.consumer, kdst, carrier, L);
+      c.patches(a.patches, TensorRole::V, v);
+      if (!tm) c.copy(v, vdst, Layout::HeadMajor, G, 1, hd);
+    });
+    release_all(c, {&wk, &wv});
+  }
 
   // Q: each slab normed, projected, rotated, attended against the complete K/V; streamed, its
   // output is projected and added into its residual rows at once.
-  const int ofull = streamed ? -1 : c.buffer(BufRole::AttnOutFull, "OFull", {T, wq}, dt);
+  const int ofull = streamed ? -1 : c.buffer(BufRole::AttnOutFull, "OFull", {Tl, wq}, dt);
   {
-    const Held wqh = hold(c, a, [&](const ir::AttnProj& pr) {
-      return Pick{&pr.q_linear(), region_rows(pr, "q", wq), pr.q_norm};
-    });
+    const Held wqh = hold_q();
     Held wo, wm;
     if (streamed) {
       wo = hold_out();
       if (mlp) wm = hold_mlp();
     }
-    c.token_loop(rr.begin, T, p.q_chunk, true, [&](int64_t n, int64_t pieces) {
+    c.own_loop(rr, p.q_chunk, true, [&](int64_t n, int64_t pieces) {
       const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
       const Operand q = c.whole(c.buffer(BufRole::Q, "Q", {n, wq}, dt));
       c.project(h, q, wqh.ws, D, wq, n, pieces);
@@ -173,18 +261,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     });
     release_all(c, {&wqh, &wo, &wm});
   }
-  if (streamed) return;
-
-  // The complete attention output (patched) projected slab by slab; a parallel MLP is
-  // recomputed from the residual rows, which no write has touched yet.
-  c.patches(a.patches, TensorRole::AttnOut, c.whole(ofull));
-  const Held wo = hold_out();
-  const Held wm = mlp ? hold_mlp() : Held{};
-  c.token_loop(rr.begin, T, p.token_chunk, true, [&](int64_t n, int64_t pieces) {
-    auto normed = [&] { return c.normed(s.norm, b.modulation, s.mod, n, pieces); };
-    project_out(wo, wm, c.slab_of(ofull, 0, n), normed, n, pieces);
-  });
-  release_all(c, {&wo, &wm});
+  if (!streamed) project_all(ofull);
 }
 
 // Rows of the gate and up projections for hidden features [f0, f0 + fn): f0 is the feature
@@ -250,7 +327,7 @@ void compile_mlp(Compiler& c, const ir::Block& b, const ir::Sublayer& s, const i
 
   Weights held;
   if (!sliced) held = acquire(0, F);
-  c.token_loop(rr.begin, rr.size(), p.token_chunk, true, [&](int64_t n, int64_t pieces) {
+  c.own_loop(rr, p.token_chunk, true, [&](int64_t n, int64_t pieces) {
     const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
     if (!sliced) {
       const Operand y = c.whole(c.buffer(BufRole::Proj, "Y", {n, D}, dt));
@@ -278,8 +355,9 @@ void compile_mlp(Compiler& c, const ir::Block& b, const ir::Sublayer& s, const i
 int64_t programs_compiled() { return detail::compiled; }
 
 Program compile_sublayer(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const Schedule& p,
-                         const contracts::Registry& reg, const contracts::DeviceCaps& dev, double kv_budget) {
-  Compiler c(m, reg, dev, b.name + "." + s.name, m.rows(s.segments));
+                         const contracts::Registry& reg, const contracts::DeviceCaps& dev, double kv_budget,
+                         const Sequence& seq) {
+  Compiler c(m, reg, dev, b.name + "." + s.name, m.rows(s.segments), seq);
   if (const auto* a = std::get_if<ir::Attention>(&s.body)) compile_attention(c, b, s, *a, p, kv_budget);
   else compile_mlp(c, b, s, std::get<ir::Mlp>(s.body), p);
   return c.take();

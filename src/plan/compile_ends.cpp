@@ -9,13 +9,15 @@ using detail::Compiler;
 using ir::DType;
 
 Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Registry& reg,
-                      const contracts::DeviceCaps& dev) {
+                      const contracts::DeviceCaps& dev, const Sequence& seq) {
   const ir::FinalLayer& fl = *m.final_layer;
   const ir::RowRange rr = m.rows(fl.segments);
-  Compiler c(m, reg, dev, "final", rr);
+  Compiler c(m, reg, dev, "final", rr, seq);
   const DType acc = c.acc();
   const int64_t out = fl.proj.out_features;
-  const int o = c.buffer(BufRole::Output, "Out", {rr.size(), out}, acc);
+  // This rank's output rows [lo, hi) of rr (all of them on one rank); slabs count from lo.
+  const auto [lo, hi] = c.local(rr);
+  const int o = c.buffer(BufRole::Output, "Out", {hi - lo, out}, acc);
   // The projection runs in fp32 (fp64 for an fp64 model), the weight converted on acquire unless
   // stored so. Row ranges (from the first output row) with one projection each: all rows, or one per
   // segment where segments have heads of their own.
@@ -33,11 +35,13 @@ Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Regist
   if (std::any_of(parts.begin(), parts.end(), [&](const Part& p) { return p.proj->out_features < out; }))
     c.zero(c.whole(o));  // the columns a narrower head leaves are 0
   for (const Part& part : parts) {
+    const int64_t from = std::max(part.from, lo), to = std::min(part.to, hi);
+    if (from >= to) continue;
     const ir::Linear& l = *part.proj;
     const int w = c.acquire(l, {}, {}, acc);
     const int bias = l.bias.empty() ? -1 : c.acquire_tensor(l.bias, l.out_features, acc);
     const SegWeight sw{"", w, l.bias, {}, {}, bias};
-    c.token_loop(rr.begin, part.to, chunk, true, [&](int64_t n, int64_t pieces) {
+    c.token_loop(rr.begin + lo, to - lo, chunk, true, [&](int64_t n, int64_t pieces) {
       const Operand n32 = c.whole(c.buffer(BufRole::Normed32, "N32", {n, m.dim}, acc));
       c.norm(fl.norm, fl.modulation, fl.mod, n32, n, pieces);
       if (l.out_features == out) {
@@ -50,7 +54,7 @@ Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Regist
       Operand dst = c.slab_of(o, 0, n);
       dst.shape[1] = l.out_features;
       c.copy(head, dst);
-    }, part.from);
+    }, from - lo);
     c.release(w);
     if (bias >= 0) c.release(bias);
   }
@@ -58,12 +62,12 @@ Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Regist
 }
 
 Program compile_post_norm(const ir::Model& m, const ir::Block& b, const contracts::Registry& reg,
-                          const contracts::DeviceCaps& dev) {
+                          const contracts::DeviceCaps& dev, const Sequence& seq) {
   static const ir::Modulation kNone;  // a row norm is not modulated
   const ir::RowNorm& pn = *b.post_norm;
   const ir::RowRange rr = m.rows(pn.segments);
-  Compiler c(m, reg, dev, "blocks." + b.name + ".post_norm", rr);
-  c.token_loop(rr.begin, rr.size(), rr.size(), false, [&](int64_t n, int64_t pieces) {
+  Compiler c(m, reg, dev, "blocks." + b.name + ".post_norm", rr, seq);
+  c.own_loop(rr, rr.size(), false, [&](int64_t n, int64_t pieces) {
     const Operand h = c.normed(pn.norm, kNone, {}, n, pieces);
     c.copy(h, Compiler::residual(n, m.dim));
   });
@@ -73,32 +77,36 @@ Program compile_post_norm(const ir::Model& m, const ir::Block& b, const contract
 // Rows per slab of an embedding computed in the accumulation dtype (its staging buffer).
 constexpr int64_t kEmbedSlabRows = 4096;
 
-Program compile_embed(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
-  Compiler c(m, reg, dev, "embed", {0, m.tokens()});
+Program compile_embed(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
+                      const Sequence& seq) {
+  Compiler c(m, reg, dev, "embed", {0, m.tokens()}, seq);
   for (const auto& seg : m.segments) {
     const int64_t begin = m.segment_begin(seg.name);
+    // This rank's tokens [from, to) of the segment; slabs count from the segment's first.
+    const auto [from, to] = c.local({begin, begin + seg.length});
+    if (from >= to) continue;
     const ir::SegmentEmbed* e = m.embed_for(seg.name);
     const int64_t in = e ? e->linear.in_features : m.dim;
-    const Operand tokens{Src::Tokens, -1, seg.name, -1, {seg.length, in}};
+    auto tokens = [&](int64_t n) { return Operand{Src::Tokens, -1, seg.name, 0, {n, in}}; };
     if (!e) {
-      c.token_loop(begin, seg.length, seg.length, false,
-                   [&](int64_t n, int64_t) { c.copy(tokens, Compiler::residual(n, m.dim)); });
+      c.token_loop(begin, to, to - from, false,
+                   [&](int64_t n, int64_t) { c.copy(tokens(n), Compiler::residual(n, m.dim)); }, from);
       continue;
     }
     // fp32_compute: tokens in the accumulation dtype, projected in it slab by slab, then rounded.
     const bool wide = e->linear.fp32_compute && c.dt() != c.acc();
     const int w = c.acquire(e->linear, {}, {}, wide ? c.acc() : c.dt());
     const SegWeight sw{"", w, e->linear.bias, {}, {}};
-    const int64_t chunk = wide ? std::min(seg.length, kEmbedSlabRows) : seg.length;
-    c.token_loop(begin, seg.length, chunk, false, [&](int64_t n, int64_t) {
+    const int64_t chunk = wide ? std::min(to - from, kEmbedSlabRows) : to - from;
+    c.token_loop(begin, to, chunk, false, [&](int64_t n, int64_t) {
       if (!wide) {
-        c.project(tokens, Compiler::residual(n, m.dim), {sw}, in, m.dim, n, 1);
+        c.project(tokens(n), Compiler::residual(n, m.dim), {sw}, in, m.dim, n, 1);
         return;
       }
       const Operand e32 = c.whole(c.buffer(BufRole::Normed32, "E32", {n, m.dim}, c.acc()));
-      c.project({Src::Tokens, -1, seg.name, 0, {n, in}}, e32, {sw}, in, m.dim, n, 1);
+      c.project(tokens(n), e32, {sw}, in, m.dim, n, 1);
       c.copy(e32, Compiler::residual(n, m.dim));
-    });
+    }, from);
     c.release(w);
   }
   return c.take();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -35,9 +36,10 @@ inline std::atomic<int64_t> compiled{0};  // programs_compiled()
 class Compiler {
  public:
   Compiler(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev, std::string name,
-           ir::RowRange rows)
-      : m_(m), reg_(reg), dev_(dev), dt_(m.dtype), acc_(accumulation_dtype(m.dtype)),
-        esz_(double(ir::dtype_size(m.dtype))), asz_(double(ir::dtype_size(acc_))), fused_(fused_norm(m, dev)) {
+           ir::RowRange rows, const Sequence& seq = {})
+      : m_(m), reg_(reg), dev_(dev), seq_(seq), own_(own_rows(seq, m.tokens())), dt_(m.dtype),
+        acc_(accumulation_dtype(m.dtype)), esz_(double(ir::dtype_size(m.dtype))), asz_(double(ir::dtype_size(acc_))),
+        fused_(fused_norm(m, dev)) {
     p_.name = std::move(name);
     p_.rows = rows;
     ++compiled;
@@ -48,6 +50,18 @@ class Compiler {
   const contracts::DeviceCaps& dev() const { return dev_; }
   DType dt() const { return dt_; }
   DType acc() const { return acc_; }
+  const Sequence& seq() const { return seq_; }
+  // The rows of `rr` this rank holds, from rr.begin: [from, to).
+  std::pair<int64_t, int64_t> local(ir::RowRange rr) const {
+    const int64_t from = std::clamp(own_.begin - rr.begin, int64_t{0}, rr.size());
+    return {from, std::clamp(own_.end - rr.begin, from, rr.size())};
+  }
+  int64_t local_rows(ir::RowRange rr) const {
+    const auto [from, to] = local(rr);
+    return to - from;
+  }
+  // How many rows of `rr` each rank holds.
+  std::vector<int64_t> rows_of(ir::RowRange rr) const { return rows_per_rank(seq_, m_.tokens(), rr); }
 
   int buffer(BufRole role, std::string label, std::vector<int64_t> shape, DType dtype, bool view = false) {
     p_.buffers.push_back({role, std::move(label), std::move(shape), dtype, view, depth_});
@@ -97,6 +111,13 @@ class Compiler {
       loop(Axis::Tokens, base, i0, n, count, [&] { body(n, pieces); });
       i0 += count * n;
     }
+  }
+  // token_loop over this rank's rows of `rr`; slab indices count from the first of them (a
+  // buffer of local_rows(rr) rows holds them).
+  template <typename F>
+  void own_loop(ir::RowRange rr, int64_t chunk, bool segments, F&& body) {
+    const auto [from, to] = local(rr);
+    token_loop(rr.begin + from, to - from, chunk, segments, std::forward<F>(body));
   }
   // The index of the first of `limit` slabs of `chunk` rows from absolute row `start` that a
   // segment boundary falls strictly inside; `limit` when none does.
@@ -274,9 +295,10 @@ class Compiler {
            {0, 2 * n * elem_size(t), 2}, dev_.held(scratch));
     }
   }
+  // `groups`: the K/V heads attended (a.kv_heads unless a rank attends its share of them).
   void attend(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L,
-              Layout q_layout, Layout kv_layout, const contracts::AttnCall& call) {
-    const int64_t G = a.kv_heads, rep = a.heads / a.kv_heads, hd = a.head_dim;
+              Layout q_layout, Layout kv_layout, const contracts::AttnCall& call, int64_t groups = -1) {
+    const int64_t G = groups >= 0 ? groups : a.kv_heads, rep = a.heads / a.kv_heads, hd = a.head_dim;
     const auto& consumer = reg_.consumer(a.consumer);
     const bool carried = bool(consumer.k_carrier_bytes);  // k is the carrier k_carrier() made
     contracts::AttnShape sh{rep * n, L, G, G, hd, dt_, dev_.kind, dev_.threads};
@@ -290,7 +312,7 @@ class Compiler {
     const double k_bytes = carried ? double(p_.buffers[size_t(k)].bytes()) : double(L) * double(G * hd) * esz_;
     Terms t{4.0 * q_rows * double(L) * double(G) * double(hd) * work,
             (2.0 * q_rows + double(L)) * double(G * hd) * esz_ + k_bytes + 2.0 * double(scratch) +
-                2.0 * double(n) * double(a.heads * hd) * esz_,
+                2.0 * double(n) * double(G * rep * hd) * esz_,
             2, rep * n, dt_, true, G, L};
     std::ostringstream what;
     what << "attend (consumer '" << a.consumer << "'" << (carried ? ", K carrier" : "");
@@ -312,6 +334,47 @@ class Compiler {
     const double e = elems(k);
     emit(CarryKStep{consumer, k, whole(carrier), L}, "K slab into the carrier of '" + consumer + "'",
          {0, e * (2 * esz_ + 1), 3});
+  }
+  // A sequence-parallel exchange (ExchangeStep) of rows and heads: `rows` per rank, `heads` per
+  // rank of `unit` features each. Its link bytes are what this rank sends and receives.
+  void exchange(Exchange kind, const Operand& in, const Operand& out, std::vector<int64_t> rows,
+                std::vector<int64_t> heads, int64_t unit, Layout out_layout = Layout::Same) {
+    const size_t me = size_t(seq_.rank);
+    auto sum = [](const std::vector<int64_t>& v) { return double(std::accumulate(v.begin(), v.end(), int64_t{0})); };
+    const double mine = double(rows[me]) * double(heads[me]);
+    const double sent = kind == Exchange::RowsToHeads ? double(rows[me]) * sum(heads) - mine
+                                                      : sum(rows) * double(heads[me]) - mine;
+    const double received = kind == Exchange::RowsToHeads ? sum(rows) * double(heads[me]) - mine
+                                                          : double(rows[me]) * sum(heads) - mine;
+    Terms t{0, 2 * (elems(in) + elems(out)) * esz_, 2};
+    t.link_bytes = (sent + received) * double(unit) * esz_;
+    // The packed send buffer, the receive buffer and the unpacked rows before their copy.
+    const int64_t transient = dev_.held(int64_t(elems(in) * esz_)) + 2 * dev_.held(int64_t(elems(out) * esz_));
+    emit(ExchangeStep{kind, in, out, std::move(rows), std::move(heads), unit, out_layout, {}, {}, 1, 0, 1.0},
+         std::string(kind == Exchange::RowsToHeads ? "exchange rows for heads" : "exchange heads for rows") +
+             " (all-to-all, " + std::to_string(seq_.ranks) + " ranks)",
+         t, transient);
+  }
+  // Ring attention (ExchangeStep Ring) of this rank's q rows over every rank's K/V rows.
+  void ring(const Operand& q, const Operand& k, const Operand& v, const Operand& out, std::vector<int64_t> rows,
+            int64_t heads, int64_t groups, int64_t hd, int64_t q_chunk) {
+    const size_t me = size_t(seq_.rank);
+    const double L = double(std::accumulate(rows.begin(), rows.end(), int64_t{0})), n = double(rows[me]);
+    const int64_t most = *std::max_element(rows.begin(), rows.end());
+    q_chunk = std::clamp<int64_t>(q_chunk, 1, std::max<int64_t>(rows[me], 1));
+    Terms t{4.0 * n * L * double(heads) * double(hd), (2 * n * double(heads) + 2 * L * double(groups)) * double(hd) * asz_,
+            int64_t(6 * seq_.ranks), 0, acc_, true, groups, int64_t(L)};
+    t.link_bytes = 2.0 * 2.0 * (L - n) * double(groups * hd) * esz_;
+    // The held and the incoming K/V block, fp32 q, output and log-sum-exp (twice while merging),
+    // one block's K/V repeated over the query heads in fp32, one chunk's scores (and their exp).
+    const int64_t f = int64_t(ir::dtype_size(acc_)), e = int64_t(esz_);
+    const int64_t transient = dev_.held(2 * 2 * most * groups * hd * e) +
+                              dev_.held(3 * rows[me] * heads * hd * f + 2 * rows[me] * heads * f) +
+                              dev_.held(2 * heads * most * hd * f) + dev_.held(2 * heads * q_chunk * most * f);
+    ExchangeStep x{Exchange::Ring, q, out, std::move(rows), {}, hd, Layout::Same, k, v, heads / groups, q_chunk,
+                   1.0 / std::sqrt(double(hd))};
+    emit(std::move(x), "ring attention (K/V blocks around " + std::to_string(seq_.ranks) + " ranks, fp32)", t,
+         transient);
   }
   void activate(const Operand& t, ir::ActKind act) {
     emit(ActivateStep{t, act}, std::string("activation ") + ir::to_string(act), {0, 2 * elems(t) * esz_, 1});
@@ -422,6 +485,7 @@ class Compiler {
           else if constexpr (std::is_same_v<T, ResidualAddStep>) r(b.y);
           else if constexpr (std::is_same_v<T, CarryKStep>) r(b.k), w(b.carrier);
           else if constexpr (std::is_same_v<T, LoraStep>) r(b.in), r(b.out), w(b.out), w(b.ax);
+          else if constexpr (std::is_same_v<T, ExchangeStep>) r(b.in), r(b.k), r(b.v), w(b.out);
         },
         s.body);
   }
@@ -436,6 +500,8 @@ class Compiler {
   const ir::Model& m_;
   const contracts::Registry& reg_;
   const contracts::DeviceCaps& dev_;
+  Sequence seq_;
+  ir::RowRange own_;
   DType dt_, acc_;
   double esz_, asz_;
   bool fused_;

@@ -32,6 +32,7 @@ Rates default_rates(contracts::DeviceKind kind) {
   r.attention_unit_tiles = 1;
   r.attention_lone_wave = 1;
   r.host_bytes_per_s = gpu ? 25e9 : 5e9;
+  r.link_bytes_per_s = gpu ? 200e9 : 2e9;
   return r;
 }
 
@@ -95,7 +96,8 @@ double step_seconds(const Terms& t, const Rates& r) {
   double bw = r.bytes_per_s;
   if (t.mover == Mover::NormKernel && r.row_bytes_per_s > 0) bw = r.row_bytes_per_s;
   if (t.mover == Mover::QkKernel && r.qk_bytes_per_s > 0) bw = r.qk_bytes_per_s;
-  return std::max(compute, t.bytes / bw) + double(t.launches) * r.launch_gap_s;
+  // An exchange waits for its link: not overlapped with this step's own work.
+  return std::max(compute, t.bytes / bw) + t.link_bytes / r.link_bytes_per_s + double(t.launches) * r.launch_gap_s;
 }
 
 Cost program_cost(const Program& p, const contracts::DeviceCaps& dev) { return program_cost(p, place(p, dev), dev); }
@@ -124,8 +126,9 @@ Cost program_cost(const Program& p, const Placement& pl, const contracts::Device
 }
 
 Cost sublayer_cost(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const Schedule& p,
-                   const contracts::Registry& reg, const contracts::DeviceCaps& dev, double kv_budget) {
-  return program_cost(compile_sublayer(m, b, s, p, reg, dev, kv_budget), dev);
+                   const contracts::Registry& reg, const contracts::DeviceCaps& dev, double kv_budget,
+                   const Sequence& seq) {
+  return program_cost(compile_sublayer(m, b, s, p, reg, dev, kv_budget, seq), dev);
 }
 
 

@@ -59,6 +59,7 @@ Cost program_cost(const Program& p, const Placement& pl, const contracts::Device
 
 // compile_sublayer (plan/program.hpp), then program_cost.
 Cost sublayer_cost(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const Schedule& p,
-                   const contracts::Registry& reg, const contracts::DeviceCaps& dev, double kv_budget = 1.0);
+                   const contracts::Registry& reg, const contracts::DeviceCaps& dev, double kv_budget = 1.0,
+                   const Sequence& seq = {});
 
 }  // namespace sp::plan

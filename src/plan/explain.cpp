@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "plan/budget.hpp"
+#include "plan/cost.hpp"
 #include "plan/plan.hpp"
 
 namespace sp::plan {
@@ -74,6 +75,22 @@ std::string explain(const Plan& p, bool full) {
   os << ", estimated time " << human_ms(p.estimated_ms) << "\n";
   os << "  policy: " << p.policy << "\n";
   if (!p.row_kernels.empty()) os << "  row operations: " << p.row_kernels << "\n";
+  if (p.sequence.split()) {
+    // The exchanges of every part: bytes this rank sends and receives, and their time.
+    double link = 0, seconds = 0;
+    int64_t count = 0;
+    const Rates r = rates_of(p.device_caps);
+    for (const Part* part : parts(p))
+      for (const Step& st : part->program.steps)
+        if (std::holds_alternative<ExchangeStep>(st.body)) {
+          link += st.terms.link_bytes;
+          seconds += st.terms.link_bytes / r.link_bytes_per_s;
+          ++count;
+        }
+    os << "  sequence parallel: " << sequence_text(p.sequence, p.tokens) << "; weights replicated; " << count
+       << " exchanges per forward, " << human_bytes(int64_t(link)) << " sent + received by this rank, "
+       << human_ms(seconds * 1e3) << " at " << r.link_bytes_per_s / 1e9 << " GB/s\n";
+  }
   // Consecutive blocks with the same plan are printed once, with their range (unless full).
   std::vector<std::string> bodies;
   for (const BlockPlan& b : p.blocks) {

@@ -245,14 +245,14 @@ class Chooser {
     for (int64_t c : chunks) {
       f.chunk = c;
       const Cost cost =
-          costs_.of(Costs::kFinal, 0, {c}, [&] { return program_cost(compile_final(m_, c, reg_, dev_), dev_); });
+          costs_.of(Costs::kFinal, 0, {c}, [&] { return program_cost(compile_final(m_, c, reg_, dev_, opt_.sequence), dev_); });
       cands.push_back({strategy_of(f), c, 0, 0, cost, allocator_reserve()});
     }
     const Choice ch = decide_among(cands);
     if (!ch.chosen) {
       const Candidate& k = cands[ch.smallest];
       note_bottleneck(k, "the final layer", k.strategy + ", chunk " + std::to_string(k.token_chunk),
-                      [&] { return compile_final(m_, k.token_chunk, reg_, dev_); });
+                      [&] { return compile_final(m_, k.token_chunk, reg_, dev_, opt_.sequence); });
       return;
     }
     const Candidate& c = cands[*ch.chosen];
@@ -261,16 +261,16 @@ class Chooser {
     f.estimated_peak = c.cost.peak_bytes;
     f.estimated_ms = c.cost.ms();
     f.alternatives = ch.alternatives;
-    if (!survey_) f.part = compiled(compile_final(m_, f.chunk, reg_, dev_), dev_);
+    if (!survey_) f.part = compiled(compile_final(m_, f.chunk, reg_, dev_, opt_.sequence), dev_);
     note_unchosen(f, policy_word());
     if (rows <= c.token_chunk) note(f, Transform::BoundedFinal, "one chunk covers all tokens");
   }
 
   Cost embedding(Part& into) {
     Candidate c;
-    c.cost = fixed(compile_embed(m_, reg_, dev_), into);
+    c.cost = fixed(compile_embed(m_, reg_, dev_, opt_.sequence), into);
     c.reserve = allocator_reserve();
-    if (opt_.budget_bytes > 0) note_bottleneck(c, "the embedding", "", [&] { return compile_embed(m_, reg_, dev_); });
+    if (opt_.budget_bytes > 0) note_bottleneck(c, "the embedding", "", [&] { return compile_embed(m_, reg_, dev_, opt_.sequence); });
     return c.cost;
   }
 
@@ -305,7 +305,7 @@ class Chooser {
     std::vector<Candidate> cands;
     cands.reserve(plans.size());
     for (const auto& p : plans) {
-      const Cost c = costs_.of(at.form, at.si, p, [&] { return sublayer_cost(m_, b, s, p, reg_, dev_, opt_.kv_budget); });
+      const Cost c = costs_.of(at.form, at.si, p, [&] { return sublayer_cost(m_, b, s, p, reg_, dev_, opt_.kv_budget, opt_.sequence); });
       cands.push_back({p.strategy, p.token_chunk, p.q_chunk, p.feature_slice, c, allocator_reserve()});
     }
     const Choice ch = decide_among(cands);
@@ -313,12 +313,12 @@ class Chooser {
       const SublayerPlan& k = plans[ch.smallest];
       note_bottleneck(cands[ch.smallest], "block " + b.name + " " + s.name,
                       k.strategy + ", " + chunks_text(k.attention, false, k.token_chunk, k.q_chunk, k.feature_slice),
-                      [&] { return compile_sublayer(m_, b, s, k, reg_, dev_, opt_.kv_budget); });
+                      [&] { return compile_sublayer(m_, b, s, k, reg_, dev_, opt_.kv_budget, opt_.sequence); });
       return k;
     }
     SublayerPlan p = std::move(plans[*ch.chosen]);
     if (!survey_) {
-      p.part = compiled(compile_sublayer(m_, b, s, p, reg_, dev_, opt_.kv_budget), dev_);
+      p.part = compiled(compile_sublayer(m_, b, s, p, reg_, dev_, opt_.kv_budget, opt_.sequence), dev_);
       weights_of(p.part.program, p);
     }
     p.estimated_peak = cands[*ch.chosen].cost.peak_bytes;
@@ -361,6 +361,20 @@ class Chooser {
   Bottleneck worst_;
 };
 
+// Under a sequence split, self-attention's output goes back to its rows by one exchange after
+// every query row is attended: no output projection streams with the Q slabs.
+void split_rejections(Verdict& v, const ir::Sublayer& s, const ir::Block& b) {
+  const auto* a = std::get_if<ir::Attention>(&s.body);
+  if (!a || a->kind == ir::AttnKind::Cross) return;
+  const auto it = std::find(v.legal.begin(), v.legal.end(), Transform::StreamedOutProj);
+  if (it == v.legal.end()) return;
+  v.legal.erase(it);
+  v.rejections.push_back({Transform::StreamedOutProj, legality::Check::SequenceSplit,
+                          legality::ComponentKind::Transformation, b.name + "." + s.name, {}, {}, {},
+                          "the output projection of a Q slab as it is attended",
+                          "the attention output comes back to this rank's rows in one exchange"});
+}
+
 // The plan whose parts take their fastest candidate within the Chooser's limit (see Chooser).
 Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                 const Options& opt, int64_t cap, Survey* survey, Costs& costs) {
@@ -370,10 +384,11 @@ Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contra
   p.tokens = m.tokens();
   p.dtype = m.dtype;
   p.device = dev.name;
-  p.residual_bytes = dev.held(m.tokens() * m.dim * static_cast<int64_t>(ir::dtype_size(m.dtype)));
+  p.residual_bytes = dev.held(own_rows(opt.sequence, m.tokens()).size() * m.dim * int64_t(ir::dtype_size(m.dtype)));
   p.floor_bytes = floor_bytes(m);
   p.budget_bytes = opt.budget_bytes;
   p.kv_budget = opt.kv_budget;
+  p.sequence = opt.sequence;
   p.row_kernels = row_kernels_note(m, reg, dev);
   if (opt.budget_bytes > 0)
     p.policy = "budget " + human_bytes(opt.budget_bytes) + ": the fastest schedule whose estimated peak fits";
@@ -387,7 +402,8 @@ Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contra
     const size_t form = costs.form(b);
     for (size_t si = 0; si < b.sublayers.size(); ++si) {
       const ir::Sublayer& s = b.sublayers[si];
-      const Verdict v = legality::check_sublayer(ctx, s);
+      Verdict v = legality::check_sublayer(ctx, s);
+      if (opt.sequence.split()) split_rejections(v, s, b);
       const Site at{b, s, form, si};
       SublayerPlan sp = s.is_attention() ? chooser.attention(at, std::get<ir::Attention>(s.body), v)
                                          : chooser.mlp(at, std::get<ir::Mlp>(s.body), v);
@@ -398,7 +414,7 @@ Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contra
     }
     if (b.post_norm) {
       bp.post_norm_rows = m.rows(b.post_norm->segments).size();
-      const Cost pc = chooser.fixed(compile_post_norm(m, b, reg, dev), bp.post_norm.emplace());
+      const Cost pc = chooser.fixed(compile_post_norm(m, b, reg, dev, opt.sequence), bp.post_norm.emplace());
       worst = std::max(worst, pc.peak_bytes);
       seconds += pc.seconds;
     }
@@ -416,6 +432,15 @@ Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contra
   // reduced-precision stream is converted beside itself.
   if (!m.final_layer && m.dtype != accumulation_dtype(m.dtype))
     worst = std::max(worst, dev.held(m.tokens() * m.dim * int64_t(ir::dtype_size(accumulation_dtype(m.dtype)))));
+  // A split run's output: this rank's rows sent to every rank, every rank's rows received.
+  if (opt.sequence.split()) {
+    const ir::RowRange out = m.final_layer ? m.rows(m.final_layer->segments) : ir::RowRange{0, m.tokens()};
+    const int64_t width = (m.final_layer ? m.final_layer->proj.out_features : m.dim) *
+                          int64_t(ir::dtype_size(accumulation_dtype(m.dtype)));
+    const std::vector<int64_t> rows = rows_per_rank(opt.sequence, m.tokens(), out);
+    worst = std::max(worst, dev.held(opt.sequence.ranks * rows[size_t(opt.sequence.rank)] * width) +
+                                dev.held(out.size() * width));
+  }
   chooser.check();
   p.estimated_peak_bytes = p.residual_bytes + worst;
   p.estimated_ms = seconds * 1e3;
@@ -513,7 +538,7 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
   return p;
 }
 
-const char* code_name(Mismatch c) { return ir::name_of(c, {"plan.model", "plan.registry_entry", "plan.device"}); }
+const char* code_name(Mismatch c) { return ir::name_of(c, {"plan.model", "plan.registry_entry", "plan.device", "plan.sequence"}); }
 
 void check_match(const Plan& p, const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
   if (!p.source || p.blocks.size() != m.blocks.size() || p.tokens != m.tokens())

@@ -91,6 +91,8 @@ struct Options {
   // Run-time input: the KV budget of routed block-sparse attention at the step the plan runs
   // (plan/kv_budget.hpp; 1: dense). The attend steps carry it; the estimates follow it.
   double kv_budget = 1.0;
+  // Run-time input: the rows this rank computes of a sequence-parallel run (one rank: all).
+  Sequence sequence;
 };
 
 struct Plan {
@@ -100,11 +102,12 @@ struct Plan {
   std::string device;
   std::vector<BlockPlan> blocks;
   FinalPlan final_layer;
-  int64_t residual_bytes = 0;
+  int64_t residual_bytes = 0;  // this rank's rows of the residual stream
   int64_t floor_bytes = 0;
   int64_t estimated_peak_bytes = 0;
   int64_t budget_bytes = 0;  // 0: none
   double kv_budget = 1.0;    // Options::kv_budget
+  Sequence sequence;         // Options::sequence
   double estimated_ms = 0;   // sum of the sublayers', the final layer's and the embedding's
   std::string row_kernels;   // program.hpp row_kernels_note
   std::string policy;        // which rule chose the schedules
@@ -123,8 +126,8 @@ struct Plan {
 };
 
 // Why a plan cannot run against a model, registry and device.
-enum class Mismatch { Model, RegistryEntry, Device };
-const char* code_name(Mismatch);  // "plan.model", "plan.registry_entry", "plan.device"
+enum class Mismatch { Model, RegistryEntry, Device, Sequence };
+const char* code_name(Mismatch);  // "plan.model", "plan.registry_entry", "plan.device", "plan.sequence"
 
 class PlanError : public std::invalid_argument {
  public:

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <iterator>
+#include <numeric>
+#include <stdexcept>
 #include <sstream>
 #include <utility>
 
@@ -34,8 +36,10 @@ constexpr std::pair<const char*, const char*> kRoles[] = {
     {"W", "acquired weight"},
     {"LoraAx", "LoRA A·x slab"},
     {"KSlab", "K slab for the consumer's carrier"},
+    {"Rows", "this rank's rows for an exchange"},
+    {"Heads", "every rank's rows of this rank's heads"},
 };
-static_assert(std::size(kRoles) == static_cast<size_t>(BufRole::KSlab) + 1, "names for every buffer role");
+static_assert(std::size(kRoles) == static_cast<size_t>(BufRole::SeqHeads) + 1, "names for every buffer role");
 }  // namespace
 
 const char* to_string(BufRole r) { return kRoles[static_cast<size_t>(r)].first; }
@@ -52,9 +56,44 @@ const char* step_name(const StepBody& b) {
   static const char* names[] = {"loop",    "end",     "acquire", "release", "zero",     "norm",
                                 "copy",    "project", "qk-norm", "rope",    "qk-fused", "patch",
                                 "attend",  "activate", "mul",    "add",     "add-bias", "residual-add", "lora",
-                                "carry-k"};
+                                "carry-k", "exchange"};
   static_assert(std::size(names) == std::variant_size_v<StepBody>, "a name for every step kind");
   return names[b.index()];
+}
+
+const char* to_string(SeqMode m) { return m == SeqMode::Ulysses ? "ulysses" : "ring"; }
+
+std::vector<int64_t> shares(int64_t n, int64_t p) {
+  if (n < 0 || p < 1)
+    throw std::invalid_argument("shares: " + std::to_string(n) + " items over " + std::to_string(p) + " ranks");
+  std::vector<int64_t> s(size_t(p), n / p);
+  for (int64_t i = 0; i < n % p; ++i) ++s[size_t(i)];
+  return s;
+}
+
+ir::RowRange own_rows(const Sequence& s, int64_t tokens) {
+  const std::vector<int64_t> r = shares(tokens, s.ranks);
+  if (s.rank < 0 || s.rank >= s.ranks)
+    throw std::invalid_argument("sequence: rank " + std::to_string(s.rank) + " of " + std::to_string(s.ranks));
+  const int64_t begin = std::accumulate(r.begin(), r.begin() + s.rank, int64_t{0});
+  return {begin, begin + r[size_t(s.rank)]};
+}
+
+std::vector<int64_t> rows_per_rank(const Sequence& s, int64_t tokens, ir::RowRange rr) {
+  std::vector<int64_t> out;
+  for (int64_t k = 0; k < s.ranks; ++k) {
+    const ir::RowRange o = own_rows({k, s.ranks, s.mode}, tokens);
+    out.push_back(std::max<int64_t>(0, std::min(o.end, rr.end) - std::max(o.begin, rr.begin)));
+  }
+  return out;
+}
+
+std::string sequence_text(const Sequence& s, int64_t tokens) {
+  if (!s.split()) return "";
+  const ir::RowRange o = own_rows(s, tokens);
+  return std::string(to_string(s.mode)) + " over " + std::to_string(s.ranks) + " ranks, rank " +
+         std::to_string(s.rank) + ": rows [" + std::to_string(o.begin) + ", " + std::to_string(o.end) + ") of " +
+         std::to_string(tokens);
 }
 
 ir::DType accumulation_dtype(ir::DType activations) { return activations == DType::F64 ? DType::F64 : DType::F32; }

@@ -47,6 +47,8 @@ enum class BufRole {
   Weight,       // an acquired weight (slice), converted where its format is not a view
   LoraAx,       // [c, rank]                    A·x of a LoRA adapter (one slab)
   KSlab,        // [kv_heads, c, head_dim]      one slab of K on its way into a consumer's carrier
+  SeqRows,      // [own rows, width]            this rank's rows of Q, K or V, or of the attention output (sequence parallel)
+  SeqHeads,     // [L, heads[me]*hd]            every rank's rows of this rank's heads (sequence parallel)
 };
 const char* to_string(BufRole);
 const char* describe(BufRole);
@@ -100,6 +102,7 @@ struct Terms {
   int64_t attention_kv = 0;          // attention: the K/V length
   Mover mover = Mover::Memory;
   int64_t gemm_cols = 0;  // a matmul: its output features (with gemm_rows, its efficiency)
+  double link_bytes = 0;  // bytes this rank sends and receives between ranks (Rates::link_bytes_per_s)
 };
 
 enum class Axis { Tokens, Features };
@@ -216,6 +219,25 @@ struct AttendStep {
   int64_t kv_rows = 0;
   contracts::AttnCall call;
 };
+// Sequence parallel (Sequence): a collective over every rank of the process group, at loop
+// depth 0 so that every rank runs the same ones in the same order, whatever rows it holds.
+//   RowsToHeads: in [rows[me], sum(heads) * unit] -> out, every rank's rows of this rank's heads
+//                ([sum(rows), heads[me] * unit] token-major, or [heads[me], sum(rows), unit]).
+//   HeadsToRows: in [sum(rows), heads[me] * unit] -> out [rows[me], sum(heads) * unit].
+//   Ring:        out [rows[me], H * hd] := attention of q (in) [rows[me], H * hd] over the
+//                keys and values of every rank, k and v [rows[me], G * hd] here, the K/V
+//                blocks passed around the ranks (fp32 scores, q_chunk query rows at a time).
+enum class Exchange { RowsToHeads, HeadsToRows, Ring };
+struct ExchangeStep {
+  Exchange kind = Exchange::RowsToHeads;
+  Operand in, out;
+  std::vector<int64_t> rows, heads;  // per rank
+  int64_t unit = 0;                  // features per head
+  Layout out_layout = Layout::Same;  // RowsToHeads: Same or HeadMajor
+  Operand k, v;                      // Ring
+  int64_t rep = 1, q_chunk = 0;      // Ring: query heads per K/V head, query rows per score block
+  double scale = 1.0;                // Ring
+};
 struct ActivateStep {
   Operand t;
   ir::ActKind act;
@@ -257,7 +279,7 @@ struct LoraStep {
 
 using StepBody = std::variant<LoopStep, EndLoopStep, AcquireStep, ReleaseStep, ZeroStep, NormStep, CopyStep,
                               ProjectStep, QkNormStep, RopeStep, QkNormRopeStep, PatchStep, AttendStep, ActivateStep,
-                              MulStep, AddStep, AddBiasStep, ResidualAddStep, LoraStep, CarryKStep>;
+                              MulStep, AddStep, AddBiasStep, ResidualAddStep, LoraStep, CarryKStep, ExchangeStep>;
 const char* step_name(const StepBody&);
 
 struct Step {
@@ -277,6 +299,27 @@ struct Program {
   ir::RowRange rows;
 };
 
+// Sequence parallel: the residual stream's rows shared out over `ranks` processes (shares() of
+// every row; this one is `rank`), self-attention seeing the other ranks' rows through
+// exchanges: Ulysses trades rows for K/V head groups around attention (all-to-all), Ring
+// passes K/V blocks around the ranks. One rank: no split.
+enum class SeqMode { Ulysses, Ring };
+const char* to_string(SeqMode);
+struct Sequence {
+  int64_t rank = 0, ranks = 1;
+  SeqMode mode = SeqMode::Ulysses;
+  bool split() const { return ranks > 1; }
+  bool operator==(const Sequence&) const = default;
+};
+// n items over p ranks: the first n % p take one more (std::invalid_argument for n < 0, p < 1).
+std::vector<int64_t> shares(int64_t n, int64_t p);
+// The residual rows rank `s.rank` holds of a stream of `tokens` rows.
+ir::RowRange own_rows(const Sequence& s, int64_t tokens);
+// How many rows of `rr` each rank holds.
+std::vector<int64_t> rows_per_rank(const Sequence& s, int64_t tokens, ir::RowRange rr);
+// "ulysses over 2 ranks, rank 0: rows [0, 1537) of 3073"; "" for one rank.
+std::string sequence_text(const Sequence& s, int64_t tokens);
+
 // Whether the device's fused row kernels run: norm + modulation, and Q/K norm + RoPE, the latter
 // not where a patch reads or modifies Q or K (patches run on fp32 staging).
 bool fused_norm(const ir::Model& m, const contracts::DeviceCaps& dev);
@@ -287,15 +330,19 @@ std::string row_kernels_note(const ir::Model& m, const contracts::Registry& reg,
 // fp32, or fp64 for an fp64 model: norms, RoPE, feature-slice accumulation, the output.
 ir::DType accumulation_dtype(ir::DType activations);
 
-// `kv_budget`: the run-time input of routed attention (plan::Options::kv_budget).
+// `kv_budget`: the run-time input of routed attention (plan::Options::kv_budget). `seq`: the
+// rows this rank computes (plan::Options::sequence); a program of a split sublayer also runs
+// its exchanges.
 Program compile_sublayer(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s, const Schedule& p,
-                         const contracts::Registry& reg, const contracts::DeviceCaps& dev, double kv_budget = 1.0);
+                         const contracts::Registry& reg, const contracts::DeviceCaps& dev, double kv_budget = 1.0,
+                         const Sequence& seq = {});
 Program compile_final(const ir::Model& m, int64_t chunk, const contracts::Registry& reg,
-                      const contracts::DeviceCaps& dev);
-Program compile_embed(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
+                      const contracts::DeviceCaps& dev, const Sequence& seq = {});
+Program compile_embed(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
+                      const Sequence& seq = {});
 // The row norm of a block with a post_norm, run after its sublayers.
 Program compile_post_norm(const ir::Model& m, const ir::Block& b, const contracts::Registry& reg,
-                          const contracts::DeviceCaps& dev);
+                          const contracts::DeviceCaps& dev, const Sequence& seq = {});
 
 // Programs compiled in this process so far: a forward compiles none (the plan holds its parts).
 int64_t programs_compiled();

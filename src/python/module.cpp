@@ -67,7 +67,9 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
                                        const std::optional<py::function>& weight_hook, const std::vector<std::string>& hooked,
                                        const std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>& loras,
                                        int64_t device_memory, int resident_blocks, const std::string& device,
-                                       double kv_budget, const std::string& dtype, bool in_place) {
+                                       double kv_budget, const std::string& dtype, bool in_place,
+                                       const std::optional<exec::dist::Group>& process_group,
+                                       const std::string& sequence_parallel) {
   std::optional<recognize::Sidecar> sidecar;
   if (sidecar_json) sidecar = recognize::parse_sidecar(*sidecar_json, "<module config>");
   host::AttachOptions o;
@@ -86,6 +88,10 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
   o.in_place = in_place;
   o.dtype = dtype;
   o.kv_budget = kv_budget;
+  if (process_group) o.process_group = *process_group;
+  if (sequence_parallel != "ulysses" && sequence_parallel != "ring")
+    throw std::invalid_argument("sequence_parallel: expected 'ulysses' or 'ring', got '" + sequence_parallel + "'");
+  o.sequence_mode = sequence_parallel == "ring" ? plan::SeqMode::Ring : plan::SeqMode::Ulysses;
   contracts::Registry reg = exec::builtin_registry();
   for (const auto& [name, fn, caps] : python_consumers) {
     if (reg.has_consumer(name)) throw std::invalid_argument("consumer '" + name + "' is registered already");
@@ -154,7 +160,7 @@ PYBIND11_MODULE(_C, m) {
         "Ulysses attention over a torch.distributed group: this rank's rows q [rows[r], H, D], k, v "
         "[rows[r], G, D]; each rank attends its share of the K/V groups over every row.");
   m.def("ring_attention", &exec::dist::ring_attention, py::arg("group"), py::arg("q"), py::arg("k"), py::arg("v"),
-        py::arg("rows"), py::arg("scale"), py::call_guard<py::gil_scoped_release>(),
+        py::arg("rows"), py::arg("scale"), py::arg("q_chunk") = 0, py::call_guard<py::gil_scoped_release>(),
         "Ring attention over a torch.distributed group: this rank's q [n_q, H, D] against every rank's k, v "
         "[rows[r], G, D], the blocks passed around the ring and merged by log-sum-exp.");
   m.def("sdpa_attention", &exec::sdpa_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"),
@@ -182,7 +188,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("weight_hook") = std::nullopt, py::arg("hooked") = std::vector<std::string>{},
            py::arg("loras") = std::vector<std::tuple<std::string, std::map<std::string, at::Tensor>, double>>{},
            py::arg("device_memory") = 0, py::arg("resident_blocks") = -1, py::arg("device") = "",
-           py::arg("kv_budget") = 1.0, py::arg("dtype") = "", py::arg("in_place") = false)
+           py::arg("kv_budget") = 1.0, py::arg("dtype") = "", py::arg("in_place") = false,
+           py::arg("process_group") = std::nullopt, py::arg("sequence_parallel") = "ulysses")
       .def(
           "set_kv_budget",
           [](host::Attached& a, double budget) {

@@ -1,7 +1,11 @@
 #include "exec/dist/exchange.hpp"
 
+#include "exec/device/device.hpp"
+
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <stdexcept>
 
@@ -41,23 +45,30 @@ void check_attention(const char* what, int me, const at::Tensor& q, const at::Te
 at::Tensor scaled_heads(const at::Tensor& q, double scale) { return q.to(at::kFloat).permute({1, 0, 2}).mul(scale); }
 
 // Attention of q [H, n_q, D] (fp32, scaled) against one K/V block [n, G, D]: the output
-// [H, n_q, D] and the log-sum-exp of each row's scores [H, n_q], in fp32.
-std::pair<at::Tensor, at::Tensor> attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  const int64_t rep = q.size(0) / k.size(1);
+// [H, n_q, D] and the log-sum-exp of each row's scores [H, n_q], in fp32; `q_chunk` > 0: the
+// scores of that many query rows at a time.
+std::pair<at::Tensor, at::Tensor> attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               int64_t q_chunk = 0) {
+  const int64_t rep = q.size(0) / k.size(1), n_q = q.size(1);
   auto heads = [&](const at::Tensor& t) { return t.to(at::kFloat).permute({1, 0, 2}).repeat_interleave(rep, 0); };
-  const at::Tensor s = at::bmm(q, heads(k).transpose(1, 2));
-  const at::Tensor lse = at::logsumexp(s, -1);
-  return {at::bmm(at::exp(s - lse.unsqueeze(-1)), heads(v)), lse};
+  const at::Tensor kh = heads(k).transpose(1, 2), vh = heads(v);
+  if (q_chunk <= 0 || q_chunk >= n_q) {
+    const at::Tensor s = at::bmm(q, kh);
+    const at::Tensor lse = at::logsumexp(s, -1);
+    return {at::bmm(at::exp(s - lse.unsqueeze(-1)), vh), lse};
+  }
+  at::Tensor out = at::empty({q.size(0), n_q, vh.size(2)}, q.options()), lse = at::empty({q.size(0), n_q}, q.options());
+  for (int64_t i = 0; i < n_q; i += q_chunk) {
+    const int64_t n = std::min(q_chunk, n_q - i);
+    const at::Tensor s = at::bmm(q.narrow(1, i, n), kh);
+    const at::Tensor l = at::logsumexp(s, -1);
+    lse.narrow(1, i, n).copy_(l);
+    out.narrow(1, i, n).copy_(at::bmm(at::exp(s - l.unsqueeze(-1)), vh));
+  }
+  return {out, lse};
 }
 
 }  // namespace
-
-std::vector<int64_t> shares(int64_t n, int64_t p) {
-  if (n < 0 || p < 1) throw std::invalid_argument(c10::str("shares: ", n, " items over ", p, " ranks"));
-  std::vector<int64_t> s(size_t(p), n / p);
-  for (int64_t i = 0; i < n % p; ++i) ++s[size_t(i)];
-  return s;
-}
 
 at::Tensor rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& heads) {
@@ -117,7 +128,7 @@ at::Tensor ulysses_attention(const Group& pg, const at::Tensor& q, const at::Ten
 }
 
 at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const std::vector<int64_t>& rows, double scale) {
+                          const std::vector<int64_t>& rows, double scale, int64_t q_chunk) {
   const int p = pg->getSize(), me = pg->getRank();
   if (int(rows.size()) != p)
     throw std::invalid_argument(c10::str("ring_attention: ", rows.size(), " row counts for a process group of ", p,
@@ -136,7 +147,7 @@ at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor
       received = pg->recv(incoming, (me - 1 + p) % p, step);
     }
     if (rows[size_t(origin)] > 0) {
-      auto [o, l] = attend_block(qh, held[0], held[1]);
+      auto [o, l] = attend_block(qh, held[0], held[1], q_chunk);
       if (!out.defined()) {
         out = o, lse = l;
       } else {  // merged by log-sum-exp
@@ -153,6 +164,41 @@ at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor
   }
   if (!out.defined()) throw std::invalid_argument("ring_attention: no rank holds a key row");
   return out.permute({1, 0, 2}).to(q.scalar_type());
+}
+
+at::Tensor gather_rows(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows) {
+  const int p = pg->getSize(), me = pg->getRank();
+  if (int(rows.size()) != p || x.dim() < 1 || x.size(0) != rows[size_t(me)])
+    throw std::invalid_argument(c10::str("gather_rows: rank ", me, " holds ", x.sizes(), " of row counts ", rows,
+                                         " for a process group of ", p, " ranks"));
+  const int64_t width = x.numel() / std::max<int64_t>(x.size(0), 1);
+  std::vector<int64_t> send(size_t(p), x.numel()), recv;
+  for (int64_t r : rows) recv.push_back(r * width);
+  // This rank's rows to every rank (itself included); from each, its rows.
+  at::Tensor in = x.contiguous().flatten().repeat({p});
+  at::Tensor out = at::empty({sum(recv)}, x.options());
+  pg->alltoall_base(out, in, recv, send)->wait();
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] = sum(rows);
+  return out.view(shape);
+}
+
+double probe_link(const Group& pg, const at::Device& device, int64_t bytes) {
+  const int p = pg->getSize();
+  const int64_t per = std::max<int64_t>(bytes / 4 / p, 1);
+  at::Tensor in = at::ones({per * p}, at::TensorOptions().dtype(at::kFloat).device(device));
+  at::Tensor out = at::empty_like(in);
+  std::vector<int64_t> splits(size_t(p), per);
+  std::vector<double> seconds;
+  for (int i = 0; i < 4; ++i) {
+    synchronize(device);
+    const auto t0 = std::chrono::steady_clock::now();
+    pg->alltoall_base(out, in, splits, splits)->wait();
+    synchronize(device);
+    if (i > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return 2.0 * double(per) * 4.0 * double(p - 1) / std::max(seconds[1], 1e-9);
 }
 
 }  // namespace sp::exec::dist

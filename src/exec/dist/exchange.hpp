@@ -15,12 +15,13 @@
 
 #include <vector>
 
+#include "plan/program.hpp"
+
 namespace sp::exec::dist {
 
 using Group = c10::intrusive_ptr<c10d::ProcessGroup>;
 
-// n items over p ranks: the first n % p ranks take one more.
-std::vector<int64_t> shares(int64_t n, int64_t p);
+using plan::shares;  // n items over p ranks: the first n % p ranks take one more
 
 // x [rows[me], sum(heads), D] -> [sum(rows), heads[me], D]: every rank's rows of this rank's heads.
 at::Tensor rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
@@ -40,8 +41,16 @@ at::Tensor ulysses_attention(const Group& pg, const at::Tensor& q, const at::Ten
 // rank, k and v [rows[me], G, D] here (H a multiple of G). The K/V blocks travel around the
 // ring (to rank me + 1, from me - 1; the next block in flight while this one is attended), and
 // each block's output merges into the running one by its log-sum-exp, in fp32. `scale`
-// multiplies the scores. Returns [n_q, H, D] in q's dtype: attention over all sum(rows) keys.
+// multiplies the scores; `q_chunk` > 0: scores of that many query rows at a time. Returns
+// [n_q, H, D] in q's dtype: attention over all sum(rows) keys.
 at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const std::vector<int64_t>& rows, double scale);
+                          const std::vector<int64_t>& rows, double scale, int64_t q_chunk = 0);
+
+// Every rank's rows of x [rows[me], ...], in rank order, on every rank: [sum(rows), ...].
+at::Tensor gather_rows(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows);
+
+// Bytes one rank sends and receives per second in an all-to-all of about `bytes` per rank over
+// the group, on x's device (the median of 3 after one warm-up); every rank must call it.
+double probe_link(const Group& pg, const at::Device& device, int64_t bytes = int64_t{16} << 20);
 
 }  // namespace sp::exec::dist

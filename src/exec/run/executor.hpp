@@ -22,6 +22,10 @@
 #include "ir/model.hpp"
 #include "plan/plan.hpp"
 
+namespace c10d {
+class ProcessGroup;
+}
+
 namespace sp::exec {
 
 struct Inputs {
@@ -67,10 +71,14 @@ std::string consumer_unusable(const contracts::Registry& reg, const std::string&
 // kv_budget: routed attention's, as plan::Options::kv_budget (the plan's for run_planned).
 at::Tensor run_naive(const ir::Model& m, const WeightSource& w, const Inputs& in, const contracts::Registry& reg,
                      const Progress& progress = {}, double kv_budget = 1.0);
-// profile: where not null, every step is timed into it (a slower run).
-// Throws plan::PlanMismatch for a plan of another model, registry entry or device.
+// profile: where not null, every step is timed into it (a slower run). group: the process group
+// of a sequence-parallel plan (plan::Options::sequence), its rank and size the plan's; every
+// rank gets the whole output.
+// Throws plan::PlanMismatch for a plan of another model, registry entry or device, or made for
+// another rank or rank count than the group's.
 at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSource& w, const Inputs& in,
                        const contracts::Registry& reg, const contracts::DeviceCaps& dev,
-                       const Progress& progress = {}, StepProfile* profile = nullptr);
+                       const Progress& progress = {}, StepProfile* profile = nullptr,
+                       c10d::ProcessGroup* group = nullptr);
 
 }  // namespace sp::exec

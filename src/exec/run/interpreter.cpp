@@ -2,10 +2,12 @@
 // step kind, in the arena plan/arena.hpp placed (exec/run/README.md).
 #include <chrono>
 #include <map>
+#include <numeric>
 
 #include "exec/consumers/consumer.hpp"
 #include "exec/device/device.hpp"
 #include "exec/device/memory.hpp"
+#include "exec/dist/exchange.hpp"
 #include "exec/patches/lora.hpp"
 #include "exec/patches/patch.hpp"
 #include "exec/run/executor.hpp"
@@ -21,10 +23,12 @@ using namespace plan;
 
 class Interpreter {
  public:
+  // x: the residual stream's rows from x_base on (this rank's under a sequence split).
   Interpreter(const ir::Model& m, const Part& part, const WeightSource& w, const Inputs& in,
-              const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x, StepProfile* profile)
-      : m_(m), p_(part.program), w_(w), in_(in), reg_(reg), x_(x), ops_(m, w, in), device_(in.device()),
-        profile_(profile), rates_(rates_of(dev)) {
+              const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x, int64_t x_base,
+              const dist::Group* group, StepProfile* profile)
+      : m_(m), p_(part.program), w_(w), in_(in), reg_(reg), x_(x), x_base_(x_base), group_(group), ops_(m, w, in),
+        device_(in.device()), profile_(profile), rates_(rates_of(dev)) {
     const Placement& pl = part.placement;
     if (pl.arena_bytes > 0) arena_ = at::empty({pl.arena_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
     bufs_.resize(p_.buffers.size());
@@ -32,8 +36,8 @@ class Interpreter {
       const Buffer& b = p_.buffers[i];
       if (b.view || pl.live[i].first < 0) continue;
       const auto opts = at::TensorOptions().dtype(to_aten(b.dtype)).device(device_);
-      if (separate(b)) bufs_[i] = at::empty(b.shape, opts);
-      else if (b.bytes() > 0)
+      if (separate(b) || b.bytes() == 0) bufs_[i] = at::empty(b.shape, opts);  // empty: a rank without rows or heads
+      else
         bufs_[i] = arena_.narrow(0, pl.offset[i], b.bytes()).view(to_aten(b.dtype)).view(b.shape);
     }
   }
@@ -111,11 +115,13 @@ class Interpreter {
   }
 
   int64_t row0() const { return f_.base + f_.token; }
+  // The current slab's n rows of the residual stream.
+  at::Tensor residual_rows(int64_t n) const { return x_.narrow(0, row0() - x_base_, n); }
 
   at::Tensor operand(const Operand& o) const {
     const int64_t n = o.shape.empty() ? 0 : o.shape[0];
     switch (o.src) {
-      case Src::Residual: return x_.narrow(0, row0(), n);
+      case Src::Residual: return residual_rows(n);
       case Src::Context: return in_.table(o.name).narrow(0, f_.token, n);
       case Src::Tokens: {
         const at::Tensor& t = in_.segment_tokens(o.name);
@@ -194,7 +200,7 @@ class Interpreter {
   }
   void step(const ZeroStep& z) { operand(z.t).zero_(); }
   void step(const NormStep& s) {
-    const at::Tensor rows = x_.narrow(0, row0(), s.out.shape[0]);
+    const at::Tensor rows = residual_rows(s.out.shape[0]);
     if (s.fused) ops_.norm_modulate_fused(rows, *s.norm, *s.mod, s.ref, row0(), operand(s.out));
     else ops_.norm_modulate(rows, *s.norm, *s.mod, s.ref, row0(), operand(s.out), operand(s.stats));
   }
@@ -300,7 +306,29 @@ class Interpreter {
   void step(const AddBiasStep& s) { operand(s.t).add_(w_.tensor(s.bias)); }
   void step(const ResidualAddStep& s) {
     const at::Tensor y = operand(s.y);
-    ops_.gated_add(x_.narrow(0, row0(), y.size(0)), y, *s.mod, s.ref, row0(), s.fused);
+    ops_.gated_add(residual_rows(y.size(0)), y, *s.mod, s.ref, row0(), s.fused);
+  }
+  void step(const ExchangeStep& s) {
+    if (!group_) throw std::logic_error("an exchange step without a process group");
+    const at::Tensor in = operand(s.in), out = operand(s.out);
+    const int64_t me = (*group_)->getRank();
+    if (s.kind == Exchange::Ring) {
+      const at::Tensor k = operand(s.k), v = operand(s.v);
+      const int64_t n = in.size(0), G = k.size(1) / s.unit;
+      out.view({n, G * s.rep, s.unit})
+          .copy_(dist::ring_attention(*group_, in.view({n, G * s.rep, s.unit}), k.view({n, G, s.unit}),
+                                      v.view({n, G, s.unit}), s.rows, s.scale, s.q_chunk));
+      return;
+    }
+    const int64_t heads = std::accumulate(s.heads.begin(), s.heads.end(), int64_t{0});
+    if (s.kind == Exchange::HeadsToRows) {
+      const at::Tensor y = in.view({in.size(0), s.heads[size_t(me)], s.unit});
+      out.view({out.size(0), heads, s.unit}).copy_(dist::heads_to_rows(*group_, y, s.rows, s.heads));
+      return;
+    }
+    const at::Tensor t = dist::rows_to_heads(*group_, in.view({in.size(0), heads, s.unit}), s.rows, s.heads);
+    if (s.out_layout == Layout::HeadMajor) out.copy_(t.transpose(0, 1));
+    else out.view(t.sizes()).copy_(t);
   }
 
   const ir::Model& m_;
@@ -309,6 +337,8 @@ class Interpreter {
   const Inputs& in_;
   const contracts::Registry& reg_;
   at::Tensor& x_;
+  int64_t x_base_;
+  const dist::Group* group_;
   Ops ops_;
   at::Device device_;
   at::Tensor arena_;
@@ -330,14 +360,27 @@ class Interpreter {
 
 at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSource& w, const Inputs& in,
                        const contracts::Registry& reg, const contracts::DeviceCaps& dev, const Progress& progress,
-                       StepProfile* profile) {
+                       StepProfile* profile, c10d::ProcessGroup* group) {
   validate_inputs(m, in);
   check_match(p, m, reg, dev);
-  at::Tensor x = at::empty({m.tokens(), m.dim}, at::TensorOptions().dtype(to_aten(m.dtype)).device(in.device()));
+  const plan::Sequence& seq = p.sequence;
+  dist::Group pg;
+  if (group) pg = dist::Group::unsafe_reclaim_from_nonowning(group);
+  if (seq.split() != bool(group) || (group && (group->getSize() != seq.ranks || group->getRank() != seq.rank)))
+    throw plan::PlanMismatch(plan::Mismatch::Sequence,
+                             "the plan was made for " + (seq.split() ? plan::sequence_text(seq, m.tokens()) : "one rank") +
+                                 ", the run has " + (group ? "rank " + std::to_string(group->getRank()) + " of " +
+                                                                 std::to_string(group->getSize())
+                                                           : std::string("no process group")));
+  const ir::RowRange own = plan::own_rows(seq, m.tokens());
+  at::Tensor x = at::empty({own.size(), m.dim}, at::TensorOptions().dtype(to_aten(m.dtype)).device(in.device()));
   if (profile) ++profile->runs;
   // One part on the residual stream x (modified in place): the program's output buffer (the
   // final layer's), else an undefined tensor.
-  auto run_part = [&](const plan::Part& part) { return Interpreter(m, part, w, in, reg, dev, x, profile).run(); };
+  const dist::Group* g = group ? &pg : nullptr;
+  auto run_part = [&](const plan::Part& part) {
+    return Interpreter(m, part, w, in, reg, dev, x, own.begin, g, profile).run();
+  };
   run_part(p.embed);
   int64_t done = 0, total = 0;
   for (const auto& b : m.blocks) total += int64_t(b.sublayers.size());
@@ -351,8 +394,11 @@ at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSour
     if (const auto& pn = p.blocks[bi].post_norm) run_part(*pn);
     w.end_block(bi);
   }
-  if (!m.final_layer) return x.to(to_aten(accumulation_dtype(m.dtype)));
-  return run_part(p.final_layer.part);
+  at::Tensor out = m.final_layer ? run_part(p.final_layer.part) : x.to(to_aten(accumulation_dtype(m.dtype)));
+  if (!g) return out;
+  // Every rank's output rows, in order.
+  const ir::RowRange rows = m.final_layer ? m.rows(m.final_layer->segments) : ir::RowRange{0, m.tokens()};
+  return dist::gather_rows(pg, out, plan::rows_per_rank(seq, m.tokens(), rows));
 }
 
 std::string consumer_unusable(const contracts::Registry& reg, const std::string& name, const at::Device& device,

@@ -13,11 +13,11 @@ bool is_out_of_memory(const std::exception& e) {
 
 Retried run_planned_retrying(const ir::Model& m, const WeightSource& w, const Inputs& in,
                              const plan::Plan& p, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
-                             const at::Device& device, const exec::Progress& progress) {
+                             const at::Device& device, const exec::Progress& progress, c10d::ProcessGroup* group) {
   Retried r;
   r.plan = p;
   try {
-    r.out = run_planned(m, p, w, in, reg, dev, progress);
+    r.out = run_planned(m, p, w, in, reg, dev, progress, nullptr, group);
     return r;
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) throw;
@@ -36,6 +36,7 @@ Retried run_planned_retrying(const ir::Model& m, const WeightSource& w, const In
   plan::Options o;
   o.budget_bytes = budget;
   o.kv_budget = p.kv_budget;
+  o.sequence = p.sequence;
   try {
     r.plan = plan::make_plan(m, reg, now, o);
   } catch (const plan::BudgetError& e) {
@@ -45,7 +46,7 @@ Retried run_planned_retrying(const ir::Model& m, const WeightSource& w, const In
   r.note = "retried once: " + failed + "; planned again under a budget of " + plan::human_bytes(budget) +
            " (estimated peak " + plan::human_bytes(r.plan.estimated_peak_bytes) + ")";
   try {
-    r.out = run_planned(m, r.plan, w, in, reg, now, progress);
+    r.out = run_planned(m, r.plan, w, in, reg, now, progress, nullptr, group);
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) throw;
     release_cached(device);

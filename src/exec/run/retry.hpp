@@ -44,9 +44,11 @@ struct Retried {
   std::string note;      // why and how the retry planned, when retried
 };
 
-// run_planned with `p`; on out of memory, one retry as described above. Throws OutOfMemory.
+// run_planned with `p` (on `group` for a sequence-parallel plan); on out of memory, one retry
+// as described above. Throws OutOfMemory.
 Retried run_planned_retrying(const ir::Model& m, const WeightSource& w, const Inputs& in,
                              const plan::Plan& p, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
-                             const at::Device& device, const Progress& progress = {});
+                             const at::Device& device, const Progress& progress = {},
+                             c10d::ProcessGroup* group = nullptr);
 
 }  // namespace sp::exec

@@ -1,0 +1,110 @@
+"""Sequence parallelism (streamplan.apply(..., process_group=pg, sequence_parallel="ulysses" or
+"ring")) on ComfyUI's WanModel, Flux and MiniMaxH3Model with tiny random weights, fp32, over gloo
+process groups of 2 and 4 CPU processes: every rank holds the same module and calls it with the
+same inputs, and gets the whole output, within rel L2 1e-5 of the module's own forward in one
+process (same shape and dtype); the call ran planned (no fallback) and the plan's explanation
+names the mode and the rank count. Heads the ranks do not divide (Wan and H3: 3 heads on 2 and 4
+ranks; Flux: 6 heads, 2, 2, 1, 1 on 4) and rows they do not divide (Wan: 45 video rows; Flux: 35
+image and 4 text rows; H3: 63 video, 10 audio and 9 text rows).
+
+Needs the ComfyUI trees of test_comfy_models.py and test_comfy_minimax.py (tests/reference/
+comfy_tree.py); without them the family's tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import rel_l2
+from test_comfy_minimax import MIXED_TAGS, build
+from test_comfy_minimax import call_args as h3_call
+from test_comfy_minimax import run as run_h3
+from test_comfy_models import attached, flux_call, make_flux, make_wan, wan_call
+from test_comfy_models import run as run_comfy
+
+import comfy_tree  # noqa: E402  (tests/reference, on the path through conftest)
+import minimax_h3 as h3  # noqa: E402
+
+TOL = 1e-5
+
+# family -> (where its `comfy` is imported from, the function importing its modules, Handle.family)
+FAMILIES = {
+    "wan": (comfy_tree.FULL_SITE, comfy_tree.FULL_TREE, comfy_tree.wan_flux_modules, "wan2.1"),
+    "flux": (comfy_tree.FULL_SITE, comfy_tree.FULL_TREE, comfy_tree.wan_flux_modules, "flux1"),
+    "minimax": (comfy_tree.EXTRA_SITE, comfy_tree.COMFY_TREE, comfy_tree.minimax_h3_modules, "minimax-h3"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request: pytest.FixtureRequest) -> Any:
+    """The family's name, its ComfyUI tree importable (else pytest.skip naming what is missing)."""
+    site, tree, modules, _ = FAMILIES[request.param]
+    with comfy_tree.isolated(site, tree):
+        modules()
+        yield request.param
+
+
+def _resized(comfy: Any, **sizes: Any) -> tuple[Any, ...]:
+    """`comfy` as test_comfy_models' fixture gives it, with WanModel and Flux built with `sizes`
+    over what make_wan and make_flux pass: their modules with other head counts."""
+    wan, flux, ops = comfy
+
+    def resized(cls: Any) -> Callable[..., torch.nn.Module]:
+        return lambda **kw: cls(**{**kw, **sizes})
+
+    return (types.SimpleNamespace(WanModel=resized(wan.WanModel)),
+            types.SimpleNamespace(Flux=resized(flux.Flux), FluxParams=flux.FluxParams), ops)
+
+
+def _case(family: str, comfy: Any) -> tuple[torch.nn.Module, Callable[[torch.nn.Module], list[torch.Tensor]]]:
+    """The family's tiny module and a call of it (its outputs as a list), on inputs of rows the
+    ranks do not divide."""
+    if family == "wan":  # 3 heads of 32; 2 clips of 3 x 3 x 5 = 45 rows, 7 text rows
+        m = make_wan(_resized(comfy, dim=96, num_heads=3))
+        (x, t, context), kwargs = wan_call()
+        call = ((x[..., :6, :10].contiguous(), t, context), kwargs)
+        return m, lambda m: [run_comfy(m, call)]
+    if family == "flux":  # 6 heads of 16; 2 images of 7 x 5 = 35 rows after 4 text rows
+        m = make_flux(_resized(comfy, hidden_size=96, num_heads=6))
+        (x, t, context), kwargs = flux_call()
+        call = ((x[..., :14, :10].contiguous(), t, context[:, :4].contiguous()), kwargs)
+        return m, lambda m: [run_comfy(m, call)]
+    m = build(comfy, h3.TINY)  # 3 heads of 32; 9 text, 10 audio and 7 x 3 x 3 = 63 video rows
+    (x, t, context), kwargs = h3_call(m, h3.TINY, tags=MIXED_TAGS)
+    args = ([x[0][..., :6].contiguous(), x[1]], t, context)
+    return m, lambda m: run_h3(m, args, kwargs)
+
+
+def _rank(rank: int, world: int, store: str, family: str, mode: str) -> None:
+    torch.set_num_threads(1)  # up to 4 ranks on a CI runner's few cores
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        site, tree, modules, name = FAMILIES[family]
+        torch.manual_seed(0)
+        with comfy_tree.isolated(site, tree):
+            m, call = _case(family, modules())
+            want = call(m)  # the module's own forward, the whole sequence in this process
+            handle, got = attached(m, call, process_group=dist.group.WORLD, sequence_parallel=mode)
+        where = f"{family} {mode}, rank {rank} of {world}"
+        assert handle.fallbacks == [] and handle.planned_calls == handle.calls == 1, f"{where}: {handle.fallbacks}"
+        assert handle.family == name, f"{where}: recognized as {handle.family}"
+        assert len(got) == len(want), f"{where}: {len(got)} outputs, the original gives {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert (g.shape, g.dtype) == (w.shape, w.dtype), f"{where}, output {i}: {g.shape} {g.dtype}, not {w.shape}"
+            err = rel_l2(g, w)
+            assert err <= TOL, f"{where}, output {i} {list(w.shape)}: rel L2 {err:.3e} > {TOL:.0e}"
+        text = handle.explain()
+        assert f"sequence parallel: {mode} over {world} ranks" in text, f"{where}: explain() says\n{text}"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("mode", ["ulysses", "ring"])
+def test_sequence_parallel_matches_the_forward_in_one_process(tmp_path, family: str, mode: str, world: int) -> None:
+    mp.spawn(_rank, args=(world, str(tmp_path / "store"), family, mode), nprocs=world, join=True)
