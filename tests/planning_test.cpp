@@ -411,10 +411,10 @@ TEST_F(Planning, EstimateIsResidualPlusWorstProgram) {
 }
 
 // A sequence-parallel plan per rank: each holds its own rows of the residual stream, runs the
-// same exchanges in the same order as every other rank (all at loop depth 0, so that no rank
-// waits on one that runs another), refuses the output projection streamed with the Q slabs
-// (sequence.split) and says so in its explain text; under Ulysses it estimates a lower peak than
-// one rank's.
+// same exchanges in the same order as every other rank (so that no rank waits on one that runs
+// another, whatever rows each holds) and says so in its explain text; the ring refuses the
+// output projection streamed with the Q slabs (sequence.split); Ulysses estimates a lower peak
+// than one rank's.
 TEST_F(Planning, SequenceSplitPlansEachRanksRowsWithTheSameExchanges) {
   const Knobs k = gqa_bf16(2);
   const ir::Model m = build(k);
@@ -431,22 +431,36 @@ TEST_F(Planning, SequenceSplitPlansEachRanksRowsWithTheSameExchanges) {
         EXPECT_EQ(p.residual_bytes, own * k.dim * 2);
         // Ulysses holds about 1/ranks of every activation; the ring attends in fp32 blocks.
         if (mode == pl::SeqMode::Ulysses) EXPECT_LT(p.estimated_peak_bytes, one.estimated_peak_bytes);
+        // Every exchange in the order it runs (a loop's body as many times as its count), with
+        // the rows each rank sends: the same on every rank.
         std::vector<std::string> seen;
-        for (const pl::Part* part : pl::parts(p))
-          for (const pl::Step& st : part->program.steps)
-            if (const auto* x = std::get_if<pl::ExchangeStep>(&st.body)) {
-              EXPECT_EQ(st.depth, 0) << st.what;
-              EXPECT_GT(st.terms.link_bytes, 0) << st.what;
-              seen.push_back(part->program.name + " " + std::to_string(int(x->kind)));
+        for (const pl::Part* part : pl::parts(p)) {
+          const auto& steps = part->program.steps;
+          std::function<void(size_t, size_t)> walk = [&](size_t from, size_t to) {
+            for (size_t i = from; i < to; ++i) {
+              if (const auto* l = std::get_if<pl::LoopStep>(&steps[i].body)) {
+                for (int64_t j = 0; j < l->count; ++j) walk(i + 1, size_t(l->end));
+                i = size_t(l->end);
+              } else if (const auto* x = std::get_if<pl::ExchangeStep>(&steps[i].body)) {
+                EXPECT_GT(steps[i].terms.link_bytes, 0) << steps[i].what;
+                std::string rows;
+                for (int64_t n : x->rows) rows += " " + std::to_string(n);
+                seen.push_back(part->program.name + " " + std::to_string(int(x->kind)) + rows);
+              }
             }
-        EXPECT_EQ(seen.size(), size_t(m.blocks.size() * (mode == pl::SeqMode::Ulysses ? 4 : 1)));
+          };
+          walk(0, steps.size());
+        }
+        if (mode == pl::SeqMode::Ring) EXPECT_EQ(seen.size(), m.blocks.size());
+        else EXPECT_GE(seen.size(), 4 * m.blocks.size());
         exchanges.push_back(seen);
         const std::string text = pl::explain(p);
         EXPECT_TRUE(contains(text, "sequence parallel: " + std::string(pl::to_string(mode)) + " over " +
                                        std::to_string(ranks) + " ranks, rank " + std::to_string(r)))
             << text;
-        EXPECT_TRUE(contains(text, "[sequence.split]")) << text;
-        EXPECT_FALSE(p.blocks[0].sublayers[0].streamed_out);
+        // Ulysses projects each Q slab's output as it comes back; the ring returns all at once.
+        EXPECT_EQ(contains(text, "[sequence.split]"), mode == pl::SeqMode::Ring) << text;
+        EXPECT_EQ(p.blocks[0].sublayers[0].streamed_out, mode == pl::SeqMode::Ulysses);
       }
       EXPECT_EQ(rows, m.tokens());
       for (const auto& e : exchanges) EXPECT_EQ(e, exchanges.front());

@@ -227,9 +227,12 @@ class Handle:
         residency: tuple[int, int, str, bool] = (0, -1, "", False),
         dtype: str = "",
         sequence: tuple[Any, str] = (None, "ulysses"),
+        cfg_parallel: bool = False,
     ) -> None:
         self._module = module
-        self._sequence = sequence
+        self._cfg = _CfgParallel(sequence[0]) if cfg_parallel else None
+        # Each half of the ranks splits the rows of its batch elements over its own group.
+        self._sequence = (self._cfg.group, sequence[1]) if self._cfg else sequence
         self._dtype = dtype
         self._residency = residency
         self._weight_hook = weight_hook
@@ -359,6 +362,8 @@ class Handle:
             f"consumer {self.consumer}, budget {self.budget or 'none'}\n"
             f"geometry: {key}\n"
         )
+        if self._cfg:
+            head += self._cfg.text() + "\n"
         return head + a.explain(geometry)
 
     def to_dict(self, geometry: str | None = None) -> dict[str, Any]:
@@ -497,15 +502,71 @@ class Handle:
         t1 = time.perf_counter()
         outputs, prepare_ms = [], 0.0
         with record_function("streamplan.forward"):  # a profiler's name for the planned run
-            for raw in why.inputs:
+            shared = self._cfg.shares(why.inputs) if self._cfg else None
+            for e, raw in enumerate(why.inputs):
+                if shared is not None and e != shared:
+                    outputs.append(None)  # another group of ranks runs it
+                    continue
                 outputs.append(run(raw))
                 prepare_ms += self._attached.last_prepare_ms
+            if shared is not None:
+                outputs = self._cfg.exchange(outputs, shared)
         t2 = time.perf_counter()
         self.planned_calls += 1
         _lora.warn(self._attached.lora, self._lora_warned)
         result = self._adapter.output(why, outputs)
         self.last_host_ms = 1e3 * (t1 - t0 + time.perf_counter() - t2) + prepare_ms
         return result
+
+
+class _CfgParallel:
+    """CFG-parallel ranks: the process group's ranks in two halves, each with a group of its own
+    that splits the rows of the batch elements it runs; a call of two batch elements of one
+    geometry (the conditional and the unconditional) runs one element on each half, and the
+    halves trade their outputs."""
+
+    def __init__(self, group: Any) -> None:
+        import torch.distributed as dist
+
+        if group is None:
+            raise ValueError("cfg_parallel: needs a process_group")
+        self._dist, self._world = dist, group
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        if size % 2:
+            raise ValueError(f"cfg_parallel: the process group's {size} ranks do not make two halves")
+        self.half = size // 2
+        ranks = [dist.get_global_rank(group, r) for r in range(size)]
+        # Every rank creates both groups, in the same order (torch.distributed.new_group).
+        halves = [dist.new_group(ranks[:self.half]), dist.new_group(ranks[self.half:])]
+        self.side = rank // self.half
+        self.group = halves[self.side]
+        self._leaders = [ranks[0], ranks[self.half]]
+
+    def shares(self, inputs: list[dict[str, torch.Tensor]]) -> int | None:
+        """The batch element this half runs, or None where the call does not split (not two
+        elements of one geometry: every rank runs every element)."""
+        if len(inputs) != 2:
+            return None
+        a, b = inputs
+        same = a.keys() == b.keys() and all(
+            not isinstance(a[k], torch.Tensor) or (a[k].shape == b[k].shape and a[k].dtype == b[k].dtype) for k in a)
+        return self.side if same else None
+
+    def exchange(self, outputs: list[Any], mine: int) -> list[Any]:
+        """Both elements' outputs on every rank: each half's leader sends its element's."""
+        own = outputs[mine]
+        done = []
+        for e in range(2):
+            out = own if e == mine else (
+                {k: torch.empty_like(v) for k, v in own.items()} if isinstance(own, dict) else torch.empty_like(own))
+            for t in (out.values() if isinstance(out, dict) else [out]):
+                self._dist.broadcast(t, src=self._leaders[e], group=self._world)
+            done.append(out)
+        return done
+
+    def text(self) -> str:
+        return (f"cfg parallel: two batch elements of one geometry on two halves of {self.half} rank(s); "
+                f"this rank is in half {self.side}")
 
 
 def _hook_names(hook: WeightHook | None) -> Any:
@@ -540,6 +601,7 @@ def apply(
     dtype: str | torch.dtype | None = None,
     process_group: Any = None,
     sequence_parallel: str = "ulysses",
+    cfg_parallel: bool = False,
 ) -> Handle:
     """Attaches the planner to `module` and replaces its forward; returns the handle.
 
@@ -601,6 +663,10 @@ def apply(
         sequence_parallel: how attention sees the other ranks' rows: ``"ulysses"`` (all-to-all
             exchanges trade rows for K/V head groups; any head count on any rank count) or
             ``"ring"`` (K/V blocks passed around the ranks, attended in fp32).
+        cfg_parallel: with `process_group` of an even size: its ranks in two halves, each
+            splitting the rows over its own group; a call with two batch elements of one
+            geometry (classifier-free guidance's conditional and unconditional) runs one on
+            each half, and the halves trade their outputs.
         install: False leaves the module's forward as it is: the host calls
             :meth:`Handle.call` from its own hook around the module instead (ComfyUI's
             diffusion-model wrappers: streamplan.comfy_nodes).
@@ -652,6 +718,7 @@ def apply(
          False),
         _dtype_name(dtype),
         (process_group, sequence_parallel),
+        cfg_parallel,
     )
     if kv_budget is not None:
         handle.set_kv_budget(kv_budget)

@@ -130,67 +130,125 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     if (c.reg().consumer(a.consumer).k_carrier_bytes)
       throw std::invalid_argument("sequence parallel: consumer '" + a.consumer +
                                   "' keeps K in a carrier it builds over every row; split runs need a consumer that takes K as it is");
+    if (call.routed(L))
+      throw std::invalid_argument("sequence parallel: routed attention (kv budget " + std::to_string(call.kv_budget) +
+                                  ") places its query tiles by row; a split run attends densely");
     const std::vector<int64_t> rows = c.rows_of(rr);
-    const int KL = c.buffer(BufRole::SeqRows, "K rows", {Tl, wkv}, dt);
-    const int VL = c.buffer(BufRole::SeqRows, "V rows", {Tl, wkv}, dt);
-    const int QL = c.buffer(BufRole::SeqRows, "Q rows", {Tl, wq}, dt);
-    {
-      const Held wk = hold_k(), wv = hold_v();
-      c.own_loop(rr, p.token_chunk, true, [&](int64_t n, int64_t pieces) {
-        const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
-        const Operand k = c.whole(c.buffer(BufRole::KV, "k", {n, wkv}, dt));
-        const Operand v = c.slab_of(VL, 0, n);
-        c.project(h, k, wk.ws, D, wkv, n, pieces);
-        c.project(h, v, wv.ws, D, wkv, n, pieces);
-        qk_rows(k, c.slab_of(KL, 0, n), Layout::Same, wk.ws, G, 1, TensorRole::K, n, pieces);
-        c.patches(a.patches, TensorRole::V, v);
-      });
-      release_all(c, {&wk, &wv});
-    }
-    {
-      const Held wqh = hold_q();
-      c.own_loop(rr, p.q_chunk, true, [&](int64_t n, int64_t pieces) {
-        const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
-        const Operand q = c.whole(c.buffer(BufRole::Q, "Q", {n, wq}, dt));
-        c.project(h, q, wqh.ws, D, wq, n, pieces);
-        qk_rows(q, c.slab_of(QL, 0, n), Layout::Same, wqh.ws, G, rep, TensorRole::Q, n, pieces);
-      });
-      release_all(c, {&wqh});
-    }
-    const int ofull = c.buffer(BufRole::AttnOutFull, "OFull", {Tl, wq}, dt);
     if (c.seq().mode == SeqMode::Ring) {
-      if (call.routed(L))
-        throw std::invalid_argument("sequence parallel: ring attention attends every key; routed attention (kv budget " +
-                                    std::to_string(call.kv_budget) + ") needs the ulysses split");
+      // Ring: this rank's rows of Q, K and V whole, then attended against every rank's K/V.
+      const int KL = c.buffer(BufRole::SeqRows, "K rows", {Tl, wkv}, dt);
+      const int VL = c.buffer(BufRole::SeqRows, "V rows", {Tl, wkv}, dt);
+      const int QL = c.buffer(BufRole::SeqRows, "Q rows", {Tl, wq}, dt);
+      {
+        const Held wk = hold_k(), wv = hold_v();
+        c.own_loop(rr, p.token_chunk, true, [&](int64_t n, int64_t pieces) {
+          const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
+          const Operand k = c.whole(c.buffer(BufRole::KV, "k", {n, wkv}, dt));
+          const Operand v = c.slab_of(VL, 0, n);
+          c.project(h, k, wk.ws, D, wkv, n, pieces);
+          c.project(h, v, wv.ws, D, wkv, n, pieces);
+          qk_rows(k, c.slab_of(KL, 0, n), Layout::Same, wk.ws, G, 1, TensorRole::K, n, pieces);
+          c.patches(a.patches, TensorRole::V, v);
+        });
+        release_all(c, {&wk, &wv});
+      }
+      {
+        const Held wqh = hold_q();
+        c.own_loop(rr, p.q_chunk, true, [&](int64_t n, int64_t pieces) {
+          const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
+          const Operand q = c.whole(c.buffer(BufRole::Q, "Q", {n, wq}, dt));
+          c.project(h, q, wqh.ws, D, wq, n, pieces);
+          qk_rows(q, c.slab_of(QL, 0, n), Layout::Same, wqh.ws, G, rep, TensorRole::Q, n, pieces);
+        });
+        release_all(c, {&wqh});
+      }
+      const int ofull = c.buffer(BufRole::AttnOutFull, "OFull", {Tl, wq}, dt);
       c.ring(c.whole(QL), c.whole(KL), c.whole(VL), c.whole(ofull), rows, a.heads, G, hd, p.q_chunk);
       project_all(ofull);
       return;
     }
-    // Ulysses: the K/V head groups shared out over the ranks, each with its query heads.
-    const std::vector<int64_t> groups = shares(G, c.seq().ranks);
+    // Ulysses, slab by slab: each exchange trades a slab of `chunk` rows of every rank (padded
+    // where a rank holds fewer) for this rank's share of the K/V head groups, each with its
+    // query heads; every rank runs as many slabs as the rank with the most rows. The K/V slabs
+    // land at their rows of this rank's K and V; each Q slab is attended at once, its output
+    // traded back and projected into the residual rows.
+    const int64_t P = c.seq().ranks, most = *std::max_element(rows.begin(), rows.end());
+    const std::vector<int64_t> groups = shares(G, P);
     const int64_t Gr = groups[size_t(c.seq().rank)];
     const bool tm = c.reg().consumer(a.consumer).strided_heads == contracts::Cap::Yes;
     const Layout kv_layout = tm ? Layout::Same : Layout::HeadMajor;
     const Layout q_layout = tm && rep == 1 ? Layout::Same : Layout::Folded;
     const std::vector<int64_t> kv_shape = tm ? std::vector<int64_t>{L, Gr * hd} : std::vector<int64_t>{Gr, L, hd};
     const int K = c.buffer(BufRole::GlobalK, "K", kv_shape, dt), V = c.buffer(BufRole::GlobalV, "V", kv_shape, dt);
-    c.exchange(Exchange::RowsToHeads, c.whole(KL), c.whole(K), rows, groups, hd, kv_layout);
-    c.exchange(Exchange::RowsToHeads, c.whole(VL), c.whole(V), rows, groups, hd, kv_layout);
-    const int QH = c.buffer(BufRole::SeqHeads, "Q heads", {L, Gr * rep * hd}, dt);
-    const int OH = c.buffer(BufRole::SeqHeads, "O heads", {L, Gr * rep * hd}, dt);
-    c.exchange(Exchange::RowsToHeads, c.whole(QL), c.whole(QH), rows, groups, rep * hd);
-    if (Gr > 0)
-      c.token_loop(rr.begin, L, p.q_chunk, false, [&](int64_t n, int64_t) {
-        const Operand qs = c.slab_of(QH, 0, n);
-        Operand qf = qs;
-        if (q_layout == Layout::Folded) {
-          qf = c.whole(c.buffer(BufRole::QFolded, "QF", {Gr, rep * n, hd}, dt));
-          c.copy(qs, qf, Layout::Folded, Gr, rep, hd);
+    auto rows_of = [&](int buf, int64_t n) {  // the first n rows of a slab buffer
+      Operand o = c.whole(buf);
+      o.shape[0] = n;
+      return o;
+    };
+    {
+      const Held wk = hold_k(), wv = hold_v();
+      const int64_t kc = std::clamp<int64_t>(p.token_chunk, 1, std::max<int64_t>(most, 1));
+      auto slab = [&](int64_t n, int64_t pieces) {
+        const int ks = c.buffer(BufRole::SeqRows, "K slab", {kc, wkv}, dt);
+        const int vs = c.buffer(BufRole::SeqRows, "V slab", {kc, wkv}, dt);
+        if (n > 0) {
+          const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
+          const Operand k = c.whole(c.buffer(BufRole::KV, "k", {n, wkv}, dt));
+          c.project(h, k, wk.ws, D, wkv, n, pieces);
+          c.project(h, rows_of(vs, n), wv.ws, D, wkv, n, pieces);
+          qk_rows(k, rows_of(ks, n), Layout::Same, wk.ws, G, 1, TensorRole::K, n, pieces);
+          c.patches(a.patches, TensorRole::V, rows_of(vs, n));
         }
-        c.attend(a, qf, K, V, c.slab_of(OH, 0, n), n, L, q_layout, kv_layout, call, Gr);
-      });
-    c.exchange(Exchange::HeadsToRows, c.whole(OH), c.whole(ofull), rows, groups, rep * hd);
-    project_all(ofull);
+        c.exchange(Exchange::RowsToHeads, c.whole(ks), c.whole(K), std::vector<int64_t>(size_t(P), kc), groups, hd,
+                   kv_layout, rows, kc);
+        c.exchange(Exchange::RowsToHeads, c.whole(vs), c.whole(V), std::vector<int64_t>(size_t(P), kc), groups, hd,
+                   kv_layout, rows, kc);
+      };
+      c.own_loop(rr, kc, true, slab);
+      c.pad_loop(rr, kc, c.slabs(rr, kc), slab);
+      release_all(c, {&wk, &wv});
+    }
+    // The output projected slab by slab where it streams, else gathered into OFull first.
+    const int ofull = streamed ? -1 : c.buffer(BufRole::AttnOutFull, "OFull", {Tl, wq}, dt);
+    const Held wqh = hold_q(), wo = streamed ? hold_out() : Held{}, wm = streamed && mlp ? hold_mlp() : Held{};
+    // Q slabs of q_chunk / P rows per rank: attention calls of about q_chunk rows, as on one rank.
+    const int64_t qc = std::clamp<int64_t>((p.q_chunk + P - 1) / P, 1, std::max<int64_t>(most, 1)), width = Gr * rep * hd;
+    auto slab = [&](int64_t n, int64_t pieces) {
+      const int ql = c.buffer(BufRole::SeqRows, "Q slab", {qc, wq}, dt);
+      Operand h;
+      if (n < qc) c.zero(c.whole(ql));  // padding rows attend too: zeros, not leftovers
+      if (n > 0) {
+        h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
+        const Operand q = c.whole(c.buffer(BufRole::Q, "Q", {n, wq}, dt));
+        c.project(h, q, wqh.ws, D, wq, n, pieces);
+        qk_rows(q, rows_of(ql, n), Layout::Same, wqh.ws, G, rep, TensorRole::Q, n, pieces);
+      }
+      const std::vector<int64_t> sent(size_t(P), qc);
+      const Operand qh = c.whole(c.buffer(BufRole::SeqHeads, "Q heads", {P * qc, width}, dt));
+      c.exchange(Exchange::RowsToHeads, c.whole(ql), qh, sent, groups, rep * hd);
+      const Operand oh = c.whole(c.buffer(BufRole::SeqHeads, "O heads", {P * qc, width}, dt));
+      if (Gr > 0) {
+        Operand qf = qh;
+        if (q_layout == Layout::Folded) {
+          qf = c.whole(c.buffer(BufRole::QFolded, "QF", {Gr, rep * P * qc, hd}, dt));
+          c.copy(qh, qf, Layout::Folded, Gr, rep, hd);
+        }
+        c.attend(a, qf, K, V, oh, P * qc, L, q_layout, kv_layout, call, Gr);
+      }
+      const int o = c.buffer(BufRole::AttnOut, "O", {qc, wq}, dt);
+      c.exchange(Exchange::HeadsToRows, oh, c.whole(o), sent, groups, rep * hd);
+      if (n == 0) return;
+      if (!streamed) {
+        c.copy(rows_of(o, n), c.slab_of(ofull, 0, n));
+        return;
+      }
+      c.patches(a.patches, TensorRole::AttnOut, rows_of(o, n));
+      project_out(wo, wm, rows_of(o, n), [&] { return h; }, n, pieces);
+    };
+    c.own_loop(rr, qc, true, slab);
+    c.pad_loop(rr, qc, c.slabs(rr, qc), slab);
+    release_all(c, {&wqh, &wo, &wm});
+    if (!streamed) project_all(ofull);
     return;
   }
 

@@ -119,6 +119,20 @@ class Compiler {
     const auto [from, to] = local(rr);
     token_loop(rr.begin + from, to - from, chunk, segments, std::forward<F>(body));
   }
+  // Slabs of `chunk` rows, every rank as many: the most any rank's rows of `rr` make.
+  int64_t slabs(ir::RowRange rr, int64_t chunk) const {
+    int64_t most = 0;
+    for (int64_t r : rows_of(rr)) most = std::max(most, (r + chunk - 1) / chunk);
+    return most;
+  }
+  // After own_loop(rr, chunk, ...): the slabs up to `total` that this rank has no rows for,
+  // body(0, 1) each (its part in the exchanges of the ranks that have).
+  template <typename F>
+  void pad_loop(ir::RowRange rr, int64_t chunk, int64_t total, F&& body) {
+    const auto [from, to] = local(rr);
+    const int64_t mine = (to - from + chunk - 1) / chunk;
+    if (total > mine) loop(Axis::Tokens, rr.begin + from, mine * chunk, chunk, total - mine, [&] { body(int64_t{0}, int64_t{1}); });
+  }
   // The index of the first of `limit` slabs of `chunk` rows from absolute row `start` that a
   // segment boundary falls strictly inside; `limit` when none does.
   int64_t first_cut_slab(int64_t start, int64_t chunk, int64_t limit) const {
@@ -337,8 +351,11 @@ class Compiler {
   }
   // A sequence-parallel exchange (ExchangeStep) of rows and heads: `rows` per rank, `heads` per
   // rank of `unit` features each. Its link bytes are what this rank sends and receives.
+  // `held` and `chunk` (RowsToHeads): the slab of `chunk` rows of each rank's `held` rows that
+  // the current token slab is, its rows placed in `out` at theirs (ExchangeStep).
   void exchange(Exchange kind, const Operand& in, const Operand& out, std::vector<int64_t> rows,
-                std::vector<int64_t> heads, int64_t unit, Layout out_layout = Layout::Same) {
+                std::vector<int64_t> heads, int64_t unit, Layout out_layout = Layout::Same,
+                std::vector<int64_t> held = {}, int64_t chunk = 0) {
     const size_t me = size_t(seq_.rank);
     auto sum = [](const std::vector<int64_t>& v) { return double(std::accumulate(v.begin(), v.end(), int64_t{0})); };
     const double mine = double(rows[me]) * double(heads[me]);
@@ -346,11 +363,16 @@ class Compiler {
                                                       : sum(rows) * double(heads[me]) - mine;
     const double received = kind == Exchange::RowsToHeads ? sum(rows) * double(heads[me]) - mine
                                                           : double(rows[me]) * sum(heads) - mine;
-    Terms t{0, 2 * (elems(in) + elems(out)) * esz_, 2};
+    const double got = kind == Exchange::RowsToHeads ? sum(rows) * double(heads[me]) : double(rows[me]) * sum(heads);
+    Terms t{0, 2 * (elems(in) + got * double(unit)) * esz_, 2};  // packed, then unpacked
     t.link_bytes = (sent + received) * double(unit) * esz_;
-    // The packed send buffer, the receive buffer and the unpacked rows before their copy.
-    const int64_t transient = dev_.held(int64_t(elems(in) * esz_)) + 2 * dev_.held(int64_t(elems(out) * esz_));
-    emit(ExchangeStep{kind, in, out, std::move(rows), std::move(heads), unit, out_layout, {}, {}, 1, 0, 1.0},
+    // The packed send buffer, the receive buffer and (HeadsToRows, or RowsToHeads into another
+    // layout) the unpacked rows before their copy.
+    const int64_t transient = dev_.held(int64_t(elems(in) * esz_)) + 2 * dev_.held(int64_t(got * double(unit) * esz_));
+    ExchangeStep x{kind, in, out, std::move(rows), std::move(heads), unit, out_layout, {}, {}, 1, 0, 1.0};
+    x.held = std::move(held);
+    x.chunk = chunk;
+    emit(std::move(x),
          std::string(kind == Exchange::RowsToHeads ? "exchange rows for heads" : "exchange heads for rows") +
              " (all-to-all, " + std::to_string(seq_.ranks) + " ranks)",
          t, transient);

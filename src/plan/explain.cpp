@@ -80,13 +80,18 @@ std::string explain(const Plan& p, bool full) {
     double link = 0, seconds = 0;
     int64_t count = 0;
     const Rates r = rates_of(p.device_caps);
-    for (const Part* part : parts(p))
-      for (const Step& st : part->program.steps)
-        if (std::holds_alternative<ExchangeStep>(st.body)) {
-          link += st.terms.link_bytes;
-          seconds += st.terms.link_bytes / r.link_bytes_per_s;
-          ++count;
+    for (const Part* part : parts(p)) {
+      std::vector<int64_t> times = {1};  // slabs of each enclosing loop, multiplied
+      for (const Step& st : part->program.steps) {
+        if (const auto* l = std::get_if<LoopStep>(&st.body)) times.push_back(times.back() * l->count);
+        else if (std::holds_alternative<EndLoopStep>(st.body)) times.pop_back();
+        else if (std::holds_alternative<ExchangeStep>(st.body)) {
+          link += double(times.back()) * st.terms.link_bytes;
+          count += times.back();
         }
+      }
+    }
+    seconds = link / r.link_bytes_per_s;
     os << "  sequence parallel: " << sequence_text(p.sequence, p.tokens) << "; weights replicated; " << count
        << " exchanges per forward, " << human_bytes(int64_t(link)) << " sent + received by this rank, "
        << human_ms(seconds * 1e3) << " at " << r.link_bytes_per_s / 1e9 << " GB/s\n";

@@ -361,18 +361,18 @@ class Chooser {
   Bottleneck worst_;
 };
 
-// Under a sequence split, self-attention's output goes back to its rows by one exchange after
-// every query row is attended: no output projection streams with the Q slabs.
-void split_rejections(Verdict& v, const ir::Sublayer& s, const ir::Block& b) {
+// Under a ring split, self-attention's output comes back to its rows after every query row is
+// attended: no output projection streams with the Q slabs.
+void split_rejections(Verdict& v, const ir::Sublayer& s, const ir::Block& b, const Sequence& seq) {
   const auto* a = std::get_if<ir::Attention>(&s.body);
-  if (!a || a->kind == ir::AttnKind::Cross) return;
+  if (!seq.split() || seq.mode != SeqMode::Ring || !a || a->kind == ir::AttnKind::Cross) return;
   const auto it = std::find(v.legal.begin(), v.legal.end(), Transform::StreamedOutProj);
   if (it == v.legal.end()) return;
   v.legal.erase(it);
   v.rejections.push_back({Transform::StreamedOutProj, legality::Check::SequenceSplit,
                           legality::ComponentKind::Transformation, b.name + "." + s.name, {}, {}, {},
                           "the output projection of a Q slab as it is attended",
-                          "the attention output comes back to this rank's rows in one exchange"});
+                          "ring attention returns the output of all this rank's rows at once"});
 }
 
 // The plan whose parts take their fastest candidate within the Chooser's limit (see Chooser).
@@ -403,7 +403,7 @@ Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contra
     for (size_t si = 0; si < b.sublayers.size(); ++si) {
       const ir::Sublayer& s = b.sublayers[si];
       Verdict v = legality::check_sublayer(ctx, s);
-      if (opt.sequence.split()) split_rejections(v, s, b);
+      split_rejections(v, s, b, opt.sequence);
       const Site at{b, s, form, si};
       SublayerPlan sp = s.is_attention() ? chooser.attention(at, std::get<ir::Attention>(s.body), v)
                                          : chooser.mlp(at, std::get<ir::Mlp>(s.body), v);

@@ -219,10 +219,12 @@ struct AttendStep {
   int64_t kv_rows = 0;
   contracts::AttnCall call;
 };
-// Sequence parallel (Sequence): a collective over every rank of the process group, at loop
-// depth 0 so that every rank runs the same ones in the same order, whatever rows it holds.
+// Sequence parallel (Sequence): a collective over every rank of the process group. Every rank
+// runs the same ones in the same order, whatever rows it holds: at loop depth 0, or once per
+// slab of a token loop that every rank runs as many times (padded with empty slabs).
 //   RowsToHeads: in [rows[me], sum(heads) * unit] -> out, every rank's rows of this rank's heads
-//                ([sum(rows), heads[me] * unit] token-major, or [heads[me], sum(rows), unit]).
+//                ([sum(rows), heads[me] * unit] token-major, or [heads[me], sum(rows), unit]);
+//                with `held`, the rows of one slab placed in `out` holding every row.
 //   HeadsToRows: in [sum(rows), heads[me] * unit] -> out [rows[me], sum(heads) * unit].
 //   Ring:        out [rows[me], H * hd] := attention of q (in) [rows[me], H * hd] over the
 //                keys and values of every rank, k and v [rows[me], G * hd] here, the K/V
@@ -237,6 +239,10 @@ struct ExchangeStep {
   Operand k, v;                      // Ring
   int64_t rep = 1, q_chunk = 0;      // Ring: query heads per K/V head, query rows per score block
   double scale = 1.0;                // Ring
+  // RowsToHeads of one slab of a token loop: each rank sends `chunk` rows (padded past its
+  // `held` rows); the real ones land in `out` (every row) at their rows.
+  std::vector<int64_t> held;
+  int64_t chunk = 0;
 };
 struct ActivateStep {
   Operand t;

@@ -3,7 +3,8 @@
 process groups of 2 and 4 CPU processes: every rank holds the same module and calls it with the
 same inputs, and gets the whole output, within rel L2 1e-5 of the module's own forward in one
 process (same shape and dtype); the call ran planned (no fallback) and the plan's explanation
-names the mode and the rank count. Heads the ranks do not divide (Wan and H3: 3 heads on 2 and 4
+names the mode and the rank count. Ulysses runs both its default plan and slabs of a few rows
+(each rank running as many slab exchanges as the rank with the most rows). Heads the ranks do not divide (Wan and H3: 3 heads on 2 and 4
 ranks; Flux: 6 heads, 2, 2, 1, 1 on 4) and rows they do not divide (Wan: 45 video rows; Flux: 35
 image and 4 text rows; H3: 63 video, 10 audio and 9 text rows).
 
@@ -80,7 +81,7 @@ def _case(family: str, comfy: Any) -> tuple[torch.nn.Module, Callable[[torch.nn.
     return m, lambda m: run_h3(m, args, kwargs)
 
 
-def _rank(rank: int, world: int, store: str, family: str, mode: str) -> None:
+def _rank(rank: int, world: int, store: str, family: str, mode: str, chunk: int | None, cfg: bool = False) -> None:
     torch.set_num_threads(1)  # up to 4 ranks on a CI runner's few cores
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
@@ -89,8 +90,9 @@ def _rank(rank: int, world: int, store: str, family: str, mode: str) -> None:
         with comfy_tree.isolated(site, tree):
             m, call = _case(family, modules())
             want = call(m)  # the module's own forward, the whole sequence in this process
-            handle, got = attached(m, call, process_group=dist.group.WORLD, sequence_parallel=mode)
-        where = f"{family} {mode}, rank {rank} of {world}"
+            handle, got = attached(m, call, process_group=dist.group.WORLD, sequence_parallel=mode, token_chunk=chunk,
+                                   cfg_parallel=cfg)
+        where = f"{family} {mode} (token chunk {chunk}{', cfg parallel' if cfg else ''}), rank {rank} of {world}"
         assert handle.fallbacks == [] and handle.planned_calls == handle.calls == 1, f"{where}: {handle.fallbacks}"
         assert handle.family == name, f"{where}: recognized as {handle.family}"
         assert len(got) == len(want), f"{where}: {len(got)} outputs, the original gives {len(want)}"
@@ -99,12 +101,31 @@ def _rank(rank: int, world: int, store: str, family: str, mode: str) -> None:
             err = rel_l2(g, w)
             assert err <= TOL, f"{where}, output {i} {list(w.shape)}: rel L2 {err:.3e} > {TOL:.0e}"
         text = handle.explain()
-        assert f"sequence parallel: {mode} over {world} ranks" in text, f"{where}: explain() says\n{text}"
+        if cfg:  # this rank ran one of the two batch elements; its half split its rows
+            runs = sum(p["calls"] for p in handle.plans)
+            assert runs == 1, f"{where}: {runs} batch elements ran on this rank, not 1"
+            assert "cfg parallel: two batch elements of one geometry" in text, f"{where}: explain() says\n{text}"
+            world //= 2
+        if world > 1:
+            assert f"sequence parallel: {mode} over {world} ranks" in text, f"{where}: explain() says\n{text}"
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("mode", ["ulysses", "ring"])
-def test_sequence_parallel_matches_the_forward_in_one_process(tmp_path, family: str, mode: str, world: int) -> None:
-    mp.spawn(_rank, args=(world, str(tmp_path / "store"), family, mode), nprocs=world, join=True)
+@pytest.mark.parametrize("mode,chunk", [
+    ("ulysses", None),  # the default plan: each exchange whole (one slab)
+    ("ulysses", 8),     # slabs of 8 K/V rows and of 2 or 4 Q rows per rank: remainders, padding slabs
+    ("ring", None),
+])
+def test_sequence_parallel_matches_the_forward_in_one_process(tmp_path, family: str, mode: str, chunk: int | None,
+                                                              world: int) -> None:
+    mp.spawn(_rank, args=(world, str(tmp_path / "store"), family, mode, chunk), nprocs=world, join=True)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_cfg_parallel_runs_one_batch_element_per_half(tmp_path, family: str, world: int) -> None:
+    """Wan and Flux calls hold two batch elements: each half of the ranks runs one (on 4 ranks,
+    its rows split over the half's 2), and every rank gets both outputs. The MiniMax H3 call
+    holds one: each half runs it."""
+    mp.spawn(_rank, args=(world, str(tmp_path / "store"), family, "ulysses", None, True), nprocs=world, join=True)

@@ -1,5 +1,6 @@
 // The planned schedule: programs (plan/program.hpp) interpreted step by step, one function per
 // step kind, in the arena plan/arena.hpp placed (exec/run/README.md).
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <numeric>
@@ -327,8 +328,22 @@ class Interpreter {
       return;
     }
     const at::Tensor t = dist::rows_to_heads(*group_, in.view({in.size(0), heads, s.unit}), s.rows, s.heads);
-    if (s.out_layout == Layout::HeadMajor) out.copy_(t.transpose(0, 1));
-    else out.view(t.sizes()).copy_(t);
+    // [rows, heads[me], unit] into `out` at `first`: token-major or head-major.
+    auto place = [&](const at::Tensor& block, int64_t first) {
+      const int64_t m = block.size(0);
+      if (s.out_layout == Layout::HeadMajor) out.narrow(1, first, m).copy_(block.transpose(0, 1));
+      else out.narrow(0, first, m).view(block.sizes()).copy_(block);
+    };
+    if (s.held.empty()) {
+      place(t, 0);
+      return;
+    }
+    // One slab of each rank's rows: its real ones (the first m of the `chunk` it sent) at theirs.
+    const int64_t k = f_.token / s.chunk;
+    for (size_t i = 0, first = 0, at = 0; i < s.held.size(); first += size_t(s.held[i]), at += size_t(s.rows[i]), ++i) {
+      const int64_t m = std::clamp<int64_t>(s.held[i] - k * s.chunk, 0, s.chunk);
+      if (m > 0) place(t.narrow(0, int64_t(at), m), int64_t(first) + k * s.chunk);
+    }
   }
 
   const ir::Model& m_;
