@@ -39,6 +39,9 @@
 #                                    with the planner dense and sparse, uncapped reference;
 #                                    scripts/comfy_vram_check.py); VRAM_ARGS: its arguments
 #                                    (default --model wan)
+#   scripts/device.sh OUT sp-check    sequence parallel on the machine's GPUs: ComfyUI's Wan 14B
+#                                    (40 layers, 81x1280x720, CFG) on 1 and 2 ranks
+#                                    (scripts/sp_check.py); SP_ARGS: its arguments (OUT/sp_check.json)
 #   scripts/device.sh OUT comfy-load  ComfyUI master's own loader and forward on the files
 #                                    `streamplan convert` writes (fp8, int8, convrot-int8 of Wan 2.1
 #                                    and Flux-dev checkpoints, both layouts; scripts/comfy_load_check.py);
@@ -307,6 +310,16 @@ if [ "$mode" = vram-check ]; then
     COMFYUI_PATH=${COMFYUI_PATH:-$PWD/.deps/comfyui-full} $py scripts/comfy_vram_check.py ${VRAM_ARGS:---model wan} \
     --cli build-py-device/streamplan --work /tmp/vram-check --out "$out/vram_check.json" 2>>"$out/logs.txt" |
     tee "$out/vram_check.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { tail -30 "$out/logs.txt"; exit 1; }
+  exit 0
+fi
+
+if [ "$mode" = sp-check ]; then
+  build_package
+  comfy_wheels
+  PYTHONPATH=$PWD/.deps/ck312${PYTHONPATH:+:$PYTHONPATH} COMFY_SITE=$site \
+    COMFYUI_PATH=${COMFYUI_PATH:-$PWD/.deps/comfyui-full} $py scripts/sp_check.py ${SP_ARGS:-} \
+    --out "$out/sp_check.json" 2>>"$out/logs.txt" | tee "$out/sp_check.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { tail -30 "$out/logs.txt"; exit 1; }
   exit 0
 fi
