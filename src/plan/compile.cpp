@@ -134,6 +134,24 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       throw std::invalid_argument("sequence parallel: routed attention (kv budget " + std::to_string(call.kv_budget) +
                                   ") places its query tiles by row; a split run attends densely");
     const std::vector<int64_t> rows = c.rows_of(rr);
+    // A slab of n of this rank's rows: K and V (K normed and rotated) into kdst and vdst, or Q
+    // into qdst, token-major; the normed rows back.
+    auto kv_rows = [&](const Held& wk, const Held& wv, const Operand& kdst, const Operand& vdst, int64_t n,
+                       int64_t pieces) {
+      const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
+      const Operand k = c.whole(c.buffer(BufRole::KV, "k", {n, wkv}, dt));
+      c.project(h, k, wk.ws, D, wkv, n, pieces);
+      c.project(h, vdst, wv.ws, D, wkv, n, pieces);
+      qk_rows(k, kdst, Layout::Same, wk.ws, G, 1, TensorRole::K, n, pieces);
+      c.patches(a.patches, TensorRole::V, vdst);
+    };
+    auto q_rows = [&](const Held& wqh, const Operand& qdst, int64_t n, int64_t pieces) {
+      const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
+      const Operand q = c.whole(c.buffer(BufRole::Q, "Q", {n, wq}, dt));
+      c.project(h, q, wqh.ws, D, wq, n, pieces);
+      qk_rows(q, qdst, Layout::Same, wqh.ws, G, rep, TensorRole::Q, n, pieces);
+      return h;
+    };
     if (c.seq().mode == SeqMode::Ring) {
       // Ring: this rank's rows of Q, K and V whole, then attended against every rank's K/V.
       const int KL = c.buffer(BufRole::SeqRows, "K rows", {Tl, wkv}, dt);
@@ -142,24 +160,14 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       {
         const Held wk = hold_k(), wv = hold_v();
         c.own_loop(rr, p.token_chunk, true, [&](int64_t n, int64_t pieces) {
-          const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
-          const Operand k = c.whole(c.buffer(BufRole::KV, "k", {n, wkv}, dt));
-          const Operand v = c.slab_of(VL, 0, n);
-          c.project(h, k, wk.ws, D, wkv, n, pieces);
-          c.project(h, v, wv.ws, D, wkv, n, pieces);
-          qk_rows(k, c.slab_of(KL, 0, n), Layout::Same, wk.ws, G, 1, TensorRole::K, n, pieces);
-          c.patches(a.patches, TensorRole::V, v);
+          kv_rows(wk, wv, c.slab_of(KL, 0, n), c.slab_of(VL, 0, n), n, pieces);
         });
         release_all(c, {&wk, &wv});
       }
       {
         const Held wqh = hold_q();
-        c.own_loop(rr, p.q_chunk, true, [&](int64_t n, int64_t pieces) {
-          const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
-          const Operand q = c.whole(c.buffer(BufRole::Q, "Q", {n, wq}, dt));
-          c.project(h, q, wqh.ws, D, wq, n, pieces);
-          qk_rows(q, c.slab_of(QL, 0, n), Layout::Same, wqh.ws, G, rep, TensorRole::Q, n, pieces);
-        });
+        c.own_loop(rr, p.q_chunk, true,
+                   [&](int64_t n, int64_t pieces) { q_rows(wqh, c.slab_of(QL, 0, n), n, pieces); });
         release_all(c, {&wqh});
       }
       const int ofull = c.buffer(BufRole::AttnOutFull, "OFull", {Tl, wq}, dt);
@@ -191,14 +199,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       auto slab = [&](int64_t n, int64_t pieces) {
         const int ks = c.buffer(BufRole::SeqRows, "K slab", {kc, wkv}, dt);
         const int vs = c.buffer(BufRole::SeqRows, "V slab", {kc, wkv}, dt);
-        if (n > 0) {
-          const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
-          const Operand k = c.whole(c.buffer(BufRole::KV, "k", {n, wkv}, dt));
-          c.project(h, k, wk.ws, D, wkv, n, pieces);
-          c.project(h, rows_of(vs, n), wv.ws, D, wkv, n, pieces);
-          qk_rows(k, rows_of(ks, n), Layout::Same, wk.ws, G, 1, TensorRole::K, n, pieces);
-          c.patches(a.patches, TensorRole::V, rows_of(vs, n));
-        }
+        if (n > 0) kv_rows(wk, wv, rows_of(ks, n), rows_of(vs, n), n, pieces);
         c.exchange(Exchange::RowsToHeads, c.whole(ks), c.whole(K), std::vector<int64_t>(size_t(P), kc), groups, hd,
                    kv_layout, rows, kc);
         c.exchange(Exchange::RowsToHeads, c.whole(vs), c.whole(V), std::vector<int64_t>(size_t(P), kc), groups, hd,
@@ -217,12 +218,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       const int ql = c.buffer(BufRole::SeqRows, "Q slab", {qc, wq}, dt);
       Operand h;
       if (n < qc) c.zero(c.whole(ql));  // padding rows attend too: zeros, not leftovers
-      if (n > 0) {
-        h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
-        const Operand q = c.whole(c.buffer(BufRole::Q, "Q", {n, wq}, dt));
-        c.project(h, q, wqh.ws, D, wq, n, pieces);
-        qk_rows(q, rows_of(ql, n), Layout::Same, wqh.ws, G, rep, TensorRole::Q, n, pieces);
-      }
+      if (n > 0) h = q_rows(wqh, rows_of(ql, n), n, pieces);
       const std::vector<int64_t> sent(size_t(P), qc);
       const Operand qh = c.whole(c.buffer(BufRole::SeqHeads, "Q heads", {P * qc, width}, dt));
       c.exchange(Exchange::RowsToHeads, c.whole(ql), qh, sent, groups, rep * hd);
