@@ -226,13 +226,18 @@ class Handle:
         loras: list[tuple[str, dict[str, torch.Tensor], float]] | None = None,
         residency: tuple[int, int, str, bool] = (0, -1, "", False),
         dtype: str = "",
-        sequence: tuple[Any, str] = (None, "ulysses"),
+        sequence: tuple[Any, str, bool] = (None, "ulysses", False),
         cfg_parallel: bool = False,
     ) -> None:
         self._module = module
         self._cfg = _CfgParallel(sequence[0]) if cfg_parallel else None
         # Each half of the ranks splits the rows of its batch elements over its own group.
-        self._sequence = (self._cfg.group, sequence[1]) if self._cfg else sequence
+        self._sequence = (self._cfg.group, *sequence[1:]) if self._cfg else sequence
+        group, _, shard = self._sequence
+        if shard and (group is None or _group_size(group) < 2):
+            raise ValueError("shard_weights: shares the blocks' weights over the ranks of a process_group of 2 or "
+                             f"more ranks{' (with cfg_parallel: of each half)' if self._cfg else ''}; got "
+                             f"{'none' if group is None else _group_size(group)}")
         self._dtype = dtype
         self._residency = residency
         self._weight_hook = weight_hook
@@ -331,6 +336,13 @@ class Handle:
         """What the streamed weights hold now: (device bytes of kept weights and slots, pinned
         host bytes of streamplan's own); (0, 0) when nothing streams or after :meth:`release`."""
         return tuple(self._attached.streamed_bytes())
+
+    @property
+    def sharded_bytes(self) -> tuple[int, int]:
+        """With `shard_weights`: (this rank's shares of the blocks' weights, the two slots a block
+        is gathered into), device bytes; (0, 0) before the first call, after :meth:`release`,
+        or without it."""
+        return tuple(self._attached.sharded_bytes())
 
     def release(self) -> None:
         """Gives back what the streamed weights hold on the device and in pinned host memory;
@@ -519,6 +531,12 @@ class Handle:
         return result
 
 
+def _group_size(group: Any) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(group)
+
+
 class _CfgParallel:
     """CFG-parallel ranks: the process group's ranks in two halves, each with a group of its own
     that splits the rows of the batch elements it runs; a call of two batch elements of one
@@ -602,6 +620,7 @@ def apply(
     process_group: Any = None,
     sequence_parallel: str = "ulysses",
     cfg_parallel: bool = False,
+    shard_weights: bool = False,
 ) -> Handle:
     """Attaches the planner to `module` and replaces its forward; returns the handle.
 
@@ -667,6 +686,10 @@ def apply(
             splitting the rows over its own group; a call with two batch elements of one
             geometry (classifier-free guidance's conditional and unconditional) runs one on
             each half, and the halves trade their outputs.
+        shard_weights: with `process_group`: each rank keeps 1/N of every block's weights on
+            its device and gathers a block from the other ranks as it begins (the next one
+            while this one computes), as FSDP does. The module's tensors are read once: load
+            the module on the CPU and pass `device`, so that its own copy is not on the GPU.
         install: False leaves the module's forward as it is: the host calls
             :meth:`Handle.call` from its own hook around the module instead (ComfyUI's
             diffusion-model wrappers: streamplan.comfy_nodes).
@@ -717,7 +740,7 @@ def apply(
         (_device_memory_bytes(device_memory), _resident_blocks(resident_blocks), "" if device is None else str(device),
          False),
         _dtype_name(dtype),
-        (process_group, sequence_parallel),
+        (process_group, sequence_parallel, shard_weights),
         cfg_parallel,
     )
     if kv_budget is not None:

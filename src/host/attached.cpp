@@ -102,6 +102,7 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
   const bool in_place = options_.in_place && options_.streams();
   const at::Device held_on = in_place ? held_device(tensors, options_.device) : module_device(tensors);
   device_ = options_.device.empty() ? held_on : exec::pick_device(options_.device);
+  moved_ = options_.shard_weights && device_ != held_on;
   if (options_.streams()) {
     if (options_.device_memory < 0)
       throw std::invalid_argument("device_memory: must be > 0 bytes, got " + std::to_string(options_.device_memory));
@@ -109,9 +110,9 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
       throw std::invalid_argument("device_memory: the module's tensors are on " + held_on.str() +
                                   "; streamed weights come from host memory: keep the module on the CPU "
                                   "(module.to('cpu')) and pass device='" + held_on.str() + "'");
-  } else if (device_ != held_on) {
+  } else if (device_ != held_on && !options_.shard_weights) {
     throw std::invalid_argument("device: " + device_.str() + ", but the module's tensors are on " + held_on.str() +
-                                "; only with device_memory or resident_blocks do the calls run elsewhere");
+                                "; only with device_memory, resident_blocks or shard_weights do the calls run elsewhere");
   }
   dtype_ = module_dtype(tensors, options_.dtype);
   reg_.consumer(options_.consumer);  // throws ContractError naming the registered consumers
@@ -136,8 +137,10 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
     if (options_.streams())
       throw std::invalid_argument("process_group: sequence parallel runs keep the weights where they are; "
                                   "device_memory and resident_blocks do not combine with it");
-    sequence_ = {pg->getRank(), pg->getSize(), options_.sequence_mode};
+    sequence_ = {pg->getRank(), pg->getSize(), options_.sequence_mode, options_.shard_weights};
     if (sequence_.split()) dev_.rates.link_bytes_per_s = exec::dist::probe_link(pg, device_);
+  } else if (options_.shard_weights) {
+    throw std::invalid_argument("shard_weights: shares the weights over the ranks of a process_group; none is given");
   }
 }
 
@@ -167,9 +170,9 @@ models::FamilyRun Attached::prepare(const models::TensorMap& raw) {
   const OnDevice on_device(weights_->prologue_view(), device_);
   const OnDevice stored(streamed_ ? static_cast<const exec::WeightSource&>(*streamed_) : on_device, device_);
   const auto over_streamed = streamed_ ? weights_->prologue_over(stored) : nullptr;
-  const exec::WeightSource& prologue = over_streamed                              ? *over_streamed
-                                       : options_.in_place && options_.streams() ? on_device
-                                                                                 : weights_->prologue_view();
+  const exec::WeightSource& prologue = over_streamed                                        ? *over_streamed
+                                       : (options_.in_place && options_.streams()) || moved_ ? on_device
+                                                                                           : weights_->prologue_view();
   models::FamilyRun fr = models::prepare(rec_.config, prologue, raw, dtype_, options_.consumer);
   weights_->mark_quantized(fr.model);
   weights_->mark_stored(fr.model);
@@ -255,7 +258,12 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
                                            options_.device_memory);
   }
   const exec::LoraWeights with_lora(*weights_, lora_.tensors);
-  const exec::WeightSource& w = streamed_ ? static_cast<const exec::WeightSource&>(*streamed_) : with_lora;
+  if (options_.shard_weights && sequence_.split() && !sharded_)
+    sharded_ = std::make_unique<exec::dist::ShardedWeights>(fr.model, host_weights(), reg_, options_.process_group,
+                                                            device_);
+  const exec::WeightSource& w = streamed_   ? static_cast<const exec::WeightSource&>(*streamed_)
+                                : sharded_ ? static_cast<const exec::WeightSource&>(*sharded_)
+                                           : with_lora;
   last_prepare_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const exec::Retried r = exec::run_planned_retrying(fr.model, w, fr.inputs, slot->plan, reg_, dev_, device_, {},
                                                      sequence_.split() ? options_.process_group.get() : nullptr);
@@ -270,8 +278,14 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
 
 void Attached::release_streamed() {
   streamed_.reset();
+  sharded_.reset();
   streamed_as_.reset();
   exec::release_cached(device_);
+}
+
+std::pair<int64_t, int64_t> Attached::sharded_bytes() const {
+  if (!sharded_) return {0, 0};
+  return {sharded_->shard_bytes(), sharded_->slot_bytes()};
 }
 
 std::pair<int64_t, int64_t> Attached::streamed_bytes() const {

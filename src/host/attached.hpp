@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include "exec/dist/exchange.hpp"
+#include "exec/dist/sharded.hpp"
 #include "exec/residency/streamed.hpp"
 #include "host/module_weights.hpp"
 #include "models/families.hpp"
@@ -76,6 +76,10 @@ struct AttachOptions {
   // whole output) and how attention sees the other ranks' rows (plan::Sequence). Unset: one process.
   exec::dist::Group process_group;
   plan::SeqMode sequence_mode = plan::SeqMode::Ulysses;
+  // With process_group: each rank keeps 1/N of every block's weights on `device` and gathers a
+  // block from the others as it begins (exec/dist/sharded.hpp); the module's tensors are read
+  // once (keep the module in host memory so that its own copy is not on the device).
+  bool shard_weights = false;
   bool streams() const { return device_memory > 0 || resident_blocks >= 0; }
 };
 
@@ -143,6 +147,9 @@ class Attached {
   // What the streamed weights hold now: device bytes (kept weights and slots) and pinned host
   // bytes of streamplan's own (0, 0 when nothing streams or after release_streamed).
   std::pair<int64_t, int64_t> streamed_bytes() const;
+  // Under shard_weights: this rank's shares of the blocks' weights and the two block slots, on
+  // the device (0, 0 before the first call, after release_streamed, or without it).
+  std::pair<int64_t, int64_t> sharded_bytes() const;
   // The JSON of `streamplan plan --explain --json` for one of them, with `residency` where
   // the weights stream.
   nlohmann::json document(const GeometryPlan& g) const;
@@ -158,10 +165,12 @@ class Attached {
   at::Device device_{at::kCPU};
   contracts::DeviceCaps dev_;
   plan::Sequence sequence_;  // this process's rows under options_.process_group
+  bool moved_ = false;       // sharded weights of a module in host memory: the calls run on device_
   ir::DType dtype_ = ir::DType::F32;
   // Under residency: the weights as they stream (made for the first geometry, again for one
   // whose arrangement differs) and the request's weight bytes, inputs not counted.
   std::unique_ptr<exec::StreamedWeights> streamed_;
+  std::unique_ptr<exec::dist::ShardedWeights> sharded_;  // under AttachOptions::shard_weights
   std::optional<plan::Residency> streamed_as_;
   std::optional<plan::ResidencyRequest> weight_request_;
   std::shared_ptr<exec::TensorWeights> host_weights() const;  // the module's tensors, canonical, with the LoRA's

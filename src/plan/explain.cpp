@@ -92,7 +92,8 @@ std::string explain(const Plan& p, bool full) {
       }
     }
     seconds = link / r.link_bytes_per_s;
-    os << "  sequence parallel: " << sequence_text(p.sequence, p.tokens) << "; weights replicated; " << count
+    os << "  sequence parallel: " << sequence_text(p.sequence, p.tokens) << "; weights " << (p.sequence.sharded ? "sharded, each block gathered as it begins" : "replicated")
+       << "; " << count
        << " exchanges per forward, " << human_bytes(int64_t(link)) << " sent + received by this rank, "
        << human_ms(seconds * 1e3) << " at " << r.link_bytes_per_s / 1e9 << " GB/s\n";
   }

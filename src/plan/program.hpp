@@ -314,6 +314,7 @@ const char* to_string(SeqMode);
 struct Sequence {
   int64_t rank = 0, ranks = 1;
   SeqMode mode = SeqMode::Ulysses;
+  bool sharded = false;  // the blocks' weights sharded over the ranks (exec/dist/sharded.hpp), not replicated
   bool split() const { return ranks > 1; }
   bool operator==(const Sequence&) const = default;
 };

@@ -18,6 +18,7 @@ import types
 from typing import Any, Callable
 
 import pytest
+import streamplan
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -81,7 +82,8 @@ def _case(family: str, comfy: Any) -> tuple[torch.nn.Module, Callable[[torch.nn.
     return m, lambda m: run_h3(m, args, kwargs)
 
 
-def _rank(rank: int, world: int, store: str, family: str, mode: str, chunk: int | None, cfg: bool = False) -> None:
+def _rank(rank: int, world: int, store: str, family: str, mode: str, chunk: int | None, cfg: bool = False,
+          shard: bool = False) -> None:
     torch.set_num_threads(1)  # up to 4 ranks on a CI runner's few cores
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
@@ -90,9 +92,18 @@ def _rank(rank: int, world: int, store: str, family: str, mode: str, chunk: int 
         with comfy_tree.isolated(site, tree):
             m, call = _case(family, modules())
             want = call(m)  # the module's own forward, the whole sequence in this process
-            handle, got = attached(m, call, process_group=dist.group.WORLD, sequence_parallel=mode, token_chunk=chunk,
-                                   cfg_parallel=cfg)
-        where = f"{family} {mode} (token chunk {chunk}{', cfg parallel' if cfg else ''}), rank {rank} of {world}"
+            weights = sum(t.numel() * t.element_size() for t in m.state_dict().values())
+            held = []  # what the handle holds after the call, before remove() gives it back
+
+            def call_and_hold(m: torch.nn.Module) -> list[torch.Tensor]:
+                out = call(m)
+                held.append(streamplan.handle_of(m).sharded_bytes)
+                return out
+
+            handle, got = attached(m, call_and_hold, process_group=dist.group.WORLD, sequence_parallel=mode,
+                                   token_chunk=chunk, cfg_parallel=cfg, shard_weights=shard)
+        where = (f"{family} {mode} (token chunk {chunk}{', cfg parallel' if cfg else ''}"
+                 f"{', weights sharded' if shard else ''}), rank {rank} of {world}")
         assert handle.fallbacks == [] and handle.planned_calls == handle.calls == 1, f"{where}: {handle.fallbacks}"
         assert handle.family == name, f"{where}: recognized as {handle.family}"
         assert len(got) == len(want), f"{where}: {len(got)} outputs, the original gives {len(want)}"
@@ -108,6 +119,14 @@ def _rank(rank: int, world: int, store: str, family: str, mode: str, chunk: int 
             world //= 2
         if world > 1:
             assert f"sequence parallel: {mode} over {world} ranks" in text, f"{where}: explain() says\n{text}"
+        shares, slots = held[0]
+        if shard:  # this rank's shares: 1/world of the weights (each tensor at a 512-byte offset)
+            tensors = len(m.state_dict())
+            most = (weights + 512 * tensors) / world + 512 * tensors
+            assert "weights sharded, each block gathered as it begins" in text, f"{where}: explain() says\n{text}"
+            assert 0 < shares <= most and slots > 0, f"{where}: shares {shares} bytes (at most {most:.0f}), slots {slots}"
+        else:
+            assert (shares, slots) == (0, 0), f"{where}: shares {shares} and slots {slots} without shard_weights"
     finally:
         dist.destroy_process_group()
 
@@ -129,3 +148,11 @@ def test_cfg_parallel_runs_one_batch_element_per_half(tmp_path, family: str, wor
     its rows split over the half's 2), and every rank gets both outputs. The MiniMax H3 call
     holds one: each half runs it."""
     mp.spawn(_rank, args=(world, str(tmp_path / "store"), family, "ulysses", None, True), nprocs=world, join=True)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sharded_weights_match_the_forward_in_one_process(tmp_path, family: str, world: int) -> None:
+    """Each rank keeps 1/N of every block's weights and gathers each block from the others as it
+    begins: the same output, and less held than the whole weights."""
+    mp.spawn(_rank, args=(world, str(tmp_path / "store"), family, "ulysses", None, False, True), nprocs=world,
+             join=True)

@@ -151,7 +151,7 @@ int64_t input_bytes(const Inputs& in, const contracts::DeviceCaps& dev) {
 StreamedWeights::StreamedWeights(const ir::Model& m, std::shared_ptr<TensorWeights> w, const plan::Residency& r,
                                  const contracts::Registry& reg, const at::Device& device, Prologue prologue,
                                  bool in_place)
-    : w_(std::move(w)), reg_(&reg), device_(device) {
+    : PlacedWeights(std::move(w), reg), device_(device) {
   if (r.streamed.size() != m.blocks.size())
     throw std::invalid_argument("residency of " + std::to_string(r.streamed.size()) + " blocks for a model of " +
                                 std::to_string(m.blocks.size()));
@@ -370,13 +370,15 @@ at::Tensor StreamedWeights::tensor(const std::string& name) const {
   if (!s || !s->begun || s->ended)
     throw std::logic_error("weight '" + name + "' of streamed block " + std::to_string(p.block) +
                            " read outside the block's work");
-  return placed(s->mem, p.offset, p.dtype, p.shape);
+  return view(s->mem, p);
 }
 
-bool StreamedWeights::contains(const std::string& name) const { return places_.count(name) || w_->contains(name); }
+at::Tensor PlacedWeights::view(const at::Tensor& bytes, const Place& p) {
+  return placed(bytes, p.offset, p.dtype, p.shape);
+}
 
-at::Tensor StreamedWeights::acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
-                                    const at::Tensor& out) const {
+at::Tensor PlacedWeights::acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
+                                  const at::Tensor& out) const {
   return impl_of<FormatImpl>(reg_->format(l.format)).acquire(*this, l, rows, cols, dtype, out);
 }
 

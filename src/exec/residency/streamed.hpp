@@ -51,7 +51,32 @@ plan::ResidencyRequest residency_request(const ir::Model& m, const TensorWeights
 // The inputs' bytes as the device allocates them (residency_request counts them as fixed).
 int64_t input_bytes(const Inputs& in, const contracts::DeviceCaps& dev);
 
-class StreamedWeights : public WeightSource {
+// A weight source whose blocks' tensors are views of one buffer per block, each at its place
+// (byte offset, dtype, shape), the other tensors read from `w`: the streamed blocks below and
+// the blocks sharded over ranks (exec/dist/sharded.hpp).
+class PlacedWeights : public WeightSource {
+ public:
+  bool contains(const std::string& name) const override { return places_.count(name) || w_->contains(name); }
+  at::Tensor acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
+                     const at::Tensor& out = {}) const override;
+
+ protected:
+  PlacedWeights(std::shared_ptr<TensorWeights> w, const contracts::Registry& reg) : w_(std::move(w)), reg_(&reg) {}
+  struct Place {
+    size_t block = 0;
+    int64_t offset = 0;
+    at::ScalarType dtype = at::kFloat;
+    std::vector<int64_t> shape;
+  };
+  // The tensor at `p` of its block's buffer `bytes`.
+  static at::Tensor view(const at::Tensor& bytes, const Place& p);
+
+  std::shared_ptr<TensorWeights> w_;
+  const contracts::Registry* reg_;
+  std::map<std::string, Place> places_;
+};
+
+class StreamedWeights : public PlacedWeights {
  public:
   // Moves the streamed blocks' tensors of `w` into host memory and every other tensor of `w`
   // onto `device` (where it is not already): weights loaded into host memory run this way.
@@ -66,9 +91,6 @@ class StreamedWeights : public WeightSource {
   StreamedWeights& operator=(const StreamedWeights&) = delete;
 
   at::Tensor tensor(const std::string& name) const override;
-  bool contains(const std::string& name) const override;
-  at::Tensor acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
-                     const at::Tensor& out = {}) const override;
   void begin_block(size_t block) const override;
   void end_block(size_t block) const override;
 
@@ -81,12 +103,6 @@ class StreamedWeights : public WeightSource {
   int64_t loads() const { return load_count_; }  // block loads issued so far
 
  private:
-  struct Place {
-    size_t block = 0;
-    int64_t offset = 0;
-    at::ScalarType dtype = at::kFloat;
-    std::vector<int64_t> shape;
-  };
   struct Slot;
   Slot* slot_of(size_t block) const;
   void load_next() const;  // the next block of the rotation into its slot
@@ -95,10 +111,7 @@ class StreamedWeights : public WeightSource {
   void prefetch() const;   // loads while the next slot is free
   void reset() const;      // waits for every copy; empties the slots
 
-  std::shared_ptr<TensorWeights> w_;
-  const contracts::Registry* reg_;
   at::Device device_;
-  std::map<std::string, Place> places_;
   std::vector<at::Tensor> packs_;    // per block: its buffer in host memory (streamed blocks)
   // In place: per block, its host tensors (flat bytes) and their offsets in the slot.
   std::vector<std::vector<std::pair<at::Tensor, int64_t>>> sources_;

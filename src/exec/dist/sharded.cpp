@@ -1,0 +1,96 @@
+#include "exec/dist/sharded.hpp"
+
+#include <stdexcept>
+
+
+namespace sp::exec::dist {
+
+namespace {
+constexpr int64_t kAlign = 512;  // bytes: every tensor's offset in its block, every share
+int64_t aligned(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+ShardedWeights::ShardedWeights(const ir::Model& m, std::shared_ptr<TensorWeights> w, const contracts::Registry& reg,
+                               Group pg, const at::Device& device)
+    : PlacedWeights(std::move(w), reg), pg_(std::move(pg)) {
+  const int64_t p = pg_->getSize(), me = pg_->getRank();
+  const auto blocks = block_tensors(m, *w_, reg);
+  int64_t most = 0;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    // The block packed: each tensor's bytes at an aligned offset.
+    std::vector<std::pair<const Place*, at::Tensor>> packed;
+    int64_t bytes = 0;
+    for (const auto& name : blocks[b]) {
+      const at::Tensor t = w_->tensor(name);
+      const Place& pl = places_[name] = {b, bytes, t.scalar_type(), t.sizes().vec()};
+      packed.emplace_back(&pl, t);
+      bytes = aligned(bytes + t.numel() * int64_t(t.element_size()));
+    }
+    // This rank's share: bytes [me * share, (me + 1) * share) of the packed block.
+    const int64_t share = aligned((bytes + p - 1) / p), lo = me * share, hi = lo + share;
+    at::Tensor mine = at::zeros({share}, at::TensorOptions().dtype(at::kByte).device(device));
+    for (const auto& [pl, t] : packed) {
+      const int64_t n = t.numel() * int64_t(t.element_size());
+      const int64_t from = std::max(pl->offset, lo), to = std::min(pl->offset + n, hi);
+      if (from < to)
+        mine.narrow(0, from - lo, to - from)
+            .copy_(t.contiguous().view({-1}).view(at::kByte).narrow(0, from - pl->offset, to - from));
+    }
+    shards_.push_back(std::move(mine));
+    most = std::max(most, share * p);
+  }
+  for (auto& s : slots_) s = at::empty({most}, at::TensorOptions().dtype(at::kByte).device(device));
+  // The packed tensors are the shares now; the others whole on the device.
+  std::vector<std::string> names;
+  for (const auto& [name, t] : w_->all()) names.push_back(name);
+  for (const auto& name : names) {
+    if (places_.count(name)) w_->take(name);
+    else if (const at::Tensor t = w_->tensor(name); t.device() != device) w_->add(name, t.to(device));
+  }
+}
+
+ShardedWeights::~ShardedWeights() {
+  for (auto& w : pending_)
+    if (w) w->wait();
+}
+
+void ShardedWeights::gather(size_t block) const {
+  const size_t s = block % 2;
+  if (pending_[s]) pending_[s]->wait();  // a gather of a run that stopped half-way
+  at::Tensor out = slots_[s].narrow(0, 0, shards_[block].numel() * pg_->getSize());
+  at::Tensor in = shards_[block];
+  pending_[s] = pg_->_allgather_base(out, in);
+  gathered_[s] = int64_t(block);
+}
+
+void ShardedWeights::begin_block(size_t block) const {
+  if (block >= shards_.size()) return;
+  const size_t s = block % 2;
+  if (gathered_[s] != int64_t(block) || !pending_[s]) gather(block);  // not prefetched
+  pending_[s]->wait();
+  pending_[s].reset();
+  if (block + 1 < shards_.size()) gather(block + 1);  // while this block computes
+  current_ = int64_t(block);
+}
+
+void ShardedWeights::end_block(size_t) const { current_ = -1; }
+
+at::Tensor ShardedWeights::tensor(const std::string& name) const {
+  auto it = places_.find(name);
+  if (it == places_.end()) return w_->tensor(name);
+  const Place& p = it->second;
+  if (int64_t(p.block) != current_)
+    throw std::logic_error("weight '" + name + "' of sharded block " + std::to_string(p.block) +
+                           " read outside the block's work");
+  return view(slots_[p.block % 2], p);
+}
+
+int64_t ShardedWeights::shard_bytes() const {
+  int64_t n = 0;
+  for (const auto& s : shards_) n += s.numel();
+  return n;
+}
+
+int64_t ShardedWeights::slot_bytes() const { return slots_[0].numel() + slots_[1].numel(); }
+
+}  // namespace sp::exec::dist
