@@ -5,10 +5,12 @@ rank (NCCL on CUDA, gloo on the CPU), every rank holding the same random weights
 Per rank count it reports the median ms per forward (after a warm-up), the speed-up against one
 rank, per rank the peak device memory (all of it, and above what the weights and inputs hold:
 the activation peak; CUDA only), the plan's estimated activation peak and its exchanges, and the
-output's rel L2 against the first rank count's.
+output's rel L2 against the first rank count's. --shard-weights: on more than one rank the
+module stays in host memory and each rank keeps 1/N of every block's weights on its GPU.
 
     .venv/bin/python scripts/sp_check.py [--tiny] [--layers 40] [--frames 81 --height 720 --width 1280]
-        [--ranks 1,2] [--mode ulysses|ring] [--cfg-parallel] [--device cuda|cpu] [--reps 2] [--out FILE]
+        [--ranks 1,2] [--mode ulysses|ring] [--cfg-parallel] [--shard-weights] [--device cuda|cpu] [--reps 2]
+        [--out FILE]
 
 Needs ComfyUI's tree (as scripts/comfy_check.py finds it: COMFYUI_PATH, COMFY_SITE). Weights per rank: all
 of them (replicated); a CUDA run needs one GPU per rank.
@@ -40,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ranks", default="1,2", help="comma-separated rank counts (default 1,2)")
     ap.add_argument("--mode", choices=("ulysses", "ring"), default="ulysses")
     ap.add_argument("--cfg-parallel", action="store_true", help="the two batch elements on two halves of the ranks")
+    ap.add_argument("--shard-weights", action="store_true",
+                    help="on more than one rank: each keeps 1/N of every block's weights (the module in host memory)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--reps", type=int, default=2, help="timed forwards after the warm-up (default 2)")
     ap.add_argument("--out", help="write the rows as JSON")
@@ -82,6 +86,11 @@ def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
         model = cls(cfg, device=device)
         make_reference.randomize(model.diffusion_model, torch.Generator(device).manual_seed(0))
         dm = model.diffusion_model.eval()
+        shard = a.shard_weights and world > 1
+        if shard:  # the module in host memory: the GPU holds the ranks' shares and two block slots
+            dm.to("cpu")
+            if cuda:
+                torch.cuda.empty_cache()
         g = torch.Generator().manual_seed(1)
         latent = (2, 16, (a.frames - 1) // 4 + 1, a.height // 8, a.width // 8)
         x = torch.randn(latent, generator=g).to(device, torch.bfloat16)
@@ -89,7 +98,8 @@ def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
         context = torch.randn(2, 512, cfg.unet_config["text_dim"], generator=g).to(device, torch.bfloat16)
         group = dist.group.WORLD if world > 1 else None
         handle = streamplan.apply(dm, process_group=group, sequence_parallel=a.mode,
-                                  cfg_parallel=a.cfg_parallel and world > 1)
+                                  cfg_parallel=a.cfg_parallel and world > 1, shard_weights=shard,
+                                  device=str(device) if shard else None)
 
         def sync() -> None:
             if cuda:
@@ -113,6 +123,7 @@ def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
         row = {"ranks": world, "rank": rank, "ms": 1e3 * statistics.median(times), "ms_all": [1e3 * s for s in times],
                "held_bytes": held, "fallbacks": [f.code for f in handle.fallbacks],
                "estimated_peak_bytes": handle.plans[-1]["estimated_peak_bytes"],
+               "sharded_bytes": list(handle.sharded_bytes),
                "explain": handle.explain()}
         if cuda:
             row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
@@ -139,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             out = torch.load(os.path.join(work, f"out-{world}.pt"))
             ref = torch.load(os.path.join(work, f"out-{a.ranks[0]}.pt"))
             row = {"ranks": world, "mode": a.mode, "cfg_parallel": a.cfg_parallel,
+                   "shard_weights": a.shard_weights and world > 1,
                    "ms": max(r["ms"] for r in ranks), "per_rank": ranks,
                    "rel_l2_vs_first": float((out - ref).norm() / ref.norm()),
                    "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
@@ -149,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             def gib(key: str) -> str:
                 return ", ".join(f"{r[key] / 2**30:.3f}" for r in ranks if key in r) or "-"
 
-            print(f"[sp_check] {world} rank(s): {row['ms']:.1f} ms, {row['speedup']:.2f}x, activation peak GiB per rank "
+            print(f"[sp_check] {world} rank(s): {row['ms']:.1f} ms, {row['speedup']:.2f}x, peak GiB per rank "
+                  f"[{gib('peak_allocated_bytes')}], activation peak GiB per rank "
                   f"[{gib('activation_peak_bytes')}] (estimated [{gib('estimated_peak_bytes')}]), rel L2 vs "
                   f"{a.ranks[0]} rank(s) {row['rel_l2_vs_first']:.2e}", file=sys.stderr)
             if a.out:
