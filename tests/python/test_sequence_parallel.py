@@ -83,7 +83,7 @@ def _case(family: str, comfy: Any) -> tuple[torch.nn.Module, Callable[[torch.nn.
 
 
 def _rank(rank: int, world: int, store: str, family: str, mode: str, chunk: int | None, cfg: bool = False,
-          shard: bool = False) -> None:
+          shard: bool = False, consumer: str = "sdpa") -> None:
     torch.set_num_threads(1)  # up to 4 ranks on a CI runner's few cores
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
@@ -101,8 +101,8 @@ def _rank(rank: int, world: int, store: str, family: str, mode: str, chunk: int 
                 return out
 
             handle, got = attached(m, call_and_hold, process_group=dist.group.WORLD, sequence_parallel=mode,
-                                   token_chunk=chunk, cfg_parallel=cfg, shard_weights=shard)
-        where = (f"{family} {mode} (token chunk {chunk}{', cfg parallel' if cfg else ''}"
+                                   token_chunk=chunk, cfg_parallel=cfg, shard_weights=shard, consumer=consumer)
+        where = (f"{family} {mode} (consumer {consumer}, token chunk {chunk}{', cfg parallel' if cfg else ''}"
                  f"{', weights sharded' if shard else ''}), rank {rank} of {world}")
         assert handle.fallbacks == [] and handle.planned_calls == handle.calls == 1, f"{where}: {handle.fallbacks}"
         assert handle.family == name, f"{where}: recognized as {handle.family}"
@@ -156,3 +156,8 @@ def test_sharded_weights_match_the_forward_in_one_process(tmp_path, family: str,
     begins: the same output, and less held than the whole weights."""
     mp.spawn(_rank, args=(world, str(tmp_path / "store"), family, "ulysses", None, False, True), nprocs=world,
              join=True)
+
+
+def test_head_major_consumer_takes_its_heads_from_the_exchanges(tmp_path, family: str) -> None:
+    """The math consumer reads K and V head-major: the exchanges place each slab's rows there."""
+    mp.spawn(_rank, args=(2, str(tmp_path / "store"), family, "ulysses", 8, False, False, "math"), nprocs=2, join=True)
