@@ -92,7 +92,7 @@ struct Options {
   // (plan/kv_budget.hpp; 1: dense). The attend steps carry it; the estimates follow it.
   double kv_budget = 1.0;
   // Run-time input: the rows this rank computes of a sequence-parallel run (one rank: all).
-  Sequence sequence;
+  Sequence sequence{};
 };
 
 struct Plan {

@@ -241,7 +241,7 @@ struct ExchangeStep {
   double scale = 1.0;                // Ring
   // RowsToHeads of one slab of a token loop: each rank sends `chunk` rows (padded past its
   // `held` rows); the real ones land in `out` (every row) at their rows.
-  std::vector<int64_t> held;
+  std::vector<int64_t> held{};
   int64_t chunk = 0;
 };
 struct ActivateStep {
