@@ -161,3 +161,17 @@ def test_sharded_weights_match_the_forward_in_one_process(tmp_path, family: str,
 def test_head_major_consumer_takes_its_heads_from_the_exchanges(tmp_path, family: str) -> None:
     """The math consumer reads K and V head-major: the exchanges place each slab's rows there."""
     mp.spawn(_rank, args=(2, str(tmp_path / "store"), family, "ulysses", 8, False, False, "math"), nprocs=2, join=True)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"sequence_parallel": "bogus"}, "sequence_parallel: expected 'ulysses' or 'ring', got 'bogus'"),
+    ({"cfg_parallel": True}, "cfg_parallel: needs a process_group"),
+    ({"shard_weights": True}, "shard_weights: shares the blocks' weights over the ranks of a process_group"),
+])
+def test_sequence_options_without_their_group_are_refused_by_name(family: str, options: dict[str, Any],
+                                                                   message: str) -> None:
+    m, _call = _case(family, FAMILIES[family][2]())  # the fixture's tree is the importable one
+    forward = m.forward
+    with pytest.raises(ValueError, match=message):
+        streamplan.apply(m, **options)
+    assert m.forward == forward and streamplan.handle_of(m) is None, "a refused apply() left the module changed"
