@@ -120,6 +120,17 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     release_all(c, {&wo, &wm});
   };
   const int64_t Tl = c.local_rows(rr);  // this rank's rows (all of them on one rank)
+  // K and V of `groups` K/V heads over L rows: token-major for a consumer that takes strided
+  // heads (`tm`), else head-major; Q token-major where, besides, no heads fold.
+  struct KvLayout {
+    Layout kv, q;
+    std::vector<int64_t> shape;
+  };
+  auto kv_layout_of = [&](bool tm, int64_t groups) {
+    return KvLayout{tm ? Layout::Same : Layout::HeadMajor, tm && rep == 1 ? Layout::Same : Layout::Folded,
+                    tm ? std::vector<int64_t>{L, groups * hd} : std::vector<int64_t>{groups, L, hd}};
+  };
+  const bool strided = c.reg().consumer(a.consumer).strided_heads == contracts::Cap::Yes;
 
   // Sequence parallel self-attention: this rank's rows of Q, K and V projected token-major,
   // then exchanged (plan::Sequence).
@@ -183,10 +194,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     const int64_t P = c.seq().ranks, most = *std::max_element(rows.begin(), rows.end());
     const std::vector<int64_t> groups = shares(G, P);
     const int64_t Gr = groups[size_t(c.seq().rank)];
-    const bool tm = c.reg().consumer(a.consumer).strided_heads == contracts::Cap::Yes;
-    const Layout kv_layout = tm ? Layout::Same : Layout::HeadMajor;
-    const Layout q_layout = tm && rep == 1 ? Layout::Same : Layout::Folded;
-    const std::vector<int64_t> kv_shape = tm ? std::vector<int64_t>{L, Gr * hd} : std::vector<int64_t>{Gr, L, hd};
+    const auto [kv_layout, q_layout, kv_shape] = kv_layout_of(strided, Gr);
     const int K = c.buffer(BufRole::GlobalK, "K", kv_shape, dt), V = c.buffer(BufRole::GlobalV, "V", kv_shape, dt);
     auto rows_of = [&](int buf, int64_t n) {  // the first n rows of a slab buffer
       Operand o = c.whole(buf);
@@ -252,11 +260,9 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
   // Token-major K/V (and Q where no heads fold) for a consumer that takes strided heads: the
   // projections write V in place and the Q/K kernels write rows as they are.
   const int carrier = c.k_carrier(a.consumer, G, L, hd);
-  const bool tm = carrier < 0 && c.reg().consumer(a.consumer).strided_heads == contracts::Cap::Yes;
-  const Layout kv_layout = tm ? Layout::Same : Layout::HeadMajor;
-  const Layout q_layout = tm && rep == 1 ? Layout::Same : Layout::Folded;
+  const bool tm = carrier < 0 && strided;
+  const auto [kv_layout, q_layout, kv_shape] = kv_layout_of(tm, G);
   const int kv_dim = tm ? 0 : 1;  // the rows' dimension in K and V
-  const std::vector<int64_t> kv_shape = tm ? std::vector<int64_t>{L, wkv} : std::vector<int64_t>{G, L, hd};
   const int K = carrier >= 0 ? carrier : c.buffer(BufRole::GlobalK, "K", kv_shape, dt);
   const int V = c.buffer(BufRole::GlobalV, "V", kv_shape, dt);
   int64_t kv_chunk = p.token_chunk;

@@ -358,14 +358,12 @@ class Compiler {
                 std::vector<int64_t> held = {}, int64_t chunk = 0) {
     const size_t me = size_t(seq_.rank);
     auto sum = [](const std::vector<int64_t>& v) { return double(std::accumulate(v.begin(), v.end(), int64_t{0})); };
-    const double mine = double(rows[me]) * double(heads[me]);
-    const double sent = kind == Exchange::RowsToHeads ? double(rows[me]) * sum(heads) - mine
-                                                      : sum(rows) * double(heads[me]) - mine;
-    const double received = kind == Exchange::RowsToHeads ? sum(rows) * double(heads[me]) - mine
-                                                          : double(rows[me]) * sum(heads) - mine;
-    const double got = kind == Exchange::RowsToHeads ? sum(rows) * double(heads[me]) : double(rows[me]) * sum(heads);
+    // Heads of `unit` features this rank gives and gets; of them its own stay.
+    const double by_rows = double(rows[me]) * sum(heads), by_heads = sum(rows) * double(heads[me]);
+    const bool to_heads = kind == Exchange::RowsToHeads;
+    const double given = to_heads ? by_rows : by_heads, got = to_heads ? by_heads : by_rows;
     Terms t{0, 2 * (elems(in) + got * double(unit)) * esz_, 2};  // packed, then unpacked
-    t.link_bytes = (sent + received) * double(unit) * esz_;
+    t.link_bytes = (given + got - 2 * double(rows[me]) * double(heads[me])) * double(unit) * esz_;
     // The packed send buffer, the receive buffer and (HeadsToRows, or RowsToHeads into another
     // layout) the unpacked rows before their copy.
     const int64_t transient = dev_.held(int64_t(elems(in) * esz_)) + 2 * dev_.held(int64_t(got * double(unit) * esz_));

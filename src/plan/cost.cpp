@@ -106,20 +106,11 @@ Cost program_cost(const Program& p, const Placement& pl, const contracts::Device
   const Rates r = rates_of(dev);
   Cost c;
   double host = 0;
-  std::vector<int64_t> times = {1};  // slabs of each enclosing loop, multiplied
-  for (const Step& s : p.steps) {
-    if (const auto* l = std::get_if<LoopStep>(&s.body)) {
-      times.push_back(times.back() * l->count);
-      continue;
-    }
-    if (std::holds_alternative<EndLoopStep>(s.body)) {
-      times.pop_back();
-      continue;
-    }
-    c.seconds += double(times.back()) * step_seconds(s.terms, r);
-    host += double(times.back()) * (double(s.terms.launches) * r.launch_s);  // the host's dispatch
-    c.launches += times.back() * s.terms.launches;
-  }
+  for_each_run(p, [&](const Step& s, int64_t runs) {
+    c.seconds += double(runs) * step_seconds(s.terms, r);
+    host += double(runs) * (double(s.terms.launches) * r.launch_s);  // the host's dispatch
+    c.launches += runs * s.terms.launches;
+  });
   c.seconds = std::max(c.seconds, host);
   c.peak_bytes = pl.peak_bytes;
   return c;

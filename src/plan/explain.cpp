@@ -76,26 +76,21 @@ std::string explain(const Plan& p, bool full) {
   os << "  policy: " << p.policy << "\n";
   if (!p.row_kernels.empty()) os << "  row operations: " << p.row_kernels << "\n";
   if (p.sequence.split()) {
-    // The exchanges of every part: bytes this rank sends and receives, and their time.
-    double link = 0, seconds = 0;
+    // The exchanges of every part: how many a forward runs, the bytes this rank sends and
+    // receives, and their time.
+    double link = 0;
     int64_t count = 0;
-    const Rates r = rates_of(p.device_caps);
-    for (const Part* part : parts(p)) {
-      std::vector<int64_t> times = {1};  // slabs of each enclosing loop, multiplied
-      for (const Step& st : part->program.steps) {
-        if (const auto* l = std::get_if<LoopStep>(&st.body)) times.push_back(times.back() * l->count);
-        else if (std::holds_alternative<EndLoopStep>(st.body)) times.pop_back();
-        else if (std::holds_alternative<ExchangeStep>(st.body)) {
-          link += double(times.back()) * st.terms.link_bytes;
-          count += times.back();
-        }
-      }
-    }
-    seconds = link / r.link_bytes_per_s;
-    os << "  sequence parallel: " << sequence_text(p.sequence, p.tokens) << "; weights " << (p.sequence.sharded ? "sharded, each block gathered as it begins" : "replicated")
-       << "; " << count
+    for (const Part* part : parts(p))
+      for_each_run(part->program, [&](const Step& st, int64_t runs) {
+        if (!std::holds_alternative<ExchangeStep>(st.body)) return;
+        link += double(runs) * st.terms.link_bytes;
+        count += runs;
+      });
+    const double rate = rates_of(p.device_caps).link_bytes_per_s;
+    os << "  sequence parallel: " << sequence_text(p.sequence, p.tokens) << "; weights "
+       << (p.sequence.sharded ? "sharded, each block gathered as it begins" : "replicated") << "; " << count
        << " exchanges per forward, " << human_bytes(int64_t(link)) << " sent + received by this rank, "
-       << human_ms(seconds * 1e3) << " at " << r.link_bytes_per_s / 1e9 << " GB/s\n";
+       << human_ms(1e3 * link / rate) << " at " << rate / 1e9 << " GB/s\n";
   }
   // Consecutive blocks with the same plan are printed once, with their range (unless full).
   std::vector<std::string> bodies;

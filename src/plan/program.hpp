@@ -351,6 +351,18 @@ Program compile_embed(const ir::Model& m, const contracts::Registry& reg, const 
 Program compile_post_norm(const ir::Model& m, const ir::Block& b, const contracts::Registry& reg,
                           const contracts::DeviceCaps& dev, const Sequence& seq = {});
 
+// Calls f(step, runs) for every step but the loop markers, `runs` how often one run of the
+// program executes it (the slab counts of its enclosing loops, multiplied).
+template <typename F>
+void for_each_run(const Program& p, F&& f) {
+  std::vector<int64_t> times = {1};
+  for (const Step& s : p.steps) {
+    if (const auto* l = std::get_if<LoopStep>(&s.body)) times.push_back(times.back() * l->count);
+    else if (std::holds_alternative<EndLoopStep>(s.body)) times.pop_back();
+    else f(s, times.back());
+  }
+}
+
 // Programs compiled in this process so far: a forward compiles none (the plan holds its parts).
 int64_t programs_compiled();
 

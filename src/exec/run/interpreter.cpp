@@ -27,8 +27,8 @@ class Interpreter {
   // x: the residual stream's rows from x_base on (this rank's under a sequence split).
   Interpreter(const ir::Model& m, const Part& part, const WeightSource& w, const Inputs& in,
               const contracts::Registry& reg, const contracts::DeviceCaps& dev, at::Tensor& x, int64_t x_base,
-              const dist::Group* group, StepProfile* profile)
-      : m_(m), p_(part.program), w_(w), in_(in), reg_(reg), x_(x), x_base_(x_base), group_(group), ops_(m, w, in),
+              dist::Group group, StepProfile* profile)
+      : m_(m), p_(part.program), w_(w), in_(in), reg_(reg), x_(x), x_base_(x_base), group_(std::move(group)), ops_(m, w, in),
         device_(in.device()), profile_(profile), rates_(rates_of(dev)) {
     const Placement& pl = part.placement;
     if (pl.arena_bytes > 0) arena_ = at::empty({pl.arena_bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
@@ -312,22 +312,22 @@ class Interpreter {
   void step(const ExchangeStep& s) {
     if (!group_) throw std::logic_error("an exchange step without a process group");
     const at::Tensor in = operand(s.in), out = operand(s.out);
-    const int64_t me = (*group_)->getRank();
+    const int64_t me = group_->getRank();
     if (s.kind == Exchange::Ring) {
       const at::Tensor k = operand(s.k), v = operand(s.v);
       const int64_t n = in.size(0), G = k.size(1) / s.unit;
       out.view({n, G * s.rep, s.unit})
-          .copy_(dist::ring_attention(*group_, in.view({n, G * s.rep, s.unit}), k.view({n, G, s.unit}),
+          .copy_(dist::ring_attention(group_, in.view({n, G * s.rep, s.unit}), k.view({n, G, s.unit}),
                                       v.view({n, G, s.unit}), s.rows, s.scale, s.q_chunk));
       return;
     }
     const int64_t heads = std::accumulate(s.heads.begin(), s.heads.end(), int64_t{0});
     if (s.kind == Exchange::HeadsToRows) {
       const at::Tensor y = in.view({in.size(0), s.heads[size_t(me)], s.unit});
-      out.view({out.size(0), heads, s.unit}).copy_(dist::heads_to_rows(*group_, y, s.rows, s.heads));
+      out.view({out.size(0), heads, s.unit}).copy_(dist::heads_to_rows(group_, y, s.rows, s.heads));
       return;
     }
-    const at::Tensor t = dist::rows_to_heads(*group_, in.view({in.size(0), heads, s.unit}), s.rows, s.heads);
+    const at::Tensor t = dist::rows_to_heads(group_, in.view({in.size(0), heads, s.unit}), s.rows, s.heads);
     // [rows, heads[me], unit] into `out` at `first`: token-major or head-major.
     auto place = [&](const at::Tensor& block, int64_t first) {
       const int64_t m = block.size(0);
@@ -353,7 +353,7 @@ class Interpreter {
   const contracts::Registry& reg_;
   at::Tensor& x_;
   int64_t x_base_;
-  const dist::Group* group_;
+  dist::Group group_;  // a sequence-parallel run's; null otherwise
   Ops ops_;
   at::Device device_;
   at::Tensor arena_;
@@ -392,9 +392,8 @@ at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSour
   if (profile) ++profile->runs;
   // One part on the residual stream x (modified in place): the program's output buffer (the
   // final layer's), else an undefined tensor.
-  const dist::Group* g = group ? &pg : nullptr;
   auto run_part = [&](const plan::Part& part) {
-    return Interpreter(m, part, w, in, reg, dev, x, own.begin, g, profile).run();
+    return Interpreter(m, part, w, in, reg, dev, x, own.begin, pg, profile).run();
   };
   run_part(p.embed);
   int64_t done = 0, total = 0;
@@ -410,7 +409,7 @@ at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSour
     w.end_block(bi);
   }
   at::Tensor out = m.final_layer ? run_part(p.final_layer.part) : x.to(to_aten(accumulation_dtype(m.dtype)));
-  if (!g) return out;
+  if (!pg) return out;
   // Every rank's output rows, in order.
   const ir::RowRange rows = m.final_layer ? m.rows(m.final_layer->segments) : ir::RowRange{0, m.tokens()};
   return dist::gather_rows(pg, out, plan::rows_per_rank(seq, m.tokens(), rows));
