@@ -41,13 +41,11 @@ from ._api import (  # noqa: E402
     Fallback,
     Handle,
     apply,
-    consumers,
     handle_of,
     kv_budget_at,
-    register_consumer,
     remove,
-    unregister_consumer,
 )
+from ._consumers import consumers, register_consumer, unregister_consumer  # noqa: E402
 from ._C import BudgetError, DeviceMemoryError, OutOfMemoryError, RecognizeError  # noqa: E402
 
 __version__: str = _C.__version__

@@ -19,6 +19,8 @@ from torch.autograd.profiler import record_function
 from . import _C
 from ._adapter import Adapter, Call, Fallback, WeightHook, find_adapter
 from . import _comfy, _comfy_minimax, _diffusers, _lora, _module_state
+from ._consumers import _CONSUMERS, _DTYPES
+from ._sequence import CfgParallel, group_size
 
 ADAPTERS: tuple[type[Adapter], ...] = (*_diffusers.ADAPTERS, *_comfy.ADAPTERS, *_comfy_minimax.ADAPTERS)
 
@@ -29,12 +31,6 @@ def adapter_for(module: torch.nn.Module) -> type[Adapter] | None:
     return find_adapter(module, ADAPTERS)
 
 _ATTR = "_streamplan_handle"
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-# Attention consumers registered from Python: name -> (function, checked caps).
-_CONSUMERS: dict[str, tuple[Callable[..., torch.Tensor], dict[str, Any]]] = {}
-_CAP_FLAGS = ("accepts_bounded_q", "requires_global_k", "requires_global_v", "slab_output", "strided_heads")
-_CAP_KEYS = (*_CAP_FLAGS, "dtypes", "q_align", "kv_align", "call_bytes", "call_allocations")
 
 
 def _size_bytes(name: str, text: str) -> int:
@@ -122,81 +118,6 @@ def _positive_or_none(name: str, v: int | None) -> int:
     return v
 
 
-def _checked_caps(caps: Mapping[str, Any] | None) -> dict[str, Any]:
-    if caps is None:
-        return {}
-    if not isinstance(caps, Mapping):
-        raise TypeError(f"caps: expected a dict, got {type(caps).__name__}")
-    out: dict[str, Any] = {}
-    for key, value in caps.items():
-        if key in _CAP_FLAGS:
-            if value is not None and not isinstance(value, bool):
-                raise TypeError(f"caps['{key}']: expected True, False or None (undeclared), got {value!r}")
-        elif key == "dtypes":
-            value = [value] if isinstance(value, str) else list(value)
-            bad = [d for d in value if d not in _DTYPES]
-            if bad:
-                raise ValueError(f"caps['dtypes']: {bad} not among {sorted(_DTYPES)}")
-        elif key in ("q_align", "kv_align", "call_allocations"):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"caps['{key}']: expected an int >= 1, got {value!r}")
-        elif key == "call_bytes":
-            if value is not None and not callable(value):
-                raise TypeError(f"caps['call_bytes']: expected a function of the call's shape dict, got {value!r}")
-        else:
-            raise ValueError(f"caps: unknown key {key!r} (known: {', '.join(_CAP_KEYS)})")
-        out[key] = value
-    return out
-
-
-def register_consumer(
-    name: str,
-    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int], torch.Tensor],
-    caps: Mapping[str, Any] | None = None,
-) -> None:
-    """Registers an attention consumer written in Python, for ``apply(..., consumer=name)``.
-
-    ``fn(q, k, v, q_start, q_total, layer)`` receives a Q slab ``[1, G, rows, head_dim]`` (G head
-    groups; grouped-query heads folded into rows), the global K and V ``[1, G, kv_rows,
-    head_dim]``, the slab's first query row ``q_start`` among the sublayer's ``q_total`` query
-    rows, and the block index ``layer``; it returns the slab's output, of the Q slab's shape,
-    dtype and device (``softmax(q k^T / sqrt(head_dim)) v`` for exact attention). The tensors
-    are views of the planned run's buffers, valid during the call.
-
-    ``caps`` are the fields of the C++ consumer contract: ``accepts_bounded_q``,
-    ``requires_global_k``, ``requires_global_v``, ``slab_output``, ``strided_heads`` (True,
-    False, or absent: undeclared; ``strided_heads``: q, k and v may be views of token-major
-    ``[rows, heads, head_dim]`` buffers, heads strided inside rows), ``dtypes`` (``"fp32"``, ``"bf16"``, ``"fp16"``), ``q_align``, ``kv_align``
-    (ints), ``call_bytes`` (a function of the call's shape dict returning the bytes a call
-    allocates; default: its output slab) and ``call_allocations`` (int: how many separate
-    tensors those bytes are, default 1; on CUDA each large one may hold up to 1 MiB more). What a consumer leaves undeclared fails closed for
-    the transformations that need it (streamed Q), with the reason in the plan.
-
-    Raises:
-        ValueError: `name` is taken, or a cap is unknown or out of range (the message names it).
-        TypeError: `fn` is not callable, or a cap has the wrong type.
-    """
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"name: expected a non-empty str, got {name!r}")
-    if not callable(fn):
-        raise TypeError(f"fn: expected a function, got {fn!r}")
-    if name in _C.consumers() or name in _CONSUMERS:
-        raise ValueError(f"name: consumer {name!r} is registered already")
-    _CONSUMERS[name] = (fn, _checked_caps(caps))
-
-
-def unregister_consumer(name: str) -> None:
-    """Removes a consumer registered from Python; modules attached with it keep it."""
-    if name not in _CONSUMERS:
-        raise ValueError(f"name: no consumer {name!r} was registered from Python")
-    del _CONSUMERS[name]
-
-
-def consumers() -> list[str]:
-    """Names of the attention consumers ``apply(..., consumer=NAME)`` accepts."""
-    return sorted([*_C.consumers(), *_CONSUMERS])
-
-
 class Handle:
     """The planner attached to one module by :func:`apply`.
 
@@ -230,14 +151,14 @@ class Handle:
         cfg_parallel: bool = False,
     ) -> None:
         self._module = module
-        self._cfg = _CfgParallel(sequence[0]) if cfg_parallel else None
+        self._cfg = CfgParallel(sequence[0]) if cfg_parallel else None
         # Each half of the ranks splits the rows of its batch elements over its own group.
         self._sequence = (self._cfg.group, *sequence[1:]) if self._cfg else sequence
         group, _, shard = self._sequence
-        if shard and (group is None or _group_size(group) < 2):
+        if shard and (group is None or group_size(group) < 2):
             raise ValueError("shard_weights: shares the blocks' weights over the ranks of a process_group of 2 or "
                              f"more ranks{' (with cfg_parallel: of each half)' if self._cfg else ''}; got "
-                             f"{'none' if group is None else _group_size(group)}")
+                             f"{'none' if group is None else group_size(group)}")
         self._dtype = dtype
         self._residency = residency
         self._weight_hook = weight_hook
@@ -529,62 +450,6 @@ class Handle:
         result = self._adapter.output(why, outputs)
         self.last_host_ms = 1e3 * (t1 - t0 + time.perf_counter() - t2) + prepare_ms
         return result
-
-
-def _group_size(group: Any) -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size(group)
-
-
-class _CfgParallel:
-    """CFG-parallel ranks: the process group's ranks in two halves, each with a group of its own
-    that splits the rows of the batch elements it runs; a call of two batch elements of one
-    geometry (the conditional and the unconditional) runs one element on each half, and the
-    halves trade their outputs."""
-
-    def __init__(self, group: Any) -> None:
-        import torch.distributed as dist
-
-        if group is None:
-            raise ValueError("cfg_parallel: needs a process_group")
-        self._dist, self._world = dist, group
-        size, rank = dist.get_world_size(group), dist.get_rank(group)
-        if size % 2:
-            raise ValueError(f"cfg_parallel: the process group's {size} ranks do not make two halves")
-        self.half = size // 2
-        ranks = [dist.get_global_rank(group, r) for r in range(size)]
-        # Every rank creates both groups, in the same order (torch.distributed.new_group).
-        halves = [dist.new_group(ranks[:self.half]), dist.new_group(ranks[self.half:])]
-        self.side = rank // self.half
-        self.group = halves[self.side]
-        self._leaders = [ranks[0], ranks[self.half]]
-
-    def shares(self, inputs: list[dict[str, torch.Tensor]]) -> int | None:
-        """The batch element this half runs, or None where the call does not split (not two
-        elements of one geometry: every rank runs every element)."""
-        if len(inputs) != 2:
-            return None
-        a, b = inputs
-        same = a.keys() == b.keys() and all(
-            not isinstance(a[k], torch.Tensor) or (a[k].shape == b[k].shape and a[k].dtype == b[k].dtype) for k in a)
-        return self.side if same else None
-
-    def exchange(self, outputs: list[Any], mine: int) -> list[Any]:
-        """Both elements' outputs on every rank: each half's leader sends its element's."""
-        own = outputs[mine]
-        done = []
-        for e in range(2):
-            out = own if e == mine else (
-                {k: torch.empty_like(v) for k, v in own.items()} if isinstance(own, dict) else torch.empty_like(own))
-            for t in (out.values() if isinstance(out, dict) else [out]):
-                self._dist.broadcast(t, src=self._leaders[e], group=self._world)
-            done.append(out)
-        return done
-
-    def text(self) -> str:
-        return (f"cfg parallel: two batch elements of one geometry on two halves of {self.half} rank(s); "
-                f"this rank is in half {self.side}")
 
 
 def _hook_names(hook: WeightHook | None) -> Any:

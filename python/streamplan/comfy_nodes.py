@@ -59,7 +59,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _api
+from . import _api, _consumers
 from ._adapter import Fallback
 from ._comfy import OVERRIDE_CONSUMED, unsupported_weights, weight_formats
 
@@ -234,7 +234,7 @@ def host_placed(module: torch.nn.Module, device: torch.device) -> bool:
 
 
 def consumer_names() -> list[str]:
-    return [COMFY_CONSUMER] + [c for c in _api.consumers() if c != COMFY_CONSUMER]
+    return [COMFY_CONSUMER] + [c for c in _consumers.consumers() if c != COMFY_CONSUMER]
 
 
 class PlannerWrapper:
@@ -274,17 +274,17 @@ class PlannerWrapper:
             return h
         for other in [k for k in self.handles if k[:3] == key[:3] and k[3] is not None]:
             del self.handles[other]  # the same module streamed under another device memory: replaced
-        if self.consumer == COMFY_CONSUMER and COMFY_CONSUMER not in _api.consumers():
-            _api.register_consumer(COMFY_CONSUMER, comfy_attention, caps=comfy_caps())
+        if self.consumer == COMFY_CONSUMER and COMFY_CONSUMER not in _consumers.consumers():
+            _consumers.register_consumer(COMFY_CONSUMER, comfy_attention, caps=comfy_caps())
         if consumer is None and override is None and residency is None:
             h = _api.apply(module, budget=self.budget, consumer=self.consumer, token_chunk=self.token_chunk,
                            install=False, dtype=self.dtype)
         else:  # a handle of the wrapper's own, not attached to the module
             if override is not None:
                 caps = dict(getattr(override, "streamplan_caps", None) or {})
-                if OVERRIDE_CONSUMER in _api.consumers():  # handles made already keep the caps they had
-                    _api.unregister_consumer(OVERRIDE_CONSUMER)
-                _api.register_consumer(OVERRIDE_CONSUMER, comfy_attention, caps=caps)
+                if OVERRIDE_CONSUMER in _consumers.consumers():  # handles made already keep the caps they had
+                    _consumers.unregister_consumer(OVERRIDE_CONSUMER)
+                _consumers.register_consumer(OVERRIDE_CONSUMER, comfy_attention, caps=caps)
                 consumer = OVERRIDE_CONSUMER
             h = _api.Handle(module, _api.adapter_for(module), _api._budget_text(self.budget), consumer or self.consumer,
                             _api._positive_or_none("token_chunk", self.token_chunk), 0,
