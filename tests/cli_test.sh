@@ -158,6 +158,24 @@ assert r["streamed_blocks"] and r["planned_device_bytes"] <= r["device_memory_by
 "$bin" run --device cpu --checkpoint "$tmp/avdit4.safetensors" --tokens 40 --planned-only --output "$tmp/resident.safetensors" \
   --quiet >/dev/null || fail "all-resident run failed"
 cmp -s "$tmp/streamed.safetensors" "$tmp/resident.safetensors" || fail "streamed and all-resident outputs differ"
+# plan --device-memory with --ranks: sharded weights on request, within the memory, the shares
+# planned; the arrangement needs a checkpoint; sharding needs ranks.
+"$bin" plan --device cpu --checkpoint "$tmp/avdit4.safetensors" --tokens 40 --ranks 2 --weights sharded \
+  --device-memory 1GiB --json --quiet | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+r = d["residency"]
+assert r["sharded"] and r["ranks"] == 2 and r["shard_bytes"] > 0 and r["planned_device_bytes"] <= r["device_memory_bytes"], r
+assert "sharded over the ranks" in r["why"] and "taken" in r["why"], r["why"]' || fail "plan --ranks 2 --weights sharded"
+out=$("$bin" plan --device cpu --checkpoint "$tmp/avdit4.safetensors" --tokens 40 --ranks 2 --device-memory 1GiB --quiet)
+grep -qF "weighed: replicated, every block on each rank: " <<<"$out" || fail "plan --ranks --device-memory: $out"
+if err=$("$bin" plan --device-memory 1GiB 2>&1); then fail "plan --device-memory without a checkpoint accepted"; fi
+grep -qF "streamplan: error: --device-memory: applies with --checkpoint only" <<<"$err" || fail "unexpected error: $err"
+if err=$("$bin" plan --device cpu --checkpoint "$tmp/avdit4.safetensors" --tokens 40 --weights sharded 2>&1); then
+  fail "plan --weights sharded on one rank accepted"
+fi
+grep -qF "streamplan: error: --weights sharded: shares the weights over the ranks of --ranks 2 or more" <<<"$err" ||
+  fail "unexpected error: $err"
 # probe: measures and caches (where trusted), --show reads the cache, --reset clears it.
 probe_home="$tmp/probe-cache"
 mkdir -p "$probe_home"

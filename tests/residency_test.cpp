@@ -184,6 +184,92 @@ TEST(Residency, PrologueWeightsAreKeptWhereTheyFitAndCopiedOnEachCallWhereTheyDo
   EXPECT_TRUE(plan::plan_with_residency(inst.model, reg, dev, {}, rq).residency.prologue_copied);
 }
 
+// A sequence-parallel split of 2 ranks: replicated, host-streamed and sharded arrangements are
+// weighed by their predicted time; the chosen one fits, its shares are what ShardedWeights keeps,
+// and the reasons are printed.
+TEST(Residency, SplitRunsWeighReplicatedAndShardedWeights) {
+  const auto reg = exec::builtin_registry();
+  auto dev = cpu_caps();
+  const auto inst = instance(reg, 6);
+  plan::Options opt;
+  opt.sequence = {0, 2, plan::SeqMode::Ulysses};
+  plan::ResidencyRequest rq = exec::residency_request(inst.model, *inst.weights, inst.inputs, reg, dev);
+  const int64_t all = std::accumulate(rq.block_bytes.begin(), rq.block_bytes.end(), int64_t{0});
+  const int64_t largest = *std::max_element(rq.block_bytes.begin(), rq.block_bytes.end());
+
+  // No limit: every block whole on each rank, the other arrangements slower or equal.
+  const plan::ResidentPlan roomy = plan::plan_with_residency(inst.model, reg, dev, opt, rq);
+  EXPECT_FALSE(roomy.residency.streaming());
+  EXPECT_FALSE(roomy.plan.sequence.sharded);
+  EXPECT_NE(roomy.residency.why.find("replicated, every block on each rank: "), std::string::npos) << roomy.residency.why;
+  EXPECT_NE(roomy.residency.why.find(", taken"), std::string::npos) << roomy.residency.why;
+
+  // Sharded on request, no limit: every block sharded; this rank's shares as ShardedWeights
+  // packs them, two slots of the largest.
+  rq.split = plan::WeightSplit::Sharded;
+  const plan::ResidentPlan all_sharded = plan::plan_with_residency(inst.model, reg, dev, opt, rq);
+  const plan::Residency& s = all_sharded.residency;
+  ASSERT_TRUE(s.sharded);
+  EXPECT_TRUE(all_sharded.plan.sequence.sharded);
+  EXPECT_EQ(s.kept_count(), 0);
+  EXPECT_EQ(s.slots, 2);
+  int64_t shares = 0;
+  for (int64_t b : rq.block_bytes) shares += plan::shard_of(b, 2);
+  EXPECT_EQ(s.shard_bytes, shares);
+  EXPECT_GE(2 * s.shard_bytes, all);
+  EXPECT_EQ(s.slot_bytes, 2 * plan::shard_of(largest, 2));
+  EXPECT_NE(plan::explain(s).find("sharded over 2 ranks"), std::string::npos) << plan::explain(s);
+  EXPECT_NE(s.why.find("replicated, every block on each rank: excluded by the request"), std::string::npos) << s.why;
+
+  // Between sharded and replicated: room for about 5.5 of the 6 blocks. With a slow host and a
+  // fast link, sharded (blocks kept whole where they fit); with a fast host and a slow link, the
+  // blocks stream from host memory.
+  rq.split = plan::WeightSplit::Auto;
+  const int64_t rest = roomy.residency.fixed_bytes + roomy.residency.activation_bytes + roomy.residency.slack_bytes;
+  rq.device_memory = rest + s.shard_bytes + 2 * s.slot_bytes + largest / 2;  // below every block resident
+  ASSERT_LT(rq.device_memory, roomy.residency.device_bytes());
+  dev.rates.host_bytes_per_s = 1e3;
+  dev.rates.link_bytes_per_s = 1e12;
+  const plan::ResidentPlan fast_link = plan::plan_with_residency(inst.model, reg, dev, opt, rq);
+  const plan::Residency& f = fast_link.residency;
+  ASSERT_TRUE(f.sharded) << plan::explain(f);
+  EXPECT_TRUE(fast_link.plan.sequence.sharded);
+  EXPECT_LE(f.device_bytes(), rq.device_memory);
+  EXPECT_GT(f.kept_count(), 0) << plan::explain(f);
+  EXPECT_NE(f.why.find("over the device memory"), std::string::npos) << f.why;
+  EXPECT_NE(f.why.find("sharded over the ranks: "), std::string::npos) << f.why;
+  EXPECT_NE(plan::explain(f).find("gathers per call"), std::string::npos) << plan::explain(f);
+
+  dev.rates.host_bytes_per_s = 1e12;
+  dev.rates.link_bytes_per_s = 1e3;
+  const plan::Residency slow_link = plan::plan_with_residency(inst.model, reg, dev, opt, rq).residency;
+  EXPECT_FALSE(slow_link.sharded) << plan::explain(slow_link);
+  EXPECT_TRUE(slow_link.streaming());
+  EXPECT_LE(slow_link.device_bytes(), rq.device_memory);
+
+  // Replicated on request: never sharded, however fast the link.
+  dev.rates.host_bytes_per_s = 1e3;
+  dev.rates.link_bytes_per_s = 1e12;
+  rq.split = plan::WeightSplit::Replicated;
+  EXPECT_FALSE(plan::plan_with_residency(inst.model, reg, dev, opt, rq).residency.sharded);
+
+  // Below every arrangement: the smallest named is the sharded one where it is the smaller,
+  // and it works.
+  rq.split = plan::WeightSplit::Sharded;
+  rq.device_memory = rq.fixed_bytes;
+  try {
+    plan::plan_with_residency(inst.model, reg, dev, opt, rq);
+    ADD_FAILURE() << "expected DeviceMemoryError";
+  } catch (const plan::DeviceMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("with the weights sharded over 2 ranks"), std::string::npos) << e.what();
+    rq.device_memory = e.smallest_bytes;
+  }
+  EXPECT_TRUE(plan::plan_with_residency(inst.model, reg, dev, opt, rq).residency.sharded);
+
+  // One rank cannot shard.
+  EXPECT_THROW(plan::plan_with_residency(inst.model, reg, dev, {}, rq), plan::PlanError);
+}
+
 // The planned (and naive) output with the blocks of `r` streamed equals the all-resident one
 // bit for bit, on two calls in a row (the second starts from the previous call's prefetch).
 // In place, the blocks load from the weights' own tensors, with no host buffer of its own.

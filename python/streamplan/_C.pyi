@@ -54,7 +54,7 @@ class Attached:
         in_place: bool = False,
         process_group: Any = None,
         sequence_parallel: str = "ulysses",
-        shard_weights: bool = False,
+        shard_weights: bool | None = None,
     ) -> None: ...
     def set_kv_budget(self, budget: float) -> None: ...
     @property

@@ -147,7 +147,7 @@ class Handle:
         loras: list[tuple[str, dict[str, torch.Tensor], float]] | None = None,
         residency: tuple[int, int, str, bool] = (0, -1, "", False),
         dtype: str = "",
-        sequence: tuple[Any, str, bool] = (None, "ulysses", False),
+        sequence: tuple[Any, str, bool | None] = (None, "ulysses", None),
         cfg_parallel: bool = False,
     ) -> None:
         self._module = module
@@ -245,7 +245,9 @@ class Handle:
         of the device memory (``kept_bytes``, ``slot_bytes``, ``fixed_bytes``,
         ``activation_bytes``, ``slack_bytes``), ``prologue_bytes`` and ``prologue_copied`` (the
         weights only the family's prologue reads, and whether they stay in host memory and are
-        copied on each call), ``predicted_ms`` and ``all_resident_ms``, and ``explain``."""
+        copied on each call), ``predicted_ms`` and ``all_resident_ms``; under sequence parallel
+        ``sharded``, ``ranks`` and ``shard_bytes`` (the blocks sharded over the ranks, this
+        rank's shares); ``why`` (the arrangements weighed) and ``explain``."""
         key = self._attached.last_key
         for p in self._attached.plans():
             if p["key"] == key and p["residency"] is not None:
@@ -260,9 +262,9 @@ class Handle:
 
     @property
     def sharded_bytes(self) -> tuple[int, int]:
-        """With `shard_weights`: (this rank's shares of the blocks' weights, the two slots a block
-        is gathered into), device bytes; (0, 0) before the first call, after :meth:`release`,
-        or without it."""
+        """With the weights sharded (`shard_weights`, or chosen under `device_memory`): (this
+        rank's shares of the blocks' weights, the two slots a block is gathered into), device
+        bytes; (0, 0) before the first call, after :meth:`release`, or without them."""
         return tuple(self._attached.sharded_bytes())
 
     def release(self) -> None:
@@ -485,7 +487,7 @@ def apply(
     process_group: Any = None,
     sequence_parallel: str = "ulysses",
     cfg_parallel: bool = False,
-    shard_weights: bool = False,
+    shard_weights: bool | None = None,
 ) -> Handle:
     """Attaches the planner to `module` and replaces its forward; returns the handle.
 
@@ -542,8 +544,8 @@ def apply(
             sequence parallelism, started e.g. by ``torchrun``. Every rank attaches the same
             module and calls it with the same inputs; each computes its share of the token rows
             and every rank gets the whole output. The plan of each rank holds its own rows
-            (``Handle.explain()`` prints the split and the exchanges). Not combined with
-            `device_memory` or `resident_blocks`.
+            (``Handle.explain()`` prints the split and the exchanges). With `device_memory`,
+            the planner also chooses how the ranks hold the weights (`shard_weights`).
         sequence_parallel: how attention sees the other ranks' rows: ``"ulysses"`` (all-to-all
             exchanges trade rows for K/V head groups; any head count on any rank count) or
             ``"ring"`` (K/V blocks passed around the ranks, attended in fp32).
@@ -551,10 +553,15 @@ def apply(
             splitting the rows over its own group; a call with two batch elements of one
             geometry (classifier-free guidance's conditional and unconditional) runs one on
             each half, and the halves trade their outputs.
-        shard_weights: with `process_group`: each rank keeps 1/N of every block's weights on
-            its device and gathers a block from the other ranks as it begins (the next one
-            while this one computes), as FSDP does. The module's tensors are read once: load
-            the module on the CPU and pass `device`, so that its own copy is not on the GPU.
+        shard_weights: with `process_group`, True: each rank keeps 1/N of every block's
+            weights on its device and gathers a block from the other ranks as it begins (the
+            next one while this one computes), as FSDP does. The module's tensors are read
+            once: load the module on the CPU and pass `device`, so that its own copy is not on
+            the GPU. False: every rank holds the whole weights (replicated). None (default):
+            replicated, or with `device_memory` whichever of replicated (resident or streamed
+            from host memory) and sharded the planner predicts fastest within it; under
+            `device_memory` blocks that fit stay whole on each rank. ``Handle.residency``
+            says which arrangements were weighed and why one was taken.
         install: False leaves the module's forward as it is: the host calls
             :meth:`Handle.call` from its own hook around the module instead (ComfyUI's
             diffusion-model wrappers: streamplan.comfy_nodes).

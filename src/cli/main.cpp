@@ -16,6 +16,7 @@
 #include "exec/device/device.hpp"
 #include "exec/device/memory.hpp"
 #include "exec/device/probe.hpp"
+#include "exec/residency/streamed.hpp"
 #include "models/builder.hpp"
 #include "plan/budget.hpp"
 #include "plan/residency.hpp"
@@ -52,6 +53,8 @@ struct ModelArgs {
   // plan --ranks: one rank's plan of a sequence-parallel run.
   int64_t ranks = 1, rank = 0;
   std::string sequence = "ulysses";
+  // plan --device-memory: the weights' arrangement with the plan (a checkpoint's weights).
+  std::string device_memory, weights = "auto";
   const CLI::App* cmd = nullptr;  // which options were given
   bool given(const char* option) const { return cmd && cmd->count(option) > 0; }
 };
@@ -161,9 +164,26 @@ int cmd_plan(ModelArgs a) {
   if (a.rank >= a.ranks)
     throw std::invalid_argument("--rank " + std::to_string(a.rank) + ": must be below --ranks " + std::to_string(a.ranks));
   po.sequence = {a.rank, a.ranks, a.sequence == "ring" ? plan::SeqMode::Ring : plan::SeqMode::Ulysses};
+  const bool arranged = a.given("--device-memory") || a.given("--weights");
+  if (arranged && !mm)
+    throw std::invalid_argument(std::string(a.given("--weights") ? "--weights" : "--device-memory") +
+                                ": applies with --checkpoint only (the weights it arranges are the checkpoint's)");
+  if (a.weights == "sharded" && a.ranks < 2)
+    throw std::invalid_argument("--weights sharded: shares the weights over the ranks of --ranks 2 or more, got --ranks " +
+                                std::to_string(a.ranks));
+  std::optional<plan::Residency> res;
   const plan::Plan p = [&] {
     const auto phase = progress.phase(planning(m));
-    return plan::make_plan(m, reg, dev, po);
+    if (!arranged) return plan::make_plan(m, reg, dev, po);
+    plan::ResidencyRequest rq = exec::residency_request(m, *mm->weights, {}, reg, dev);
+    rq.fixed_bytes += mm->input_bytes;
+    if (!a.device_memory.empty()) rq.device_memory = plan::parse_budget(a.device_memory);
+    rq.split = a.weights == "sharded"      ? plan::WeightSplit::Sharded
+               : a.weights == "replicated" ? plan::WeightSplit::Replicated
+                                           : plan::WeightSplit::Auto;
+    plan::ResidentPlan rp = plan::plan_with_residency(m, reg, dev, po, rq);
+    res = rp.residency;
+    return std::move(rp.plan);
   }();
   const auto phase = progress.phase("writing the plan");
   const auto formats = [&] {
@@ -173,6 +193,7 @@ int cmd_plan(ModelArgs a) {
     nlohmann::json j = report::plan_document(m, p, reg, dev, !a.explain.empty() || a.program);
     if (mm) j["formats"] = models::formats_json(formats());
     if (mm && !mm->note.empty()) j["note"] = mm->note;
+    if (res) j["residency"] = report::to_json(*res);
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -184,6 +205,7 @@ int cmd_plan(ModelArgs a) {
     return 0;
   }
   std::cout << plan::explain(p, a.explain == "full");
+  if (res) std::cout << plan::explain(*res) << "\n";
   if (!a.explain.empty()) std::cout << report::formats_text(m, formats(), a.explain == "full");
   return 0;
 }
@@ -338,6 +360,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   plan_cmd->add_option("--sequence", plan_args.sequence, "with --ranks: how attention sees the other ranks' rows")
       ->check(CLI::IsMember({"ulysses", "ring"}))
+      ->capture_default_str();
+  plan_cmd->add_option("--device-memory", plan_args.device_memory,
+                       "with --checkpoint: plan the weights' arrangement too, within this much device memory per "
+                       "rank (e.g. 24GiB): blocks kept, streamed from host memory or, with --ranks, sharded");
+  plan_cmd->add_option("--weights", plan_args.weights,
+                       "with --checkpoint and --ranks: how the ranks hold the blocks' weights (auto: the fastest "
+                       "arrangement within --device-memory)")
+      ->check(CLI::IsMember({"auto", "replicated", "sharded"}))
       ->capture_default_str();
   const std::vector<sp::cli::Runner> runners = {sp::cli::add_run(app), sp::cli::add_make_checkpoint(app),
                                                  sp::cli::add_bench(app), sp::cli::add_convert(app),

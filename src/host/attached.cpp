@@ -102,7 +102,7 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
   const bool in_place = options_.in_place && options_.streams();
   const at::Device held_on = in_place ? held_device(tensors, options_.device) : module_device(tensors);
   device_ = options_.device.empty() ? held_on : exec::pick_device(options_.device);
-  moved_ = options_.shard_weights && device_ != held_on;
+  moved_ = device_ != held_on && options_.process_group;
   if (options_.streams()) {
     if (options_.device_memory < 0)
       throw std::invalid_argument("device_memory: must be > 0 bytes, got " + std::to_string(options_.device_memory));
@@ -110,9 +110,9 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
       throw std::invalid_argument("device_memory: the module's tensors are on " + held_on.str() +
                                   "; streamed weights come from host memory: keep the module on the CPU "
                                   "(module.to('cpu')) and pass device='" + held_on.str() + "'");
-  } else if (device_ != held_on && !options_.shard_weights) {
+  } else if (device_ != held_on && options_.weight_split != plan::WeightSplit::Sharded) {
     throw std::invalid_argument("device: " + device_.str() + ", but the module's tensors are on " + held_on.str() +
-                                "; only with device_memory, resident_blocks or shard_weights do the calls run elsewhere");
+                                "; only with device_memory, resident_blocks or sharded weights do the calls run elsewhere");
   }
   dtype_ = module_dtype(tensors, options_.dtype);
   reg_.consumer(options_.consumer);  // throws ContractError naming the registered consumers
@@ -134,12 +134,12 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
                              options_.streams() ? at::Device(at::kCPU) : device_);
   dev_ = exec::run_device(device_);
   if (const auto& pg = options_.process_group) {
-    if (options_.streams())
-      throw std::invalid_argument("process_group: sequence parallel runs keep the weights where they are; "
-                                  "device_memory and resident_blocks do not combine with it");
-    sequence_ = {pg->getRank(), pg->getSize(), options_.sequence_mode, options_.shard_weights};
+    if (options_.in_place && options_.streams())
+      throw std::invalid_argument("process_group: a host that places the weights itself (in_place) does not "
+                                  "combine with sequence parallel runs");
+    sequence_ = {pg->getRank(), pg->getSize(), options_.sequence_mode};
     if (sequence_.split()) dev_.rates.link_bytes_per_s = exec::dist::probe_link(pg, device_);
-  } else if (options_.shard_weights) {
+  } else if (options_.weight_split == plan::WeightSplit::Sharded) {
     throw std::invalid_argument("shard_weights: shares the weights over the ranks of a process_group; none is given");
   }
 }
@@ -196,20 +196,27 @@ plan::ResidencyRequest Attached::residency_request(const models::FamilyRun& fr,
                                               options_.in_place ? device_ : at::Device(at::kCPU));
     weight_request_->device_memory = options_.device_memory;
     weight_request_->resident_blocks = std::max(options_.resident_blocks, 0);
+    weight_request_->split = options_.weight_split;
   }
   plan::ResidencyRequest rq = *weight_request_;
   rq.fixed_bytes += exec::input_bytes(fr.inputs, dev_);
   return rq;
 }
 
-void Attached::stream_as(const plan::Residency& r, models::FamilyRun& fr, const models::TensorMap& raw,
-                         std::shared_ptr<exec::TensorWeights> host) {
-  if (streamed_as_ && streamed_as_->streamed == r.streamed && streamed_as_->slots == r.slots) return;
-  streamed_.reset();  // its device memory goes before the next arrangement takes its own
-  exec::release_cached(device_);
-  streamed_ = std::make_unique<exec::StreamedWeights>(fr.model, host ? std::move(host) : host_weights(), r, reg_, device_,
-                                                      exec::Prologue::Device, options_.in_place);
-  streamed_as_ = r;
+void Attached::place_as(const plan::Residency& r, models::FamilyRun& fr, const models::TensorMap& raw,
+                        std::shared_ptr<exec::TensorWeights> host) {
+  if (placed_as_ && placed_as_->streamed == r.streamed && placed_as_->slots == r.slots &&
+      placed_as_->sharded == r.sharded)
+    return;
+  release_streamed();  // its device memory goes before the next arrangement takes its own
+  if (!host) host = host_weights();
+  if (r.sharded)
+    sharded_ = std::make_unique<exec::dist::ShardedWeights>(fr.model, std::move(host), reg_, options_.process_group,
+                                                            device_, r.streamed);
+  else
+    streamed_ = std::make_unique<exec::StreamedWeights>(fr.model, std::move(host), r, reg_, device_,
+                                                        exec::Prologue::Device, options_.in_place);
+  placed_as_ = r;
   fr = prepare(raw);  // the inputs again, from the weights where the calls run
 }
 
@@ -238,7 +245,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
     auto g = std::make_unique<GeometryPlan>();
     g->key = key;
     g->model = fr.model;
-    if (options_.streams()) {
+    if (arranges()) {
       plan::ResidentPlan rp = plan::plan_with_residency(fr.model, reg_, dev_, po, residency_request(fr, host));
       g->plan = std::move(rp.plan);
       g->residency = rp.residency;
@@ -252,15 +259,13 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   slot->used = ++uses_;
   std::shared_ptr<void> cap;
   if (slot->residency) {
-    stream_as(*slot->residency, fr, raw, std::move(host));
+    place_as(*slot->residency, fr, raw, std::move(host));
+    const int64_t held = streamed_ ? streamed_->device_bytes()
+                                   : sharded_->shard_bytes() + sharded_->slot_bytes() + sharded_->whole_bytes();
     if (options_.device_memory > 0 && !options_.in_place)
-      cap = exec::cap_device_memory_beside(device_, streamed_->device_bytes() + exec::input_bytes(fr.inputs, dev_),
-                                           options_.device_memory);
+      cap = exec::cap_device_memory_beside(device_, held + exec::input_bytes(fr.inputs, dev_), options_.device_memory);
   }
   const exec::LoraWeights with_lora(*weights_, lora_.tensors);
-  if (options_.shard_weights && sequence_.split() && !sharded_)
-    sharded_ = std::make_unique<exec::dist::ShardedWeights>(fr.model, host_weights(), reg_, options_.process_group,
-                                                            device_);
   const exec::WeightSource& w = streamed_   ? static_cast<const exec::WeightSource&>(*streamed_)
                                 : sharded_ ? static_cast<const exec::WeightSource&>(*sharded_)
                                            : with_lora;
@@ -279,7 +284,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
 void Attached::release_streamed() {
   streamed_.reset();
   sharded_.reset();
-  streamed_as_.reset();
+  placed_as_.reset();
   exec::release_cached(device_);
 }
 

@@ -35,6 +35,7 @@
 #include "models/lora_file.hpp"
 #include "models/tensor_io.hpp"
 #include "plan/plan.hpp"
+#include "plan/residency.hpp"
 
 namespace sp::host {
 
@@ -76,10 +77,13 @@ struct AttachOptions {
   // whole output) and how attention sees the other ranks' rows (plan::Sequence). Unset: one process.
   exec::dist::Group process_group;
   plan::SeqMode sequence_mode = plan::SeqMode::Ulysses;
-  // With process_group: each rank keeps 1/N of every block's weights on `device` and gathers a
-  // block from the others as it begins (exec/dist/sharded.hpp); the module's tensors are read
-  // once (keep the module in host memory so that its own copy is not on the device).
-  bool shard_weights = false;
+  // With process_group, how the ranks hold the blocks' weights (plan/residency.hpp):
+  // Sharded, each rank keeps 1/N of every block's weights on `device` and gathers a block from
+  // the others as it begins (exec/dist/sharded.hpp); the module's tensors are read once (keep
+  // the module in host memory so that its own copy is not on the device). Replicated, every rank
+  // the whole. Auto: replicated, or under device_memory whichever the planner finds fastest
+  // within it (replicated and resident, streamed from host memory, or sharded).
+  plan::WeightSplit weight_split = plan::WeightSplit::Auto;
   bool streams() const { return device_memory > 0 || resident_blocks >= 0; }
 };
 
@@ -147,8 +151,8 @@ class Attached {
   // What the streamed weights hold now: device bytes (kept weights and slots) and pinned host
   // bytes of streamplan's own (0, 0 when nothing streams or after release_streamed).
   std::pair<int64_t, int64_t> streamed_bytes() const;
-  // Under shard_weights: this rank's shares of the blocks' weights and the two block slots, on
-  // the device (0, 0 before the first call, after release_streamed, or without it).
+  // Under sharded weights: this rank's shares of the blocks' weights and the two block slots,
+  // on the device (0, 0 before the first call, after release_streamed, or without them).
   std::pair<int64_t, int64_t> sharded_bytes() const;
   // The JSON of `streamplan plan --explain --json` for one of them, with `residency` where
   // the weights stream.
@@ -165,23 +169,26 @@ class Attached {
   at::Device device_{at::kCPU};
   contracts::DeviceCaps dev_;
   plan::Sequence sequence_;  // this process's rows under options_.process_group
-  bool moved_ = false;       // sharded weights of a module in host memory: the calls run on device_
+  bool moved_ = false;       // a sequence-parallel module in host memory whose calls run on device_
   ir::DType dtype_ = ir::DType::F32;
-  // Under residency: the weights as they stream (made for the first geometry, again for one
-  // whose arrangement differs) and the request's weight bytes, inputs not counted.
+  // Under residency: the weights as they stream or are sharded over the ranks (made for the
+  // first geometry, again for one whose arrangement differs) and the request's weight bytes,
+  // inputs not counted.
   std::unique_ptr<exec::StreamedWeights> streamed_;
-  std::unique_ptr<exec::dist::ShardedWeights> sharded_;  // under AttachOptions::shard_weights
-  std::optional<plan::Residency> streamed_as_;
+  std::unique_ptr<exec::dist::ShardedWeights> sharded_;
+  std::optional<plan::Residency> placed_as_;
   std::optional<plan::ResidencyRequest> weight_request_;
   std::shared_ptr<exec::TensorWeights> host_weights() const;  // the module's tensors, canonical, with the LoRA's
   // The request of this call; `host` gets the module's tensors where it read them to count
-  // their bytes (the first time), for stream_as to take.
+  // their bytes (the first time), for place_as to take.
   plan::ResidencyRequest residency_request(const models::FamilyRun& fr, std::shared_ptr<exec::TensorWeights>& host);
-  // Streams the weights as `r` arranges them, unless they stream so already (from `host`
-  // where this call read them already); `fr` is then prepared again (from `raw`) on the
-  // weights where the calls run.
-  void stream_as(const plan::Residency& r, models::FamilyRun& fr, const models::TensorMap& raw,
-                 std::shared_ptr<exec::TensorWeights> host);
+  // Streams or shards the weights as `r` arranges them, unless they are so already (from
+  // `host` where this call read them already); `fr` is then prepared again (from `raw`) on
+  // the weights where the calls run.
+  void place_as(const plan::Residency& r, models::FamilyRun& fr, const models::TensorMap& raw,
+                std::shared_ptr<exec::TensorWeights> host);
+  // Whether the calls plan the weights' arrangement with the activations (residency, sharding).
+  bool arranges() const { return options_.streams() || options_.weight_split == plan::WeightSplit::Sharded; }
   models::FamilyRun prepare(const models::TensorMap& raw);  // the call's IR and inputs
   std::map<std::string, std::unique_ptr<GeometryPlan>> cache_;
   std::vector<const GeometryPlan*> order_;

@@ -4,7 +4,11 @@
 // rotating through the slots in block order, cyclically across calls (prefetch depth slots - 1).
 // The chooser weighs a few activation plans with 1-3 slots, keeps as many blocks as fit (spread
 // evenly), predicts one call with streamed_call_ms and takes the fastest; among near-equal ones
-// (0.5%) the one with more blocks kept. Arithmetic on measured byte counts only; no ATen.
+// (0.5%) the one with fewer blocks copied from host memory, then more blocks kept. Under a
+// sequence-parallel split the blocks' weights may also be sharded over the ranks: each rank
+// keeps 1/N of every block that is not kept whole, and all-gathers the block over the link into
+// one of two slots as it begins (exec/dist/sharded.hpp), the next block's gather running meanwhile.
+// Arithmetic on measured byte counts only; no ATen.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +18,14 @@
 #include "plan/plan.hpp"
 
 namespace sp::plan {
+
+// How a sequence-parallel run holds the blocks' weights over its ranks.
+enum class WeightSplit {
+  Auto,        // whichever arrangement is fastest under the device memory
+  Replicated,  // every rank the whole weights: kept on the device or streamed from host memory
+  Sharded,     // every rank 1/N of each block not kept, gathered over the link as the block begins
+};
+const char* to_string(WeightSplit);
 
 struct ResidencyRequest {
   int64_t device_memory = 0;         // what the run may hold on the device; 0: no limit
@@ -25,6 +37,9 @@ struct ResidencyRequest {
   // copied as the prologue reads them, the largest at once (`prologue_peak_bytes` on the device
   // while no activation is live). The chooser takes whichever is faster under the device memory.
   int64_t prologue_bytes = 0, prologue_peak_bytes = 0;
+  // Under a split (Options::sequence): which arrangements of the weights are weighed. Sharded
+  // without a device memory shards every block.
+  WeightSplit split = WeightSplit::Auto;
 };
 
 struct Residency {
@@ -39,12 +54,20 @@ struct Residency {
   double predicted_ms = 0;      // one call in steady state, copies included
   double resident_ms = 0;       // the same activation plan with every weight resident
   double copy_ms = 0;           // one call's copies back to back
+  // Sharded: the streamed blocks come from the ranks' shares, gathered over the link into two
+  // slots, not from host memory; this rank holds `shard_bytes` of them.
+  bool sharded = false;
+  int64_t ranks = 1, shard_bytes = 0;
+  double link_bytes_per_s = 0;  // the gather rate the prediction used
+  std::string why;              // the arrangements weighed and what each needed or took
   int streamed_count() const;
+  // Blocks copied from host memory on each call (sharded ones come over the link).
+  int host_streamed() const { return sharded ? 0 : streamed_count(); }
   int kept_count() const { return int(streamed.size()) - streamed_count(); }
   // Blocks whose weights are on the device at once: kept blocks and slots.
   int resident_blocks() const { return kept_count() + slots; }
   bool streaming() const { return slots > 0; }
-  int64_t device_bytes() const;  // fixed + kept + slots + activations + slack
+  int64_t device_bytes() const;  // fixed + kept + shares + slots + activations + slack
 };
 
 struct ResidentPlan {
@@ -71,8 +94,13 @@ double streamed_call_ms(const std::vector<double>& block_ms, const std::vector<b
 // Which blocks are kept when `kept` of `n` are: spread evenly over the block order.
 std::vector<bool> kept_pattern(int n, int kept);
 
+// One rank's share of a block of `bytes` sharded over `ranks`, as exec::dist::ShardedWeights
+// keeps it (512-byte aligned); the block's slot holds `ranks` shares.
+int64_t shard_of(int64_t bytes, int64_t ranks);
+
 // The activation plan and the residency together (opt.budget_bytes, set, fixes the activation
-// budget). Throws DeviceMemoryError when nothing fits.
+// budget). Under a split of opt.sequence, replicated and sharded arrangements as req.split
+// allows; the plan's sequence says which was taken. Throws DeviceMemoryError when nothing fits.
 ResidentPlan plan_with_residency(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                                  const Options& opt, const ResidencyRequest& req);
 

@@ -69,7 +69,7 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
                                        int64_t device_memory, int resident_blocks, const std::string& device,
                                        double kv_budget, const std::string& dtype, bool in_place,
                                        const std::optional<exec::dist::Group>& process_group,
-                                       const std::string& sequence_parallel, bool shard_weights) {
+                                       const std::string& sequence_parallel, std::optional<bool> shard_weights) {
   std::optional<recognize::Sidecar> sidecar;
   if (sidecar_json) sidecar = recognize::parse_sidecar(*sidecar_json, "<module config>");
   host::AttachOptions o;
@@ -92,7 +92,9 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
   if (sequence_parallel != "ulysses" && sequence_parallel != "ring")
     throw std::invalid_argument("sequence_parallel: expected 'ulysses' or 'ring', got '" + sequence_parallel + "'");
   o.sequence_mode = sequence_parallel == "ring" ? plan::SeqMode::Ring : plan::SeqMode::Ulysses;
-  o.shard_weights = shard_weights;
+  o.weight_split = !shard_weights ? plan::WeightSplit::Auto
+                  : *shard_weights ? plan::WeightSplit::Sharded
+                                   : plan::WeightSplit::Replicated;
   contracts::Registry reg = exec::builtin_registry();
   for (const auto& [name, fn, caps] : python_consumers) {
     if (reg.has_consumer(name)) throw std::invalid_argument("consumer '" + name + "' is registered already");
@@ -191,7 +193,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("device_memory") = 0, py::arg("resident_blocks") = -1, py::arg("device") = "",
            py::arg("kv_budget") = 1.0, py::arg("dtype") = "", py::arg("in_place") = false,
            py::arg("process_group") = std::nullopt, py::arg("sequence_parallel") = "ulysses",
-           py::arg("shard_weights") = false)
+           py::arg("shard_weights") = std::nullopt)
       .def(
           "set_kv_budget",
           [](host::Attached& a, double budget) {
@@ -262,7 +264,7 @@ PYBIND11_MODULE(_C, m) {
            "Gives back the streamed weights' device and pinned host memory.")
       .def("sharded_bytes", &host::Attached::sharded_bytes,
            "(this rank's shares of the blocks' weights, the two slots a block is gathered into): device "
-           "bytes under shard_weights, (0, 0) otherwise")
+           "bytes under sharded weights, (0, 0) otherwise")
       .def("streamed_bytes", &host::Attached::streamed_bytes,
            "(device bytes, pinned host bytes) the streamed weights hold now.")
       .def("copies", [](const host::Attached& a) {

@@ -199,6 +199,11 @@ nlohmann::json to_json(const plan::Residency& r) {
           {"copy_ms", r.copy_ms},
           {"predicted_ms", r.predicted_ms},
           {"all_resident_ms", r.resident_ms},
+          {"sharded", r.sharded},
+          {"ranks", r.ranks},
+          {"shard_bytes", r.shard_bytes},
+          {"link_bytes_per_s", r.link_bytes_per_s},
+          {"why", r.why},
           {"explain", plan::explain(r)}};
 }
 

@@ -163,6 +163,66 @@ def test_head_major_consumer_takes_its_heads_from_the_exchanges(tmp_path, family
     mp.spawn(_rank, args=(2, str(tmp_path / "store"), family, "ulysses", 8, False, False, "math"), nprocs=2, join=True)
 
 
+def _rank_arranged(rank: int, world: int, store: str, split: bool | None) -> None:
+    """Wan with 8 blocks under a device memory below every block resident on each rank: the
+    planner arranges the weights (`split`: None chooses, True shards, False replicates and
+    streams from host memory) and the output is the one-process forward's."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        site, tree, modules, _ = FAMILIES["wan"]
+        torch.manual_seed(0)
+        with comfy_tree.isolated(site, tree):
+            m = make_wan(_resized(modules(), dim=96, num_heads=3, num_layers=8))
+            (x, t, context), kwargs = wan_call()
+            call = ((x[..., :6, :10].contiguous(), t, context), kwargs)
+            want = run_comfy(m, call)
+            seen: list[dict[str, Any]] = []
+
+            def call_and_look(m: torch.nn.Module) -> torch.Tensor:
+                out = run_comfy(m, call)
+                h = streamplan.handle_of(m)
+                seen.append({**h.residency, "explain_all": h.explain(), "sharded_now": h.sharded_bytes})
+                return out
+
+            group = dist.group.WORLD
+            attached(m, call_and_look, device_memory="1TiB", process_group=group)  # every block on each rank
+            roomy = seen.pop()
+            assert roomy["kept_blocks"] == 8 and not roomy["sharded"], roomy["explain"]
+            # Room for the activations and 85% of the blocks' weights.
+            memory = (roomy["fixed_bytes"] + roomy["activation_bytes"] + roomy["slack_bytes"] +
+                      int(0.85 * roomy["kept_bytes"]))
+            handle, got = attached(m, call_and_look, device_memory=memory, process_group=group, shard_weights=split)
+        r = seen.pop()
+        where = f"wan, 8 blocks, shard_weights={split}, device memory {memory} bytes, rank {rank} of {world}"
+        assert handle.fallbacks == [] and handle.planned_calls == handle.calls == 1, f"{where}: {handle.fallbacks}"
+        err = rel_l2(got, want)
+        if rank == 0:
+            print(f"{where}: rel L2 {err:.3e}\n{r['explain']}")
+        assert err <= TOL, f"{where}: rel L2 {err:.3e} > {TOL:.0e}"
+        assert r["planned_device_bytes"] <= memory, f"{where}: planned {r['planned_device_bytes']} bytes\n{r['explain']}"
+        if split is None:  # every block on each rank was weighed and did not fit
+            assert "replicated, every block on each rank: needs" in r["why"], f"{where}: {r['why']}"
+            assert r["streamed_blocks"], f"{where}: nothing streamed or sharded\n{r['explain']}"
+        elif split:  # sharded, the blocks that fit kept whole
+            assert r["sharded"] and r["kept_blocks"] >= 1, f"{where}:\n{r['explain']}"
+            assert r["sharded_now"][0] == r["shard_bytes"], f"{where}: holds {r['sharded_now']}, planned {r}"
+            assert "weights sharded, each block gathered as it begins" in r["explain_all"], r["explain_all"]
+        else:  # replicated: the blocks that do not fit stream from host memory
+            assert not r["sharded"] and r["streamed_blocks"], f"{where}:\n{r['explain']}"
+            assert "sharded over the ranks: excluded by the request" in r["why"], f"{where}: {r['why']}"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("split", [None, True, False], ids=["chosen", "sharded", "replicated"])
+def test_device_memory_arranges_the_weights_of_each_rank(tmp_path, split: bool | None) -> None:
+    site, tree, modules, _ = FAMILIES["wan"]
+    with comfy_tree.isolated(site, tree):
+        modules()  # pytest.skip naming what is missing
+    mp.spawn(_rank_arranged, args=(2, str(tmp_path / "store"), split), nprocs=2, join=True)
+
+
 @pytest.mark.parametrize("options,message", [
     ({"sequence_parallel": "bogus"}, "sequence_parallel: expected 'ulysses' or 'ring', got 'bogus'"),
     ({"cfg_parallel": True}, "cfg_parallel: needs a process_group"),

@@ -10,12 +10,23 @@ int64_t aligned(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
 ShardedWeights::ShardedWeights(const ir::Model& m, std::shared_ptr<TensorWeights> w, const contracts::Registry& reg,
-                               Group pg, const at::Device& device)
+                               Group pg, const at::Device& device, std::vector<bool> sharded)
     : PlacedWeights(std::move(w), reg), pg_(std::move(pg)) {
   const int64_t p = pg_->getSize(), me = pg_->getRank();
   const auto blocks = block_tensors(m, *w_, reg);
-  int64_t most = 0;
+  if (sharded.empty()) sharded.assign(blocks.size(), true);
+  if (sharded.size() != blocks.size())
+    throw std::invalid_argument("sharded weights: " + std::to_string(sharded.size()) + " block flags for a model of " +
+                                std::to_string(blocks.size()) + " blocks");
+  shards_.resize(blocks.size());
+  ordinal_.assign(blocks.size(), -1);
+  next_.assign(blocks.size(), blocks.size());
+  int64_t most = 0, count = 0;
+  for (size_t b = blocks.size(); b-- > 0;)
+    if (b + 1 < blocks.size()) next_[b] = sharded[b + 1] ? b + 1 : next_[b + 1];
   for (size_t b = 0; b < blocks.size(); ++b) {
+    if (!sharded[b]) continue;
+    ordinal_[b] = count++;
     // The block packed: each tensor's bytes at an aligned offset.
     std::vector<std::pair<const Place*, at::Tensor>> packed;
     int64_t bytes = 0;
@@ -26,7 +37,7 @@ ShardedWeights::ShardedWeights(const ir::Model& m, std::shared_ptr<TensorWeights
       bytes = aligned(bytes + t.numel() * int64_t(t.element_size()));
     }
     // This rank's share: bytes [me * share, (me + 1) * share) of the packed block.
-    const int64_t share = aligned((bytes + p - 1) / p), lo = me * share, hi = lo + share;
+    const int64_t share = plan::shard_of(bytes, p), lo = me * share, hi = lo + share;
     at::Tensor mine = at::zeros({share}, at::TensorOptions().dtype(at::kByte).device(device));
     for (const auto& [pl, t] : packed) {
       const int64_t n = t.numel() * int64_t(t.element_size());
@@ -35,16 +46,21 @@ ShardedWeights::ShardedWeights(const ir::Model& m, std::shared_ptr<TensorWeights
         mine.narrow(0, from - lo, to - from)
             .copy_(t.contiguous().view({-1}).view(at::kByte).narrow(0, from - pl->offset, to - from));
     }
-    shards_.push_back(std::move(mine));
+    shards_[b] = std::move(mine);
     most = std::max(most, share * p);
   }
-  for (auto& s : slots_) s = at::empty({most}, at::TensorOptions().dtype(at::kByte).device(device));
+  if (count > 0)
+    for (auto& s : slots_) s = at::empty({most}, at::TensorOptions().dtype(at::kByte).device(device));
   // The packed tensors are the shares now; the others whole on the device.
   std::vector<std::string> names;
   for (const auto& [name, t] : w_->all()) names.push_back(name);
   for (const auto& name : names) {
     if (places_.count(name)) w_->take(name);
-    else if (const at::Tensor t = w_->tensor(name); t.device() != device) w_->add(name, t.to(device));
+    else {
+      const at::Tensor t = w_->tensor(name);
+      if (t.device() != device) w_->add(name, t.to(device));
+      whole_bytes_ += int64_t(t.nbytes());
+    }
   }
 }
 
@@ -54,7 +70,7 @@ ShardedWeights::~ShardedWeights() {
 }
 
 void ShardedWeights::gather(size_t block) const {
-  const size_t s = block % 2;
+  const size_t s = size_t(ordinal_[block] % 2);
   if (pending_[s]) pending_[s]->wait();  // a gather of a run that stopped half-way
   at::Tensor out = slots_[s].narrow(0, 0, shards_[block].numel() * pg_->getSize());
   at::Tensor in = shards_[block];
@@ -63,12 +79,12 @@ void ShardedWeights::gather(size_t block) const {
 }
 
 void ShardedWeights::begin_block(size_t block) const {
-  if (block >= shards_.size()) return;
-  const size_t s = block % 2;
+  if (block >= shards_.size() || !shards_[block].defined()) return;
+  const size_t s = size_t(ordinal_[block] % 2);
   if (gathered_[s] != int64_t(block) || !pending_[s]) gather(block);  // not prefetched
   pending_[s]->wait();
   pending_[s].reset();
-  if (block + 1 < shards_.size()) gather(block + 1);  // while this block computes
+  if (next_[block] < shards_.size()) gather(next_[block]);  // while this block computes
   current_ = int64_t(block);
 }
 
@@ -81,15 +97,20 @@ at::Tensor ShardedWeights::tensor(const std::string& name) const {
   if (int64_t(p.block) != current_)
     throw std::logic_error("weight '" + name + "' of sharded block " + std::to_string(p.block) +
                            " read outside the block's work");
-  return view(slots_[p.block % 2], p);
+  return view(slots_[size_t(ordinal_[p.block] % 2)], p);
 }
 
 int64_t ShardedWeights::shard_bytes() const {
   int64_t n = 0;
-  for (const auto& s : shards_) n += s.numel();
+  for (const auto& s : shards_)
+    if (s.defined()) n += s.numel();
   return n;
 }
 
-int64_t ShardedWeights::slot_bytes() const { return slots_[0].numel() + slots_[1].numel(); }
+int64_t ShardedWeights::slot_bytes() const {
+  return slots_[0].defined() ? slots_[0].numel() + slots_[1].numel() : 0;
+}
+
+int64_t ShardedWeights::whole_bytes() const { return whole_bytes_; }
 
 }  // namespace sp::exec::dist
