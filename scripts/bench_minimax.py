@@ -50,12 +50,9 @@ def comfy_modules():
 def build(model_mod, ops, cfg, sd, dtype):
     """ComfyUI's MiniMaxH3Model on the GPU in `dtype`, holding the weights of sd (as ComfyUI's
     loader gives them: its fp32 layers stay fp32)."""
-    kw = dict(hidden_size=cfg.hidden, num_layers=cfg.layers, token_refiner_num_layers=cfg.refiner_layers,
-              num_attention_heads=cfg.heads, attention_head_dim=cfg.head_dim, ffn_hidden_size=cfg.ffn,
-              latents_dim=cfg.latent_channels, audio_latents_dim=cfg.audio_channels, text_dim=cfg.text_dim,
-              rope_inv_freq_len=cfg.rope_pairs, time_embed_dim=cfg.time_dim, gate_compress=cfg.gate_compress,
-              timestep_input_dim=cfg.freq_dim, time_embed_hidden_size=cfg.time_hidden)
-    m = model_mod.MiniMaxH3Model(**kw, dtype=dtype, device="cuda", operations=ops.disable_weight_init)
+    import minimax_h3 as h3
+
+    m = model_mod.MiniMaxH3Model(**h3.comfy_kwargs(cfg), dtype=dtype, device="cuda", operations=ops.disable_weight_init)
     missing, unexpected = m.load_state_dict(sd, strict=True)
     assert not missing and not unexpected
     return m.to("cuda").eval().requires_grad_(False)  # buffers made without a device (rope.inv_freq) too

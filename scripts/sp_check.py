@@ -1,19 +1,24 @@
-"""Sequence parallel on several devices: one forward with CFG (a batch of two) of ComfyUI's Wan 2.1
-(14B widths; --tiny: test widths), planned by streamplan on 1 rank and on N ranks, one process per
-rank (NCCL on CUDA, gloo on the CPU), every rank holding the same random weights and inputs.
+"""Sequence parallel on several devices: one forward of ComfyUI's Wan 2.1 with CFG (a batch of two;
+14B widths) or of ComfyUI's MiniMax H3 (one video + audio element; its widths; --tiny: test widths),
+planned by streamplan on 1 rank and on N ranks, one process per rank (NCCL on CUDA, gloo on the
+CPU), every rank holding the same random weights and inputs.
 
 Per rank count it reports the median ms per forward (after a warm-up), the speed-up against one
 rank, per rank the peak device memory (all of it, and above what the weights and inputs hold:
 the activation peak; CUDA only), the plan's estimated activation peak and its exchanges, and the
 output's rel L2 against the first rank count's. --shard-weights: on more than one rank the
 module stays in host memory and each rank keeps 1/N of every block's weights on its GPU.
+--device-memory SIZE: the module stays in host memory and each rank's calls hold at most SIZE on
+its device; the planner arranges the weights (kept, streamed from host memory, or on more than
+one rank sharded) and the row says how.
 
-    .venv/bin/python scripts/sp_check.py [--tiny] [--layers 40] [--frames 81 --height 720 --width 1280]
-        [--ranks 1,2] [--mode ulysses|ring] [--cfg-parallel] [--shard-weights] [--device cuda|cpu] [--reps 2]
-        [--out FILE]
+    .venv/bin/python scripts/sp_check.py [--model wan|minimax] [--tiny] [--layers N]
+        [--frames F --height H --width W] [--ranks 1,2] [--mode ulysses|ring] [--cfg-parallel]
+        [--shard-weights | --device-memory SIZE] [--device cuda|cpu] [--reps 2] [--out FILE]
 
-Needs ComfyUI's tree (as scripts/comfy_check.py finds it: COMFYUI_PATH, COMFY_SITE). Weights per rank: all
-of them (replicated); a CUDA run needs one GPU per rank.
+Wan: 40 layers, 81 frames at 1280 x 720 by default. MiniMax H3: 50 blocks, 72 latent frames
+(10 s) at 1376 x 768, its audio latent of the same length. Needs ComfyUI's tree (as
+scripts/comfy_check.py finds it: COMFYUI_PATH, COMFY_SITE). A CUDA run needs one GPU per rank.
 """
 
 from __future__ import annotations
@@ -34,20 +39,32 @@ from comfy_check import torch  # noqa: E402
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="sp_check", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tiny", action="store_true", help="test widths (2 heads of 128) instead of Wan 14B's")
-    ap.add_argument("--layers", type=int, default=40, help="blocks (default 40: the whole Wan 14B)")
-    ap.add_argument("--frames", type=int, default=81)
-    ap.add_argument("--height", type=int, default=720)
-    ap.add_argument("--width", type=int, default=1280)
+    ap.add_argument("--model", choices=("wan", "minimax"), default="wan")
+    ap.add_argument("--tiny", action="store_true", help="test widths (2 heads of 128) instead of the model's")
+    ap.add_argument("--layers", type=int, help="blocks (default: the whole model, Wan 14B 40, H3 50)")
+    ap.add_argument("--frames", type=int, help="Wan: frames (default 81); H3: latent frames (default 72: 10 s)")
+    ap.add_argument("--height", type=int, help="default: Wan 720, H3 768")
+    ap.add_argument("--width", type=int, help="default: Wan 1280, H3 1376")
     ap.add_argument("--ranks", default="1,2", help="comma-separated rank counts (default 1,2)")
     ap.add_argument("--mode", choices=("ulysses", "ring"), default="ulysses")
     ap.add_argument("--cfg-parallel", action="store_true", help="the two batch elements on two halves of the ranks")
     ap.add_argument("--shard-weights", action="store_true",
                     help="on more than one rank: each keeps 1/N of every block's weights (the module in host memory)")
+    ap.add_argument("--device-memory", help="per rank, e.g. 40GiB: the weights arranged under it (the module in host "
+                    "memory)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--reps", type=int, default=2, help="timed forwards after the warm-up (default 2)")
     ap.add_argument("--out", help="write the rows as JSON")
     a = ap.parse_args(argv)
+    wan = a.model == "wan"
+    for name, default in (("layers", 40 if wan else 50), ("frames", 81 if wan else 72), ("height", 720 if wan else 768),
+                          ("width", 1280 if wan else 1376)):
+        if getattr(a, name) is None:
+            setattr(a, name, default)
+    if a.shard_weights and a.device_memory:
+        ap.error("--shard-weights and --device-memory: give one (under --device-memory the planner chooses)")
+    if a.cfg_parallel and not wan:
+        ap.error("--cfg-parallel: the MiniMax H3 call holds one batch element")
     try:
         a.ranks = [int(r) for r in a.ranks.split(",")]
     except ValueError:
@@ -59,16 +76,65 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("layers", "reps", "frames", "height", "width"):
         if getattr(a, name) < 1:
             ap.error(f"--{name}: must be >= 1, got {getattr(a, name)}")
-    if (a.frames - 1) % 4 or a.height % 16 or a.width % 16:
+    if wan and ((a.frames - 1) % 4 or a.height % 16 or a.width % 16):
         ap.error(f"--frames/--height/--width: Wan takes 4k+1 frames and sides of multiples of 16, got "
                  f"{a.frames}x{a.height}x{a.width}")
+    if not wan and (a.height % 32 or a.width % 32):
+        ap.error(f"--height/--width: H3 takes sides of multiples of 32 (latent 16, patch 2), got {a.height}x{a.width}")
     return a
+
+
+def _model(a: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Module, tuple, dict, str]:
+    """The family's ComfyUI module in bf16 on `device` with random weights, one call's (args,
+    kwargs), and what it is."""
+    import importlib
+
+    import make_reference
+
+    comfy = comfy_check.comfy_import(a.device)
+    g = torch.Generator().manual_seed(1)
+    if a.model == "wan":
+        cfg, cls = comfy_check.model_config(comfy, "wan", a.tiny, torch.bfloat16, a.layers)
+        dm = cls(cfg, device=device).diffusion_model
+        latent = (2, 16, (a.frames - 1) // 4 + 1, a.height // 8, a.width // 8)
+        x = torch.randn(latent, generator=g).to(device, torch.bfloat16)
+        t = torch.tensor([500.0, 500.0], device=device)
+        context = torch.randn(2, 512, cfg.unet_config["text_dim"], generator=g).to(device, torch.bfloat16)
+        what = (f"wan2.1 {'tiny' if a.tiny else '14B'}, {a.layers} layers, {a.frames}x{a.height}x{a.width}, bf16, "
+                "batch 2 (CFG)")
+        kwargs = {}
+    else:
+        import minimax_h3
+
+        cfg = comfy_check.h3_config(a.tiny, a.layers)
+        mod, ops = importlib.import_module("comfy.ldm.minimax.model"), importlib.import_module("comfy.ops")
+        dm = mod.MiniMaxH3Model(**minimax_h3.comfy_kwargs(cfg), dtype=torch.bfloat16, device=device,
+                                operations=ops.disable_weight_init).to(device)
+        audio = max(1, round(405 * a.frames / 72))  # the audio latent of the video's length (10 s: 405)
+        video = torch.randn(1, cfg.latent_channels, a.frames, a.height // 16, a.width // 16, generator=g)
+        x = [video.to(device, torch.bfloat16),
+             torch.randn(1, cfg.audio_channels, 2, audio, generator=g).to(device, torch.bfloat16)]
+        t = torch.tensor([700.0], device=device)
+        context = torch.randn(1, 512, cfg.text_dim, generator=g).to(device, torch.bfloat16)
+        what = (f"minimax-h3 {'tiny' if a.tiny else ''}, {a.layers} blocks, {a.frames} latent frames at "
+                f"{a.width}x{a.height}, audio {audio}, bf16, batch 1").replace(" ,", ",")
+        kwargs = {"transformer_options": {}, "minimax_payload": {}}
+    make_reference.randomize(dm, torch.Generator(device).manual_seed(0))
+    if a.model == "minimax":  # a buffer, not a parameter: ComfyUI leaves it to the checkpoint
+        dm.rope.inv_freq.copy_(minimax_h3.rope_inv_freq(cfg))
+    return dm.eval().requires_grad_(False), (x, t, context), kwargs, what
+
+
+def _flat(out) -> torch.Tensor:
+    """A forward's output as one fp32 tensor on the CPU (H3's video and audio one after another)."""
+    if isinstance(out, (list, tuple)):
+        return torch.cat([o.float().flatten().cpu() for o in out])
+    return out.float().cpu()
 
 
 def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
     import torch.distributed as dist
 
-    import make_reference
     import streamplan
 
     cuda = a.device == "cuda"
@@ -81,25 +147,21 @@ def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
         dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{work}/store-{world}", rank=rank,
                                 world_size=world, device_id=device if cuda else None)
     try:
-        comfy = comfy_check.comfy_import(a.device)
-        cfg, cls = comfy_check.model_config(comfy, "wan", a.tiny, torch.bfloat16, a.layers)
-        model = cls(cfg, device=device)
-        make_reference.randomize(model.diffusion_model, torch.Generator(device).manual_seed(0))
-        dm = model.diffusion_model.eval()
+        dm, args, kwargs, what = _model(a, device)
         shard = a.shard_weights and world > 1
-        if shard:  # the module in host memory: the GPU holds the ranks' shares and two block slots
+        host = shard or bool(a.device_memory)
+        if host:  # the module in host memory: the GPU holds what the plan arranges
             dm.to("cpu")
             if cuda:
                 torch.cuda.empty_cache()
-        g = torch.Generator().manual_seed(1)
-        latent = (2, 16, (a.frames - 1) // 4 + 1, a.height // 8, a.width // 8)
-        x = torch.randn(latent, generator=g).to(device, torch.bfloat16)
-        t = torch.tensor([500.0, 500.0], device=device)
-        context = torch.randn(2, 512, cfg.unet_config["text_dim"], generator=g).to(device, torch.bfloat16)
         group = dist.group.WORLD if world > 1 else None
         handle = streamplan.apply(dm, process_group=group, sequence_parallel=a.mode,
-                                  cfg_parallel=a.cfg_parallel and world > 1, shard_weights=shard,
-                                  device=str(device) if shard else None)
+                                  cfg_parallel=a.cfg_parallel and world > 1, shard_weights=True if shard else None,
+                                  device_memory=a.device_memory, device=str(device) if host else None)
+
+        def forward():
+            fresh = {k: dict(v) for k, v in kwargs.items()}  # ComfyUI writes into them
+            return dm(*args, **fresh)
 
         def sync() -> None:
             if cuda:
@@ -112,25 +174,25 @@ def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
             held = torch.cuda.memory_allocated() if cuda else streamplan._C.cpu_allocated_bytes()
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
-            out = dm(x, t, context)  # the warm-up: plans made, the link probed
+            out = forward()  # the warm-up: plans made, the link probed
             times = []
             for _ in range(a.reps):
                 sync()
                 t0 = time.perf_counter()
-                out = dm(x, t, context)
+                out = forward()
                 sync()
                 times.append(time.perf_counter() - t0)
         row = {"ranks": world, "rank": rank, "ms": 1e3 * statistics.median(times), "ms_all": [1e3 * s for s in times],
                "held_bytes": held, "fallbacks": [f.code for f in handle.fallbacks],
                "estimated_peak_bytes": handle.plans[-1]["estimated_peak_bytes"],
-               "sharded_bytes": list(handle.sharded_bytes),
+               "sharded_bytes": list(handle.sharded_bytes), "residency": handle.residency, "model": what,
                "explain": handle.explain()}
         if cuda:
             row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
             row["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
             row["activation_peak_bytes"] = row["peak_allocated_bytes"] - held
         if rank == 0:
-            torch.save(out.float().cpu(), os.path.join(work, f"out-{world}.pt"))
+            torch.save(_flat(out), os.path.join(work, f"out-{world}.pt"))
         with open(os.path.join(work, f"row-{world}-{rank}.json"), "w") as f:
             json.dump(row, f)
     finally:
@@ -150,12 +212,11 @@ def main(argv: list[str] | None = None) -> int:
             out = torch.load(os.path.join(work, f"out-{world}.pt"))
             ref = torch.load(os.path.join(work, f"out-{a.ranks[0]}.pt"))
             row = {"ranks": world, "mode": a.mode, "cfg_parallel": a.cfg_parallel,
-                   "shard_weights": a.shard_weights and world > 1,
+                   "shard_weights": a.shard_weights and world > 1, "device_memory": a.device_memory,
                    "ms": max(r["ms"] for r in ranks), "per_rank": ranks,
                    "rel_l2_vs_first": float((out - ref).norm() / ref.norm()),
                    "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
-                   "model": f"wan2.1 {'tiny' if a.tiny else '14B'}, {a.layers} layers, {a.frames}x{a.height}x{a.width}, "
-                            "bf16, batch 2 (CFG)"}
+                   "model": ranks[0]["model"]}
             row["speedup"] = rows[0]["ms"] / row["ms"] if rows else 1.0
             rows.append(row)
             def gib(key: str) -> str:

@@ -4,6 +4,8 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <functional>
+#include <limits>
 #include <stdexcept>
 
 #include "exec/device/device.hpp"
@@ -220,6 +222,57 @@ void Attached::place_as(const plan::Residency& r, models::FamilyRun& fr, const m
   fr = prepare(raw);  // the inputs again, from the weights where the calls run
 }
 
+void Attached::plan_geometry(GeometryPlan& g, const models::FamilyRun& fr, std::shared_ptr<exec::TensorWeights>& host) {
+  plan::Options po = exec::plan_options(
+      {options_.token_chunk, options_.feature_slice, options_.budget, options_.kv_budget}, device_);
+  po.sequence = sequence_;
+  std::optional<plan::ResidencyRequest> rq;
+  if (arranges()) rq = residency_request(fr, host);
+  auto make = [&] {
+    if (!rq) {
+      g.plan = plan::make_plan(fr.model, reg_, dev_, po);
+      return;
+    }
+    plan::ResidentPlan rp = plan::plan_with_residency(fr.model, reg_, dev_, po, *rq);
+    g.plan = std::move(rp.plan);
+    g.residency = rp.residency;
+  };
+  if (!sequence_.split()) return make();
+  // The ranks plan their own rows, so their choices may differ where the ranks must act alike:
+  // the slabs their exchanges trade, and which blocks are sharded. Every rank takes the
+  // smallest of each (which fits wherever the larger did) and plans again where it differs.
+  // A rank that cannot plan tells the others, so that every rank stops with the error.
+  const exec::dist::Group& pg = options_.process_group;
+  auto agreed = [&](const std::vector<int64_t>& mine) { return exec::dist::min_over_ranks(pg, mine, device_); };
+  auto every_rank = [&](const std::function<void()>& f) {
+    std::exception_ptr failed;
+    try {
+      f();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    if (agreed({failed ? 0 : 1}).front() == 1) return;
+    if (failed) std::rethrow_exception(failed);
+    throw plan::PlanError("sequence parallel: another rank could not plan this geometry (its error says why)");
+  };
+  every_rank(make);
+  // Every decision below is on what all ranks agreed, so that all of them plan again or none.
+  const std::vector<int64_t> mine = plan::exchange_slabs(g.plan), slabs = agreed(mine);
+  if (agreed({slabs == mine ? 1 : 0}).front() == 0) {
+    po.slabs = slabs;
+    every_rank(make);
+  }
+  // Sharded blocks are gathered together: every rank shards the same ones.
+  const bool sharded = g.residency && g.residency->sharded;
+  const int64_t kept = sharded ? g.residency->kept_count() : std::numeric_limits<int64_t>::max();
+  // {all sharded, any sharded (-1), the fewest kept, minus the most kept} of the sharded ranks
+  const std::vector<int64_t> all = agreed({sharded ? 1 : 0, sharded ? -1 : 0, kept, sharded ? -kept : 0});
+  if (all[1] == 0 || (all[0] == 1 && all[2] == -all[3])) return;
+  rq->split = plan::WeightSplit::Sharded;
+  rq->resident_blocks = int(all[2]) + 2;  // the blocks kept and the two slots
+  every_rank(make);
+}
+
 void Attached::evict_least_recent(const GeometryPlan* keep) {
   if (cache_.size() <= kPlanCacheSize) return;
   auto oldest = cache_.end();
@@ -239,19 +292,10 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   std::unique_ptr<GeometryPlan>& slot = cache_[key];
   std::shared_ptr<exec::TensorWeights> host;  // the module's tensors, where planning read them
   if (!slot) {
-    plan::Options po = exec::plan_options(
-        {options_.token_chunk, options_.feature_slice, options_.budget, options_.kv_budget}, device_);
-    po.sequence = sequence_;
     auto g = std::make_unique<GeometryPlan>();
     g->key = key;
     g->model = fr.model;
-    if (arranges()) {
-      plan::ResidentPlan rp = plan::plan_with_residency(fr.model, reg_, dev_, po, residency_request(fr, host));
-      g->plan = std::move(rp.plan);
-      g->residency = rp.residency;
-    } else {
-      g->plan = plan::make_plan(fr.model, reg_, dev_, po);
-    }
+    plan_geometry(*g, fr, host);
     slot = std::move(g);
     order_.push_back(slot.get());
     evict_least_recent(slot.get());

@@ -192,6 +192,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     // land at their rows of this rank's K and V; each Q slab is attended at once, its output
     // traded back and projected into the residual rows.
     const int64_t P = c.seq().ranks, most = *std::max_element(rows.begin(), rows.end());
+    const auto [kc, qc] = ulysses_slabs(p, most, P);
     const std::vector<int64_t> groups = shares(G, P);
     const int64_t Gr = groups[size_t(c.seq().rank)];
     const auto [kv_layout, q_layout, kv_shape] = kv_layout_of(strided, Gr);
@@ -203,7 +204,6 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     };
     {
       const Held wk = hold_k(), wv = hold_v();
-      const int64_t kc = std::clamp<int64_t>(p.token_chunk, 1, std::max<int64_t>(most, 1));
       auto slab = [&](int64_t n, int64_t pieces) {
         const int ks = c.buffer(BufRole::SeqRows, "K slab", {kc, wkv}, dt);
         const int vs = c.buffer(BufRole::SeqRows, "V slab", {kc, wkv}, dt);
@@ -221,7 +221,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     const int ofull = streamed ? -1 : c.buffer(BufRole::AttnOutFull, "OFull", {Tl, wq}, dt);
     const Held wqh = hold_q(), wo = streamed ? hold_out() : Held{}, wm = streamed && mlp ? hold_mlp() : Held{};
     // Q slabs of q_chunk / P rows per rank: attention calls of about q_chunk rows, as on one rank.
-    const int64_t qc = std::clamp<int64_t>((p.q_chunk + P - 1) / P, 1, std::max<int64_t>(most, 1)), width = Gr * rep * hd;
+    const int64_t width = Gr * rep * hd;
     auto slab = [&](int64_t n, int64_t pieces) {
       const int ql = c.buffer(BufRole::SeqRows, "Q slab", {qc, wq}, dt);
       Operand h;

@@ -155,6 +155,16 @@ class Costs {
   std::map<std::tuple<size_t, size_t, int64_t, int64_t, int64_t, bool>, Cost> costs_;
 };
 
+// Whether the sublayer's attention is traded slab by slab between ranks (a ulysses split of
+// self-attention), and the most rows of it any rank holds.
+bool ulysses_split(const Sequence& seq, const ir::Attention& a) {
+  return seq.split() && seq.mode == SeqMode::Ulysses && a.kind != ir::AttnKind::Cross;
+}
+int64_t most_rows(const Sequence& seq, const ir::Model& m, const ir::Sublayer& s) {
+  const std::vector<int64_t> rows = rows_per_rank(seq, m.tokens(), m.rows(s.segments));
+  return *std::max_element(rows.begin(), rows.end());
+}
+
 // Where a sublayer is: its block, the block's form (Costs) and its index.
 struct Site {
   const ir::Block& b;
@@ -187,7 +197,11 @@ class Chooser {
   SublayerPlan attention(const Site& at, const ir::Attention& a, const Verdict& v) {
     const int64_t T = m_.rows(at.s.segments).size(), L = m_.kv_rows(at.s);
     std::vector<SublayerPlan> plans;
-    if (opt_.token_chunk > 0) {  // the chunk is fixed
+    if (const auto slabs = agreed_slabs(at, a)) {  // the ranks' exchanges: token and q chunks that give them
+      const auto [kv, q] = *slabs;
+      const int64_t most = most_rows(opt_.sequence, m_, at.s), P = opt_.sequence.ranks;
+      plans.push_back(attention_candidate(v, T, L, kv < most ? kv : std::max(T, L), q * P < T ? q * P : T));
+    } else if (opt_.token_chunk > 0) {  // the chunk is fixed
       plans.push_back(fixed_attention(v, T, L, opt_.token_chunk, reg_, a.consumer));
     } else {
       plans.push_back(attention_candidate(v, T, L, std::max(T, L), T));
@@ -205,6 +219,16 @@ class Chooser {
       }
     }
     return pick(at, std::move(plans));
+  }
+
+  // The slabs Options::slabs fixes for this sublayer, the next pair where it splits.
+  std::optional<std::pair<int64_t, int64_t>> agreed_slabs(const Site& at, const ir::Attention& a) {
+    if (opt_.slabs.empty() || !ulysses_split(opt_.sequence, a)) return std::nullopt;
+    if (next_slab_ + 2 > opt_.slabs.size())
+      throw PlanError("slabs: " + std::to_string(opt_.slabs.size()) + " values, the model's split attention " +
+                      "sublayers take more (block " + at.b.name + " " + at.s.name + ")");
+    next_slab_ += 2;
+    return std::pair{opt_.slabs[next_slab_ - 2], opt_.slabs[next_slab_ - 1]};
   }
 
   SublayerPlan mlp(const Site& at, const ir::Mlp& f, const Verdict& v) {
@@ -359,6 +383,7 @@ class Chooser {
   Survey* survey_;
   Costs& costs_;
   Bottleneck worst_;
+  size_t next_slab_ = 0;  // into opt_.slabs
 };
 
 // Under a ring split, self-attention's output comes back to its rows after every query row is
@@ -536,6 +561,20 @@ Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contrac
   p.entries = entries_of(p, reg);
   p.device_caps = dev;
   return p;
+}
+
+std::vector<int64_t> exchange_slabs(const Plan& p) {
+  std::vector<int64_t> out;
+  if (!p.source) return out;
+  for (size_t bi = 0; bi < p.blocks.size(); ++bi)
+    for (size_t si = 0; si < p.blocks[bi].sublayers.size(); ++si) {
+      const ir::Sublayer& s = p.source->blocks[bi].sublayers[si];
+      const auto* a = std::get_if<ir::Attention>(&s.body);
+      if (!a || !ulysses_split(p.sequence, *a)) continue;
+      const auto [kv, q] = ulysses_slabs(p.blocks[bi].sublayers[si], most_rows(p.sequence, *p.source, s), p.sequence.ranks);
+      out.insert(out.end(), {kv, q});
+    }
+  return out;
 }
 
 const char* code_name(Mismatch c) { return ir::name_of(c, {"plan.model", "plan.registry_entry", "plan.device", "plan.sequence"}); }

@@ -26,6 +26,12 @@ std::vector<const Part*> parts(const Plan& p);
 Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,
                const Options& opt);
 
+// Under a ulysses split: per split self-attention sublayer in plan order, the K/V and Q slab
+// rows its exchanges trade (two values each; Options::slabs). Each rank chooses its chunks for
+// its own rows, so the ranks' may differ: a run takes each value's smallest over the ranks and
+// plans again with them (host/attached.cpp). Empty without a ulysses split.
+std::vector<int64_t> exchange_slabs(const Plan& p);
+
 // Floor: residual stream + the largest global K + V of any attention sublayer.
 int64_t floor_bytes(const ir::Model& m);
 

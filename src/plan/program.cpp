@@ -88,6 +88,11 @@ std::vector<int64_t> rows_per_rank(const Sequence& s, int64_t tokens, ir::RowRan
   return out;
 }
 
+std::pair<int64_t, int64_t> ulysses_slabs(const Schedule& p, int64_t most, int64_t ranks) {
+  const int64_t top = std::max<int64_t>(most, 1);
+  return {std::clamp<int64_t>(p.token_chunk, 1, top), std::clamp<int64_t>((p.q_chunk + ranks - 1) / ranks, 1, top)};
+}
+
 std::string sequence_text(const Sequence& s, int64_t tokens) {
   if (!s.split()) return "";
   const ir::RowRange o = own_rows(s, tokens);

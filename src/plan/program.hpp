@@ -324,6 +324,11 @@ std::vector<int64_t> shares(int64_t n, int64_t p);
 ir::RowRange own_rows(const Sequence& s, int64_t tokens);
 // How many rows of `rr` each rank holds.
 std::vector<int64_t> rows_per_rank(const Sequence& s, int64_t tokens, ir::RowRange rr);
+// Under a ulysses split, the rows of a self-attention sublayer's K/V slabs and of its Q slabs per
+// rank, which every rank's exchanges trade (so every rank's must be the same): the schedule's
+// token chunk, and its q chunk over the ranks, each within 1 and `most`, the most rows any rank
+// holds of the sublayer.
+std::pair<int64_t, int64_t> ulysses_slabs(const Schedule& p, int64_t most, int64_t ranks);
 // "ulysses over 2 ranks, rank 0: rows [0, 1537) of 3073"; "" for one rank.
 std::string sequence_text(const Sequence& s, int64_t tokens);
 

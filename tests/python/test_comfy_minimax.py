@@ -47,16 +47,8 @@ def build(comfy: Any, cfg: h3.H3Config, seed: int = 3) -> torch.nn.Module:
     """ComfyUI's MiniMaxH3Model with the weights of h3.make_state_dict(cfg), as ComfyUI holds them."""
     model, ops = comfy
     sd = h3.make_state_dict(cfg, seed=seed)
-    kw: dict[str, Any] = dict(
-        hidden_size=cfg.hidden, num_layers=cfg.layers, token_refiner_num_layers=cfg.refiner_layers,
-        num_attention_heads=cfg.heads, attention_head_dim=cfg.head_dim, ffn_hidden_size=cfg.ffn,
-        latents_dim=cfg.latent_channels, audio_latents_dim=cfg.audio_channels, text_dim=cfg.text_dim,
-        rope_inv_freq_len=cfg.rope_pairs, time_embed_dim=cfg.time_dim, gate_compress=cfg.gate_compress)
-    if cfg.curve_grid:
-        kw["adaln_curve_grid"] = cfg.curve_grid
-    else:
-        kw.update(timestep_input_dim=cfg.freq_dim, time_embed_hidden_size=cfg.time_hidden)
-    m = model.MiniMaxH3Model(**kw, dtype=torch.float32, device="cpu", operations=ops.disable_weight_init)
+    m = model.MiniMaxH3Model(**h3.comfy_kwargs(cfg), dtype=torch.float32, device="cpu",
+                             operations=ops.disable_weight_init)
     heads = {k for k in sd if k.startswith(("final_layer.video_out.", "final_layer.audio_out."))}
     missing, unexpected = m.load_state_dict({k: v for k, v in sd.items() if k not in heads}, strict=False)
     assert not unexpected and sorted(missing) == sorted(heads)

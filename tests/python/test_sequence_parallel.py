@@ -65,7 +65,16 @@ def _resized(comfy: Any, **sizes: Any) -> tuple[Any, ...]:
 
 def _case(family: str, comfy: Any) -> tuple[torch.nn.Module, Callable[[torch.nn.Module], list[torch.Tensor]]]:
     """The family's tiny module and a call of it (its outputs as a list), on inputs of rows the
-    ranks do not divide."""
+    ranks do not divide. "minimax-apart": on 2 ranks, one holds 34 text rows only, the other the
+    last 6 text rows, 10 audio and 3 x 2 x 3 = 18 video rows: the ranks' chunks differ, and one
+    holds none of the output rows."""
+    if family == "minimax-apart":
+        m = build(comfy, h3.TINY)
+        (x, t, context), kwargs = h3_call(m, h3.TINY)
+        audio = torch.cat([x[1], x[1].flip(-1)], -1)  # 10 audio rows
+        text = torch.cat([context] * 5, 1)[:, :40] * torch.linspace(0.5, 1.5, 40)[None, :, None]
+        args = ([x[0][:, :, :3, :4, :6].contiguous(), audio], t, text)
+        return m, lambda m: run_h3(m, args, kwargs)
     if family == "wan":  # 3 heads of 32; 2 clips of 3 x 3 x 5 = 45 rows, 7 text rows
         m = make_wan(_resized(comfy, dim=96, num_heads=3))
         (x, t, context), kwargs = wan_call()
@@ -87,7 +96,7 @@ def _rank(rank: int, world: int, store: str, family: str, mode: str, chunk: int 
     torch.set_num_threads(1)  # up to 4 ranks on a CI runner's few cores
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        site, tree, modules, name = FAMILIES[family]
+        site, tree, modules, name = FAMILIES[family.split("-")[0]]
         torch.manual_seed(0)
         with comfy_tree.isolated(site, tree):
             m, call = _case(family, modules())
@@ -161,6 +170,16 @@ def test_sharded_weights_match_the_forward_in_one_process(tmp_path, family: str,
 def test_head_major_consumer_takes_its_heads_from_the_exchanges(tmp_path, family: str) -> None:
     """The math consumer reads K and V head-major: the exchanges place each slab's rows there."""
     mp.spawn(_rank, args=(2, str(tmp_path / "store"), family, "ulysses", 8, False, False, "math"), nprocs=2, join=True)
+
+
+def test_ranks_holding_different_modalities_trade_the_same_slabs(tmp_path) -> None:
+    """Each rank chooses its chunks for its own rows; the ranks agree on the slabs their exchanges
+    trade (each the smallest any chose), and a rank without output rows still takes its part in
+    gathering the output."""
+    site, tree, modules, _ = FAMILIES["minimax"]
+    with comfy_tree.isolated(site, tree):
+        modules()  # pytest.skip naming what is missing
+    mp.spawn(_rank, args=(2, str(tmp_path / "store"), "minimax-apart", "ulysses", None), nprocs=2, join=True)
 
 
 def _rank_arranged(rank: int, world: int, store: str, split: bool | None) -> None:

@@ -179,6 +179,11 @@ def tensor_shapes(cfg):
     return s
 
 
+def rope_inv_freq(cfg):
+    """rope.inv_freq: a 10000-based RoPE over 2 * rope_pairs dims per axis (float64)."""
+    return 10000.0 ** (-torch.arange(cfg.rope_pairs, dtype=torch.float64) / cfg.rope_pairs)
+
+
 def make_state_dict(cfg=TINY, seed=0, dtype=torch.float32, prefix=""):
     """Random weights in the real layout. Linears ~ N(0, 1/fan_in), norm weights ~ 1 + N(0, 0.1^2),
     inv_freq as a 10000-based RoPE over 2 * rope_pairs dims per axis, later PDD heads as small
@@ -187,7 +192,7 @@ def make_state_dict(cfg=TINY, seed=0, dtype=torch.float32, prefix=""):
     sd = {}
     for name, shape in tensor_shapes(cfg).items():
         if name == "rope.inv_freq":
-            t = 10000.0 ** (-torch.arange(cfg.rope_pairs, dtype=torch.float64) / cfg.rope_pairs)
+            t = rope_inv_freq(cfg)
         elif name.endswith("norm.weight") or name.endswith("norm1.weight") or name.endswith("norm2.weight") \
                 or name.endswith("final_norm.weight"):
             t = 1.0 + 0.1 * torch.randn(shape, generator=g, dtype=torch.float64)
@@ -472,6 +477,20 @@ def sampler_forward(w, video, audio_carried, text, sigma, audio_scale=SHIFT_VIDE
     x_a = audio_carried * carry
     ov, oa = h3_forward(w, video, x_a, text, sigma, **kw)
     return ov, (1.0 - audio_scale) * x_a + (1.0 + (audio_scale - 1.0) * s_a) * oa
+
+
+def comfy_kwargs(cfg):
+    """The constructor arguments of ComfyUI's MiniMaxH3Model for `cfg` (dtype, device and
+    operations aside)."""
+    kw = dict(hidden_size=cfg.hidden, num_layers=cfg.layers, token_refiner_num_layers=cfg.refiner_layers,
+              num_attention_heads=cfg.heads, attention_head_dim=cfg.head_dim, ffn_hidden_size=cfg.ffn,
+              latents_dim=cfg.latent_channels, audio_latents_dim=cfg.audio_channels, text_dim=cfg.text_dim,
+              rope_inv_freq_len=cfg.rope_pairs, time_embed_dim=cfg.time_dim, gate_compress=cfg.gate_compress)
+    if cfg.curve_grid:
+        kw["adaln_curve_grid"] = cfg.curve_grid
+    else:
+        kw.update(timestep_input_dim=cfg.freq_dim, time_embed_hidden_size=cfg.time_hidden)
+    return kw
 
 
 def random_inputs(cfg=TINY, text_len=9, latent_t=7, lat_h=6, lat_w=8, audio_t=5, seed=1, dtype=torch.float32):

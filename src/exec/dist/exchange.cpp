@@ -171,7 +171,8 @@ at::Tensor gather_rows(const Group& pg, const at::Tensor& x, const std::vector<i
   if (int(rows.size()) != p || x.dim() < 1 || x.size(0) != rows[size_t(me)])
     throw std::invalid_argument(c10::str("gather_rows: rank ", me, " holds ", x.sizes(), " of row counts ", rows,
                                          " for a process group of ", p, " ranks"));
-  const int64_t width = x.numel() / std::max<int64_t>(x.size(0), 1);
+  int64_t width = 1;  // from the shape: a rank may hold no rows
+  for (int64_t i = 1; i < x.dim(); ++i) width *= x.size(i);
   std::vector<int64_t> send(size_t(p), x.numel()), recv;
   for (int64_t r : rows) recv.push_back(r * width);
   // This rank's rows to every rank (itself included); from each, its rows.
@@ -198,7 +199,16 @@ double probe_link(const Group& pg, const at::Device& device, int64_t bytes) {
     if (i > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(seconds.begin(), seconds.end());
-  return 2.0 * double(per) * 4.0 * double(p - 1) / std::max(seconds[1], 1e-9);
+  const double rate = 2.0 * double(per) * 4.0 * double(p - 1) / std::max(seconds[1], 1e-9);
+  return double(min_over_ranks(pg, {int64_t(rate)}, device).front());
+}
+
+std::vector<int64_t> min_over_ranks(const Group& pg, const std::vector<int64_t>& values, const at::Device& device) {
+  if (values.empty()) return values;
+  std::vector<at::Tensor> t{at::tensor(values, at::TensorOptions().dtype(at::kLong)).to(device)};
+  pg->allreduce(t, c10d::AllreduceOptions{c10d::ReduceOp::MIN})->wait();
+  const at::Tensor out = t.front().cpu();
+  return {out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + out.numel()};
 }
 
 }  // namespace sp::exec::dist

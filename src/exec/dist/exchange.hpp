@@ -49,8 +49,13 @@ at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor
 // Every rank's rows of x [rows[me], ...], in rank order, on every rank: [sum(rows), ...].
 at::Tensor gather_rows(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows);
 
+// Each value's smallest over the ranks of the group (an all-reduce on `device`); every rank calls
+// it with as many values.
+std::vector<int64_t> min_over_ranks(const Group& pg, const std::vector<int64_t>& values, const at::Device& device);
+
 // Bytes one rank sends and receives per second in an all-to-all of about `bytes` per rank over
-// the group, on x's device (the median of 3 after one warm-up); every rank must call it.
+// the group, on `device` (the median of 3 after one warm-up; the slowest rank's, so that every
+// rank plans with the same rate); every rank must call it.
 double probe_link(const Group& pg, const at::Device& device, int64_t bytes = int64_t{16} << 20);
 
 }  // namespace sp::exec::dist
