@@ -176,6 +176,20 @@ if err=$("$bin" plan --device cpu --checkpoint "$tmp/avdit4.safetensors" --token
 fi
 grep -qF "streamplan: error: --weights sharded: shares the weights over the ranks of --ranks 2 or more" <<<"$err" ||
   fail "unexpected error: $err"
+# plan --ranks: every rank's plan trades the same exchange slabs, whatever rows it holds (an H3
+# whose first rank holds text rows only).
+"$bin" make-checkpoint --family minimax-h3 --tiny --layers 1 --out "$tmp/h3.safetensors" >/dev/null 2>&1 ||
+  fail "make-checkpoint minimax-h3 failed"
+for r in 0 1; do
+  "$bin" plan --device cpu --checkpoint "$tmp/h3.safetensors" --frames 3 --height 64 --width 96 --audio-tokens 17 \
+    --text-tokens 512 --ranks 2 --rank $r --json --quiet >"$tmp/rank$r.json" || fail "plan --ranks 2 --rank $r"
+done
+python3 - "$tmp/rank0.json" "$tmp/rank1.json" <<'PY' || fail "plan --ranks: the ranks' exchange slabs differ"
+import json, sys
+a, b = (json.load(open(f))["plan"]["sequence"] for f in sys.argv[1:])
+assert a["exchange_slabs"] and a["exchange_slabs"] == b["exchange_slabs"], (a, b)
+assert (a["rank"], b["rank"], a["ranks"], a["mode"]) == (0, 1, 2, "ulysses"), (a, b)
+PY
 # probe: measures and caches (where trusted), --show reads the cache, --reset clears it.
 probe_home="$tmp/probe-cache"
 mkdir -p "$probe_home"

@@ -171,6 +171,20 @@ int cmd_plan(ModelArgs a) {
   if (a.weights == "sharded" && a.ranks < 2)
     throw std::invalid_argument("--weights sharded: shares the weights over the ranks of --ranks 2 or more, got --ranks " +
                                 std::to_string(a.ranks));
+  // The slabs every rank's exchanges trade, as a run agrees on them: each the smallest any
+  // rank's plan chose (every rank planned here, with this device's rates).
+  if (po.sequence.split()) {
+    const auto phase = progress.phase("agreeing on the exchanges of " + std::to_string(a.ranks) + " ranks");
+    std::vector<int64_t> slabs;
+    for (int64_t r = 0; r < a.ranks; ++r) {
+      plan::Options o = po;
+      o.sequence.rank = r;
+      const std::vector<int64_t> mine = plan::exchange_slabs(plan::make_plan(m, reg, dev, o));
+      if (slabs.empty()) slabs = mine;
+      for (size_t i = 0; i < slabs.size(); ++i) slabs[i] = std::min(slabs[i], mine[i]);
+    }
+    po.slabs = slabs;
+  }
   std::optional<plan::Residency> res;
   const plan::Plan p = [&] {
     const auto phase = progress.phase(planning(m));

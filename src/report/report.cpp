@@ -268,6 +268,12 @@ nlohmann::json to_json(const plan::Plan& p) {
     j["final_layer"] = {{"chunk", p.final_layer.chunk},
                         {"estimated_peak_bytes", p.final_layer.estimated_peak},
                         {"transformations", decisions(p.final_layer)}};
+  if (p.sequence.split())
+    j["sequence"] = {{"rank", p.sequence.rank},
+                     {"ranks", p.sequence.ranks},
+                     {"mode", p.sequence.mode == plan::SeqMode::Ring ? "ring" : "ulysses"},
+                     {"sharded", p.sequence.sharded},
+                     {"exchange_slabs", plan::exchange_slabs(p)}};
   return j;
 }
 
