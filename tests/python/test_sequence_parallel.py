@@ -172,14 +172,15 @@ def test_head_major_consumer_takes_its_heads_from_the_exchanges(tmp_path, family
     mp.spawn(_rank, args=(2, str(tmp_path / "store"), family, "ulysses", 8, False, False, "math"), nprocs=2, join=True)
 
 
-def test_ranks_holding_different_modalities_trade_the_same_slabs(tmp_path) -> None:
+@pytest.mark.parametrize("mode", ["ulysses", "ring"])
+def test_ranks_holding_different_modalities_trade_the_same_slabs(tmp_path, mode: str) -> None:
     """Each rank chooses its chunks for its own rows; the ranks agree on the slabs their exchanges
     trade (each the smallest any chose), and a rank without output rows still takes its part in
     gathering the output."""
     site, tree, modules, _ = FAMILIES["minimax"]
     with comfy_tree.isolated(site, tree):
         modules()  # pytest.skip naming what is missing
-    mp.spawn(_rank, args=(2, str(tmp_path / "store"), "minimax-apart", "ulysses", None), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, str(tmp_path / "store"), "minimax-apart", mode, None), nprocs=2, join=True)
 
 
 def _rank_arranged(rank: int, world: int, store: str, split: bool | None) -> None:
