@@ -4,6 +4,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <stdexcept>
@@ -222,6 +223,26 @@ void Attached::place_as(const plan::Residency& r, models::FamilyRun& fr, const m
   fr = prepare(raw);  // the inputs again, from the weights where the calls run
 }
 
+void Attached::check_same_call(const std::string& key, const models::TensorMap& raw) const {
+  // The geometry's key and a checksum of the inputs' values, each with its complement: the
+  // smallest of both over the ranks are complements of each other where every rank has the same.
+  const int64_t geometry = int64_t(std::hash<std::string>{}(key) >> 1);
+  double sum = 0;
+  for (const auto& [name, t] : raw)
+    if (t.defined() && t.numel() > 0) sum += t.to(at::kDouble).abs().sum().item<double>() + double(t.numel());
+  int64_t values = 0;
+  std::memcpy(&values, &sum, sizeof values);
+  const std::vector<int64_t> least =
+      exec::dist::min_over_ranks(options_.process_group, {geometry, ~geometry, values, ~values}, device_);
+  if (least[0] != ~least[1])
+    throw std::invalid_argument("sequence parallel: the ranks of the process group called the module with inputs of "
+                                "different shapes (this rank's: " + key + "); every rank calls it with the same inputs");
+  if (least[2] != ~least[3])
+    throw std::invalid_argument("sequence parallel: the ranks of the process group called the module with different "
+                                "input values (" + key + "); every rank calls it with the same inputs (the same "
+                                "seed for the noise)");
+}
+
 void Attached::plan_geometry(GeometryPlan& g, const models::FamilyRun& fr, std::shared_ptr<exec::TensorWeights>& host) {
   plan::Options po = exec::plan_options(
       {options_.token_chunk, options_.feature_slice, options_.budget, options_.kv_budget}, device_);
@@ -289,6 +310,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
   weights_->refresh();
   models::FamilyRun fr = prepare(raw);
   const std::string key = geometry_key(fr.model, options_.kv_budget);
+  if (sequence_.split()) check_same_call(key, raw);
   std::unique_ptr<GeometryPlan>& slot = cache_[key];
   std::shared_ptr<exec::TensorWeights> host;  // the module's tensors, where planning read them
   if (!slot) {

@@ -190,6 +190,9 @@ class Attached {
   // Whether the calls plan the weights' arrangement with the activations (residency, sharding).
   bool arranges() const { return options_.streams() || options_.weight_split == plan::WeightSplit::Sharded; }
   models::FamilyRun prepare(const models::TensorMap& raw);  // the call's IR and inputs
+  // Under a split: std::invalid_argument on every rank unless every rank's call has the same
+  // geometry and input values (a checksum over the ranks).
+  void check_same_call(const std::string& key, const models::TensorMap& raw) const;
   // The plan (and the weights' arrangement) of a new geometry; under a split, the same
   // exchanges and sharded blocks on every rank (every rank calls it for the same geometry).
   void plan_geometry(GeometryPlan& g, const models::FamilyRun& fr, std::shared_ptr<exec::TensorWeights>& host);

@@ -183,6 +183,35 @@ def test_ranks_holding_different_modalities_trade_the_same_slabs(tmp_path, mode:
     mp.spawn(_rank, args=(2, str(tmp_path / "store"), "minimax-apart", mode, None), nprocs=2, join=True)
 
 
+def _rank_mismatched(rank: int, world: int, store: str, what: str) -> None:
+    """Rank 1 calls with another shape or other values than rank 0: every rank raises, naming it,
+    instead of exchanging rows that do not belong together."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        site, tree, modules, _ = FAMILIES["wan"]
+        with comfy_tree.isolated(site, tree):
+            m = make_wan(_resized(modules(), dim=96, num_heads=3))
+            (x, t, context), kwargs = wan_call()
+            if rank == 1:
+                x = x[..., :6, :8] if what == "shapes" else x + 1.0
+            x = x[..., :6, :10] if rank == 0 or what == "values" else x
+            streamplan.apply(m, process_group=dist.group.WORLD)
+            message = "inputs of different shapes" if what == "shapes" else "different input values"
+            with pytest.raises(ValueError, match=f"the ranks of the process group called the module with {message}"):
+                run_comfy(m, ((x.contiguous(), t, context), kwargs))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("what", ["shapes", "values"])
+def test_ranks_called_with_different_inputs_all_raise(tmp_path, what: str) -> None:
+    site, tree, modules, _ = FAMILIES["wan"]
+    with comfy_tree.isolated(site, tree):
+        modules()  # pytest.skip naming what is missing
+    mp.spawn(_rank_mismatched, args=(2, str(tmp_path / "store"), what), nprocs=2, join=True)
+
+
 def _rank_arranged(rank: int, world: int, store: str, split: bool | None) -> None:
     """Wan with 8 blocks under a device memory below every block resident on each rank: the
     planner arranges the weights (`split`: None chooses, True shards, False replicates and
