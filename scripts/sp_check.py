@@ -14,7 +14,7 @@ one rank sharded) and the row says how.
 
     .venv/bin/python scripts/sp_check.py [--model wan|minimax] [--tiny] [--layers N]
         [--frames F --height H --width W] [--ranks 1,2] [--mode ulysses|ring] [--cfg-parallel]
-        [--shard-weights | --device-memory SIZE] [--device cuda|cpu] [--reps 2] [--out FILE]
+        [--shard-weights | --device-memory SIZE] [--device cuda|cpu] [--reps 2] [--vs-comfy] [--out FILE]
 
 Wan: 40 layers, 81 frames at 1280 x 720 by default. MiniMax H3: 50 blocks, 72 latent frames
 (10 s) at 1376 x 768, its audio latent of the same length. Needs ComfyUI's tree (as
@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "memory)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--reps", type=int, default=2, help="timed forwards after the warm-up (default 2)")
+    ap.add_argument("--vs-comfy", action="store_true",
+                    help="also ComfyUI's own forward on one device (first rank count's rank 0), each row's rel L2 "
+                         "against it")
     ap.add_argument("--out", help="write the rows as JSON")
     a = ap.parse_args(argv)
     wan = a.model == "wan"
@@ -148,6 +151,16 @@ def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
                                 world_size=world, device_id=device if cuda else None)
     try:
         dm, args, kwargs, what = _model(a, device)
+
+        def forward():
+            fresh = {k: dict(v) for k, v in kwargs.items()}  # ComfyUI writes into them
+            return dm(*args, **fresh)
+
+        if a.vs_comfy and world == a.ranks[0] and rank == 0:  # the module's own forward, before it is attached
+            with torch.no_grad():
+                torch.save(_flat(forward()), os.path.join(work, "comfy.pt"))
+            if cuda:
+                torch.cuda.empty_cache()
         shard = a.shard_weights and world > 1
         host = shard or bool(a.device_memory)
         if host:  # the module in host memory: the GPU holds what the plan arranges
@@ -158,10 +171,6 @@ def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
         handle = streamplan.apply(dm, process_group=group, sequence_parallel=a.mode,
                                   cfg_parallel=a.cfg_parallel and world > 1, shard_weights=True if shard else None,
                                   device_memory=a.device_memory, device=str(device) if host else None)
-
-        def forward():
-            fresh = {k: dict(v) for k, v in kwargs.items()}  # ComfyUI writes into them
-            return dm(*args, **fresh)
 
         def sync() -> None:
             if cuda:
@@ -217,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                    "rel_l2_vs_first": float((out - ref).norm() / ref.norm()),
                    "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
                    "model": ranks[0]["model"]}
+            if a.vs_comfy:
+                comfy_out = torch.load(os.path.join(work, "comfy.pt"))
+                row["rel_l2_vs_comfy"] = float((out - comfy_out).norm() / comfy_out.norm())
             row["speedup"] = rows[0]["ms"] / row["ms"] if rows else 1.0
             rows.append(row)
             def gib(key: str) -> str:
@@ -225,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[sp_check] {world} rank(s): {row['ms']:.1f} ms, {row['speedup']:.2f}x, peak GiB per rank "
                   f"[{gib('peak_allocated_bytes')}], activation peak GiB per rank "
                   f"[{gib('activation_peak_bytes')}] (estimated [{gib('estimated_peak_bytes')}]), rel L2 vs "
-                  f"{a.ranks[0]} rank(s) {row['rel_l2_vs_first']:.2e}", file=sys.stderr)
+                  f"{a.ranks[0]} rank(s) {row['rel_l2_vs_first']:.2e}"
+                  + (f", vs ComfyUI's own forward {row['rel_l2_vs_comfy']:.2e}" if a.vs_comfy else ""), file=sys.stderr)
             if a.out:
                 with open(a.out, "w") as f:
                     json.dump(rows, f, indent=1)
