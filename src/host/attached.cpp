@@ -227,9 +227,14 @@ void Attached::check_same_call(const std::string& key, const models::TensorMap& 
   // The geometry's key and a checksum of the inputs' values, each with its complement: the
   // smallest of both over the ranks are complements of each other where every rank has the same.
   const int64_t geometry = int64_t(std::hash<std::string>{}(key) >> 1);
-  double sum = 0;
-  for (const auto& [name, t] : raw)
-    if (t.defined() && t.numel() > 0) sum += t.to(at::kDouble).abs().sum().item<double>() + double(t.numel());
+  // Summed where the inputs are, then read once: one wait for the device per call, not one per input.
+  at::Tensor total;
+  for (const auto& [name, t] : raw) {
+    if (!t.defined() || t.numel() == 0) continue;
+    const at::Tensor s = t.to(at::kDouble).abs().sum() + double(t.numel());
+    total = total.defined() ? total + s.to(total.device()) : s;
+  }
+  const double sum = total.defined() ? total.item<double>() : 0.0;
   int64_t values = 0;
   std::memcpy(&values, &sum, sizeof values);
   const std::vector<int64_t> least =
