@@ -25,7 +25,11 @@ reserve is a 12 GB card's (--reserve-vram 400 MiB); and the caching allocator ma
 the cap (torch.cuda.set_per_process_memory_fraction), so exceeding it is an out-of-memory error.
 The peaks are the caching allocator's (the ballast allocation is not in them). A script does not
 start ComfyUI's DynamicVRAM (comfy-aimdo; main.py does): the configurations run its
-estimate-based loading, which the planner cooperates with.
+estimate-based loading, which the planner cooperates with. That loading pins the weights it
+leaves in host memory up to ComfyUI's pinned-memory limit, which ComfyUI computes from the RAM
+the system reports when it starts; on a machine whose memory grows as it is used (a VM) that is
+not the machine's RAM, and --pinned-limit-gib sets the limit instead. The rows record the
+reported RAM, the limit, and the model's pinned and pageable bytes in host memory at the end.
 
 Per configuration: the time of each sampling step (from ComfyUI's pre_run, once it loaded the
 model, to each of the sampler's callbacks, after a device synchronization; s/step is the mean
@@ -93,6 +97,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="MiniMax H3: where its bf16 source is written before conversion (default --work; "
                          "/dev/shm keeps the 66 GB of the whole model off the disk)")
     ap.add_argument("--out", metavar="FILE", help="write the rows as JSON")
+    ap.add_argument("--pinned-limit-gib", type=float, metavar="GIB",
+                    help="ComfyUI's pinned-memory limit (model_management.MAX_PINNED_MEMORY) in GiB, where the RAM "
+                         "the system reports when ComfyUI starts is not the machine's (a VM whose memory grows as "
+                         "it is used); default: ComfyUI's own, from the reported RAM")
     ap.add_argument("--prepare", action="store_true",
                     help="write the fp8 checkpoint into --work where it is missing, and stop (no sampling)")
     ap.add_argument("--run-config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)  # one configuration, here
@@ -229,6 +237,11 @@ def run_config(a: argparse.Namespace) -> dict:
 
     if capped:
         torch.cuda.set_per_process_memory_fraction(cap / total)
+    import comfy.model_management as mm
+    import psutil
+
+    if a.pinned_limit_gib is not None:
+        mm.MAX_PINNED_MEMORY = int(a.pinned_limit_gib * GiB)
     path = checkpoint(a, comfy)
     t0 = time.time()
     patcher = comfy_formats.load(comfy, path, comfy_formats.FORMATS["fp8"].load_dtype())
@@ -269,7 +282,8 @@ def run_config(a: argparse.Namespace) -> dict:
     row = {"model": a.model, "layers": a.layers, "config": a.run_config, "what": CONFIGS[a.run_config],
            "cap_gib": a.cap_gib if capped else None, "steps": a.steps, "sampler": a.sampler,
            "device": torch.cuda.get_device_name() if cuda else "cpu", "checkpoint": path.name,
-           "checkpoint_bytes": path.stat().st_size, "load_s": load_s}
+           "checkpoint_bytes": path.stat().st_size, "load_s": load_s, "host_ram_bytes": psutil.virtual_memory().total,
+           "comfy_max_pinned_bytes": int(mm.MAX_PINNED_MEMORY)}
     start = time.time()
     try:
         out = comfy.sample.sample(patcher, noise, a.steps, 5.0, a.sampler, "simple", positive, negative, latent,
@@ -284,6 +298,8 @@ def run_config(a: argparse.Namespace) -> dict:
     row.update(sample_s=time.time() - start, prepare_s=marks[0] - start if marks else None, step_s=times,
                peak_reserved_bytes=torch.cuda.max_memory_reserved() if cuda else None,
                peak_allocated_bytes=torch.cuda.max_memory_allocated() if cuda else None)
+    # The model's weights in host memory at the end: (pinned, pageable) bytes.
+    row["host_pinned_bytes"], row["host_pageable_bytes"] = comfy_nodes.host_bytes(patcher.model.diffusion_model)
     if wrapper is not None:
         row["status"] = wrapper.status()
         hs = list(wrapper.handles.values())

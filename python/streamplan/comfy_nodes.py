@@ -233,6 +233,21 @@ def host_placed(module: torch.nn.Module, device: torch.device) -> bool:
                for t in (*module.parameters(), *module.buffers()))
 
 
+def host_bytes(module: torch.nn.Module) -> tuple[int, int]:
+    """Bytes of the module's weights in host memory: (pinned, pageable)."""
+    pinned = pageable = 0
+    seen: set[int] = set()
+    for t in module.state_dict().values():  # plain tensors, a quantized weight's parts included
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        if t.is_pinned():
+            pinned += t.nbytes
+        else:
+            pageable += t.nbytes
+    return pinned, pageable
+
+
 def consumer_names() -> list[str]:
     return [COMFY_CONSUMER] + [c for c in _consumers.consumers() if c != COMFY_CONSUMER]
 
@@ -449,6 +464,12 @@ class PlannerWrapper:
                             "all resident" if r else "")
                          + (f"; the weights only the prologue reads ({_size(r['prologue_bytes'])}) stay in host memory, "
                             "copied as it reads them" if r and r.get("prologue_copied") else ""))
+            pinned, pageable = host_bytes(h.module)
+            if pageable:
+                lines.append(f"  host memory: {_size(pageable)} of the weights ComfyUI left there are pageable "
+                             f"({_size(pinned)} pinned): their copies to the device run at a fraction of the pinned "
+                             "rate (ComfyUI pins offloaded weights up to its pinned-memory limit; "
+                             "--disable-pinned-memory turns it off)")
         if h.consumer == COMFY_CONSUMER and comfy_runs_sdpa():
             for (device, dtype, dim), kernel in SDPA_KERNELS.items():
                 lines.append(f"  attention kernel on {device}, {dtype}, head_dim {dim}: PyTorch's SDPA as {kernel}")

@@ -161,12 +161,15 @@ def test_vram_check_runs_each_configuration_in_its_own_process(tmp_path: Path) -
     convert`; every planned call planned, each configuration's steps timed, the outputs compared."""
     out = tmp_path / "rows.json"
     rc, stdout, err = _run(VRAM_CHECK, "--model", "wan", "--tiny", "--device", "cpu", "--configs", "d,b,c",
-                           "--steps", "5", "--work", str(tmp_path), "--out", str(out))
+                           "--steps", "5", "--work", str(tmp_path), "--out", str(out), "--pinned-limit-gib", "2")
     assert rc == 0, err
     rows = {r["config"]: r for r in json.loads(out.read_text())}
     assert sorted(rows) == ["b", "c", "d"] and rows["d"]["rel_l2_vs_d"] == 0.0
     for c in "bcd":
         assert len(rows[c]["step_s"]) == 5 and rows[c]["oom"] is None and rows[c]["checkpoint"].endswith(".fp8.safetensors")
+        # On the CPU every weight is in host memory, none pinned.
+        assert rows[c]["host_pinned_bytes"] == 0 and rows[c]["host_pageable_bytes"] > 0, rows[c]
+        assert rows[c]["host_ram_bytes"] > 0 and rows[c]["comfy_max_pinned_bytes"] == 2 << 30
     for c in "bc":
         assert rows[c]["planned_calls"] == rows[c]["calls"] == 5, rows[c]
         assert rows[c]["rel_l2_vs_d"] <= 1e-4, rows[c]  # the CPU runs dense attention for sparse: no backend there
