@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build git python3 python3-venv python3-pip python3-dev
-          nlohmann-json3-dev libcli11-dev libgtest-dev clang libclang-rt-14-dev)
+          nlohmann-json3-dev libcli11-dev libgtest-dev clang libclang-rt-14-dev libgloo-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -190,6 +190,40 @@ a, b = (json.load(open(f))["plan"]["sequence"] for f in sys.argv[1:])
 assert a["exchange_slabs"] and a["exchange_slabs"] == b["exchange_slabs"], (a, b)
 assert (a["rank"], b["rank"], a["ranks"], a["mode"]) == (0, 1, 2, "ulysses"), (a, b)
 PY
+# run --nproc: sequence parallel over ranks this command starts (gloo on the CPU); rank 0
+# compares with the forward in one process (--check). Flux's first rank holds text rows only,
+# none of the rows the final layer projects; the H3 ring over 3 ranks splits 56 heads unevenly.
+"$bin" make-checkpoint --family flux1-dev --tiny --layers 1 --out "$tmp/flux.safetensors" >/dev/null 2>&1 ||
+  fail "make-checkpoint flux1-dev failed"
+"$bin" make-checkpoint --family wan2.1-1.3b --tiny --layers 2 --out "$tmp/wan.safetensors" >/dev/null 2>&1 ||
+  fail "make-checkpoint wan2.1-1.3b failed"
+while read -r ckpt ranks extra; do
+  "$bin" run --checkpoint "$tmp/$ckpt.safetensors" --device cpu --nproc "$ranks" $extra --check --json \
+    --quiet >"$tmp/ranks.json" || fail "run --nproc $ranks $extra of $ckpt"
+  python3 - "$tmp/ranks.json" "$ranks" <<'PY' || fail "run --nproc $ranks $extra of $ckpt: $(head -c 600 "$tmp/ranks.json")"
+import json, sys
+r, n = json.load(open(sys.argv[1])), int(sys.argv[2])
+assert [x["rank"] for x in r["ranks"]] == list(range(n)) and all(x["ms"] > 0 and x["peak_bytes"] > 0 for x in r["ranks"])
+assert r["rel_l2_vs_one_process"] <= 1e-5, r["rel_l2_vs_one_process"]
+assert r["plan"]["sequence"]["ranks"] == n
+PY
+done <<'CASES'
+wan 2 --sequence=ulysses --frames=5 --height=32 --width=48
+wan 4 --sequence=ring --frames=5 --height=32 --width=48
+wan 2 --weights=sharded --frames=5 --height=32 --width=48
+flux 2 --sequence=ulysses --height=64 --width=48
+h3 3 --sequence=ring --frames=5 --height=32 --width=32
+CASES
+rc=0; err=$("$bin" run --checkpoint "$tmp/wan.safetensors" --frames 5 --height 32 --width 48 --device cpu --nproc 2 \
+  --lora "$tmp/wan.safetensors" 2>&1) || rc=$?
+[ "$rc" -eq 1 ] && grep -qF -- "--lora: does not combine with --nproc" <<<"$err" || fail "run --nproc --lora: $rc $err"
+rc=0; err=$("$bin" run --checkpoint "$tmp/wan.safetensors" --frames 5 --height 32 --width 48 --device cpu \
+  --sequence ring 2>&1) || rc=$?
+[ "$rc" -eq 1 ] && grep -qF -- "--sequence: applies to sequence-parallel runs (--nproc)" <<<"$err" ||
+  fail "run --sequence without --nproc: $rc $err"
+rc=0; err=$(RANK=0 WORLD_SIZE=2 "$bin" run --checkpoint "$tmp/wan.safetensors" --frames 5 --height 32 --width 48 \
+  --device cpu 2>&1) || rc=$?
+[ "$rc" -eq 1 ] && grep -qF "MASTER_PORT: unset, while RANK is set" <<<"$err" || fail "RANK without MASTER_PORT: $rc $err"
 # probe: measures and caches (where trusted), --show reads the cache, --reset clears it.
 probe_home="$tmp/probe-cache"
 mkdir -p "$probe_home"

@@ -5,6 +5,7 @@
 #include "cli/commands.hpp"
 #include "cli/kv_options.hpp"
 #include "cli/options.hpp"
+#include "cli/ranks.hpp"
 #include "cli/output_check.hpp"
 #include "cli/sparse_run.hpp"
 #include "exec/registry.hpp"
@@ -37,10 +38,35 @@ struct Args {
   bool planned_only = false, json = false, quiet = false;
   std::string explain;  // "", "grouped" or "full"
   KvArgs kv;
+  // Sequence parallel over ranks (cli/ranks.hpp).
+  int nproc = 0;
+  std::string sequence = "ulysses", weights = "auto";
+  bool check = false;
   const CLI::App* cmd = nullptr;
+  bool given(const char* option) const { return cmd->count(option) > 0; }
 };
 
+// run --nproc, or one rank under torchrun's environment.
+int run_ranks(const Args& a) {
+  for (const char* o : {"--lora", "--precision", "--resident-blocks", "--planned-only", "--chunk", "--feature-slice"})
+    if (a.given(o)) throw std::invalid_argument(std::string(o) + ": does not combine with --nproc (sequence parallel)");
+  if (a.consumer == "sparse") throw std::invalid_argument("--consumer sparse: does not combine with --nproc yet");
+  const auto env = rank_env();
+  if (!env) return spawn_ranks(a.nproc);
+  if (a.nproc > 0 && a.nproc != env->size)
+    throw std::invalid_argument("--nproc " + std::to_string(a.nproc) + ": WORLD_SIZE of this rank's environment is " +
+                                std::to_string(env->size));
+  return run_rank({.checkpoint = a.checkpoint, .sidecar = a.sidecar, .inputs = a.inputs, .output = a.output,
+                   .dtype = a.dtype, .device = a.device, .consumer = a.consumer, .budget = a.budget,
+                   .device_memory = a.device_memory, .sequence = a.sequence, .weights = a.weights, .geom = a.geom,
+                   .seed = a.seed, .check = a.check, .json = a.json, .quiet = a.quiet, .explain = !a.explain.empty()},
+                  *env);
+}
+
 int run(const Args& a) {
+  if (a.nproc > 0 || rank_env()) return run_ranks(a);
+  for (const char* o : {"--sequence", "--weights", "--check"})
+    if (a.given(o)) throw std::invalid_argument(std::string(o) + ": applies to sequence-parallel runs (--nproc)");
   auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
   exec::install_cpu_meter();
@@ -219,6 +245,19 @@ Runner add_run(CLI::App& app) {
                   "that do not fit stream from host memory");
   cmd->add_option("--resident-blocks", a->resident_blocks,
                   "blocks whose weights are on the device at once (N or auto; default auto under --device-memory)");
+  cmd->add_option("--nproc", a->nproc,
+                  "sequence parallel: run over this many ranks of this host (one GPU each on CUDA; gloo on the CPU); "
+                  "under torchrun (RANK, WORLD_SIZE set) each process is one rank")
+      ->check(at_least(1));
+  cmd->add_option("--sequence", a->sequence, "with --nproc: how attention sees the other ranks' rows")
+      ->check(CLI::IsMember({"ulysses", "ring"}))
+      ->capture_default_str();
+  cmd->add_option("--weights", a->weights,
+                  "with --nproc: how the ranks hold the blocks' weights (auto: replicated, or under --device-memory "
+                  "the fastest arrangement that fits)")
+      ->check(CLI::IsMember({"auto", "replicated", "sharded"}))
+      ->capture_default_str();
+  cmd->add_flag("--check", a->check, "with --nproc: rank 0 also runs the forward alone and prints the rel L2 between them");
   cmd->add_flag("--planned-only", a->planned_only, "skip the naive run (shapes where only the planned one fits)");
   cmd->add_flag("--json", a->json, "print the run report as JSON");
   add_explain_option(cmd, a->explain, "print the plan with every rejection and the linears' formats");
