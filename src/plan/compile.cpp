@@ -191,7 +191,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     // query heads; every rank runs as many slabs as the rank with the most rows. The K/V slabs
     // land at their rows of this rank's K and V; each Q slab is attended at once, its output
     // traded back and projected into the residual rows.
-    const int64_t P = c.seq().ranks, most = *std::max_element(rows.begin(), rows.end());
+    const int64_t P = c.seq().ranks, most = most_rows(c.seq(), m.tokens(), rr);
     const auto [kc, qc] = ulysses_slabs(p, most, P);
     const std::vector<int64_t> groups = shares(G, P);
     const int64_t Gr = groups[size_t(c.seq().rank)];
