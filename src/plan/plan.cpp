@@ -500,12 +500,9 @@ Plan choose_plan(const ir::Model& m, const contracts::Registry& reg, const contr
   // cap on a part's need that keeps the whole schedule within kLeanTolerance of it.
   Survey parts;
   const Plan fastest = build_plan(m, reg, dev, opt, 0, &parts, costs);
-  double chosen = 0;  // the parts' fastest times; the rest of the estimate has no choice
-  for (const auto& cs : parts) {
-    double best = std::numeric_limits<double>::infinity();
-    for (const auto& c : cs) best = std::min(best, c.cost.seconds);
-    chosen += best;
-  }
+  double chosen = 0;  // the parts' fastest times (every part has a candidate); the rest of the estimate has no choice
+  for (const auto& cs : parts)
+    chosen += std::ranges::min_element(cs, {}, [](const Candidate& c) { return c.cost.seconds; })->cost.seconds;
   const int64_t cap = lean_cap(parts, std::max(fastest.estimated_ms / 1e3 - chosen, 0.0), kLeanTolerance);
   Plan p = build_plan(m, reg, dev, opt, cap, nullptr, costs);
   char tolerance[16];
