@@ -181,6 +181,19 @@ std::optional<uint64_t> free_bytes_at(const std::string& path) {
 
 constexpr size_t kWriteBuffer = size_t{1} << 20;
 
+// Throws unless `name` can name a tensor: not the metadata key, and valid UTF-8.
+void check_name(const std::string& where, const std::string& name) {
+  if (name == kMetadataKey) throw SafetensorsError(where + "name is reserved");
+  if (auto bad = utf8_error(name))
+    throw SafetensorsError(where + "name is not valid UTF-8 (bad byte at " + std::to_string(*bad) + ")");
+}
+
+// "shape [2, 3] x BF16 (2 bytes) = 12 bytes but <rest>": a tensor's size against another.
+std::string size_mismatch(const std::vector<int64_t>& shape, DType dt, uint64_t bytes, const std::string& rest) {
+  return "shape " + shape_string(shape) + " x " + std::string(dtype_name(dt)) + " (" + std::to_string(dtype_size(dt)) +
+         " bytes) = " + std::to_string(bytes) + " bytes but " + rest;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------- dtypes
@@ -352,9 +365,7 @@ void SafetensorsFile::parse(size_t file_size) {
     const std::string range = "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
     if (t.begin > t.end) tfail(range + " has begin > end");
     if (*want != t.end - t.begin)
-      tfail("shape " + shape_string(t.shape) + " x " + std::string(dtype_name(t.dtype)) + " (" +
-            std::to_string(dtype_size(t.dtype)) + " bytes) = " + std::to_string(*want) +
-            " bytes but data_offsets span " + std::to_string(t.end - t.begin) + " bytes");
+      tfail(size_mismatch(t.shape, t.dtype, *want, "data_offsets span " + std::to_string(t.end - t.begin) + " bytes"));
     if (t.end > data_size)
       tfail(range + " extends past the data section of " + std::to_string(data_size) + " bytes");
     const TensorInfo& added = tensors_.emplace(name, std::move(t)).first->second;  // names are unique (parsed so)
@@ -401,9 +412,7 @@ std::vector<std::string> SafetensorsFile::names() const {
 void SafetensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> shape,
                             std::span<const std::byte> data) {
   const std::string where = "SafetensorsWriter: tensor " + quote(name) + ": ";
-  if (name == kMetadataKey) throw SafetensorsError(where + "name is reserved");
-  if (auto bad = utf8_error(name))
-    throw SafetensorsError(where + "name is not valid UTF-8 (bad byte at " + std::to_string(*bad) + ")");
+  check_name(where, name);
   for (const auto& e : entries_)
     if (e.info.name == name) throw SafetensorsError(where + "duplicate tensor name");
   auto want = checked_nbytes(shape, dtype);
@@ -411,10 +420,8 @@ void SafetensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> 
     throw SafetensorsError(where + "shape " + shape_string(shape) +
                            " has a negative dimension or overflows");
   if (*want != data.size())
-    throw SafetensorsError(where + "shape " + shape_string(shape) + " x " +
-                           std::string(dtype_name(dtype)) + " (" + std::to_string(dtype_size(dtype)) +
-                           " bytes) = " + std::to_string(*want) + " bytes but " +
-                           std::to_string(data.size()) + " bytes were given");
+    throw SafetensorsError(where +
+                           size_mismatch(shape, dtype, *want, std::to_string(data.size()) + " bytes were given"));
   entries_.push_back(
       {TensorInfo{std::move(name), dtype, std::move(shape)}, std::vector<std::byte>(data.begin(), data.end())});
 }
@@ -461,9 +468,7 @@ SafetensorsStreamWriter::~SafetensorsStreamWriter() {
 void SafetensorsStreamWriter::declare(std::string name, DType dtype, std::vector<int64_t> shape) {
   const std::string where = "safetensors writer: tensor " + quote(name) + ": ";
   if (!path_.empty()) throw SafetensorsError(where + "declared after open()");
-  if (name == kMetadataKey) throw SafetensorsError(where + "name is reserved");
-  if (auto bad = utf8_error(name))
-    throw SafetensorsError(where + "name is not valid UTF-8 (bad byte at " + std::to_string(*bad) + ")");
+  check_name(where, name);
   auto bytes = checked_nbytes(shape, dtype);
   if (!bytes)
     throw SafetensorsError(where + "shape " + shape_string(shape) + " has a negative dimension or overflows");
@@ -546,9 +551,8 @@ void SafetensorsStreamWriter::write(std::span<const std::byte> data) {
     fail("all " + std::to_string(tensors_.size()) + " declared tensors are already written");
   const TensorInfo& t = tensors_[next_];
   if (data.size() != t.nbytes())
-    fail("tensor " + quote(t.name) + ": shape " + shape_string(t.shape) + " x " + std::string(dtype_name(t.dtype)) +
-         " (" + std::to_string(dtype_size(t.dtype)) + " bytes) = " + std::to_string(t.nbytes()) + " bytes but " +
-         std::to_string(data.size()) + " bytes were given");
+    fail("tensor " + quote(t.name) + ": " +
+         size_mismatch(t.shape, t.dtype, t.nbytes(), std::to_string(data.size()) + " bytes were given"));
   put(data.data(), data.size());
   ++next_;
 }

@@ -191,7 +191,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     // query heads; every rank runs as many slabs as the rank with the most rows. The K/V slabs
     // land at their rows of this rank's K and V; each Q slab is attended at once, its output
     // traded back and projected into the residual rows.
-    const int64_t P = c.seq().ranks, most = *std::max_element(rows.begin(), rows.end());
+    const int64_t P = c.seq().ranks, most = most_rows(c.seq(), m.tokens(), rr);
     const auto [kc, qc] = ulysses_slabs(p, most, P);
     const std::vector<int64_t> groups = shares(G, P);
     const int64_t Gr = groups[size_t(c.seq().rank)];
@@ -298,12 +298,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
   // output is projected and added into its residual rows at once.
   const int ofull = streamed ? -1 : c.buffer(BufRole::AttnOutFull, "OFull", {Tl, wq}, dt);
   {
-    const Held wqh = hold_q();
-    Held wo, wm;
-    if (streamed) {
-      wo = hold_out();
-      if (mlp) wm = hold_mlp();
-    }
+    const Held wqh = hold_q(), wo = streamed ? hold_out() : Held{}, wm = streamed && mlp ? hold_mlp() : Held{};
     c.own_loop(rr, p.q_chunk, true, [&](int64_t n, int64_t pieces) {
       const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
       const Operand q = c.whole(c.buffer(BufRole::Q, "Q", {n, wq}, dt));

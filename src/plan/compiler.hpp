@@ -120,11 +120,7 @@ class Compiler {
     token_loop(rr.begin + from, to - from, chunk, segments, std::forward<F>(body));
   }
   // Slabs of `chunk` rows, every rank as many: the most any rank's rows of `rr` make.
-  int64_t slabs(ir::RowRange rr, int64_t chunk) const {
-    int64_t most = 0;
-    for (int64_t r : rows_of(rr)) most = std::max(most, (r + chunk - 1) / chunk);
-    return most;
-  }
+  int64_t slabs(ir::RowRange rr, int64_t chunk) const { return (most_rows(seq_, m_.tokens(), rr) + chunk - 1) / chunk; }
   // After own_loop(rr, chunk, ...): the slabs up to `total` that this rank has no rows for,
   // body(0, 1) each (its part in the exchanges of the ranks that have).
   template <typename F>

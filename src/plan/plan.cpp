@@ -156,13 +156,9 @@ class Costs {
 };
 
 // Whether the sublayer's attention is traded slab by slab between ranks (a ulysses split of
-// self-attention), and the most rows of it any rank holds.
+// self-attention).
 bool ulysses_split(const Sequence& seq, const ir::Attention& a) {
   return seq.split() && seq.mode == SeqMode::Ulysses && a.kind != ir::AttnKind::Cross;
-}
-int64_t most_rows(const Sequence& seq, const ir::Model& m, const ir::Sublayer& s) {
-  const std::vector<int64_t> rows = rows_per_rank(seq, m.tokens(), m.rows(s.segments));
-  return *std::max_element(rows.begin(), rows.end());
 }
 
 // Where a sublayer is: its block, the block's form (Costs) and its index.
@@ -199,7 +195,7 @@ class Chooser {
     std::vector<SublayerPlan> plans;
     if (const auto slabs = agreed_slabs(at, a)) {  // the ranks' exchanges: token and q chunks that give them
       const auto [kv, q] = *slabs;
-      const int64_t most = most_rows(opt_.sequence, m_, at.s), P = opt_.sequence.ranks;
+      const int64_t most = most_rows(opt_.sequence, m_.tokens(), m_.rows(at.s.segments)), P = opt_.sequence.ranks;
       plans.push_back(attention_candidate(v, T, L, kv < most ? kv : std::max(T, L), q * P < T ? q * P : T));
     } else if (opt_.token_chunk > 0) {  // the chunk is fixed
       plans.push_back(fixed_attention(v, T, L, opt_.token_chunk, reg_, a.consumer));
@@ -504,12 +500,9 @@ Plan choose_plan(const ir::Model& m, const contracts::Registry& reg, const contr
   // cap on a part's need that keeps the whole schedule within kLeanTolerance of it.
   Survey parts;
   const Plan fastest = build_plan(m, reg, dev, opt, 0, &parts, costs);
-  double chosen = 0;  // the parts' fastest times; the rest of the estimate has no choice
-  for (const auto& cs : parts) {
-    double best = std::numeric_limits<double>::infinity();
-    for (const auto& c : cs) best = std::min(best, c.cost.seconds);
-    chosen += best;
-  }
+  double chosen = 0;  // the parts' fastest times (every part has a candidate); the rest of the estimate has no choice
+  for (const auto& cs : parts)
+    chosen += std::ranges::min_element(cs, {}, [](const Candidate& c) { return c.cost.seconds; })->cost.seconds;
   const int64_t cap = lean_cap(parts, std::max(fastest.estimated_ms / 1e3 - chosen, 0.0), kLeanTolerance);
   Plan p = build_plan(m, reg, dev, opt, cap, nullptr, costs);
   char tolerance[16];
@@ -571,7 +564,8 @@ std::vector<int64_t> exchange_slabs(const Plan& p) {
       const ir::Sublayer& s = p.source->blocks[bi].sublayers[si];
       const auto* a = std::get_if<ir::Attention>(&s.body);
       if (!a || !ulysses_split(p.sequence, *a)) continue;
-      const auto [kv, q] = ulysses_slabs(p.blocks[bi].sublayers[si], most_rows(p.sequence, *p.source, s), p.sequence.ranks);
+      const int64_t most = most_rows(p.sequence, p.tokens, p.source->rows(s.segments));
+      const auto [kv, q] = ulysses_slabs(p.blocks[bi].sublayers[si], most, p.sequence.ranks);
       out.insert(out.end(), {kv, q});
     }
   return out;

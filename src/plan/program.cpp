@@ -88,6 +88,10 @@ std::vector<int64_t> rows_per_rank(const Sequence& s, int64_t tokens, ir::RowRan
   return out;
 }
 
+int64_t most_rows(const Sequence& s, int64_t tokens, ir::RowRange rr) {
+  return std::ranges::max(rows_per_rank(s, tokens, rr));
+}
+
 std::pair<int64_t, int64_t> ulysses_slabs(const Schedule& p, int64_t most, int64_t ranks) {
   const int64_t top = std::max<int64_t>(most, 1);
   return {std::clamp<int64_t>(p.token_chunk, 1, top), std::clamp<int64_t>((p.q_chunk + ranks - 1) / ranks, 1, top)};

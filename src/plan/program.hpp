@@ -322,8 +322,9 @@ struct Sequence {
 std::vector<int64_t> shares(int64_t n, int64_t p);
 // The residual rows rank `s.rank` holds of a stream of `tokens` rows.
 ir::RowRange own_rows(const Sequence& s, int64_t tokens);
-// How many rows of `rr` each rank holds.
+// How many rows of `rr` each rank holds, and the most any rank holds.
 std::vector<int64_t> rows_per_rank(const Sequence& s, int64_t tokens, ir::RowRange rr);
+int64_t most_rows(const Sequence& s, int64_t tokens, ir::RowRange rr);
 // Under a ulysses split, the rows of a self-attention sublayer's K/V slabs and of its Q slabs per
 // rank, which every rank's exchanges trade (so every rank's must be the same): the schedule's
 // token chunk, and its q chunk over the ranks, each within 1 and `most`, the most rows any rank
