@@ -465,7 +465,7 @@ class PlannerWrapper:
                          + (f"; the weights only the prologue reads ({_size(r['prologue_bytes'])}) stay in host memory, "
                             "copied as it reads them" if r and r.get("prologue_copied") else ""))
             pinned, pageable = host_bytes(h.module)
-            if pageable:
+            if pageable > max(64 << 20, pinned // 100):  # not a few small buffers
                 lines.append(f"  host memory: {_size(pageable)} of the weights ComfyUI left there are pageable "
                              f"({_size(pinned)} pinned): their copies to the device run at a fraction of the pinned "
                              "rate (ComfyUI pins offloaded weights up to its pinned-memory limit; "

@@ -199,8 +199,18 @@ int run_rank(const RankRunArgs& a, const RankEnv& env) {
       throw std::invalid_argument("give --inputs, --tokens, or the geometry (--frames/--height/--width)");
     raw = models::random_raw_inputs(rec.config, a.geom, a.seed);  // seeded: the same on every rank
   }
-  host::NamedTensors tensors;
-  for (auto& [name, t] : models::read_tensors(a.checkpoint)) tensors.emplace_back(name, std::move(t));
+  // Replicated weights resident on the rank's device are read there; streamed or sharded ones
+  // come from host memory.
+  auto read_weights = [&](bool from_host) {
+    host::NamedTensors tensors;
+    for (auto& [name, t] : models::read_tensors(a.checkpoint))
+      tensors.emplace_back(name, from_host ? std::move(t) : t.to(d));
+    return tensors;
+  };
+  if (a.weights == "sharded" && env.size < 2)
+    throw std::invalid_argument("--weights sharded: shares the weights over the ranks of --nproc 2 or more, got " +
+                                std::to_string(env.size));
+  host::NamedTensors tensors = read_weights(!a.device_memory.empty() || a.weights == "sharded");
 
   host::AttachOptions o;
   o.consumer = consumer;
@@ -238,14 +248,15 @@ int run_rank(const RankRunArgs& a, const RankEnv& env) {
   group->allgather(all, in)->wait();
   double one_l2 = -1;
   if (a.check && env.rank == 0) {  // the same forward in this process alone
-    host::NamedTensors again;
-    for (auto& [name, t] : models::read_tensors(a.checkpoint)) again.emplace_back(name, std::move(t));
+    host::NamedTensors again = read_weights(!a.device_memory.empty());  // one process: sharded weights whole
     host::AttachOptions single = o;
     single.process_group = {};
     single.weight_split = plan::WeightSplit::Auto;
     host::Attached one(again, sidecar, single, reg);
     one_l2 = rel_l2(out, one.forward(raw));
   }
+  group->barrier()->wait();  // rank 0's check done: the group goes
+  group->shutdown();
   if (env.rank != 0) return 0;
 
   if (!a.output.empty()) models::write_tensors(a.output, {{"output", out.cpu()}});
