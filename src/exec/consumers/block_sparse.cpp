@@ -40,8 +40,13 @@ at::Tensor top_mask(const at::Tensor& qm, const at::Tensor& km, double budget) {
 at::Tensor top_tiles(const at::Tensor& qm, const at::Tensor& km, double budget) {
   const at::Tensor mask = top_mask(qm, km, budget);
   const int64_t kept = plan::kept_tiles(budget, km.size(1));
+  // Each kept column to its rank among its row's kept columns, the others to a column past
+  // them: ascending lists whose length is known, so nothing waits for the device to count.
+  at::Tensor slot = mask.to(at::kInt).cumsum_(2).sub_(1).masked_fill_(mask.logical_not(), int32_t(kept)).to(at::kLong);
   const at::Tensor cols = at::arange(km.size(1), mask.options().dtype(at::kInt)).view({1, 1, -1});
-  return cols.expand(mask.sizes()).masked_select(mask).view({mask.size(0), mask.size(1), kept});
+  at::Tensor lists = at::empty({mask.size(0), mask.size(1), kept + 1}, cols.options());
+  lists.scatter_(2, slot, cols.expand(mask.sizes()));
+  return lists.narrow(2, 0, kept).contiguous();
 }
 
 at::Tensor route_tiles(const at::Tensor& q, const at::Tensor& k, VideoRows video, double budget, int64_t tile) {

@@ -13,10 +13,9 @@ namespace sp::exec {
 namespace {
 
 // Scratch per (head, query tile, key tile) triple the routing may hold at once, an upper
-// bound: the scores (fp32), top-k values and indices (fp32 + int64), the kept mask (bool),
-// masked_select's positions (int64) and the ascending lists (int32) and their concatenation
-// (int32) take 4 + 12 + 1 + 8 + 4 + 4 = 33; the bound stays that of the earlier routing, which
-// also sorted and padded.
+// bound: the scores (fp32), top-k values and indices (fp32 + int64), the kept mask (bool), and
+// each kept column's rank in its list (int32, int64 for the scatter, a bool complement) take
+// 4 + 12 + 1 + 13 = 30; the bound stays that of an earlier routing, which also sorted.
 constexpr int64_t kRouteBytesPerTriple = 4 + 12 + 16 + 4 + 1 + 4;
 
 thread_local SparseTally* current_tally = nullptr;
@@ -51,24 +50,25 @@ RoutedTiles route_slab(const at::Tensor& qm, const at::Tensor& km, int64_t q_row
   RoutedTiles r;
   r.tiles = r.visited = g * nq * nk;
   if (!call.routed(kv_rows)) return r;
+  // The video tiles of the queries and of the keys are one run each (the video rows are one
+  // range), found on the host; the device gets only ranges, so that routing never waits for it.
   const at::Device d = qm.device();
-  const at::Tensor vk = video_tiles(0, kv_rows, call.video);
   const at::Tensor qi = video_tiles(call.q_begin, q_rows, call.video).nonzero().view(-1);
-  const at::Tensor ki = vk.nonzero().view(-1), ni = vk.logical_not().nonzero().view(-1);
-  const int64_t nqv = qi.numel(), nkv = ki.numel(), nn = ni.numel();
+  const at::Tensor ki = video_tiles(0, kv_rows, call.video).nonzero().view(-1);
+  const int64_t nqv = qi.numel(), nkv = ki.numel(), nn = nk - nkv;
   const int64_t kept = plan::kept_tiles(call.kv_budget, std::max<int64_t>(nkv, 1));
   if (nqv == 0 || nkv == 0 || kept == nkv) return r;
-  const at::Tensor qid = qi.to(d), kid = ki.to(d);
-  const at::Tensor top = top_tiles(qm.index_select(1, qid), km.index_select(1, kid), call.kv_budget);
-  const auto i32 = at::TensorOptions().dtype(at::kInt).device(d);
+  const int64_t qa = qi[0].item<int64_t>(), qb = qa + nqv, ka = ki[0].item<int64_t>(), kb = ka + nkv;
+  if (qi[nqv - 1].item<int64_t>() != qb - 1 || ki[nkv - 1].item<int64_t>() != kb - 1)
+    throw std::logic_error("route_slab: the video tiles are not one run of tiles");
+  const auto i64 = at::TensorOptions().dtype(at::kLong).device(d), i32 = i64.dtype(at::kInt);
+  const at::Tensor top = top_tiles(qm.index_select(1, at::arange(qa, qb, i64)),
+                                   km.index_select(1, at::arange(ka, kb, i64)), call.kv_budget);
   // Per video query tile its routed video key tiles, then every key tile outside the video rows.
-  const at::Tensor routed = kid.to(at::kInt).index_select(0, top.flatten()).view(top.sizes());
-  const at::Tensor video_lists = at::cat({routed, ni.to(i32).view({1, 1, nn}).expand({g, nqv, nn})}, 2);
-  // The video query tiles are one run [qa, qb) (the video rows are); the tiles before and after
-  // it visit every key tile. The lists of a head: before, video, after; heads one after another.
-  const int64_t qa = qi[0].item<int64_t>(), qb = qa + nqv;
-  if (qi[nqv - 1].item<int64_t>() != qb - 1)
-    throw std::logic_error("route_slab: the video query tiles are not one run of tiles");
+  const at::Tensor others = at::cat({at::arange(ka, i32), at::arange(kb, nk, i32)});
+  const at::Tensor video_lists = at::cat({top + int32_t(ka), others.view({1, 1, nn}).expand({g, nqv, nn})}, 2);
+  // The tiles before and after the video query tiles visit every key tile. The lists of a
+  // head: before, video, after; heads one after another.
   const at::Tensor all = at::arange(nk, i32);
   r.indices = at::cat({all.repeat({qa}).view({1, qa * nk}).expand({g, qa * nk}), video_lists.view({g, nqv * (kept + nn)}),
                        all.repeat({nq - qb}).view({1, (nq - qb) * nk}).expand({g, (nq - qb) * nk})},
