@@ -227,7 +227,7 @@ int run_rank(const RankRunArgs& a, const RankEnv& env) {
   host::Attached att(tensors, sidecar, o, reg);
   tensors.clear();  // the planner holds what it reads
 
-  at::Tensor out;
+  models::TensorMap out;  // "out", or the family's named outputs
   exec::install_cpu_meter();
   exec::synchronize(d);
   int64_t peak = 0;
@@ -235,7 +235,7 @@ int run_rank(const RankRunArgs& a, const RankEnv& env) {
   {
     exec::PeakMeter meter(d);
     const auto t0 = std::chrono::steady_clock::now();
-    out = att.forward(raw);
+    out = att.forward_named(raw);
     exec::synchronize(d);
     ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     peak = meter.peak();
@@ -253,13 +253,18 @@ int run_rank(const RankRunArgs& a, const RankEnv& env) {
     single.process_group = {};
     single.weight_split = plan::WeightSplit::Auto;
     host::Attached one(again, sidecar, single, reg);
-    one_l2 = rel_l2(out, one.forward(raw));
+    one_l2 = 0;  // over every output
+    for (const auto& [name, t] : one.forward_named(raw)) one_l2 = std::max(one_l2, rel_l2(out.at(name), t));
   }
   group->barrier()->wait();  // rank 0's check done: the group goes
   group->shutdown();
   if (env.rank != 0) return 0;
 
-  if (!a.output.empty()) models::write_tensors(a.output, {{"output", out.cpu()}});
+  if (!a.output.empty()) {
+    models::TensorMap written;
+    for (const auto& [name, t] : out) written[name == "out" ? "output" : "output_" + name] = t.cpu();
+    models::write_tensors(a.output, written);
+  }
   const host::GeometryPlan* g = att.last();
   if (a.json) {
     nlohmann::json j = att.document(*g);
