@@ -180,8 +180,12 @@ grep -qF "streamplan: error: --weights sharded: shares the weights over the rank
 # whose first rank holds text rows only).
 "$bin" make-checkpoint --family minimax-h3 --tiny --layers 1 --out "$tmp/h3.safetensors" >/dev/null 2>&1 ||
   fail "make-checkpoint minimax-h3 failed"
+# Both read the same device rates: one probe cached first where nothing else writes.
+ranks_cache="$tmp/ranks-cache"
+mkdir -p "$ranks_cache"
+XDG_CACHE_HOME="$ranks_cache" "$bin" probe --device cpu >/dev/null || fail "probe for plan --ranks"
 for r in 0 1; do
-  "$bin" plan --device cpu --checkpoint "$tmp/h3.safetensors" --frames 3 --height 64 --width 96 --audio-tokens 17 \
+  XDG_CACHE_HOME="$ranks_cache" "$bin" plan --device cpu --checkpoint "$tmp/h3.safetensors" --frames 3 --height 64 --width 96 --audio-tokens 17 \
     --text-tokens 512 --ranks 2 --rank $r --json --quiet >"$tmp/rank$r.json" || fail "plan --ranks 2 --rank $r"
 done
 python3 - "$tmp/rank0.json" "$tmp/rank1.json" <<'PY' || fail "plan --ranks: the ranks' exchange slabs differ"
