@@ -35,7 +35,8 @@ class Interpreter {
     bufs_.resize(p_.buffers.size());
     for (size_t i = 0; i < p_.buffers.size(); ++i) {
       const Buffer& b = p_.buffers[i];
-      if (b.view || pl.live[i].first < 0) continue;
+      // The program's output exists even where no step writes it (a rank without its rows).
+      if (b.view || (pl.live[i].first < 0 && !separate(b))) continue;
       const auto opts = at::TensorOptions().dtype(to_aten(b.dtype)).device(device_);
       if (separate(b) || b.bytes() == 0) bufs_[i] = at::empty(b.shape, opts);  // empty: a rank without rows or heads
       else
@@ -410,9 +411,6 @@ at::Tensor run_planned(const ir::Model& m, const plan::Plan& p, const WeightSour
   }
   at::Tensor out = m.final_layer ? run_part(p.final_layer.part) : x.to(to_aten(accumulation_dtype(m.dtype)));
   if (!pg) return out;
-  if (!out.defined())  // this rank holds none of the rows the final layer projects
-    out = at::empty({0, m.final_layer->proj.out_features},
-                    at::TensorOptions().dtype(to_aten(accumulation_dtype(m.dtype))).device(in.device()));
   // Every rank's output rows, in order.
   const ir::RowRange rows = m.final_layer ? m.rows(m.final_layer->segments) : ir::RowRange{0, m.tokens()};
   return dist::gather_rows(pg, out, plan::rows_per_rank(seq, m.tokens(), rows));
