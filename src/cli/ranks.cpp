@@ -124,11 +124,6 @@ at::Device rank_device(const std::string& option, const RankEnv& e) {
   return at::Device(at::kCUDA, c10::DeviceIndex(e.local_rank));
 }
 
-double rel_l2(const at::Tensor& got, const at::Tensor& want) {
-  const at::Tensor w = want.to(at::kDouble), g = got.to(w.device(), at::kDouble);
-  return (g - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-300);
-}
-
 }  // namespace
 
 std::optional<RankEnv> rank_env() {
@@ -182,7 +177,7 @@ int spawn_ranks(int nproc) {
   return first_failure;
 }
 
-int run_rank(const RankRunArgs& a, const RankEnv& env) {
+int run_rank(const RunArgs& a, const RankEnv& env) {
   const at::Device d = rank_device(a.device, env);
   auto reg = exec::builtin_registry();
   const std::string consumer = resolve_consumer(a.consumer);
@@ -210,7 +205,9 @@ int run_rank(const RankRunArgs& a, const RankEnv& env) {
   if (a.weights == "sharded" && env.size < 2)
     throw std::invalid_argument("--weights sharded: shares the weights over the ranks of --nproc 2 or more, got " +
                                 std::to_string(env.size));
-  host::NamedTensors tensors = read_weights(!a.device_memory.empty() || a.weights == "sharded");
+  // Where the ranks' weights are read, and where one process's (--check: sharded weights whole).
+  const bool rank_from_host = !a.device_memory.empty() || a.weights == "sharded", one_from_host = !a.device_memory.empty();
+  host::NamedTensors tensors = read_weights(rank_from_host);
 
   host::AttachOptions o;
   o.consumer = consumer;
@@ -225,7 +222,8 @@ int run_rank(const RankRunArgs& a, const RankEnv& env) {
   o.process_group = make_group(env, d);
   const auto group = o.process_group;
   host::Attached att(tensors, sidecar, o, reg);
-  tensors.clear();  // the planner holds what it reads
+  const bool check_here = a.check && env.rank == 0;
+  if (!check_here || rank_from_host != one_from_host) tensors.clear();  // the planner holds what it reads
 
   models::TensorMap out;  // "out", or the family's named outputs
   exec::install_cpu_meter();
@@ -247,14 +245,14 @@ int run_rank(const RankRunArgs& a, const RankEnv& env) {
   std::vector<at::Tensor> in{mine};
   group->allgather(all, in)->wait();
   double one_l2 = -1;
-  if (a.check && env.rank == 0) {  // the same forward in this process alone
-    host::NamedTensors again = read_weights(!a.device_memory.empty());  // one process: sharded weights whole
+  if (check_here) {  // the same forward in this process alone
+    const host::NamedTensors again = tensors.empty() ? read_weights(one_from_host) : std::move(tensors);
     host::AttachOptions single = o;
     single.process_group = {};
     single.weight_split = plan::WeightSplit::Auto;
     host::Attached one(again, sidecar, single, reg);
     one_l2 = 0;  // over every output
-    for (const auto& [name, t] : one.forward_named(raw)) one_l2 = std::max(one_l2, rel_l2(out.at(name), t));
+    for (const auto& [name, t] : one.forward_named(raw)) one_l2 = std::max(one_l2, report::rel_l2(out.at(name), t));
   }
   group->barrier()->wait();  // rank 0's check done: the group goes
   group->shutdown();
@@ -280,7 +278,7 @@ int run_rank(const RankRunArgs& a, const RankEnv& env) {
   }
   std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << " over " << env.size
             << " ranks (" << (d.is_cuda() ? "NCCL" : "gloo") << "), " << g->key << "\n";
-  if (a.explain) std::cout << plan::explain(g->plan) << "\n";
+  if (!a.explain.empty()) std::cout << plan::explain(g->plan) << "\n";
   if (g->residency) std::cout << plan::explain(*g->residency) << "\n";
   for (int r = 0; r < env.size; ++r) {
     const at::Tensor v = all[0][size_t(r)].cpu();

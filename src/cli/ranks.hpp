@@ -16,7 +16,7 @@
 #include <optional>
 #include <string>
 
-#include "models/families.hpp"
+#include "cli/run_args.hpp"
 
 namespace sp::cli {
 
@@ -35,15 +35,7 @@ std::optional<RankEnv> rank_env();
 // stopped).
 int spawn_ranks(int nproc);
 
-struct RankRunArgs {
-  std::string checkpoint, sidecar, inputs, output, dtype = "auto", device = "auto", consumer = "sdpa", budget;
-  std::string device_memory, sequence = "ulysses", weights = "auto";
-  models::Geometry geom;
-  uint64_t seed = 0;
-  bool check = false, json = false, quiet = false, explain = false;
-};
-
 // One rank's run: the checkpoint's forward over the group of `env`.
-int run_rank(const RankRunArgs& a, const RankEnv& env);
+int run_rank(const RunArgs& a, const RankEnv& env);
 
 }  // namespace sp::cli

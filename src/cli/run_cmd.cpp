@@ -6,6 +6,7 @@
 #include "cli/kv_options.hpp"
 #include "cli/options.hpp"
 #include "cli/ranks.hpp"
+#include "cli/run_args.hpp"
 #include "cli/output_check.hpp"
 #include "cli/sparse_run.hpp"
 #include "exec/registry.hpp"
@@ -27,27 +28,8 @@ namespace sp::cli {
 
 namespace {
 
-struct Args {
-  std::string checkpoint, sidecar, inputs, output, dtype = "auto", device = "auto", consumer = "sdpa", budget;
-  std::string device_memory, resident_blocks;
-  std::vector<std::string> loras;
-  std::string precision = "preserve";
-  models::Geometry geom;
-  int64_t chunk = 0, feature_slice = 0;
-  uint64_t seed = 0;
-  bool planned_only = false, json = false, quiet = false;
-  std::string explain;  // "", "grouped" or "full"
-  KvArgs kv;
-  // Sequence parallel over ranks (cli/ranks.hpp).
-  int nproc = 0;
-  std::string sequence = "ulysses", weights = "auto";
-  bool check = false;
-  const CLI::App* cmd = nullptr;
-  bool given(const char* option) const { return cmd->count(option) > 0; }
-};
-
 // run --nproc, or one rank under torchrun's environment.
-int run_ranks(const Args& a) {
+int run_ranks(const RunArgs& a) {
   for (const char* o : {"--lora", "--precision", "--resident-blocks", "--planned-only", "--chunk", "--feature-slice"})
     if (a.given(o)) throw std::invalid_argument(std::string(o) + ": does not combine with --nproc (sequence parallel)");
   if (a.consumer == "sparse") throw std::invalid_argument("--consumer sparse: does not combine with --nproc yet");
@@ -56,14 +38,10 @@ int run_ranks(const Args& a) {
   if (a.nproc > 0 && a.nproc != env->size)
     throw std::invalid_argument("--nproc " + std::to_string(a.nproc) + ": WORLD_SIZE of this rank's environment is " +
                                 std::to_string(env->size));
-  return run_rank({.checkpoint = a.checkpoint, .sidecar = a.sidecar, .inputs = a.inputs, .output = a.output,
-                   .dtype = a.dtype, .device = a.device, .consumer = a.consumer, .budget = a.budget,
-                   .device_memory = a.device_memory, .sequence = a.sequence, .weights = a.weights, .geom = a.geom,
-                   .seed = a.seed, .check = a.check, .json = a.json, .quiet = a.quiet, .explain = !a.explain.empty()},
-                  *env);
+  return run_rank(a, *env);
 }
 
-int run(const Args& a) {
+int run(const RunArgs& a) {
   if (a.nproc > 0 || rank_env()) return run_ranks(a);
   for (const char* o : {"--sequence", "--weights", "--check"})
     if (a.given(o)) throw std::invalid_argument(std::string(o) + ": applies to sequence-parallel runs (--nproc)");
@@ -206,7 +184,7 @@ int run(const Args& a) {
 }  // namespace
 
 Runner add_run(CLI::App& app) {
-  auto a = std::make_shared<Args>();
+  auto a = std::make_shared<RunArgs>();
   auto* cmd = app.add_subcommand("run", "one denoiser forward of a checkpoint: naive vs planned");
   cmd->add_option("--checkpoint", a->checkpoint, "safetensors checkpoint")->required()->check(CLI::ExistingFile);
   cmd->add_option("--sidecar", a->sidecar, "sidecar descriptor (JSON); default: the checkpoint's metadata")
