@@ -102,6 +102,40 @@ TEST(GpuSdpa, TokenMajorSlabsMatchFp32AttentionWhicheverKernelRuns) {
   }
 }
 
+// Every built-in consumer that declares the log-sum-exp (ConsumerCaps::lse) returns, beside its
+// output, the log-sum-exp of each row's scaled scores: against fp64 attention on odd sizes.
+void expect_the_lse_of_every_row(const at::Device& d, const std::vector<at::ScalarType>& dts) {
+  const auto reg = exec::builtin_registry();
+  size_t checked = 0;
+  for (const std::string& name : reg.consumer_names()) {
+    const auto& caps = reg.consumer(name);
+    if (caps.lse != contracts::Cap::Yes) continue;
+    for (at::ScalarType dt : dts) {
+      SCOPED_TRACE(name + " " + std::string(c10::toString(dt)));
+      at::Generator gen = at::detail::createCPUGenerator(7);
+      const auto f = at::TensorOptions().dtype(at::kDouble);
+      const at::Tensor q = at::randn({1, 3, 37, 16}, gen, f), k = at::randn({1, 3, 53, 16}, gen, f),
+                       v = at::randn({1, 3, 53, 16}, gen, f);
+      const at::Tensor s = at::matmul(q, k.transpose(-1, -2)) * 0.3;
+      auto [o, l] = exec::impl_of<exec::ConsumerImpl>(caps).attend_lse(q.to(dt).to(d), k.to(dt).to(d), v.to(dt).to(d), 0.3);
+      EXPECT_EQ(o.scalar_type(), dt);
+      EXPECT_EQ(l.sizes(), at::IntArrayRef({1, 3, 37}));
+      const bool f32 = dt == at::kFloat;
+      EXPECT_LE(rel_l2(o, at::matmul(at::softmax(s, -1), v)), f32 ? 1e-5 : 2e-2);
+      EXPECT_LE((l.cpu().to(at::kDouble) - at::logsumexp(s, -1)).abs().max().item<double>(), f32 ? 1e-4 : 5e-2);
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 2 * dts.size());  // sdpa and math at least
+}
+
+TEST(Consumers, AttendLseGivesTheLogSumExpOfEveryRow) { expect_the_lse_of_every_row(at::kCPU, {at::kFloat, at::kBFloat16}); }
+
+TEST(GpuSdpa, AttendLseGivesTheLogSumExpOfEveryRow) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device: the CUDA kernels' log-sum-exp";
+  expect_the_lse_of_every_row(exec::pick_device("cuda"), {at::kBFloat16, at::kHalf, at::kFloat});
+}
+
 TEST(GpuInt8Attention, TheKCarrierIsRenewedWhenKChangesInPlace) {
   SKIP_WITHOUT_CUDA();
   const auto reg = exec::builtin_registry();

@@ -149,6 +149,10 @@ ct::Registry registry_with_test_contracts() {
   kv128.name = "sdpa-kv128";
   kv128.kv_align = 128;
   reg.add(kv128);
+  ct::ConsumerCaps no_lse = reg.consumer("sdpa");
+  no_lse.name = "sdpa-no-lse";
+  no_lse.lse = Cap::No;
+  reg.add(no_lse);
   return reg;
 }
 

@@ -466,6 +466,25 @@ TEST_F(Planning, SequenceSplitPlansEachRanksRowsWithTheSameExchanges) {
       for (const auto& e : exchanges) EXPECT_EQ(e, exchanges.front());
     }
   EXPECT_THROW(plan(m, {.sequence = {2, 2, pl::SeqMode::Ulysses}}), std::invalid_argument);
+
+  // The ring attends each K/V block through the sublayer's consumer where it returns the
+  // log-sum-exp; one that does not leaves them to 'math', and the plan says so (consumer.lse).
+  Knobs nk = k;
+  nk.consumer = "sdpa-no-lse";
+  const ir::Model nm = build(nk);
+  for (const auto& [model, consumer] : {std::pair<const ir::Model*, std::string>{&m, "sdpa"}, {&nm, "math"}}) {
+    const pl::Plan p = plan(*model, {.token_chunk = 64, .sequence = {1, 2, pl::SeqMode::Ring}});
+    int rings = 0;
+    for (const pl::Part* part : pl::parts(p))
+      for (const pl::Step& st : part->program.steps)
+        if (const auto* x = std::get_if<pl::ExchangeStep>(&st.body); x && x->kind == pl::Exchange::Ring) {
+          EXPECT_EQ(x->consumer, consumer);
+          ++rings;
+        }
+    EXPECT_EQ(rings, int(model->blocks.size()));
+    const std::string text = pl::explain(p);
+    EXPECT_EQ(contains(text, "[consumer.lse]"), consumer == "math") << text;
+  }
 }
 
 // Buffers of a role in a program.

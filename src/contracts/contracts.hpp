@@ -72,6 +72,9 @@ struct ConsumerCaps {
   // Yes: Q, K and V may arrive as views of token-major [rows, heads, head_dim] buffers (heads
   // strided in a row, head_dim contiguous); the planner then saves V's head-major copy.
   Cap strided_heads = Cap::Unknown;
+  // Yes: attend_lse also returns each query row's log-sum-exp, so that outputs over parts of
+  // K/V merge (ring attention passes K/V blocks around the ranks).
+  Cap lse = Cap::Unknown;
   std::set<ir::DType> dtypes;            // accepted activation dtypes
   int64_t q_align = 1;                   // Q slab rows must be a multiple (except the last)
   int64_t kv_align = 1;                  // global K/V length must be a multiple

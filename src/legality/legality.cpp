@@ -23,6 +23,7 @@ constexpr std::pair<const char*, const char*> kChecks[] = {
     {"consumer.slab_output", "produces output in Q-sized slabs"},
     {"consumer.kv_aligned", "global K/V length aligned"},
     {"consumer.dtype", "accepts activation dtype"},
+    {"consumer.lse", "returns each row's log-sum-exp"},
     {"format.held", "held execution (acquire once, reuse per slab)"},
     {"format.region_slicing", "output-feature (row) slicing for regions q|k|v"},
     {"format.row_slicing", "output-feature (row) slicing"},

@@ -36,6 +36,7 @@ enum class Check {
   ConsumerSlabOutput,       // consumer produces output in Q-sized slabs
   ConsumerKvAligned,        // global K/V length is a multiple of the consumer's alignment
   ConsumerDtype,            // consumer accepts the activation dtype
+  ConsumerLse,              // consumer returns each row's log-sum-exp (ring attention merges by it)
   FormatHeld,               // weight format supports held execution
   FormatRegionSlicing,      // fused QKV weight format slices by output rows into q|k|v
   FormatRowSlicing,         // MLP input weight format slices by output rows

@@ -182,7 +182,8 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
         release_all(c, {&wqh});
       }
       const int ofull = c.buffer(BufRole::AttnOutFull, "OFull", {Tl, wq}, dt);
-      c.ring(c.whole(QL), c.whole(KL), c.whole(VL), c.whole(ofull), rows, a.heads, G, hd, p.q_chunk);
+      c.ring(ring_consumer(c.reg(), a), c.whole(QL), c.whole(KL), c.whole(VL), c.whole(ofull), rows, a.heads, G, hd,
+             p.q_chunk);
       project_all(ofull);
       return;
     }

@@ -371,26 +371,37 @@ class Compiler {
              " (all-to-all, " + std::to_string(seq_.ranks) + " ranks)",
          t, transient);
   }
-  // Ring attention (ExchangeStep Ring) of this rank's q rows over every rank's K/V rows.
-  void ring(const Operand& q, const Operand& k, const Operand& v, const Operand& out, std::vector<int64_t> rows,
-            int64_t heads, int64_t groups, int64_t hd, int64_t q_chunk) {
+  // Ring attention (ExchangeStep Ring) of this rank's q rows over every rank's K/V rows, each
+  // K/V block attended by `consumer` (one that returns the log-sum-exp).
+  void ring(const std::string& consumer, const Operand& q, const Operand& k, const Operand& v, const Operand& out,
+            std::vector<int64_t> rows, int64_t heads, int64_t groups, int64_t hd, int64_t q_chunk) {
     const size_t me = size_t(seq_.rank);
     const double L = double(std::accumulate(rows.begin(), rows.end(), int64_t{0})), n = double(rows[me]);
-    const int64_t most = *std::max_element(rows.begin(), rows.end());
+    const int64_t most = *std::max_element(rows.begin(), rows.end()), rep = heads / groups;
     q_chunk = std::clamp<int64_t>(q_chunk, 1, std::max<int64_t>(rows[me], 1));
-    Terms t{4.0 * n * L * double(heads) * double(hd), (2 * n * double(heads) + 2 * L * double(groups)) * double(hd) * asz_,
-            int64_t(6 * seq_.ranks), 0, acc_, true, groups, int64_t(L)};
+    contracts::AttnShape sh{rep * q_chunk, most, groups, groups, hd, dt_, dev_.kind, dev_.threads};
+    sh.gemm_scratch_per_thread = dev_.gemm_scratch(dt_);
+    const auto& caps = reg_.consumer(consumer);
+    const int64_t scratch = caps.call_bytes(sh), slabs = (std::max<int64_t>(rows[me], 1) + q_chunk - 1) / q_chunk;
+    Terms t{4.0 * n * L * double(heads) * double(hd),
+            (2 * n * double(heads) + 2 * L * double(groups)) * double(hd) * esz_ + 2 * n * double(heads * hd) * asz_ +
+                2.0 * double(scratch) * double(slabs),
+            int64_t(6 * seq_.ranks * slabs), rep * q_chunk, dt_, true, groups, most};
     t.link_bytes = 2.0 * 2.0 * (L - n) * double(groups * hd) * esz_;
-    // The held and the incoming K/V block, fp32 q, output and log-sum-exp (twice while merging),
-    // one block's K/V repeated over the query heads in fp32, one chunk's scores (and their exp).
-    const int64_t f = int64_t(ir::dtype_size(acc_)), e = int64_t(esz_);
-    const int64_t transient = dev_.held(2 * 2 * most * groups * hd * e) +
-                              dev_.held(3 * rows[me] * heads * hd * f + 2 * rows[me] * heads * f) +
-                              dev_.held(2 * heads * most * hd * f) + dev_.held(2 * heads * q_chunk * most * f);
-    ExchangeStep x{Exchange::Ring, q, out, std::move(rows), {}, hd, Layout::Same, k, v, heads / groups, q_chunk,
-                   1.0 / std::sqrt(double(hd))};
-    emit(std::move(x), "ring attention (K/V blocks around " + std::to_string(seq_.ranks) + " ranks, fp32)", t,
-         transient);
+    // The running output and log-sum-exp; the held K/V block and, while it is attended, the
+    // incoming one and a Q slab's temporaries (its folded copy, the consumer's call, the output
+    // unfolded and in fp32, four row statistics), or at the end the output in the model's dtype.
+    const int64_t f = int64_t(ir::dtype_size(acc_)), e = int64_t(esz_), rows_me = rows[me];
+    const int64_t block = dev_.held(2 * most * groups * hd * e);
+    const int64_t slab = 2 * dev_.held(q_chunk * heads * hd * e) + dev_.held(q_chunk * heads * hd * f) +
+                         dev_.held(scratch, caps.call_allocations) + 4 * dev_.held(q_chunk * heads * f);
+    const int64_t transient = dev_.held(rows_me * heads * hd * f) + dev_.held(rows_me * heads * f) + block +
+                              std::max(block + slab, dev_.held(rows_me * heads * hd * e));
+    ExchangeStep x{Exchange::Ring, q, out, std::move(rows), {}, hd, Layout::Same, k, v, rep, q_chunk,
+                   1.0 / std::sqrt(double(hd)), consumer};
+    emit(std::move(x), "ring attention (K/V blocks around " + std::to_string(seq_.ranks) + " ranks, consumer '" +
+                           consumer + "')",
+         t, transient);
   }
   void activate(const Operand& t, ir::ActKind act) {
     emit(ActivateStep{t, act}, std::string("activation ") + ir::to_string(act), {0, 2 * elems(t) * esz_, 1});

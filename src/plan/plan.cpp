@@ -383,10 +383,18 @@ class Chooser {
 };
 
 // Under a ring split, self-attention's output comes back to its rows after every query row is
-// attended: no output projection streams with the Q slabs.
-void split_rejections(Verdict& v, const ir::Sublayer& s, const ir::Block& b, const Sequence& seq) {
+// attended: no output projection streams with the Q slabs. A consumer that returns no
+// log-sum-exp leaves the K/V blocks to the math consumer.
+void split_rejections(Verdict& v, const contracts::Registry& reg, const ir::Sublayer& s, const ir::Block& b,
+                      const Sequence& seq) {
   const auto* a = std::get_if<ir::Attention>(&s.body);
   if (!seq.split() || seq.mode != SeqMode::Ring || !a || a->kind == ir::AttnKind::Cross) return;
+  if (ring_consumer(reg, *a) != a->consumer)
+    v.rejections.push_back({Transform::GlobalKvStreamedQ, legality::Check::ConsumerLse,
+                            legality::ComponentKind::Consumer, a->consumer, {}, {}, {},
+                            "yes (ring attention merges the K/V blocks' outputs by it)",
+                            std::string(contracts::to_string(reg.consumer(a->consumer).lse)) +
+                                ": the K/V blocks of " + b.name + "." + s.name + " are attended by 'math'"});
   const auto it = std::find(v.legal.begin(), v.legal.end(), Transform::StreamedOutProj);
   if (it == v.legal.end()) return;
   v.legal.erase(it);
@@ -424,7 +432,7 @@ Plan build_plan(const ir::Model& m, const contracts::Registry& reg, const contra
     for (size_t si = 0; si < b.sublayers.size(); ++si) {
       const ir::Sublayer& s = b.sublayers[si];
       Verdict v = legality::check_sublayer(ctx, s);
-      split_rejections(v, s, b, opt.sequence);
+      split_rejections(v, reg, s, b, opt.sequence);
       const Site at{b, s, form, si};
       SublayerPlan sp = s.is_attention() ? chooser.attention(at, std::get<ir::Attention>(s.body), v)
                                          : chooser.mlp(at, std::get<ir::Mlp>(s.body), v);

@@ -121,6 +121,10 @@ bool fused_qk(const ir::Model& m, const ir::Attention& a, const contracts::Regis
   });
 }
 
+std::string ring_consumer(const contracts::Registry& reg, const ir::Attention& a) {
+  return reg.consumer(a.consumer).lse == contracts::Cap::Yes ? a.consumer : "math";
+}
+
 std::string row_kernels_note(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev) {
   if (dev.fused_row_kernels != contracts::Cap::Yes)
     return std::string("ATen operations with fp32 staging (device '") + dev.name + "' declares fused row kernels: " +

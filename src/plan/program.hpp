@@ -228,7 +228,8 @@ struct AttendStep {
 //   HeadsToRows: in [sum(rows), heads[me] * unit] -> out [rows[me], sum(heads) * unit].
 //   Ring:        out [rows[me], H * hd] := attention of q (in) [rows[me], H * hd] over the
 //                keys and values of every rank, k and v [rows[me], G * hd] here, the K/V
-//                blocks passed around the ranks (fp32 scores, q_chunk query rows at a time).
+//                blocks passed around the ranks and attended by `consumer`'s attend_lse,
+//                q_chunk query rows at a time, the outputs merged in fp32.
 enum class Exchange { RowsToHeads, HeadsToRows, Ring };
 struct ExchangeStep {
   Exchange kind = Exchange::RowsToHeads;
@@ -239,6 +240,7 @@ struct ExchangeStep {
   Operand k, v;                      // Ring
   int64_t rep = 1, q_chunk = 0;      // Ring: query heads per K/V head, query rows per score block
   double scale = 1.0;                // Ring
+  std::string consumer;              // Ring: a consumer that returns the log-sum-exp (ConsumerCaps::lse)
   // RowsToHeads of one slab of a token loop: each rank sends `chunk` rows (padded past its
   // `held` rows); the real ones land in `out` (every row) at their rows.
   std::vector<int64_t> held{};
@@ -339,6 +341,9 @@ bool fused_norm(const ir::Model& m, const contracts::DeviceCaps& dev);
 bool fused_qk(const ir::Model& m, const ir::Attention& a, const contracts::Registry& reg,
               const contracts::DeviceCaps& dev);
 // Which row operations a plan runs and why (explain()).
+// The consumer that ring attention attends each K/V block with: the sublayer's where it returns
+// the log-sum-exp (ConsumerCaps::lse), else "math".
+std::string ring_consumer(const contracts::Registry& reg, const ir::Attention& a);
 std::string row_kernels_note(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
 // fp32, or fp64 for an fp64 model: norms, RoPE, feature-slice accumulation, the output.
 ir::DType accumulation_dtype(ir::DType activations);

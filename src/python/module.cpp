@@ -162,10 +162,25 @@ PYBIND11_MODULE(_C, m) {
         py::arg("v"), py::arg("rows"), py::arg("scale"), py::call_guard<py::gil_scoped_release>(),
         "Ulysses attention over a torch.distributed group: this rank's rows q [rows[r], H, D], k, v "
         "[rows[r], G, D]; each rank attends its share of the K/V groups over every row.");
-  m.def("ring_attention", &exec::dist::ring_attention, py::arg("group"), py::arg("q"), py::arg("k"), py::arg("v"),
-        py::arg("rows"), py::arg("scale"), py::arg("q_chunk") = 0, py::call_guard<py::gil_scoped_release>(),
-        "Ring attention over a torch.distributed group: this rank's q [n_q, H, D] against every rank's k, v "
-        "[rows[r], G, D], the blocks passed around the ring and merged by log-sum-exp.");
+  m.def(
+      "ring_attention",
+      [](const exec::dist::Group& pg, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+         const std::vector<int64_t>& rows, double scale, int64_t q_chunk, const std::string& consumer) {
+        if (consumer.empty()) return exec::dist::ring_attention(pg, q, k, v, rows, scale, q_chunk);
+        const contracts::Registry reg = exec::builtin_registry();
+        const auto& caps = reg.consumer(consumer);
+        if (caps.lse != contracts::Cap::Yes)
+          throw std::invalid_argument("ring_attention: consumer '" + consumer + "' returns no log-sum-exp");
+        const auto impl = std::dynamic_pointer_cast<const exec::ConsumerImpl>(caps.impl);
+        return exec::dist::ring_attention(pg, q, k, v, rows, scale, q_chunk,
+                                          [impl](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+                                                 double s) { return impl->attend_lse(a, b, c, s); });
+      },
+      py::arg("group"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("rows"), py::arg("scale"),
+      py::arg("q_chunk") = 0, py::arg("consumer") = "", py::call_guard<py::gil_scoped_release>(),
+      "Ring attention over a torch.distributed group: this rank's q [n_q, H, D] against every rank's k, v "
+      "[rows[r], G, D], the blocks passed around the ring, attended by `consumer` (a built-in one that returns "
+      "the log-sum-exp; '': explicit scores in fp32) and merged by log-sum-exp.");
   m.def("sdpa_attention", &exec::sdpa_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"),
         "The 'sdpa' consumer's attention of q [B, H, rows, d] against k, v [B, H, kv_rows, d].");
   m.def(

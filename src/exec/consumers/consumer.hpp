@@ -16,6 +16,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "contracts/contracts.hpp"
 
@@ -34,6 +35,12 @@ struct ConsumerImpl : contracts::Impl {
                                  const contracts::AttnCall& /*call*/) const {
     return attend(q, k, v, scale);
   }
+  // Consumers that declare ConsumerCaps::lse: the output in q's dtype and the log-sum-exp of
+  // each row's scaled scores [1, G, rows] in fp32 (fp64 for fp64 inputs), for outputs over parts of K/V to merge.
+  virtual std::pair<at::Tensor, at::Tensor> attend_lse(const at::Tensor& /*q*/, const at::Tensor& /*k*/,
+                                                       const at::Tensor& /*v*/, double /*scale*/) const {
+    throw contracts::ContractError("this consumer returns no log-sum-exp");
+  }
   // Consumers that declare a K carrier (ConsumerCaps::k_carrier_bytes): the K slab
   // [1, G, n, head_dim] of rows [row0, row0 + n) of kv_rows into `carrier` (the declared bytes,
   // int8), and attention against the filled carrier.
@@ -50,6 +57,11 @@ struct ConsumerImpl : contracts::Impl {
 // A consumer from a function (tests, hosts).
 using AttentionFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>;
 std::shared_ptr<const ConsumerImpl> consumer_from(AttentionFn fn);
+
+// softmax(q k^T * scale) v with explicit scores in fp32 (or fp64), and the rows' log-sum-exp:
+// the math consumer's attend_lse.
+std::pair<at::Tensor, at::Tensor> math_attention_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     double scale);
 
 // rel L2 of `got` against `want`, in fp32: the consumers' self-tests.
 double self_test_rel_l2(const at::Tensor& got, const at::Tensor& want);

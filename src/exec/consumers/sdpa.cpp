@@ -134,6 +134,44 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   return aten_sdpa(q, k, v, scale);
 }
 
+namespace {
+
+// The output and the rows' log-sum-exp from the kernel that computes both: on the CPU ATen's
+// flash kernel (the one scaled_dot_product_attention takes there), on CUDA flash attention or
+// else the memory-efficient kernel (whose log-sum-exp is padded to 32 rows); explicit scores
+// where neither takes the inputs (fp64 on CUDA).
+std::pair<at::Tensor, at::Tensor> sdpa_attention_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     double scale) {
+  if (q.is_cpu()) {
+    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, false, std::nullopt, scale);
+    return {o, lse};
+  }
+#ifdef STREAMPLAN_WITH_CUDA
+  const sdp::sdp_params params{q, k, v, std::nullopt, 0.0, false, false};
+  if (sdp::can_use_flash_attention(params, false)) {
+    auto r = at::_scaled_dot_product_flash_attention(q, k, v, 0.0, false, false, scale);
+    return {std::get<0>(r), std::get<1>(r)};
+  }
+  if (sdp::can_use_mem_efficient_attention(params, false)) {
+    auto r = at::_scaled_dot_product_efficient_attention(q, k, v, std::nullopt, true, 0.0, false, scale);
+    return {std::get<0>(r), std::get<1>(r).narrow(2, 0, q.size(2))};
+  }
+#endif
+  return math_attention_lse(q, k, v, scale);
+}
+
+struct SdpaConsumer : ConsumerImpl {
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const override {
+    return sdpa_attention(q, k, v, scale);
+  }
+  std::pair<at::Tensor, at::Tensor> attend_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               double scale) const override {
+    return sdpa_attention_lse(q, k, v, scale);
+  }
+};
+
+}  // namespace
+
 std::string sdpa_kernel(const at::Device& device, at::ScalarType dtype, int64_t head_dim) {
 #ifdef STREAMPLAN_WITH_CUDA
   if (device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf)) {
@@ -183,9 +221,10 @@ void register_sdpa(contracts::Registry& reg) {
   c.description = "ATen scaled_dot_product_attention (on CUDA cuDNN's where it passed its self-test and ran no slower)";
   c.accepts_bounded_q = c.requires_global_k = c.requires_global_v = c.slab_output = Cap::Yes;
   c.strided_heads = Cap::Yes;  // its flash, cuDNN and CPU kernels read strided heads in place
+  c.lse = Cap::Yes;
   c.dtypes = floats;
   c.call_bytes = sdpa_call_bytes;
-  c.impl = consumer_from(sdpa_attention);
+  c.impl = std::make_shared<SdpaConsumer>();
   reg.add(c);
 
   contracts::ConsumerCaps whole;

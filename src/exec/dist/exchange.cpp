@@ -1,5 +1,6 @@
 #include "exec/dist/exchange.hpp"
 
+#include "exec/consumers/consumer.hpp"
 #include "exec/device/device.hpp"
 
 #include <c10/util/StringUtil.h>
@@ -41,31 +42,26 @@ void check_attention(const char* what, int me, const at::Tensor& q, const at::Te
                                          ", H, D] and [", kv_rows, ", G, D] with H a multiple of G"));
 }
 
-// Rows-major q [n_q, H, D] as the fp32 heads-major [H, n_q, D] that attend_block takes, scaled.
-at::Tensor scaled_heads(const at::Tensor& q, double scale) { return q.to(at::kFloat).permute({1, 0, 2}).mul(scale); }
+// [n, G * rep, D] rows-major as [1, G, rep * n, D]: each K/V head's query heads folded into rows.
+at::Tensor fold(const at::Tensor& x, int64_t groups) {
+  const int64_t n = x.size(0), rep = x.size(1) / groups, d = x.size(2);
+  return x.reshape({n, groups, rep, d}).permute({1, 2, 0, 3}).reshape({1, groups, rep * n, d});
+}
 
-// Attention of q [H, n_q, D] (fp32, scaled) against one K/V block [n, G, D]: the output
-// [H, n_q, D] and the log-sum-exp of each row's scores [H, n_q], in fp32; `q_chunk` > 0: the
-// scores of that many query rows at a time.
-std::pair<at::Tensor, at::Tensor> attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                               int64_t q_chunk = 0) {
-  const int64_t rep = q.size(0) / k.size(1), n_q = q.size(1);
-  auto heads = [&](const at::Tensor& t) { return t.to(at::kFloat).permute({1, 0, 2}).repeat_interleave(rep, 0); };
-  const at::Tensor kh = heads(k).transpose(1, 2), vh = heads(v);
-  if (q_chunk <= 0 || q_chunk >= n_q) {
-    const at::Tensor s = at::bmm(q, kh);
-    const at::Tensor lse = at::logsumexp(s, -1);
-    return {at::bmm(at::exp(s - lse.unsqueeze(-1)), vh), lse};
-  }
-  at::Tensor out = at::empty({q.size(0), n_q, vh.size(2)}, q.options()), lse = at::empty({q.size(0), n_q}, q.options());
-  for (int64_t i = 0; i < n_q; i += q_chunk) {
-    const int64_t n = std::min(q_chunk, n_q - i);
-    const at::Tensor s = at::bmm(q.narrow(1, i, n), kh);
-    const at::Tensor l = at::logsumexp(s, -1);
-    lse.narrow(1, i, n).copy_(l);
-    out.narrow(1, i, n).copy_(at::bmm(at::exp(s - l.unsqueeze(-1)), vh));
-  }
-  return {out, lse};
+// The inverse for an output [1, G, rep * n, D] -> [n, G * rep, D] or a log-sum-exp
+// [1, G, rep * n] -> [n, G * rep].
+at::Tensor unfold(const at::Tensor& x, int64_t n) {
+  const int64_t g = x.size(1), rep = n ? x.size(2) / n : 1;
+  if (x.dim() == 3) return x[0].reshape({g, rep, n}).permute({2, 0, 1}).reshape({n, g * rep});
+  return x[0].reshape({g, rep, n, x.size(3)}).permute({2, 0, 1, 3}).reshape({n, g * rep, x.size(3)});
+}
+
+at::ScalarType accumulation(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+// Explicit scores in fp32 (fp64 for fp64 inputs): the default of ring_attention and Ulysses'.
+std::pair<at::Tensor, at::Tensor> exact(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  const at::ScalarType acc = accumulation(q);
+  return math_attention_lse(q.to(acc), k.to(acc), v.to(acc), scale);
 }
 
 }  // namespace
@@ -122,39 +118,57 @@ at::Tensor ulysses_attention(const Group& pg, const at::Tensor& q, const at::Ten
   const at::Tensor qh = rows_to_heads(pg, q, rows, heads), kh = rows_to_heads(pg, k, rows, groups),
                    vh = rows_to_heads(pg, v, rows, groups);
   at::Tensor out = at::zeros_like(qh);
-  if (heads[size_t(me)] > 0)
-    out = attend_block(scaled_heads(qh, scale), kh, vh).first.permute({1, 0, 2}).to(q.scalar_type());
+  if (heads[size_t(me)] > 0) {
+    auto head_major = [](const at::Tensor& t) { return t.permute({1, 0, 2}).unsqueeze(0); };
+    out = unfold(exact(fold(qh, groups[size_t(me)]), head_major(kh), head_major(vh), scale).first, qh.size(0))
+              .to(q.scalar_type());
+  }
   return heads_to_rows(pg, out.contiguous(), rows, heads);
 }
 
 at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const std::vector<int64_t>& rows, double scale, int64_t q_chunk) {
+                          const std::vector<int64_t>& rows, double scale, int64_t q_chunk,
+                          const PartialAttention& attend) {
   const int p = pg->getSize(), me = pg->getRank();
   if (int(rows.size()) != p)
     throw std::invalid_argument(c10::str("ring_attention: ", rows.size(), " row counts for a process group of ", p,
                                          " ranks"));
   check_attention("ring_attention", me, q, k, v, rows[size_t(me)], /*same_rows=*/false);
-  const at::Tensor qh = scaled_heads(q, scale);
-  at::Tensor out, lse;
-  at::Tensor held = at::stack({k, v}).contiguous();  // the block of rank (me - step)
+  if (sum(rows) == 0) throw std::invalid_argument("ring_attention: no rank holds a key row");
+  const PartialAttention& part = attend ? attend : PartialAttention(exact);
+  const int64_t n_q = q.size(0), G = k.size(1), chunk = q_chunk > 0 ? q_chunk : std::max<int64_t>(n_q, 1);
+  const at::ScalarType acc = accumulation(q);
+  // The running output and log-sum-exp of every query row; the block of rank (me - step),
+  // head-major as consumers take it.
+  at::Tensor out = at::empty({n_q, q.size(1), q.size(2)}, q.options().dtype(acc)), lse = at::empty({n_q, q.size(1)}, out.options());
+  at::Tensor held = at::stack({k, v}).permute({0, 2, 1, 3}).contiguous();
+  bool started = false;
   for (int step = 0; step < p; ++step) {
     const int origin = (me - step + p) % p, next = (origin - 1 + p) % p;
     std::vector<at::Tensor> incoming, outgoing{held};
     c10::intrusive_ptr<c10d::Work> sent, received;
     if (step + 1 < p) {  // the next block travels while this one is attended
-      incoming.push_back(at::empty({2, rows[size_t(next)], k.size(1), k.size(2)}, k.options()));
+      incoming.push_back(at::empty({2, G, rows[size_t(next)], k.size(2)}, k.options()));
       sent = pg->send(outgoing, (me + 1) % p, step);
       received = pg->recv(incoming, (me - 1 + p) % p, step);
     }
     if (rows[size_t(origin)] > 0) {
-      auto [o, l] = attend_block(qh, held[0], held[1], q_chunk);
-      if (!out.defined()) {
-        out = o, lse = l;
-      } else {  // merged by log-sum-exp
-        const at::Tensor m = at::maximum(lse, l), a = at::exp(lse - m), b = at::exp(l - m);
-        out = (out * a.unsqueeze(-1) + o * b.unsqueeze(-1)) / (a + b).unsqueeze(-1);
-        lse = m + at::log(a + b);
+      for (int64_t i = 0; i < n_q; i += chunk) {
+        const int64_t n = std::min(chunk, n_q - i);
+        auto [o4, l4] = part(fold(q.narrow(0, i, n), G), held[0].unsqueeze(0), held[1].unsqueeze(0), scale);
+        const at::Tensor o = unfold(o4, n).to(acc), l = unfold(l4, n).to(acc);
+        at::Tensor os = out.narrow(0, i, n), ls = lse.narrow(0, i, n);
+        if (!started) {
+          os.copy_(o);
+          ls.copy_(l);
+          continue;
+        }
+        // merged by log-sum-exp
+        const at::Tensor m = at::maximum(ls, l), a = at::exp(ls - m), b = at::exp(l - m), w = a + b;
+        os.mul_(a.unsqueeze(-1)).add_(o.mul_(b.unsqueeze(-1))).div_(w.unsqueeze(-1));
+        ls.copy_(m.add_(w.log_()));
       }
+      started = true;
     }
     if (step + 1 < p) {
       sent->wait();
@@ -162,8 +176,7 @@ at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor
       held = incoming.front();
     }
   }
-  if (!out.defined()) throw std::invalid_argument("ring_attention: no rank holds a key row");
-  return out.permute({1, 0, 2}).to(q.scalar_type());
+  return out.to(q.scalar_type());
 }
 
 at::Tensor gather_rows(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows) {
