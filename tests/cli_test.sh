@@ -230,9 +230,50 @@ wan 2 --weights=sharded --frames=5 --height=32 --width=48
 flux 2 --sequence=ulysses --height=64 --width=48
 h3 3 --sequence=ring --frames=5 --height=32 --width=32
 CASES
-rc=0; err=$("$bin" run --checkpoint "$tmp/wan.safetensors" --frames 5 --height 32 --width 48 --device cpu --nproc 2 \
-  --lora "$tmp/wan.safetensors" 2>&1) || rc=$?
-[ "$rc" -eq 1 ] && grep -qF -- "--lora: does not combine with --nproc" <<<"$err" || fail "run --nproc --lora: $rc $err"
+# run --nproc with a LoRA: the ranks apply it as one process does (rel L2 against the native run
+# with the LoRA, and the LoRA changes the output).
+python3 - "$tmp/wan.safetensors" "$tmp/wan_lora.safetensors" <<'PY' || fail "writing a LoRA for the tiny Wan"
+import json, random, struct, sys
+src = open(sys.argv[1], "rb")
+head = json.loads(src.read(struct.unpack("<Q", src.read(8))[0]))
+random.seed(3)
+header, data = {}, b""
+for w in ("blocks.0.self_attn.q", "blocks.1.self_attn.k", "blocks.1.ffn.0", "blocks.0.cross_attn.o"):
+    out_f, in_f = head[w + ".weight"]["shape"]
+    for part, shape in (("lora_A", [4, in_f]), ("lora_B", [out_f, 4])):
+        n = shape[0] * shape[1]
+        header[f"diffusion_model.{w}.{part}.weight"] = {"dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + 4 * n]}
+        data += struct.pack(f"<{n}f", *(random.gauss(0, 0.1) for _ in range(n)))
+h = json.dumps(header).encode()
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + data)
+PY
+wan_geom=(--checkpoint "$tmp/wan.safetensors" --frames 5 --height 32 --width 48 --device cpu --quiet)
+"$bin" run "${wan_geom[@]}" --nproc 2 --lora "$tmp/wan_lora.safetensors" --check --json --output "$tmp/nproc_lora.safetensors" \
+  >"$tmp/ranks.json" || fail "run --nproc 2 --lora"
+"$bin" run "${wan_geom[@]}" --lora "$tmp/wan_lora.safetensors" --output "$tmp/one_lora.safetensors" >/dev/null ||
+  fail "run --lora"
+"$bin" run "${wan_geom[@]}" --nproc 2 --output "$tmp/nproc.safetensors" >/dev/null || fail "run --nproc 2"
+python3 - "$tmp/ranks.json" "$tmp/nproc_lora.safetensors" "$tmp/one_lora.safetensors" "$tmp/nproc.safetensors" <<'PY' ||
+import json, math, struct, sys
+r = json.load(open(sys.argv[1]))
+assert r["lora"] == {"adapters": 4, "unmatched": [], "unapplied": []}, r["lora"]
+assert r["rel_l2_vs_one_process"] <= 1e-5, r["rel_l2_vs_one_process"]
+def output(path):  # the fp32 tensor "output" of a safetensors file
+    raw = open(path, "rb").read()
+    size = struct.unpack("<Q", raw[:8])[0]
+    t = json.loads(raw[8:8 + size])["output"]
+    assert t["dtype"] == "F32", t
+    a, b = t["data_offsets"]
+    return struct.unpack(f"<{(b - a) // 4}f", raw[8 + size + a:8 + size + b])
+def rel(x, y):
+    return math.sqrt(sum((p - q) ** 2 for p, q in zip(x, y)) / sum(q * q for q in y))
+ranks, one, plain = (output(p) for p in sys.argv[2:])
+assert rel(ranks, one) <= 1e-5, rel(ranks, one)
+assert rel(plain, one) >= 1e-3, rel(plain, one)
+PY
+  fail "run --nproc --lora: $(head -c 600 "$tmp/ranks.json")"
+rc=0; err=$("$bin" run "${wan_geom[@]}" --nproc 2 --precision int8 2>&1) || rc=$?
+[ "$rc" -eq 1 ] && grep -qF -- "--precision: does not combine with --nproc" <<<"$err" || fail "run --nproc --precision: $rc $err"
 rc=0; err=$("$bin" run --checkpoint "$tmp/wan.safetensors" --frames 5 --height 32 --width 48 --device cpu \
   --sequence ring 2>&1) || rc=$?
 [ "$rc" -eq 1 ] && grep -qF -- "--sequence: applies to sequence-parallel runs (--nproc)" <<<"$err" ||

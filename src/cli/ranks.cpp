@@ -32,6 +32,7 @@
 #include "exec/registry.hpp"
 #include "host/attached.hpp"
 #include "models/checkpoint.hpp"
+#include "models/lora_file.hpp"
 #include "models/tensor_io.hpp"
 #include "plan/budget.hpp"
 #include "plan/residency.hpp"
@@ -219,6 +220,7 @@ int run_rank(const RunArgs& a, const RankEnv& env) {
   o.weight_split = a.weights == "sharded"      ? plan::WeightSplit::Sharded
                    : a.weights == "replicated" ? plan::WeightSplit::Replicated
                                                : plan::WeightSplit::Auto;
+  for (const auto& spec : a.loras) o.loras.push_back(models::read_lora(spec));
   o.process_group = make_group(env, d);
   const auto group = o.process_group;
   host::Attached att(tensors, sidecar, o, reg);
@@ -272,6 +274,8 @@ int run_rank(const RunArgs& a, const RankEnv& env) {
       j["ranks"].push_back({{"rank", r}, {"ms", v[0].item<double>()}, {"peak_bytes", int64_t(v[1].item<double>())}});
     }
     j["device"] = d.str();
+    if (!a.loras.empty())
+      j["lora"] = {{"adapters", att.lora().adapter_count()}, {"unmatched", att.lora().unmatched}, {"unapplied", att.lora().unapplied}};
     if (one_l2 >= 0) j["rel_l2_vs_one_process"] = one_l2;
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -279,6 +283,7 @@ int run_rank(const RunArgs& a, const RankEnv& env) {
   std::cout << rec.config.variant << " (" << rec.layout << " layout) from " << a.checkpoint << " over " << env.size
             << " ranks (" << (d.is_cuda() ? "NCCL" : "gloo") << "), " << g->key << "\n";
   if (!a.explain.empty()) std::cout << plan::explain(g->plan) << "\n";
+  if (!a.loras.empty()) std::cout << att.lora().summary();
   if (g->residency) std::cout << plan::explain(*g->residency) << "\n";
   for (int r = 0; r < env.size; ++r) {
     const at::Tensor v = all[0][size_t(r)].cpu();

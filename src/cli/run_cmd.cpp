@@ -30,7 +30,7 @@ namespace {
 
 // run --nproc, or one rank under torchrun's environment.
 int run_ranks(const RunArgs& a) {
-  for (const char* o : {"--lora", "--precision", "--resident-blocks", "--planned-only", "--chunk", "--feature-slice"})
+  for (const char* o : {"--precision", "--resident-blocks", "--planned-only", "--chunk", "--feature-slice"})
     if (a.given(o)) throw std::invalid_argument(std::string(o) + ": does not combine with --nproc (sequence parallel)");
   if (a.consumer == "sparse") throw std::invalid_argument("--consumer sparse: does not combine with --nproc yet");
   const auto env = rank_env();
