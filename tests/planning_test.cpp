@@ -442,7 +442,7 @@ TEST_F(Planning, SequenceSplitPlansEachRanksRowsWithTheSameExchanges) {
                 for (int64_t j = 0; j < l->count; ++j) walk(i + 1, size_t(l->end));
                 i = size_t(l->end);
               } else if (const auto* x = std::get_if<pl::ExchangeStep>(&steps[i].body)) {
-                EXPECT_GT(steps[i].terms.link_bytes, 0) << steps[i].what;
+                EXPECT_EQ(steps[i].terms.link_bytes > 0, x->kind != pl::Exchange::Complete) << steps[i].what;
                 std::string rows;
                 for (int64_t n : x->rows) rows += " " + std::to_string(n);
                 seen.push_back(part->program.name + " " + std::to_string(int(x->kind)) + rows);
@@ -484,6 +484,47 @@ TEST_F(Planning, SequenceSplitPlansEachRanksRowsWithTheSameExchanges) {
     EXPECT_EQ(rings, int(model->blocks.size()));
     const std::string text = pl::explain(p);
     EXPECT_EQ(contains(text, "[consumer.lse]"), consumer == "math") << text;
+  }
+}
+
+// Ulysses leaves each K/V slab's exchanges in flight through buffers that live across the slab
+// loop, and completes them after it: the cost model hides their link time behind the next
+// slabs' work (all but the last pass's), never more than that work, and never below the steps'
+// own time. The placement keeps the buffers apart while the exchanges travel.
+TEST_F(Planning, ExchangesInFlightHideBehindTheNextSlabsWork) {
+  const ir::Model m = build(gqa_bf16(1));
+  for (double link : {1e12, 1e6}) {
+    SCOPED_TRACE("link " + std::to_string(link) + " B/s");
+    ct::DeviceCaps d = dev;
+    d.rates.link_bytes_per_s = link;
+    const pl::Plan p = pl::make_plan(m, reg, d, {.token_chunk = 64, .sequence = {0, 2, pl::SeqMode::Ulysses}});
+    const pl::Part* attn = nullptr;  // the self-attention sublayer's: the one with exchanges
+    for (const pl::Part* part : pl::parts(p))
+      for (const pl::Step& st : part->program.steps)
+        if (std::holds_alternative<pl::ExchangeStep>(st.body)) attn = part;
+    ASSERT_NE(attn, nullptr);
+    const pl::Program& prog = attn->program;
+    pl::check_placement(prog, attn->placement);
+    const pl::Rates r = pl::rates_of(d);
+    double serial = 0, own = 0, in_flight = 0;
+    int staged = 0, completes = 0;
+    pl::for_each_run(prog, [&](const pl::Step& st, int64_t runs) {
+      pl::Terms t = st.terms;
+      serial += double(runs) * pl::step_seconds(t, r);
+      if (const auto* x = std::get_if<pl::ExchangeStep>(&st.body)) {
+        staged += x->received.buf >= 0 && x->kind == pl::Exchange::RowsToHeads;
+        completes += x->kind == pl::Exchange::Complete;
+      }
+      if (t.overlapped) in_flight += double(runs) * t.link_bytes / r.link_bytes_per_s, t.link_bytes = 0;
+      own += double(runs) * pl::step_seconds(t, r);
+    });
+    EXPECT_TRUE(staged >= 2 && staged % 2 == 0) << staged << ": a K and a V exchange in each slab loop";
+    EXPECT_EQ(completes, 2);
+    ASSERT_GT(in_flight, 0);
+    const double cost = pl::program_cost(prog, d).seconds;
+    EXPECT_LT(cost, serial);
+    EXPECT_GE(cost, own);
+    EXPECT_GE(cost, std::max(own, in_flight)) << "hidden beyond the work beside it";
   }
 }
 

@@ -204,18 +204,26 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       return o;
     };
     {
+      // Each slab's K and V exchanges stay in flight while the next slab is projected: packed
+      // into and received through buffers that live across the slab loops, completed after them.
+      const Operand ksent = c.whole(c.buffer(BufRole::SeqRows, "K sent", {kc, wkv}, dt)),
+                    vsent = c.whole(c.buffer(BufRole::SeqRows, "V sent", {kc, wkv}, dt)),
+                    krecv = c.whole(c.buffer(BufRole::SeqHeads, "K received", {P * kc, Gr * hd}, dt)),
+                    vrecv = c.whole(c.buffer(BufRole::SeqHeads, "V received", {P * kc, Gr * hd}, dt));
       const Held wk = hold_k(), wv = hold_v();
       auto slab = [&](int64_t n, int64_t pieces) {
         const int ks = c.buffer(BufRole::SeqRows, "K slab", {kc, wkv}, dt);
         const int vs = c.buffer(BufRole::SeqRows, "V slab", {kc, wkv}, dt);
         if (n > 0) kv_rows(wk, wv, rows_of(ks, n), rows_of(vs, n), n, pieces);
         c.exchange(Exchange::RowsToHeads, c.whole(ks), c.whole(K), std::vector<int64_t>(size_t(P), kc), groups, hd,
-                   kv_layout, rows, kc);
+                   kv_layout, rows, kc, ksent, krecv);
         c.exchange(Exchange::RowsToHeads, c.whole(vs), c.whole(V), std::vector<int64_t>(size_t(P), kc), groups, hd,
-                   kv_layout, rows, kc);
+                   kv_layout, rows, kc, vsent, vrecv);
       };
       c.own_loop(rr, kc, true, slab);
       c.pad_loop(rr, kc, c.slabs(rr, kc), slab);
+      c.complete(krecv, c.whole(K));
+      c.complete(vrecv, c.whole(V));
       release_all(c, {&wk, &wv});
     }
     // The output projected slab by slab where it streams, else gathered into OFull first.

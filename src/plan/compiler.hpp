@@ -349,9 +349,12 @@ class Compiler {
   // rank of `unit` features each. Its link bytes are what this rank sends and receives.
   // `held` and `chunk` (RowsToHeads): the slab of `chunk` rows of each rank's `held` rows that
   // the current token slab is, its rows placed in `out` at theirs (ExchangeStep).
+  // `sent` and `received` (RowsToHeads): program buffers through which it is left in flight
+  // (ExchangeStep), its link time beside the steps that follow; complete() ends it.
   void exchange(Exchange kind, const Operand& in, const Operand& out, std::vector<int64_t> rows,
                 std::vector<int64_t> heads, int64_t unit, Layout out_layout = Layout::Same,
-                std::vector<int64_t> held = {}, int64_t chunk = 0) {
+                std::vector<int64_t> held = {}, int64_t chunk = 0, const Operand& sent = {},
+                const Operand& received = {}) {
     const size_t me = size_t(seq_.rank);
     auto sum = [](const std::vector<int64_t>& v) { return double(std::accumulate(v.begin(), v.end(), int64_t{0})); };
     // Heads of `unit` features this rank gives and gets; of them its own stay.
@@ -362,14 +365,26 @@ class Compiler {
     t.link_bytes = (given + got - 2 * double(rows[me]) * double(heads[me])) * double(unit) * esz_;
     // The packed send buffer, the receive buffer and (HeadsToRows, or RowsToHeads into another
     // layout) the unpacked rows before their copy.
-    const int64_t transient = dev_.held(int64_t(elems(in) * esz_)) + 2 * dev_.held(int64_t(got * double(unit) * esz_));
+    // In flight, the rows are packed into `sent` and received into `received`, then placed as views.
+    const bool staged = received.buf >= 0;
+    t.overlapped = staged;
+    const int64_t transient =
+        staged ? 0 : dev_.held(int64_t(elems(in) * esz_)) + 2 * dev_.held(int64_t(got * double(unit) * esz_));
     ExchangeStep x{kind, in, out, std::move(rows), std::move(heads), unit, out_layout, {}, {}, 1, 0, 1.0};
     x.held = std::move(held);
     x.chunk = chunk;
+    x.sent = sent;
+    x.received = received;
     emit(std::move(x),
          std::string(kind == Exchange::RowsToHeads ? "exchange rows for heads" : "exchange heads for rows") +
              " (all-to-all, " + std::to_string(seq_.ranks) + " ranks)",
          t, transient);
+  }
+  // Waits for the exchange in flight through `received` and places its rows in `out`.
+  void complete(const Operand& received, const Operand& out) {
+    ExchangeStep x{Exchange::Complete, received, out};
+    x.received = received;
+    emit(std::move(x), "exchange complete (rows for heads in flight)", {});
   }
   // Ring attention (ExchangeStep Ring) of this rank's q rows over every rank's K/V rows, each
   // K/V block attended by `consumer` (one that returns the log-sum-exp).
@@ -512,7 +527,7 @@ class Compiler {
           else if constexpr (std::is_same_v<T, ResidualAddStep>) r(b.y);
           else if constexpr (std::is_same_v<T, CarryKStep>) r(b.k), w(b.carrier);
           else if constexpr (std::is_same_v<T, LoraStep>) r(b.in), r(b.out), w(b.out), w(b.ax);
-          else if constexpr (std::is_same_v<T, ExchangeStep>) r(b.in), r(b.k), r(b.v), w(b.out);
+          else if constexpr (std::is_same_v<T, ExchangeStep>) r(b.in), r(b.k), r(b.v), w(b.out), w(b.sent), w(b.received);
         },
         s.body);
   }

@@ -106,12 +106,41 @@ Cost program_cost(const Program& p, const Placement& pl, const contracts::Device
   const Rates r = rates_of(dev);
   Cost c;
   double host = 0;
-  for_each_run(p, [&](const Step& s, int64_t runs) {
-    c.seconds += double(runs) * step_seconds(s.terms, r);
+  // Per loop (and the program): its passes, the link time of its exchanges left in flight and
+  // the time of everything else in it, over all passes. Each pass's exchanges travel while the
+  // next pass runs; the last pass's complete after the loop.
+  struct Open {
+    int64_t runs;
+    double link = 0, other = 0;
+  };
+  std::vector<Open> open{{1}};
+  auto close = [&] {
+    const Open o = open.back();
+    open.pop_back();
+    const double hidden = std::min(o.link * (1.0 - 1.0 / double(std::max<int64_t>(o.runs, 1))), o.other);
+    return o.other + o.link - hidden;
+  };
+  for (const Step& s : p.steps) {
+    if (const auto* l = std::get_if<LoopStep>(&s.body)) {
+      open.push_back({open.back().runs * l->count});
+      continue;
+    }
+    if (std::holds_alternative<EndLoopStep>(s.body)) {
+      const double loop = close();
+      open.back().other += loop;
+      continue;
+    }
+    const int64_t runs = open.back().runs;
+    Terms t = s.terms;
+    if (t.overlapped) {
+      open.back().link += double(runs) * t.link_bytes / r.link_bytes_per_s;
+      t.link_bytes = 0;
+    }
+    open.back().other += double(runs) * step_seconds(t, r);
     host += double(runs) * (double(s.terms.launches) * r.launch_s);  // the host's dispatch
     c.launches += runs * s.terms.launches;
-  });
-  c.seconds = std::max(c.seconds, host);
+  }
+  c.seconds = std::max(close(), host);
   c.peak_bytes = pl.peak_bytes;
   return c;
 }

@@ -82,7 +82,8 @@ std::string explain(const Plan& p, bool full) {
     int64_t count = 0;
     for (const Part* part : parts(p))
       for_each_run(part->program, [&](const Step& st, int64_t runs) {
-        if (!std::holds_alternative<ExchangeStep>(st.body)) return;
+        const auto* x = std::get_if<ExchangeStep>(&st.body);
+        if (!x || x->kind == Exchange::Complete) return;
         link += double(runs) * st.terms.link_bytes;
         count += runs;
       });

@@ -103,6 +103,9 @@ struct Terms {
   Mover mover = Mover::Memory;
   int64_t gemm_cols = 0;  // a matmul: its output features (with gemm_rows, its efficiency)
   double link_bytes = 0;  // bytes this rank sends and receives between ranks (Rates::link_bytes_per_s)
+  // The link time runs beside the steps that follow until the exchange completes (an exchange
+  // with `received`), instead of before them.
+  bool overlapped = false;
 };
 
 enum class Axis { Tokens, Features };
@@ -230,7 +233,11 @@ struct AttendStep {
 //                keys and values of every rank, k and v [rows[me], G * hd] here, the K/V
 //                blocks passed around the ranks and attended by `consumer`'s attend_lse,
 //                q_chunk query rows at a time, the outputs merged in fp32.
-enum class Exchange { RowsToHeads, HeadsToRows, Ring };
+//   Complete:    waits for the RowsToHeads in flight through `received` and places its rows.
+// A RowsToHeads with `sent` and `received` (program buffers of one slab of every rank) is left
+// in flight: it completes at the next exchange through the same `received`, or at a Complete
+// step, so that the steps between run while it travels.
+enum class Exchange { RowsToHeads, HeadsToRows, Ring, Complete };
 struct ExchangeStep {
   Exchange kind = Exchange::RowsToHeads;
   Operand in, out;
@@ -241,6 +248,7 @@ struct ExchangeStep {
   int64_t rep = 1, q_chunk = 0;      // Ring: query heads per K/V head, query rows per score block
   double scale = 1.0;                // Ring
   std::string consumer;              // Ring: a consumer that returns the log-sum-exp (ConsumerCaps::lse)
+  Operand sent, received;            // RowsToHeads left in flight (above); Complete: `received`
   // RowsToHeads of one slab of a token loop: each rank sends `chunk` rows (padded past its
   // `held` rows); the real ones land in `out` (every row) at their rows.
   std::vector<int64_t> held{};

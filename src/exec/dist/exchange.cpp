@@ -66,24 +66,33 @@ std::pair<at::Tensor, at::Tensor> exact(const at::Tensor& q, const at::Tensor& k
 
 }  // namespace
 
-at::Tensor rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
-                         const std::vector<int64_t>& heads) {
+c10::intrusive_ptr<c10d::Work> start_rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
+                                                   const std::vector<int64_t>& heads, const at::Tensor& send,
+                                                   const at::Tensor& recv) {
   const size_t me = check(*pg, x, rows, heads, "rows_to_heads");
   const int64_t d = x.size(2);
   if (x.size(0) != rows[me] || x.size(1) != sum(heads))
     throw std::invalid_argument(c10::str("rows_to_heads: rank ", me, " holds ", x.sizes(), ", expected [", rows[me],
                                          ", ", sum(heads), ", D]"));
   // To rank j: this rank's rows of j's heads; from rank i: i's rows of this rank's heads.
-  std::vector<at::Tensor> parts;
-  std::vector<int64_t> send, recv;
-  for (size_t j = 0, h0 = 0; j < rows.size(); h0 += size_t(heads[j]), ++j) {
-    parts.push_back(x.narrow(1, int64_t(h0), heads[j]).flatten());
-    send.push_back(rows[me] * heads[j] * d);
-    recv.push_back(rows[j] * heads[me] * d);
+  std::vector<int64_t> sent, got;
+  for (size_t j = 0, h0 = 0, at_ = 0; j < rows.size(); h0 += size_t(heads[j]), at_ += size_t(sent.back()), ++j) {
+    sent.push_back(rows[me] * heads[j] * d);
+    got.push_back(rows[j] * heads[me] * d);
+    send.narrow(0, int64_t(at_), sent.back()).view({rows[me], heads[j], d}).copy_(x.narrow(1, int64_t(h0), heads[j]));
   }
-  at::Tensor in = at::cat(parts), out = at::empty({sum(recv)}, x.options());
-  pg->alltoall_base(out, in, recv, send)->wait();
-  return out.view({sum(rows), heads[me], d});
+  at::Tensor in = send.narrow(0, 0, x.numel()), out = recv.narrow(0, 0, sum(got));
+  return pg->alltoall_base(out, in, got, sent);
+}
+
+at::Tensor rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
+                         const std::vector<int64_t>& heads) {
+  const size_t me = size_t(pg->getRank());
+  const int64_t total = sum(rows);
+  at::Tensor send = at::empty({x.numel()}, x.options()),
+             recv = at::empty({total * (me < heads.size() ? heads[me] : 0) * x.size(-1)}, x.options());
+  start_rows_to_heads(pg, x, rows, heads, send, recv)->wait();
+  return recv.view({total, heads[me], x.size(2)});
 }
 
 at::Tensor heads_to_rows(const Group& pg, const at::Tensor& y, const std::vector<int64_t>& rows,

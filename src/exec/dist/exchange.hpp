@@ -28,6 +28,12 @@ using plan::shares;  // n items over p ranks: the first n % p ranks take one mor
 // x [rows[me], sum(heads), D] -> [sum(rows), heads[me], D]: every rank's rows of this rank's heads.
 at::Tensor rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& heads);
+// rows_to_heads begun: x packed into `send` (x.numel() elements, x's dtype), the all-to-all into
+// `recv` ([sum(rows), heads[me], D] elements) in flight. Wait on the work before reading `recv`
+// or writing `send` again (on CUDA the wait orders the current stream after it).
+c10::intrusive_ptr<c10d::Work> start_rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
+                                                   const std::vector<int64_t>& heads, const at::Tensor& send,
+                                                   const at::Tensor& recv);
 // The inverse: y [sum(rows), heads[me], D] -> [rows[me], sum(heads), D].
 at::Tensor heads_to_rows(const Group& pg, const at::Tensor& y, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& heads);

@@ -2,6 +2,7 @@
 // step kind, in the arena plan/arena.hpp placed (exec/run/README.md).
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <numeric>
 
@@ -42,6 +43,16 @@ class Interpreter {
       else
         bufs_[i] = arena_.narrow(0, pl.offset[i], b.bytes()).view(to_aten(b.dtype)).view(b.shape);
     }
+  }
+
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
+  // A run that stopped early leaves no exchange writing into the arena it frees.
+  ~Interpreter() {
+    for (auto& [buf, pending] : inflight_) try {
+        pending.first->wait();
+      } catch (...) {
+      }
   }
 
   // Runs the program; returns the buffer it returns (its model output), if any.
@@ -326,29 +337,53 @@ class Interpreter {
               }));
       return;
     }
+    if (s.kind == Exchange::Complete) {
+      complete(s.received.buf);
+      return;
+    }
     const int64_t heads = std::accumulate(s.heads.begin(), s.heads.end(), int64_t{0});
     if (s.kind == Exchange::HeadsToRows) {
       const at::Tensor y = in.view({in.size(0), s.heads[size_t(me)], s.unit});
       out.view({out.size(0), heads, s.unit}).copy_(dist::heads_to_rows(group_, y, s.rows, s.heads));
       return;
     }
-    const at::Tensor t = dist::rows_to_heads(group_, in.view({in.size(0), heads, s.unit}), s.rows, s.heads);
-    // [rows, heads[me], unit] into `out` at `first`: token-major or head-major.
-    auto place = [&](const at::Tensor& block, int64_t first) {
-      const int64_t m = block.size(0);
-      if (s.out_layout == Layout::HeadMajor) out.narrow(1, first, m).copy_(block.transpose(0, 1));
-      else out.narrow(0, first, m).view(block.sizes()).copy_(block);
+    // Every rank's rows of this rank's heads [rows, heads[me], unit] into `out`, token-major or
+    // head-major; with `held`, one slab of each rank's rows: its real ones (the first m of the
+    // `chunk` it sent) at theirs.
+    const int64_t slab = s.held.empty() ? 0 : f_.token / s.chunk;
+    auto place = [&s, out, slab](const at::Tensor& t) {
+      auto put = [&](const at::Tensor& block, int64_t first) {
+        const int64_t m = block.size(0);
+        if (s.out_layout == Layout::HeadMajor) out.narrow(1, first, m).copy_(block.transpose(0, 1));
+        else out.narrow(0, first, m).view(block.sizes()).copy_(block);
+      };
+      if (s.held.empty()) return put(t, 0);
+      for (size_t i = 0, first = 0, at = 0; i < s.held.size(); first += size_t(s.held[i]), at += size_t(s.rows[i]), ++i) {
+        const int64_t m = std::clamp<int64_t>(s.held[i] - slab * s.chunk, 0, s.chunk);
+        if (m > 0) put(t.narrow(0, int64_t(at), m), int64_t(first) + slab * s.chunk);
+      }
     };
-    if (s.held.empty()) {
-      place(t, 0);
+    const at::Tensor x = in.view({in.size(0), heads, s.unit});
+    if (s.received.buf < 0) {
+      place(dist::rows_to_heads(group_, x, s.rows, s.heads));
       return;
     }
-    // One slab of each rank's rows: its real ones (the first m of the `chunk` it sent) at theirs.
-    const int64_t k = f_.token / s.chunk;
-    for (size_t i = 0, first = 0, at = 0; i < s.held.size(); first += size_t(s.held[i]), at += size_t(s.rows[i]), ++i) {
-      const int64_t m = std::clamp<int64_t>(s.held[i] - k * s.chunk, 0, s.chunk);
-      if (m > 0) place(t.narrow(0, int64_t(at), m), int64_t(first) + k * s.chunk);
-    }
+    complete(s.received.buf);  // the exchange before through the same buffers
+    const at::Tensor recv = operand(s.received).view({-1});
+    const int64_t total = std::accumulate(s.rows.begin(), s.rows.end(), int64_t{0}), mine = s.heads[size_t(me)];
+    auto work = dist::start_rows_to_heads(group_, x, s.rows, s.heads, operand(s.sent).view({-1}), recv);
+    inflight_[s.received.buf] = {work, [place, recv, total, mine, unit = s.unit] {
+                                   place(recv.narrow(0, 0, total * mine * unit).view({total, mine, unit}));
+                                 }};
+  }
+  // Waits for the exchange in flight through buffer `received` (if any) and places its rows.
+  void complete(int received) {
+    const auto it = inflight_.find(received);
+    if (it == inflight_.end()) return;
+    const auto [work, place] = std::move(it->second);
+    inflight_.erase(it);
+    work->wait();
+    place();
   }
 
   const ir::Model& m_;
@@ -370,6 +405,9 @@ class Interpreter {
     Slice rows, cols;
   };
   std::map<int, NativeWeight> native_;
+  // Exchanges in flight (ExchangeStep with `received`), by that buffer: the work and what
+  // places its rows when it is done.
+  std::map<int, std::pair<c10::intrusive_ptr<c10d::Work>, std::function<void()>>> inflight_;
   Frame f_;
   StepProfile* profile_;
   Rates rates_;
