@@ -273,7 +273,17 @@ assert rel(plain, one) >= 1e-3, rel(plain, one)
 PY
   fail "run --nproc --lora: $(head -c 600 "$tmp/ranks.json")"
 rc=0; err=$("$bin" run "${wan_geom[@]}" --nproc 2 --precision int8 2>&1) || rc=$?
-[ "$rc" -eq 1 ] && grep -qF -- "--precision: does not combine with --nproc" <<<"$err" || fail "run --nproc --precision: $rc $err"
+[ "$rc" -eq 1 ] && grep -qF -- "--precision: does not combine with --nproc (sequence parallel); write the checkpoint in that precision first (streamplan convert IN OUT --to int8)" <<<"$err" ||
+  fail "run --nproc --precision: $rc $err"
+# ... as the message says: a converted checkpoint runs over the ranks.
+"$bin" convert "$tmp/wan.safetensors" "$tmp/wan_int8.safetensors" --to int8 >/dev/null 2>&1 || fail "convert --to int8"
+"$bin" run --checkpoint "$tmp/wan_int8.safetensors" --frames 5 --height 32 --width 48 --device cpu --quiet --nproc 2 \
+  --check --json >"$tmp/ranks.json" || fail "run --nproc 2 of an int8 checkpoint"
+python3 - "$tmp/ranks.json" <<'PY' || fail "run --nproc 2 of an int8 checkpoint: $(head -c 600 "$tmp/ranks.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["rel_l2_vs_one_process"] <= 1e-5, r["rel_l2_vs_one_process"]
+PY
 rc=0; err=$("$bin" run --checkpoint "$tmp/wan.safetensors" --frames 5 --height 32 --width 48 --device cpu \
   --sequence ring 2>&1) || rc=$?
 [ "$rc" -eq 1 ] && grep -qF -- "--sequence: applies to sequence-parallel runs (--nproc)" <<<"$err" ||

@@ -30,7 +30,11 @@ namespace {
 
 // run --nproc, or one rank under torchrun's environment.
 int run_ranks(const RunArgs& a) {
-  for (const char* o : {"--precision", "--resident-blocks", "--planned-only", "--chunk", "--feature-slice"})
+  if (a.given("--precision"))
+    throw std::invalid_argument("--precision: does not combine with --nproc (sequence parallel); write the checkpoint "
+                                "in that precision first (streamplan convert IN OUT --to " +
+                                std::string(a.precision == "fp8" ? "fp8" : "int8") + ") and run that");
+  for (const char* o : {"--resident-blocks", "--planned-only", "--chunk", "--feature-slice"})
     if (a.given(o)) throw std::invalid_argument(std::string(o) + ": does not combine with --nproc (sequence parallel)");
   if (a.consumer == "sparse") throw std::invalid_argument("--consumer sparse: does not combine with --nproc yet");
   const auto env = rank_env();
