@@ -548,7 +548,9 @@ def apply(
             the planner also chooses how the ranks hold the weights (`shard_weights`).
         sequence_parallel: how attention sees the other ranks' rows: ``"ulysses"`` (all-to-all
             exchanges trade rows for K/V head groups; any head count on any rank count) or
-            ``"ring"`` (K/V blocks passed around the ranks, attended in fp32).
+            ``"ring"`` (K/V blocks passed around the ranks, each attended by the consumer where
+            it returns the log-sum-exp, ``"sdpa"`` and ``"math"`` do, else by ``"math"``; the
+            outputs merged in fp32).
         cfg_parallel: with `process_group` of an even size: its ranks in two halves, each
             splitting the rows over its own group; a call with two batch elements of one
             geometry (classifier-free guidance's conditional and unconditional) runs one on
