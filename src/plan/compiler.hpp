@@ -382,8 +382,10 @@ class Compiler {
   }
   // Waits for the exchange in flight through `received` and places its rows in `out`.
   void complete(const Operand& received, const Operand& out) {
-    ExchangeStep x{Exchange::Complete, received, out};
-    x.received = received;
+    ExchangeStep x;
+    x.kind = Exchange::Complete;
+    x.in = x.received = received;
+    x.out = out;
     emit(std::move(x), "exchange complete (rows for heads in flight)", {});
   }
   // Ring attention (ExchangeStep Ring) of this rank's q rows over every rank's K/V rows, each

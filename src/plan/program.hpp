@@ -247,8 +247,8 @@ struct ExchangeStep {
   Operand k, v;                      // Ring
   int64_t rep = 1, q_chunk = 0;      // Ring: query heads per K/V head, query rows per score block
   double scale = 1.0;                // Ring
-  std::string consumer;              // Ring: a consumer that returns the log-sum-exp (ConsumerCaps::lse)
-  Operand sent, received;            // RowsToHeads left in flight (above); Complete: `received`
+  std::string consumer{};            // Ring: a consumer that returns the log-sum-exp (ConsumerCaps::lse)
+  Operand sent{}, received{};        // RowsToHeads left in flight (above); Complete: `received`
   // RowsToHeads of one slab of a token loop: each rank sends `chunk` rows (padded past its
   // `held` rows); the real ones land in `out` (every row) at their rows.
   std::vector<int64_t> held{};
