@@ -274,8 +274,7 @@ int run_rank(const RunArgs& a, const RankEnv& env) {
       j["ranks"].push_back({{"rank", r}, {"ms", v[0].item<double>()}, {"peak_bytes", int64_t(v[1].item<double>())}});
     }
     j["device"] = d.str();
-    if (!a.loras.empty())
-      j["lora"] = {{"adapters", att.lora().adapter_count()}, {"unmatched", att.lora().unmatched}, {"unapplied", att.lora().unapplied}};
+    if (!a.loras.empty()) j["lora"] = att.lora().json();
     if (one_l2 >= 0) j["rel_l2_vs_one_process"] = one_l2;
     std::cout << j.dump(2) << "\n";
     return 0;

@@ -173,7 +173,7 @@ int run(const RunArgs& a) {
   if (a.json) {
     nlohmann::json j = report::to_json(r);
     if (res) j["residency"] = report::to_json(*res);
-    if (!a.loras.empty()) j["lora"] = {{"adapters", lora.adapter_count()}, {"unmatched", lora.unmatched}, {"unapplied", lora.unapplied}};
+    if (!a.loras.empty()) j["lora"] = lora.json();
     j["formats"] = models::formats_json(formats);
     j["nonfinite"] = nonfinite;
     if (sparse.active) j["sparse_attention"] = sparse.json();

@@ -173,6 +173,10 @@ int64_t LoraSet::adapter_count() const {
   return n;
 }
 
+nlohmann::json LoraSet::json() const {
+  return {{"adapters", adapter_count()}, {"unmatched", unmatched}, {"unapplied", unapplied}};
+}
+
 std::string LoraSet::summary() const {
   std::ostringstream s;
   s << adapter_count() << " LoRA adapter(s) on " << adapters.size() << " weight(s)";

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <map>
 #include <string>
@@ -65,6 +66,8 @@ struct LoraSet {
   int64_t adapter_count() const;
   // "2 LoRA adapters on 2 weights; 1 key unmatched" and the unmatched/unapplied keys, one a line.
   std::string summary() const;
+  // {"adapters": N, "unmatched": [...], "unapplied": [...]}: the run report's "lora".
+  nlohmann::json json() const;
 };
 
 // Random rank-`rank` adapters (strength 1, no alpha) on every Linear of `m`, their A/B added to

@@ -348,10 +348,10 @@ std::string sequence_text(const Sequence& s, int64_t tokens);
 bool fused_norm(const ir::Model& m, const contracts::DeviceCaps& dev);
 bool fused_qk(const ir::Model& m, const ir::Attention& a, const contracts::Registry& reg,
               const contracts::DeviceCaps& dev);
-// Which row operations a plan runs and why (explain()).
 // The consumer that ring attention attends each K/V block with: the sublayer's where it returns
 // the log-sum-exp (ConsumerCaps::lse), else "math".
 std::string ring_consumer(const contracts::Registry& reg, const ir::Attention& a);
+// Which row operations a plan runs and why (explain()).
 std::string row_kernels_note(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev);
 // fp32, or fp64 for an fp64 model: norms, RoPE, feature-slice accumulation, the output.
 ir::DType accumulation_dtype(ir::DType activations);

@@ -171,10 +171,7 @@ PYBIND11_MODULE(_C, m) {
         const auto& caps = reg.consumer(consumer);
         if (caps.lse != contracts::Cap::Yes)
           throw std::invalid_argument("ring_attention: consumer '" + consumer + "' returns no log-sum-exp");
-        const auto impl = std::dynamic_pointer_cast<const exec::ConsumerImpl>(caps.impl);
-        return exec::dist::ring_attention(pg, q, k, v, rows, scale, q_chunk,
-                                          [impl](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
-                                                 double s) { return impl->attend_lse(a, b, c, s); });
+        return exec::dist::ring_attention(pg, q, k, v, rows, scale, q_chunk, &exec::impl_of<exec::ConsumerImpl>(caps));
       },
       py::arg("group"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("rows"), py::arg("scale"),
       py::arg("q_chunk") = 0, py::arg("consumer") = "", py::call_guard<py::gil_scoped_release>(),

@@ -1,6 +1,5 @@
 #include "exec/dist/exchange.hpp"
 
-#include "exec/consumers/consumer.hpp"
 #include "exec/device/device.hpp"
 
 #include <c10/util/StringUtil.h>
@@ -9,6 +8,7 @@
 #include <chrono>
 #include <numeric>
 #include <stdexcept>
+#include <utility>
 
 namespace sp::exec::dist {
 
@@ -137,14 +137,13 @@ at::Tensor ulysses_attention(const Group& pg, const at::Tensor& q, const at::Ten
 
 at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::vector<int64_t>& rows, double scale, int64_t q_chunk,
-                          const PartialAttention& attend) {
+                          const ConsumerImpl* consumer) {
   const int p = pg->getSize(), me = pg->getRank();
   if (int(rows.size()) != p)
     throw std::invalid_argument(c10::str("ring_attention: ", rows.size(), " row counts for a process group of ", p,
                                          " ranks"));
   check_attention("ring_attention", me, q, k, v, rows[size_t(me)], /*same_rows=*/false);
   if (sum(rows) == 0) throw std::invalid_argument("ring_attention: no rank holds a key row");
-  const PartialAttention& part = attend ? attend : PartialAttention(exact);
   const int64_t n_q = q.size(0), G = k.size(1), chunk = q_chunk > 0 ? q_chunk : std::max<int64_t>(n_q, 1);
   const at::ScalarType acc = accumulation(q);
   // The running output and log-sum-exp of every query row; the block of rank (me - step),
@@ -164,7 +163,8 @@ at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor
     if (rows[size_t(origin)] > 0) {
       for (int64_t i = 0; i < n_q; i += chunk) {
         const int64_t n = std::min(chunk, n_q - i);
-        auto [o4, l4] = part(fold(q.narrow(0, i, n), G), held[0].unsqueeze(0), held[1].unsqueeze(0), scale);
+        const at::Tensor qs = fold(q.narrow(0, i, n), G), kb = held[0].unsqueeze(0), vb = held[1].unsqueeze(0);
+        auto [o4, l4] = consumer ? consumer->attend_lse(qs, kb, vb, scale) : exact(qs, kb, vb, scale);
         const at::Tensor o = unfold(o4, n).to(acc), l = unfold(l4, n).to(acc);
         at::Tensor os = out.narrow(0, i, n), ls = lse.narrow(0, i, n);
         if (!started) {

@@ -13,10 +13,9 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include <functional>
-#include <utility>
 #include <vector>
 
+#include "exec/consumers/consumer.hpp"
 #include "plan/program.hpp"
 
 namespace sp::exec::dist {
@@ -38,12 +37,6 @@ c10::intrusive_ptr<c10d::Work> start_rows_to_heads(const Group& pg, const at::Te
 at::Tensor heads_to_rows(const Group& pg, const at::Tensor& y, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& heads);
 
-// Attention of q [1, G, rows, D] (query heads grouped per K/V head, folded into rows) against
-// one K/V block k, v [1, G, n, D], scores scaled by `scale`: the output in q's dtype and each
-// row's log-sum-exp [1, G, rows] (a consumer's attend_lse).
-using PartialAttention = std::function<std::pair<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                         const at::Tensor&, double)>;
-
 // Ulysses attention: this rank's rows q [rows[me], H, D], k and v [rows[me], G, D] (H a multiple
 // of G); the K/V groups are shared out over the ranks (shares(G, p)), each with its query heads,
 // every rank attends its groups over all sum(rows) rows (explicit scores, fp32 softmax), and
@@ -54,12 +47,13 @@ at::Tensor ulysses_attention(const Group& pg, const at::Tensor& q, const at::Ten
 // Ring attention: this rank's query rows q [n_q, H, D] against the keys and values of every
 // rank, k and v [rows[me], G, D] here (H a multiple of G). The K/V blocks travel around the
 // ring head-major (to rank me + 1, from me - 1; the next block in flight while this one is
-// attended); `attend` (explicit scores by default) takes `q_chunk` query rows at a time (0: all)
-// against each block, and the outputs merge by their log-sum-exp into a running one in fp32
-// (fp64 for fp64 inputs). Returns [n_q, H, D] in q's dtype: attention over all sum(rows) keys.
+// attended); `consumer`'s attend_lse (one that declares ConsumerCaps::lse; null: explicit scores
+// in fp32) takes `q_chunk` query rows at a time (0: all) against each block, and the outputs
+// merge by their log-sum-exp into a running one in fp32 (fp64 for fp64 inputs). Returns
+// [n_q, H, D] in q's dtype: attention over all sum(rows) keys.
 at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::vector<int64_t>& rows, double scale, int64_t q_chunk = 0,
-                          const PartialAttention& attend = {});
+                          const ConsumerImpl* consumer = nullptr);
 
 // Every rank's rows of x [rows[me], ...], in rank order, on every rank: [sum(rows), ...].
 at::Tensor gather_rows(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows);

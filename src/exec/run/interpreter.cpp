@@ -328,13 +328,10 @@ class Interpreter {
     if (s.kind == Exchange::Ring) {
       const at::Tensor k = operand(s.k), v = operand(s.v);
       const int64_t n = in.size(0), G = k.size(1) / s.unit;
-      const auto& consumer = impl_of<ConsumerImpl>(reg_.consumer(s.consumer));
       out.view({n, G * s.rep, s.unit})
-          .copy_(dist::ring_attention(
-              group_, in.view({n, G * s.rep, s.unit}), k.view({n, G, s.unit}), v.view({n, G, s.unit}), s.rows, s.scale,
-              s.q_chunk, [&](const at::Tensor& q, const at::Tensor& kb, const at::Tensor& vb, double scale) {
-                return consumer.attend_lse(q, kb, vb, scale);
-              }));
+          .copy_(dist::ring_attention(group_, in.view({n, G * s.rep, s.unit}), k.view({n, G, s.unit}),
+                                      v.view({n, G, s.unit}), s.rows, s.scale, s.q_chunk,
+                                      &impl_of<ConsumerImpl>(reg_.consumer(s.consumer))));
       return;
     }
     if (s.kind == Exchange::Complete) {
