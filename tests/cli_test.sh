@@ -252,7 +252,7 @@ wan_geom=(--checkpoint "$tmp/wan.safetensors" --frames 5 --height 32 --width 48 
   >"$tmp/ranks.json" || fail "run --nproc 2 --lora"
 "$bin" run "${wan_geom[@]}" --lora "$tmp/wan_lora.safetensors" --output "$tmp/one_lora.safetensors" >/dev/null ||
   fail "run --lora"
-"$bin" run "${wan_geom[@]}" --nproc 2 --output "$tmp/nproc.safetensors" >/dev/null || fail "run --nproc 2"
+"$bin" run "${wan_geom[@]}" --nproc 2 --precision preserve --output "$tmp/nproc.safetensors" >/dev/null || fail "run --nproc 2"
 python3 - "$tmp/ranks.json" "$tmp/nproc_lora.safetensors" "$tmp/one_lora.safetensors" "$tmp/nproc.safetensors" <<'PY' ||
 import json, math, struct, sys
 r = json.load(open(sys.argv[1]))

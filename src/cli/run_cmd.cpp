@@ -30,7 +30,7 @@ namespace {
 
 // run --nproc, or one rank under torchrun's environment.
 int run_ranks(const RunArgs& a) {
-  if (a.given("--precision"))
+  if (a.precision != "preserve")
     throw std::invalid_argument("--precision: does not combine with --nproc (sequence parallel); write the checkpoint "
                                 "in that precision first (streamplan convert IN OUT --to " +
                                 std::string(a.precision == "fp8" ? "fp8" : "int8") + ") and run that");

@@ -96,7 +96,7 @@ struct Options {
   // Under a ulysses split: the K/V and Q slab rows (plan::ulysses_slabs) of each split
   // self-attention sublayer in plan order, two values each, which every rank's exchanges must
   // share (exchange_slabs, agreed over the ranks); empty: each chosen with the schedule.
-  std::vector<int64_t> slabs;
+  std::vector<int64_t> slabs{};
 };
 
 struct Plan {
