@@ -122,7 +122,12 @@ at::Device rank_device(const std::string& option, const RankEnv& e) {
   if (option.find(':') != std::string::npos && e.size > 1)
     throw std::invalid_argument("--device " + option + ": with --nproc each rank takes the GPU of its local rank; "
                                 "give --device cuda");
-  return at::Device(at::kCUDA, c10::DeviceIndex(e.local_rank));
+  try {
+    return exec::pick_device("cuda:" + std::to_string(e.local_rank));
+  } catch (const std::invalid_argument& err) {
+    throw std::invalid_argument("--nproc " + std::to_string(e.size) + " on CUDA: each rank takes one GPU, and local rank " +
+                                std::to_string(e.local_rank) + " has none (" + err.what() + ")");
+  }
 }
 
 }  // namespace

@@ -37,13 +37,15 @@ int64_t meminfo(const std::string& key) {
   return 0;
 }
 
-bool cuda_present() {
+int cuda_device_count() {
 #ifdef STREAMPLAN_WITH_CUDA
-  return at::hasCUDA() && c10::cuda::device_count() > 0;
+  return at::hasCUDA() ? int(c10::cuda::device_count()) : 0;
 #else
-  return false;
+  return 0;
 #endif
 }
+
+bool cuda_present() { return cuda_device_count() > 0; }
 
 // What `measure` gives for a dtype, measured once per dtype and process (a CPU property).
 class MeasuredPerDtype {
@@ -133,7 +135,12 @@ at::Device pick_device(const std::string& name) {
   if (name.rfind("cuda", 0) == 0) {
     if (!cuda_present())
       throw std::invalid_argument("--device " + name + ": no CUDA device is available in this build or machine");
-    return at::Device(name == "cuda" ? std::string("cuda:0") : name);
+    const at::Device d(name == "cuda" ? std::string("cuda:0") : name);
+    const int count = cuda_device_count();
+    if (d.index() >= count)
+      throw std::invalid_argument("--device " + name + ": this machine has " + std::to_string(count) + " CUDA device" +
+                                  (count == 1 ? " (cuda:0)" : "s (cuda:0 to cuda:" + std::to_string(count - 1) + ")"));
+    return d;
   }
   throw std::invalid_argument("--device: expected cpu, cuda, cuda:N or auto, got '" + name + "'");
 }
