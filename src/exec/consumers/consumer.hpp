@@ -12,7 +12,6 @@
 
 #include <ATen/ATen.h>
 
-#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -53,10 +52,6 @@ struct ConsumerImpl : contracts::Impl {
     throw contracts::ContractError("this consumer declares no K carrier");
   }
 };
-
-// A consumer from a function (tests, hosts).
-using AttentionFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>;
-std::shared_ptr<const ConsumerImpl> consumer_from(AttentionFn fn);
 
 // softmax(q k^T * scale) v with explicit scores in fp32 (or fp64), and the rows' log-sum-exp:
 // the math consumer's attend_lse.

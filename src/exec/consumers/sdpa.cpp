@@ -23,14 +23,6 @@ namespace sp::exec {
 
 namespace {
 
-struct FnConsumer : ConsumerImpl {
-  explicit FnConsumer(AttentionFn f) : fn(std::move(f)) {}
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const override {
-    return fn(q, k, v, scale);
-  }
-  AttentionFn fn;
-};
-
 at::Tensor aten_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
   return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale);
 }
@@ -206,10 +198,6 @@ int64_t sdpa_call_bytes(const contracts::AttnShape& s) {
 }
 
 }  // namespace
-
-std::shared_ptr<const ConsumerImpl> consumer_from(AttentionFn fn) {
-  return std::make_shared<FnConsumer>(std::move(fn));
-}
 
 namespace consumers {
 
