@@ -133,10 +133,10 @@ at::Device pick_device(const std::string& name) {
   if (name == "auto") return cuda_present() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   if (name == "cpu") return at::Device(at::kCPU);
   if (name.rfind("cuda", 0) == 0) {
-    if (!cuda_present())
+    const int count = cuda_device_count();
+    if (count == 0)
       throw std::invalid_argument("--device " + name + ": no CUDA device is available in this build or machine");
     const at::Device d(name == "cuda" ? std::string("cuda:0") : name);
-    const int count = cuda_device_count();
     if (d.index() >= count)
       throw std::invalid_argument("--device " + name + ": this machine has " + std::to_string(count) + " CUDA device" +
                                   (count == 1 ? " (cuda:0)" : "s (cuda:0 to cuda:" + std::to_string(count - 1) + ")"));
