@@ -1,5 +1,4 @@
 // streamplan bench: naive vs planned on real-dimension models (JSON + table).
-#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <numeric>

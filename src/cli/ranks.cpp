@@ -264,6 +264,11 @@ int run_rank(const RunArgs& a, const RankEnv& env) {
   group->barrier()->wait();  // rank 0's check done: the group goes
   group->shutdown();
   if (env.rank != 0) return 0;
+  std::vector<std::pair<double, int64_t>> per_rank;  // per rank: its time (ms) and peak (bytes)
+  for (const at::Tensor& t : all[0]) {
+    const at::Tensor v = t.cpu();
+    per_rank.emplace_back(v[0].item<double>(), int64_t(v[1].item<double>()));
+  }
 
   if (!a.output.empty()) {
     models::TensorMap written;
@@ -275,8 +280,8 @@ int run_rank(const RunArgs& a, const RankEnv& env) {
     nlohmann::json j = att.document(*g);
     j["ranks"] = nlohmann::json::array();
     for (int r = 0; r < env.size; ++r) {
-      const at::Tensor v = all[0][size_t(r)].cpu();
-      j["ranks"].push_back({{"rank", r}, {"ms", v[0].item<double>()}, {"peak_bytes", int64_t(v[1].item<double>())}});
+      const auto& [rank_ms, rank_peak] = per_rank[size_t(r)];
+      j["ranks"].push_back({{"rank", r}, {"ms", rank_ms}, {"peak_bytes", rank_peak}});
     }
     j["device"] = d.str();
     if (!a.loras.empty()) j["lora"] = att.lora().json();
@@ -290,9 +295,8 @@ int run_rank(const RunArgs& a, const RankEnv& env) {
   if (!a.loras.empty()) std::cout << att.lora().summary();
   if (g->residency) std::cout << plan::explain(*g->residency) << "\n";
   for (int r = 0; r < env.size; ++r) {
-    const at::Tensor v = all[0][size_t(r)].cpu();
-    std::cout << report::printf_text("rank %d: %.1f ms, peak %s\n", r, v[0].item<double>(),
-                                     plan::human_bytes(int64_t(v[1].item<double>())).c_str());
+    const auto& [rank_ms, rank_peak] = per_rank[size_t(r)];
+    std::cout << report::printf_text("rank %d: %.1f ms, peak %s\n", r, rank_ms, plan::human_bytes(rank_peak).c_str());
   }
   if (one_l2 >= 0) std::cout << report::printf_text("rel L2 against one process: %.3e\n", one_l2);
   return 0;

@@ -194,6 +194,21 @@ std::string size_mismatch(const std::vector<int64_t>& shape, DType dt, uint64_t 
          " bytes) = " + std::to_string(bytes) + " bytes but " + rest;
 }
 
+// checked_nbytes, or throws `where` + the shape where a dimension is negative or the count overflows.
+uint64_t declared_nbytes(const std::string& where, const std::vector<int64_t>& shape, DType dt) {
+  auto bytes = checked_nbytes(shape, dt);
+  if (!bytes)
+    throw SafetensorsError(where + "shape " + shape_string(shape) + " has a negative dimension or overflows");
+  return *bytes;
+}
+
+// Throws unless a metadata key and value are valid UTF-8; `writer` names the writer in the message.
+void check_metadata(const std::string& writer, const std::string& key, const std::string& value) {
+  for (const auto* s : {&key, &value})
+    if (utf8_error(*s))
+      throw SafetensorsError(writer + ": metadata " + quote(key) + " is not valid UTF-8");
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------- dtypes
@@ -415,21 +430,16 @@ void SafetensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> 
   check_name(where, name);
   for (const auto& e : entries_)
     if (e.info.name == name) throw SafetensorsError(where + "duplicate tensor name");
-  auto want = checked_nbytes(shape, dtype);
-  if (!want)
-    throw SafetensorsError(where + "shape " + shape_string(shape) +
-                           " has a negative dimension or overflows");
-  if (*want != data.size())
+  const uint64_t want = declared_nbytes(where, shape, dtype);
+  if (want != data.size())
     throw SafetensorsError(where +
-                           size_mismatch(shape, dtype, *want, std::to_string(data.size()) + " bytes were given"));
+                           size_mismatch(shape, dtype, want, std::to_string(data.size()) + " bytes were given"));
   entries_.push_back(
       {TensorInfo{std::move(name), dtype, std::move(shape)}, std::vector<std::byte>(data.begin(), data.end())});
 }
 
 void SafetensorsWriter::set_metadata(std::string key, std::string value) {
-  for (const auto* s : {&key, &value})
-    if (utf8_error(*s))
-      throw SafetensorsError("SafetensorsWriter: metadata " + quote(key) + " is not valid UTF-8");
+  check_metadata("SafetensorsWriter", key, value);
   metadata_[std::move(key)] = std::move(value);
 }
 
@@ -469,19 +479,17 @@ void SafetensorsStreamWriter::declare(std::string name, DType dtype, std::vector
   const std::string where = "safetensors writer: tensor " + quote(name) + ": ";
   if (!path_.empty()) throw SafetensorsError(where + "declared after open()");
   check_name(where, name);
-  auto bytes = checked_nbytes(shape, dtype);
-  if (!bytes)
-    throw SafetensorsError(where + "shape " + shape_string(shape) + " has a negative dimension or overflows");
+  const uint64_t bytes = declared_nbytes(where, shape, dtype);
   if (names_.count(name)) throw SafetensorsError(where + "duplicate tensor name");
 
   // The entry exactly as nlohmann's compact dump writes it (key escaping included), so the
   // header never has to exist as a JSON tree.
   const uint64_t begin = data_bytes_;
   const nlohmann::ordered_json entry = {
-      {"dtype", std::string(dtype_name(dtype))}, {"shape", shape}, {"data_offsets", {begin, begin + *bytes}}};
+      {"dtype", std::string(dtype_name(dtype))}, {"shape", shape}, {"data_offsets", {begin, begin + bytes}}};
   entries_json_ += "," + json(name).dump() + ":" + entry.dump();
-  data_bytes_ += *bytes;
-  tensors_.push_back(TensorInfo{std::move(name), dtype, std::move(shape), begin, begin + *bytes});
+  data_bytes_ += bytes;
+  tensors_.push_back(TensorInfo{std::move(name), dtype, std::move(shape), begin, begin + bytes});
   names_.insert(tensors_.back().name);
   if (header_bytes() - 8 > kMaxHeaderBytes)
     throw SafetensorsError(where + "the header reaches " + std::to_string(header_bytes() - 8) +
@@ -491,9 +499,7 @@ void SafetensorsStreamWriter::declare(std::string name, DType dtype, std::vector
 }
 
 void SafetensorsStreamWriter::set_metadata(std::string key, std::string value) {
-  for (const auto* s : {&key, &value})
-    if (utf8_error(*s))
-      throw SafetensorsError("safetensors writer: metadata " + quote(key) + " is not valid UTF-8");
+  check_metadata("safetensors writer", key, value);
   if (!path_.empty()) throw SafetensorsError("safetensors writer: metadata " + quote(key) + " set after open()");
   metadata_[std::move(key)] = std::move(value);
   metadata_json_ = json(metadata_).dump();

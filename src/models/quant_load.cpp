@@ -145,11 +145,8 @@ void apply_precision(ir::Model& m, exec::TensorWeights& w, Precision p, const co
                                      ? "sm_" + std::to_string(dev.cc_major) + std::to_string(dev.cc_minor)
                                      : std::string("CPU")) +
                                 ") has none. Use --precision int8 or preserve");
-  if (p != Precision::Preserve)
-    convert_block_linears(m, w, p == Precision::Fp8 ? "fp8-e4m3" : "int8",
-                          std::string("converted at load (--precision ") + to_string(p) + ")");
-  else
-    convert_block_linears(m, w, "", "");
+  const char* target = p == Precision::Preserve ? "" : p == Precision::Fp8 ? "fp8-e4m3" : "int8";
+  convert_block_linears(m, w, target, std::string("converted at load (--precision ") + to_string(p) + ")");
 }
 
 void convert_block_linears(ir::Model& m, exec::TensorWeights& w, const std::string& target, const std::string& why) {

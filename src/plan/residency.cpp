@@ -17,14 +17,7 @@ int64_t Residency::device_bytes() const {
   return fixed_bytes + kept_bytes + shard_bytes + int64_t(slots) * slot_bytes + activation_bytes + slack_bytes;
 }
 
-const char* to_string(WeightSplit s) {
-  switch (s) {
-    case WeightSplit::Auto: return "auto";
-    case WeightSplit::Replicated: return "replicated";
-    case WeightSplit::Sharded: return "sharded";
-  }
-  return "?";
-}
+const char* to_string(WeightSplit s) { return ir::name_of(s, {"auto", "replicated", "sharded"}); }
 
 int64_t shard_of(int64_t bytes, int64_t ranks) { return ir::round_up((bytes + ranks - 1) / ranks, 512); }
 
@@ -137,7 +130,6 @@ Residency evaluate(const std::vector<bool>& streamed, int slots, bool copied, co
     const int64_t bytes = req.block_bytes[b];
     if (!streamed[b]) {
       r.kept_bytes += bytes;
-      copy[b] = 1e3 * double(bytes) / from.rate;
     } else if (r.sharded) {  // this rank's share kept; the others' gathered into a slot
       const int64_t share = shard_of(bytes, from.ranks);
       r.shard_bytes += share;

@@ -174,4 +174,10 @@ void check_whole_head_rope(const FamilyConfig& c, const std::string& family, con
     throw RecognizeError("sidecar field segments applies to avdit only (" + family + " " + streams + ")");
 }
 
+void check_sidecar_head_dim(const FamilyConfig& c, const Sidecar& sidecar, const std::string& width) {
+  if (sidecar.head_dim && *sidecar.head_dim != c.head_dim)
+    throw RecognizeError("sidecar head_dim " + std::to_string(*sidecar.head_dim) + " contradicts the checkpoint's " +
+                         width + " width " + std::to_string(c.head_dim));
+}
+
 }  // namespace sp::recognize::detail

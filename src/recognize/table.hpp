@@ -111,5 +111,8 @@ void copy_conventions(const FamilyConfig& from, FamilyConfig& to);
 // Checks shared by families that rotate the whole head and have one fixed stream order:
 // rotary_dim == head_dim and no sidecar `segments`. `family` and `streams` name them in errors.
 void check_whole_head_rope(const FamilyConfig& c, const std::string& family, const std::string& streams);
+// A sidecar head_dim must equal c.head_dim, read from the width of the tensor `width` names
+// ("QK-norm", "norm_q", "q_norm").
+void check_sidecar_head_dim(const FamilyConfig& c, const Sidecar& sidecar, const std::string& width);
 
 }  // namespace sp::recognize::detail

@@ -32,10 +32,7 @@ FamilyConfig structure(const Symbols& s, const Features&, const Sidecar& sidecar
   FamilyConfig c;
   c.family = "avdit";
   set_fields(c, s, kFields);
-  if (sidecar.head_dim && *sidecar.head_dim != c.head_dim)
-    throw RecognizeError("sidecar head_dim " + std::to_string(*sidecar.head_dim) +
-                         " contradicts the checkpoint's norm_q width " +
-                         std::to_string(c.head_dim));
+  check_sidecar_head_dim(c, sidecar, "norm_q");
   c.out_channels = c.in_channels;
   c.qkv_bias = false;
   // Placeholder names: the count is structural (it tells presets apart), the names are a

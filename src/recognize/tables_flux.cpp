@@ -119,10 +119,7 @@ FamilyConfig structure(const Symbols& s, const Features& f, const Sidecar& sidec
   if (c.dim % c.head_dim != 0)
     throw RecognizeError("QK-norm width (head_dim) " + std::to_string(c.head_dim) +
                          " does not divide dim " + std::to_string(c.dim));
-  if (sidecar.head_dim && *sidecar.head_dim != c.head_dim)
-    throw RecognizeError("sidecar head_dim " + std::to_string(*sidecar.head_dim) +
-                         " contradicts the checkpoint's QK-norm width " +
-                         std::to_string(c.head_dim));
+  check_sidecar_head_dim(c, sidecar, "QK-norm");
   c.heads = c.dim / c.head_dim;
   c.guidance = f.count("guidance") > 0;
   c.qkv_bias = true;

@@ -60,9 +60,7 @@ FamilyConfig structure(const Symbols& s, const Features& f, const Sidecar& sidec
   FamilyConfig c;
   c.family = kFamily;
   set_fields(c, s, kFields);
-  if (sidecar.head_dim && *sidecar.head_dim != c.head_dim)
-    throw RecognizeError("sidecar head_dim " + std::to_string(*sidecar.head_dim) +
-                         " contradicts the checkpoint's q_norm width " + std::to_string(c.head_dim));
+  check_sidecar_head_dim(c, sidecar, "q_norm");
   c.out_channels = c.in_channels;
   // Which time path is present is checked in check(); here each form reads its own symbols.
   c.freq_dim = s.count("freq_dim") ? s.at("freq_dim") : 0;

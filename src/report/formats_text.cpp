@@ -6,6 +6,9 @@
 
 namespace sp::report {
 
+namespace {
+
+// "0–39", "0–9, 20–39", "3": ascending block indices as ranges of consecutive ones.
 std::string index_ranges(const std::vector<size_t>& sorted) {
   std::string out;
   for (size_t i = 0; i < sorted.size();) {
@@ -17,6 +20,8 @@ std::string index_ranges(const std::vector<size_t>& sorted) {
   }
   return out;
 }
+
+}  // namespace
 
 std::string formats_text(const ir::Model& m, const std::vector<models::FormatLine>& lines, bool full) {
   if (full) return models::formats_text(lines);

@@ -23,7 +23,4 @@ namespace sp::report {
 
 std::string formats_text(const ir::Model& m, const std::vector<models::FormatLine>& lines, bool full);
 
-// "0–39", "0–9, 20–39", "3": ascending block indices as ranges of consecutive ones.
-std::string index_ranges(const std::vector<size_t>& sorted);
-
 }  // namespace sp::report

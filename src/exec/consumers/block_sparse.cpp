@@ -28,6 +28,9 @@ at::Tensor video_tiles(int64_t first, int64_t rows, VideoRows video, int64_t til
   return inside;
 }
 
+namespace {
+
+// top_tiles' kept key tiles as a bool mask [heads, query tiles, key tiles].
 at::Tensor top_mask(const at::Tensor& qm, const at::Tensor& km, double budget) {
   const int64_t kept = plan::kept_tiles(budget, km.size(1));
   const at::Tensor scores = at::bmm(qm, km.transpose(1, 2));  // [heads, query tiles, key tiles]
@@ -36,6 +39,8 @@ at::Tensor top_mask(const at::Tensor& qm, const at::Tensor& km, double budget) {
   const at::Tensor top = std::get<1>(scores.topk(kept, 2, /*largest=*/true, /*sorted=*/false));
   return at::zeros(scores.sizes(), scores.options().dtype(at::kBool)).scatter_(2, top, true);
 }
+
+}  // namespace
 
 at::Tensor top_tiles(const at::Tensor& qm, const at::Tensor& km, double budget) {
   const at::Tensor mask = top_mask(qm, km, budget);

@@ -37,9 +37,8 @@ at::Tensor tile_means(const at::Tensor& x, int64_t tile = kSparseTile);
 
 // The routing itself: qm [heads, query tiles, head_dim] and km [heads, key tiles, head_dim]
 // tile means of video tiles only; per query tile the plan::kept_tiles(budget, key tiles) key
-// tiles of highest mean dot product: top_mask as a bool mask [heads, query tiles, key tiles],
-// top_tiles as their indices (into km's tiles), [heads, query tiles, kept] int32, ascending.
-at::Tensor top_mask(const at::Tensor& qm, const at::Tensor& km, double budget);
+// tiles of highest mean dot product, as their indices (into km's tiles), [heads, query tiles,
+// kept] int32, ascending.
 at::Tensor top_tiles(const at::Tensor& qm, const at::Tensor& km, double budget);
 
 // q, k [heads, rows, head_dim] (self-attention over the same rows): the tiles each query

@@ -6,7 +6,6 @@ namespace sp::exec::dist {
 
 namespace {
 constexpr int64_t kAlign = 512;  // bytes: every tensor's offset in its block, every share
-int64_t aligned(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
 ShardedWeights::ShardedWeights(const ir::Model& m, std::shared_ptr<TensorWeights> w, const contracts::Registry& reg,
@@ -34,7 +33,7 @@ ShardedWeights::ShardedWeights(const ir::Model& m, std::shared_ptr<TensorWeights
       const at::Tensor t = w_->tensor(name);
       const Place& pl = places_[name] = {b, bytes, t.scalar_type(), t.sizes().vec()};
       packed.emplace_back(&pl, t);
-      bytes = aligned(bytes + t.numel() * int64_t(t.element_size()));
+      bytes = ir::round_up(bytes + t.numel() * int64_t(t.element_size()), kAlign);
     }
     // This rank's share: bytes [me * share, (me + 1) * share) of the packed block.
     const int64_t share = plan::shard_of(bytes, p), lo = me * share, hi = lo + share;
@@ -110,7 +109,5 @@ int64_t ShardedWeights::shard_bytes() const {
 int64_t ShardedWeights::slot_bytes() const {
   return slots_[0].defined() ? slots_[0].numel() + slots_[1].numel() : 0;
 }
-
-int64_t ShardedWeights::whole_bytes() const { return whole_bytes_; }
 
 }  // namespace sp::exec::dist

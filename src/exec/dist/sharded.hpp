@@ -36,7 +36,8 @@ class ShardedWeights : public PlacedWeights {
 
   int64_t shard_bytes() const;  // this rank's shares of the sharded blocks, on the device
   int64_t slot_bytes() const;   // the two slots a block is gathered into
-  int64_t whole_bytes() const;  // the tensors on the device whole: kept blocks, outside the blocks
+  // The tensors on the device whole: kept blocks, outside the blocks.
+  int64_t whole_bytes() const { return whole_bytes_; }
 
  private:
   void gather(size_t block) const;  // starts the gather of `block` into its slot

@@ -51,9 +51,7 @@ struct ConvRot : FormatImpl {
   std::vector<std::string> companions(const ir::Linear& l) const override { return quant::companions(l); }
   void store(TensorWeights& into, const ir::Linear& l, const at::Tensor& w, at::ScalarType) const override {
     check_groups(l, {}, w.size(1));
-    auto [q, s] = quant::quantize_rows(quant::rotate(w.to(at::kFloat), kGroup), at::kChar);
-    into.add(l.weight, q);
-    into.add(quant::scale_name(l.weight), s.squeeze(1));
+    quant::store_int8_rows(into, l, quant::rotate(w.to(at::kFloat), kGroup));
   }
   at::Tensor acquire(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
                      const at::Tensor& out) const override {

@@ -15,18 +15,12 @@ constexpr double kMax = 448.0;  // largest finite float8_e4m3fn
 // A float8 weight with an fp32 per-tensor scale, stored as ComfyUI quantizes (w * (1/s), so a
 // converted file holds the bytes ComfyUI itself writes, clamped to the type's finite range) and
 // acquired as the dequantized slice.
-struct ScaledFloat8 : FormatImpl {
+struct ScaledFloat8 : quant::ScaledFormat {
   ScaledFloat8(at::ScalarType type, double max) : type_(type), max_(max) {}
-  std::vector<std::string> companions(const ir::Linear& l) const override { return quant::companions(l); }
   void store(TensorWeights& into, const ir::Linear& l, const at::Tensor& w, at::ScalarType) const override {
     const at::Tensor s = w.abs().max().to(at::kFloat).div(max_).clamp_min(1e-12);
     into.add(l.weight, w.to(at::kFloat).mul(s.reciprocal()).clamp_(-max_, max_).to(type_));
     into.add(quant::scale_name(l.weight), s);
-  }
-  at::Tensor acquire(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
-                     const at::Tensor& out) const override {
-    const at::Tensor scale = quant::row_scale(src, l, rows);
-    return converted(stored_slice(src, l, rows, cols), dtype, out).mul_(scale);
   }
 
  private:

@@ -7,17 +7,9 @@ namespace sp::exec::formats {
 
 namespace {
 
-struct Int8 : FormatImpl {
-  std::vector<std::string> companions(const ir::Linear& l) const override { return quant::companions(l); }
+struct Int8 : quant::ScaledFormat {
   void store(TensorWeights& into, const ir::Linear& l, const at::Tensor& w, at::ScalarType) const override {
-    auto [q, s] = quant::quantize_rows(w, at::kChar);
-    into.add(l.weight, q);
-    into.add(quant::scale_name(l.weight), s.squeeze(1));
-  }
-  at::Tensor acquire(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
-                     const at::Tensor& out) const override {
-    const at::Tensor scale = quant::row_scale(src, l, rows);
-    return converted(stored_slice(src, l, rows, cols), dtype, out).mul_(scale);
+    quant::store_int8_rows(into, l, w);
   }
   void gemm(const WeightSource& src, const ir::Linear& l, Slice rows, Slice, const at::Tensor& stored,
             const at::Tensor& x, const at::Tensor& y, const at::Tensor& bias, bool accumulate) const override {

@@ -7,21 +7,19 @@ namespace sp::exec::formats {
 
 namespace {
 
-std::string scale_name(const ir::Linear& l) { return l.weight + ".scale"; }
-
 struct Int8Rowwise : FormatImpl {
   void store(TensorWeights& into, const ir::Linear& l, const at::Tensor& w, at::ScalarType) const override {
     at::Tensor scale = w.abs().amax(1).clamp_min(1e-8).div_(127.0);
     into.add(l.weight, w.div(scale.unsqueeze(1)).round_().clamp_(-127, 127).to(at::kChar));
-    into.add(scale_name(l), scale);
+    into.add(quant::scale_name(l.weight), scale);
   }
   at::Tensor acquire(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
                      const at::Tensor& out) const override {
     const at::Tensor view = stored_slice(src, l, rows, cols);
-    const at::Tensor scale = slice(src.tensor(scale_name(l)), 0, rows).unsqueeze(1);
+    const at::Tensor scale = slice(src.tensor(quant::scale_name(l.weight)), 0, rows).unsqueeze(1);
     return converted(view, dtype, out).mul_(scale);
   }
-  std::vector<std::string> companions(const ir::Linear& l) const override { return {scale_name(l)}; }
+  std::vector<std::string> companions(const ir::Linear& l) const override { return {quant::scale_name(l.weight)}; }
 };
 
 }  // namespace

@@ -37,6 +37,20 @@ at::Tensor row_scale(const WeightSource& src, const ir::Linear& l, Slice rows) {
   return slice(s.reshape({l.out_features}), 0, rows).to(at::kFloat).unsqueeze(1);
 }
 
+std::vector<std::string> ScaledFormat::companions(const ir::Linear& l) const { return quant::companions(l); }
+
+at::Tensor ScaledFormat::acquire(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols,
+                                 at::ScalarType dtype, const at::Tensor& out) const {
+  const at::Tensor scale = row_scale(src, l, rows);
+  return converted(stored_slice(src, l, rows, cols), dtype, out).mul_(scale);
+}
+
+void store_int8_rows(TensorWeights& into, const ir::Linear& l, const at::Tensor& w) {
+  auto [q, s] = quantize_rows(w, at::kChar);
+  into.add(l.weight, q);
+  into.add(scale_name(l.weight), s.squeeze(1));
+}
+
 at::Tensor hadamard(int64_t g, at::ScalarType dtype, const at::Device& device) {
   int64_t n = 4;
   while (n < g) n *= 4;

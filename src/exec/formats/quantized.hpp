@@ -78,6 +78,16 @@ std::string fp8_gemm_kernel(const contracts::DeviceCaps& dev);
 // added to the output or the output is not bf16.
 int64_t fp8_gemm_workspace(const contracts::GemmCall& g, const contracts::DeviceCaps& dev);
 
+// A format whose weight dequantizes as stored * scale: the scales travel with it (companions)
+// and an acquire is the converted slice times its row_scale.
+struct ScaledFormat : FormatImpl {
+  std::vector<std::string> companions(const ir::Linear& l) const override;
+  at::Tensor acquire(const WeightSource& src, const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
+                     const at::Tensor& out) const override;
+};
+// `w` quantized per row to int8 (quantize_rows), stored as l's weight with its scales ([out]).
+void store_int8_rows(TensorWeights& into, const ir::Linear& l, const at::Tensor& w);
+
 // The caps every quantized format shares: stored in `storage` (not dense), sliced by rows and
 // by columns, held for a block.
 contracts::FormatCaps format_caps(std::string name, std::string description, ir::DType storage);
