@@ -14,7 +14,12 @@ one rank sharded) and the row says how.
 
     .venv/bin/python scripts/sp_check.py [--model wan|minimax] [--tiny] [--layers N]
         [--frames F --height H --width W] [--ranks 1,2] [--mode ulysses|ring] [--cfg-parallel]
-        [--shard-weights | --device-memory SIZE] [--device cuda|cpu] [--reps 2] [--vs-comfy] [--out FILE]
+        [--shard-weights | --device-memory SIZE] [--device cuda|cpu] [--one-gpu] [--consumer NAME]
+        [--kv-budget F] [--reps 2] [--vs-comfy] [--out FILE]
+
+--one-gpu puts every rank on cuda:0 and exchanges over gloo (through host memory): what a split
+computes with a CUDA-only consumer (int8, sparse), on a machine with one GPU; its times are not
+a split's.
 
 Wan: 40 layers, 81 frames at 1280 x 720 by default. MiniMax H3: 50 blocks, 72 latent frames
 (10 s) at 1376 x 768, its audio latent of the same length. Needs ComfyUI's tree (as
@@ -53,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device-memory", help="per rank, e.g. 40GiB: the weights arranged under it (the module in host "
                     "memory)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--one-gpu", action="store_true",
+                    help="every rank on cuda:0, exchanging over gloo: a split's arithmetic on one GPU, not its speed")
+    ap.add_argument("--consumer", default="sdpa", help="the attention consumer (default sdpa; int8, sparse: CUDA)")
+    ap.add_argument("--kv-budget", type=float, default=1.0, help="with --consumer sparse: the video KV budget")
     ap.add_argument("--reps", type=int, default=2, help="timed forwards after the warm-up (default 2)")
     ap.add_argument("--vs-comfy", action="store_true",
                     help="also ComfyUI's own forward on one device (first rank count's rank 0), each row's rel L2 "
@@ -74,7 +83,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--ranks: expected comma-separated counts, got '{a.ranks}'")
     if not a.ranks or min(a.ranks) < 1:
         ap.error(f"--ranks: counts must be >= 1, got {a.ranks}")
-    if a.device == "cuda" and max(a.ranks) > torch.cuda.device_count():
+    if a.one_gpu and a.device != "cuda":
+        ap.error("--one-gpu: applies to --device cuda")
+    if a.kv_budget != 1.0 and a.consumer != "sparse":
+        ap.error(f"--kv-budget {a.kv_budget}: applies to --consumer sparse only")
+    if a.device == "cuda" and not a.one_gpu and max(a.ranks) > torch.cuda.device_count():
         ap.error(f"--ranks {max(a.ranks)}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     for name in ("layers", "reps", "frames", "height", "width"):
         if getattr(a, name) < 1:
@@ -141,14 +154,15 @@ def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
     import streamplan
 
     cuda = a.device == "cuda"
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    device = torch.device("cuda", 0 if a.one_gpu else rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     else:  # the machine's cores shared out over the ranks
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     if world > 1:
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{work}/store-{world}", rank=rank,
-                                world_size=world, device_id=device if cuda else None)
+        nccl = cuda and not a.one_gpu
+        dist.init_process_group("nccl" if nccl else "gloo", init_method=f"file://{work}/store-{world}", rank=rank,
+                                world_size=world, device_id=device if nccl else None)
     try:
         dm, args, kwargs, what = _model(a, device)
 
@@ -170,7 +184,8 @@ def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
         group = dist.group.WORLD if world > 1 else None
         handle = streamplan.apply(dm, process_group=group, sequence_parallel=a.mode,
                                   cfg_parallel=a.cfg_parallel and world > 1, shard_weights=True if shard else None,
-                                  device_memory=a.device_memory, device=str(device) if host else None)
+                                  device_memory=a.device_memory, device=str(device) if host else None,
+                                  consumer=a.consumer, **({"kv_budget": a.kv_budget} if a.consumer == "sparse" else {}))
 
         def sync() -> None:
             if cuda:
@@ -220,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             ranks = [json.load(open(os.path.join(work, f"row-{world}-{r}.json"))) for r in range(world)]
             out = torch.load(os.path.join(work, f"out-{world}.pt"))
             ref = torch.load(os.path.join(work, f"out-{a.ranks[0]}.pt"))
-            row = {"ranks": world, "mode": a.mode, "cfg_parallel": a.cfg_parallel,
+            row = {"ranks": world, "mode": a.mode, "cfg_parallel": a.cfg_parallel, "consumer": a.consumer,
+                   "kv_budget": a.kv_budget, "one_gpu": a.one_gpu,
                    "shard_weights": a.shard_weights and world > 1, "device_memory": a.device_memory,
                    "ms": max(r["ms"] for r in ranks), "per_rank": ranks,
                    "rel_l2_vs_first": float((out - ref).norm() / ref.norm()),

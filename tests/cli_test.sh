@@ -275,6 +275,13 @@ PY
 rc=0; err=$("$bin" run "${wan_geom[@]}" --nproc 2 --precision int8 2>&1) || rc=$?
 [ "$rc" -eq 1 ] && grep -qF -- "--precision: does not combine with --nproc (sequence parallel); write the checkpoint in that precision first (streamplan convert IN OUT --to int8)" <<<"$err" ||
   fail "run --nproc --precision: $rc $err"
+# The ranks' consumer and its options are checked once, before any rank starts.
+rc=0; err=$("$bin" run "${wan_geom[@]}" --nproc 2 --consumer sparse --kv-budget 0.3 2>&1) || rc=$?
+[ "$rc" -eq 1 ] && [ "$(grep -c "consumer 'sparse' (int8 attention kernels) needs a CUDA device" <<<"$err")" -eq 1 ] ||
+  fail "run --nproc --consumer sparse on the CPU: $rc $err"
+rc=0; err=$("$bin" run "${wan_geom[@]}" --nproc 2 --kv-budget 0.3 2>&1) || rc=$?
+[ "$rc" -eq 1 ] && [ "$(grep -c -- "--kv-budget 0.3: applies to --consumer sparse only" <<<"$err")" -eq 1 ] ||
+  fail "run --nproc --kv-budget without sparse: $rc $err"
 # ... as the message says: a converted checkpoint runs over the ranks.
 "$bin" convert "$tmp/wan.safetensors" "$tmp/wan_int8.safetensors" --to int8 >/dev/null 2>&1 || fail "convert --to int8"
 "$bin" run --checkpoint "$tmp/wan_int8.safetensors" --frames 5 --height 32 --width 48 --device cpu --quiet --nproc 2 \

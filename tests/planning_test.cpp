@@ -487,6 +487,70 @@ TEST_F(Planning, SequenceSplitPlansEachRanksRowsWithTheSameExchanges) {
   }
 }
 
+// Under a ulysses split each rank holds every key row of its heads once the K exchanges complete:
+// a consumer that keeps a K carrier (int8) gets it filled from them there, in one step, and
+// attends through it. A consumer that reads its rows' places (sparse) attends the Q slab one
+// rank's rows at a time, each at its place: the attend step names every rank's rows of the
+// sublayer and the slab's rows per rank, at the consumer's Q alignment. A ring cannot route.
+TEST_F(Planning, UlyssesFillsACarrierOnceAndAttendsEachRanksRowsAtTheirPlace) {
+  for (const std::string consumer : {"int8", "sparse"}) {
+    Knobs k = gqa_bf16(1);
+    k.consumer = consumer;
+    const ir::Model m = build(k);
+    for (int64_t r = 0; r < 3; ++r) {
+      SCOPED_TRACE(consumer + ", rank " + std::to_string(r) + " of 3");
+      const pl::Sequence seq{r, 3, pl::SeqMode::Ulysses};
+      const pl::Plan p = plan(m, {.token_chunk = 64, .kv_budget = 0.3, .sequence = seq});
+      int carries = 0, attends = 0, completes = 0;
+      for (const pl::Part* part : pl::parts(p))
+        for (const pl::Step& st : part->program.steps) {
+          if (const auto* x = std::get_if<pl::ExchangeStep>(&st.body); x && x->kind == pl::Exchange::Complete)
+            ++completes;
+          if (const auto* c = std::get_if<pl::CarryKStep>(&st.body)) {
+            EXPECT_EQ(st.depth, 0) << st.what;
+            EXPECT_EQ(completes % 2, 0) << "the carrier is filled once K and V are complete";
+            EXPECT_EQ(c->kv_rows, m.tokens());
+            ++carries;
+          }
+          const auto* a = std::get_if<pl::AttendStep>(&st.body);
+          if (!a || a->kv_rows != m.tokens()) continue;
+          ++attends;
+          EXPECT_TRUE(a->carried) << st.what;
+          if (consumer == "int8") {
+            EXPECT_TRUE(a->pieces.ranks.empty()) << st.what;
+            continue;
+          }
+          EXPECT_TRUE(a->call.routed(a->kv_rows)) << st.what;
+          const ir::RowRange all{0, m.tokens()};
+          ASSERT_EQ(a->pieces.ranks.size(), 3u) << st.what;
+          int64_t begin = 0;
+          for (size_t i = 0; i < 3; ++i) {
+            EXPECT_EQ(a->pieces.ranks[i].begin, begin);
+            EXPECT_EQ(a->pieces.ranks[i].size(), pl::rows_per_rank(seq, m.tokens(), all)[i]);
+            begin = a->pieces.ranks[i].end;
+          }
+          EXPECT_EQ(begin, m.tokens());
+          EXPECT_EQ(a->pieces.me, r);
+          EXPECT_EQ(a->pieces.rows % 64, 0) << "the sparse consumer's Q alignment";
+          EXPECT_TRUE(contains(st.what, "one call per rank's rows")) << st.what;
+        }
+      // 2 K/V head groups over 3 ranks: the last attends none, and takes part in the exchanges only.
+      const bool heads = pl::shares(k.kv_heads, 3)[size_t(r)] > 0;
+      EXPECT_EQ(attends > 0, heads);
+      EXPECT_EQ(carries, heads ? int(m.blocks.size()) : 0);
+    }
+  }
+  Knobs k = gqa_bf16(1);
+  k.consumer = "sparse";
+  const ir::Model m = build(k);
+  try {
+    plan(m, {.kv_budget = 0.3, .sequence = {0, 2, pl::SeqMode::Ring}});
+    ADD_FAILURE() << "a ring split of routed attention planned";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(contains(e.what(), "use the ulysses split")) << e.what();
+  }
+}
+
 // Ulysses leaves each K/V slab's exchanges in flight through buffers that live across the slab
 // loop, and completes them after it: the cost model hides their link time behind the next
 // slabs' work (all but the last pass's), never more than that work, and never below the steps'

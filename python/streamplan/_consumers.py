@@ -56,7 +56,8 @@ def register_consumer(
     head_dim]``, the slab's first query row ``q_start`` among the sublayer's ``q_total`` query
     rows, and the block index ``layer``; it returns the slab's output, of the Q slab's shape,
     dtype and device (``softmax(q k^T / sqrt(head_dim)) v`` for exact attention). The tensors
-    are views of the planned run's buffers, valid during the call.
+    are views of the planned run's buffers, valid during the call. Under a ulysses sequence
+    split each call holds one rank's consecutive rows, so ``q_start`` is always their place.
 
     ``caps`` are the fields of the C++ consumer contract: ``accepts_bounded_q``,
     ``requires_global_k``, ``requires_global_v``, ``slab_output``, ``strided_heads`` (True,

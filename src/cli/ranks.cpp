@@ -217,6 +217,7 @@ int run_rank(const RunArgs& a, const RankEnv& env) {
 
   host::AttachOptions o;
   o.consumer = consumer;
+  if (consumer == "sparse") o.kv_budget = plan::kv_budget_at(a.kv.schedule, a.kv.step, a.kv.steps);
   o.budget = a.budget;
   o.dtype = ir::to_string(dtype);
   o.device = d.str();

@@ -36,9 +36,13 @@ int run_ranks(const RunArgs& a) {
                                 std::string(a.precision == "fp8" ? "fp8" : "int8") + ") and run that");
   for (const char* o : {"--resident-blocks", "--planned-only", "--chunk", "--feature-slice"})
     if (a.given(o)) throw std::invalid_argument(std::string(o) + ": does not combine with --nproc (sequence parallel)");
-  if (a.consumer == "sparse") throw std::invalid_argument("--consumer sparse: does not combine with --nproc yet");
+  check_kv_options(*a.cmd, a.kv, resolve_consumer(a.consumer));
   const auto env = rank_env();
-  if (!env) return spawn_ranks(a.nproc);
+  if (!env) {  // what every rank would find about its consumer and device, said once
+    const at::Device d = exec::pick_device(a.device);
+    require_consumer_device(exec::builtin_registry(), resolve_consumer(a.consumer), d, run_dtype(a.dtype, d));
+    return spawn_ranks(a.nproc);
+  }
   if (a.nproc > 0 && a.nproc != env->size)
     throw std::invalid_argument("--nproc " + std::to_string(a.nproc) + ": WORLD_SIZE of this rank's environment is " +
                                 std::to_string(env->size));

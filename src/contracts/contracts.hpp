@@ -75,6 +75,10 @@ struct ConsumerCaps {
   // Yes: attend_lse also returns each query row's log-sum-exp, so that outputs over parts of
   // K/V merge (ring attention passes K/V blocks around the ranks).
   Cap lse = Cap::Unknown;
+  // Yes: what the call computes depends on where its query rows are (AttnCall::q_begin: routed
+  // tiles, a Python consumer's q_start). A ulysses split then attends each rank's rows of a Q
+  // slab in a call of their own, at their place in the model's rows.
+  Cap positions = Cap::Unknown;
   std::set<ir::DType> dtypes;            // accepted activation dtypes
   int64_t q_align = 1;                   // Q slab rows must be a multiple (except the last)
   int64_t kv_align = 1;                  // global K/V length must be a multiple

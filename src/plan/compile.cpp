@@ -138,12 +138,10 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     if (L != T)
       throw std::invalid_argument("sequence parallel: " + b.name + "." + s.name + " attends " + std::to_string(L) +
                                   " key rows from " + std::to_string(T) + " query rows; only attention over its own rows splits");
-    if (c.reg().consumer(a.consumer).k_carrier_bytes)
-      throw std::invalid_argument("sequence parallel: consumer '" + a.consumer +
-                                  "' keeps K in a carrier it builds over every row; split runs need a consumer that takes K as it is");
-    if (call.routed(L))
+    if (c.seq().mode == SeqMode::Ring && call.routed(L))
       throw std::invalid_argument("sequence parallel: routed attention (kv budget " + std::to_string(call.kv_budget) +
-                                  ") places its query tiles by row; a split run attends densely");
+                                  ") routes each query tile over every key tile of its heads, which a ring passes "
+                                  "around in blocks; use the ulysses split");
     const std::vector<int64_t> rows = c.rows_of(rr);
     // A slab of n of this rank's rows: K and V (K normed and rotated) into kdst and vdst, or Q
     // into qdst, token-major; the normed rows back.
@@ -193,10 +191,15 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     // land at their rows of this rank's K and V; each Q slab is attended at once, its output
     // traded back and projected into the residual rows.
     const int64_t P = c.seq().ranks, most = most_rows(c.seq(), m.tokens(), rr);
-    const auto [kc, qc] = ulysses_slabs(p, most, P);
+    const auto& cc = c.reg().consumer(a.consumer);
+    // A consumer that reads its rows' places gets each rank's rows in slabs at its Q alignment.
+    const bool by_place = cc.positions == contracts::Cap::Yes;
+    const auto [kc, q_each] = ulysses_slabs(p, most, P);
+    const int64_t qc = by_place ? std::min(ir::round_up(q_each, cc.q_align), std::max<int64_t>(most, 1)) : q_each;
     const std::vector<int64_t> groups = shares(G, P);
     const int64_t Gr = groups[size_t(c.seq().rank)];
-    const auto [kv_layout, q_layout, kv_shape] = kv_layout_of(strided, Gr);
+    const bool carries = bool(cc.k_carrier_bytes);  // K head-major for its carrier
+    const auto [kv_layout, q_layout, kv_shape] = kv_layout_of(strided && !carries, Gr);
     const int K = c.buffer(BufRole::GlobalK, "K", kv_shape, dt), V = c.buffer(BufRole::GlobalV, "V", kv_shape, dt);
     auto rows_of = [&](int buf, int64_t n) {  // the first n rows of a slab buffer
       Operand o = c.whole(buf);
@@ -226,6 +229,11 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       c.complete(vrecv, c.whole(V));
       release_all(c, {&wk, &wv});
     }
+    // A consumer's K carrier is filled from every key row of this rank's heads at once.
+    const int carrier = carries && Gr > 0 ? c.k_carrier(a.consumer, Gr, L, hd) : -1;
+    if (carrier >= 0) c.carry_k(a.consumer, c.whole(K), carrier, L);
+    AttendStep::Pieces by_rank;  // a Q slab's rows of each rank, attended one rank's at a time
+    if (by_place) by_rank = {ranges_per_rank(c.seq(), m.tokens(), rr), qc, c.seq().rank};
     // The output projected slab by slab where it streams, else gathered into OFull first.
     const int ofull = streamed ? -1 : c.buffer(BufRole::AttnOutFull, "OFull", {Tl, wq}, dt);
     const Held wqh = hold_q(), wo = streamed ? hold_out() : Held{}, wm = streamed && mlp ? hold_mlp() : Held{};
@@ -246,7 +254,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
           qf = c.whole(c.buffer(BufRole::QFolded, "QF", {Gr, rep * P * qc, hd}, dt));
           c.copy(qh, qf, Layout::Folded, Gr, rep, hd);
         }
-        c.attend(a, qf, K, V, oh, P * qc, L, q_layout, kv_layout, call, Gr);
+        c.attend(a, qf, carrier >= 0 ? carrier : K, V, oh, P * qc, L, q_layout, kv_layout, call, Gr, by_rank);
       }
       const int o = c.buffer(BufRole::AttnOut, "O", {qc, wq}, dt);
       c.exchange(Exchange::HeadsToRows, oh, c.whole(o), sent, groups, rep * hd);

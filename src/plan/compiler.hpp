@@ -306,15 +306,20 @@ class Compiler {
     }
   }
   // `groups`: the K/V heads attended (a.kv_heads unless a rank attends its share of them).
+  // `pieces`: the ranks' rows of a ulysses Q slab, each attended in a call of its own (a folded
+  // Q piece gathered first).
   void attend(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L,
-              Layout q_layout, Layout kv_layout, const contracts::AttnCall& call, int64_t groups = -1) {
+              Layout q_layout, Layout kv_layout, const contracts::AttnCall& call, int64_t groups = -1,
+              AttendStep::Pieces pieces = {}) {
     const int64_t G = groups >= 0 ? groups : a.kv_heads, rep = a.heads / a.kv_heads, hd = a.head_dim;
     const auto& consumer = reg_.consumer(a.consumer);
     const bool carried = bool(consumer.k_carrier_bytes);  // k is the carrier k_carrier() made
-    contracts::AttnShape sh{rep * n, L, G, G, hd, dt_, dev_.kind, dev_.threads};
+    const int64_t calls = std::max<int64_t>(1, int64_t(pieces.ranks.size())), rows = calls > 1 ? pieces.rows : n;
+    contracts::AttnShape sh{rep * rows, L, G, G, hd, dt_, dev_.kind, dev_.threads};
     sh.k_carried = carried;
     sh.gemm_scratch_per_thread = dev_.gemm_scratch(dt_);
-    const int64_t scratch = consumer.call_bytes(sh);
+    const int64_t gathered = calls > 1 && q_layout == Layout::Folded ? G * rep * rows * hd * int64_t(esz_) : 0;
+    const int64_t scratch = consumer.call_bytes(sh) + gathered;
     const double work = consumer.work_fraction ? std::clamp(consumer.work_fraction(sh, call), 0.0, 1.0) : 1.0;
     const double q_rows = double(rep * n);
     // The consumer reads Q, K (or its carrier), V and writes its output (and scratch); its
@@ -323,13 +328,14 @@ class Compiler {
     Terms t{4.0 * q_rows * double(L) * double(G) * double(hd) * work,
             (2.0 * q_rows + double(L)) * double(G * hd) * esz_ + k_bytes + 2.0 * double(scratch) +
                 2.0 * double(n) * double(G * rep * hd) * esz_,
-            2, rep * n, dt_, true, G, L};
+            2 * calls, rep * n, dt_, true, G, L};
     std::ostringstream what;
     what << "attend (consumer '" << a.consumer << "'" << (carried ? ", K carrier" : "");
     if (call.routed(L)) what << ", kv budget " << call.kv_budget;
+    if (calls > 1) what << ", one call per rank's rows";
     emit(AttendStep{a.consumer, qf, whole(k), whole(v), out, q_layout, kv_layout, G, rep, hd, 1.0 / std::sqrt(double(hd)),
-                    carried, L, call},
-         what.str() + ")", t, dev_.held(scratch, consumer.call_allocations));
+                    carried, L, call, std::move(pieces)},
+         what.str() + ")", t, dev_.held(scratch, consumer.call_allocations + (gathered > 0 ? 1 : 0)));
   }
   // The K carrier of `consumer` for L rows, or -1 where the consumer takes K as it is.
   int k_carrier(const std::string& consumer, int64_t G, int64_t L, int64_t hd) {

@@ -79,12 +79,19 @@ ir::RowRange own_rows(const Sequence& s, int64_t tokens) {
   return {begin, begin + r[size_t(s.rank)]};
 }
 
-std::vector<int64_t> rows_per_rank(const Sequence& s, int64_t tokens, ir::RowRange rr) {
-  std::vector<int64_t> out;
+std::vector<ir::RowRange> ranges_per_rank(const Sequence& s, int64_t tokens, ir::RowRange rr) {
+  std::vector<ir::RowRange> out;
   for (int64_t k = 0; k < s.ranks; ++k) {
     const ir::RowRange o = own_rows({k, s.ranks, s.mode}, tokens);
-    out.push_back(std::max<int64_t>(0, std::min(o.end, rr.end) - std::max(o.begin, rr.begin)));
+    const int64_t begin = std::clamp(o.begin, rr.begin, rr.end);
+    out.push_back({begin, std::clamp(o.end, begin, rr.end)});
   }
+  return out;
+}
+
+std::vector<int64_t> rows_per_rank(const Sequence& s, int64_t tokens, ir::RowRange rr) {
+  std::vector<int64_t> out;
+  for (const ir::RowRange& r : ranges_per_rank(s, tokens, rr)) out.push_back(r.size());
   return out;
 }
 

@@ -221,6 +221,14 @@ struct AttendStep {
   bool carried = false;
   int64_t kv_rows = 0;
   contracts::AttnCall call;
+  // Under a ulysses split, for a consumer that reads its rows' places (ConsumerCaps::positions):
+  // the Q slab holds `rows` rows of each rank in rank order, slab i of each rank's rows of the
+  // sublayer (`ranks[r]`, this rank `me`), each attended in a call of its own at its first row;
+  // the rows past a rank's own are left zero. No ranks: one call, at the slab's first row.
+  struct Pieces {
+    std::vector<ir::RowRange> ranks;
+    int64_t rows = 0, me = 0;
+  } pieces;
 };
 // Sequence parallel (Sequence): a collective over every rank of the process group. Every rank
 // runs the same ones in the same order, whatever rows it holds: at loop depth 0, or once per
@@ -334,6 +342,8 @@ std::vector<int64_t> shares(int64_t n, int64_t p);
 ir::RowRange own_rows(const Sequence& s, int64_t tokens);
 // How many rows of `rr` each rank holds, and the most any rank holds.
 std::vector<int64_t> rows_per_rank(const Sequence& s, int64_t tokens, ir::RowRange rr);
+// Which rows of `rr` each rank holds (empty ranges where it holds none).
+std::vector<ir::RowRange> ranges_per_rank(const Sequence& s, int64_t tokens, ir::RowRange rr);
 int64_t most_rows(const Sequence& s, int64_t tokens, ir::RowRange rr);
 // Under a ulysses split, the rows of a self-attention sublayer's K/V slabs and of its Q slabs per
 // rank, which every rank's exchanges trade (so every rank's must be the same): the schedule's

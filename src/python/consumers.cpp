@@ -60,6 +60,7 @@ contracts::ConsumerCaps python_consumer(const std::string& name, const py::funct
   c.requires_global_v = cap_of(caps, "requires_global_v");
   c.slab_output = cap_of(caps, "slab_output");
   c.strided_heads = cap_of(caps, "strided_heads");
+  c.positions = contracts::Cap::Yes;  // it is given its Q slab's first row
   if (caps.contains("dtypes"))
     for (const auto& d : caps["dtypes"]) c.dtypes.insert(ir::parse_dtype(d.cast<std::string>(), "caps['dtypes']"));
   if (caps.contains("q_align")) c.q_align = caps["q_align"].cast<int64_t>();

@@ -183,6 +183,71 @@ def test_ranks_holding_different_modalities_trade_the_same_slabs(tmp_path, mode:
     mp.spawn(_rank, args=(2, str(tmp_path / "store"), "minimax-apart", mode, None), nprocs=2, join=True)
 
 
+WINDOW = 4  # rows each side that a query row of the window consumer sees in self-attention
+
+
+def _window(calls: list[tuple[int, int, int, int, int]]) -> Callable[..., torch.Tensor]:
+    """A consumer whose output depends on where its rows are: in self-attention (as many keys as
+    the sublayer's query rows) query row q_start + i sees the keys within WINDOW rows of it."""
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, q_total: int,
+               layer: int) -> torch.Tensor:
+        rows, keys = q.shape[2], k.shape[2]
+        calls.append((layer, q_start, rows, q_total, keys))
+        scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+        if keys == q_total:
+            at = torch.arange(q_start, q_start + rows)[:, None] - torch.arange(keys)[None, :]
+            scores = scores.masked_fill(at.abs() > WINDOW, float("-inf"))
+        return scores.softmax(-1) @ v
+
+    return attend
+
+
+def _rank_placed(rank: int, world: int, store: str, family: str, chunk: int | None) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    calls: list[tuple[int, int, int, int, int]] = []
+    streamplan.register_consumer("py-window", _window(calls), caps={
+        "accepts_bounded_q": True, "requires_global_k": True, "requires_global_v": True, "slab_output": True,
+        "dtypes": ["fp32"]})
+    try:
+        site, tree, modules, _ = FAMILIES[family]
+        torch.manual_seed(0)
+        with comfy_tree.isolated(site, tree):
+            m, call = _case(family, modules())
+            exact = call(m)
+            _, one = attached(m, call, consumer="py-window", token_chunk=chunk)
+            calls.clear()
+            handle, got = attached(m, call, process_group=dist.group.WORLD, sequence_parallel="ulysses",
+                                   token_chunk=chunk, consumer="py-window")
+        where = f"{family} ulysses, token chunk {chunk}, rank {rank} of {world}"
+        assert handle.fallbacks == [] and handle.planned_calls == handle.calls == 1, f"{where}: {handle.fallbacks}"
+        for i, (g, w, e) in enumerate(zip(got, one, exact)):
+            assert rel_l2(w, e) > 1e-3, f"{where}, output {i}: the window changes nothing to test"
+            err = rel_l2(g, w)
+            assert err <= TOL, f"{where}, output {i}: rel L2 {err:.3e} against one process > {TOL:.0e}"
+        # Each self-attention this rank attends (it holds heads) covers every query row once per
+        # batch element.
+        covered: dict[tuple[int, int], torch.Tensor] = {}
+        for layer, start, rows, total, keys in calls:
+            if keys == total:
+                covered.setdefault((layer, total), torch.zeros(total, dtype=torch.long))[start:start + rows] += 1
+        for (layer, total), count in covered.items():
+            assert count.min() == count.max() >= 1, f"{where}, block {layer}: rows attended {count.tolist()} times"
+    finally:
+        streamplan.unregister_consumer("py-window")
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world,chunk", [(2, None), (3, 8), (4, 8)])
+def test_a_consumer_given_its_rows_places_sees_them_under_ulysses(tmp_path, family: str, world: int,
+                                                                  chunk: int | None) -> None:
+    """A ulysses Q slab holds rows of every rank. A consumer told where its rows are (a Python
+    consumer's q_start) is called once per rank's rows, each at its place, so that a
+    position-dependent consumer (a local window) gives what it gives in one process; each
+    self-attention's calls on a rank cover every query row once."""
+    mp.spawn(_rank_placed, args=(world, str(tmp_path / "store"), family, chunk), nprocs=world, join=True)
+
+
 def _rank_mismatched(rank: int, world: int, store: str, what: str) -> None:
     """Rank 1 calls with another shape or other values than rank 0: every rank raises, naming it,
     instead of exchanging rows that do not belong together."""

@@ -104,6 +104,7 @@ void register_sparse(contracts::Registry& reg) {
       int8c::caps("sparse", "routed block-sparse INT8 attention (64x64 tiles, --kv-budget; 1 is dense); CUDA sm_80+",
                   /*routed=*/true);
   c.q_align = kSparseTile;
+  c.positions = contracts::Cap::Yes;  // its video query tiles are found from the rows' places
   c.call_bytes = sparse_call_bytes;
   c.call_allocations = 4;  // int8's, and the routed tile lists
   c.work_fraction = routed_share;

@@ -290,20 +290,38 @@ class Interpreter {
   }
   void step(const AttendStep& s) {
     const at::Tensor out = operand(s.out);
-    const int64_t n = out.size(0);
     // [1, G, rows, hd]: as stored (head-major, folded), or a view of token-major rows.
     auto heads4 = [&](const at::Tensor& t, Layout layout) {
       return (layout == Layout::Same ? t.view({t.size(0), s.kv_heads, s.head_dim}).transpose(0, 1) : t).unsqueeze(0);
     };
-    const at::Tensor q = heads4(operand(s.q), s.q_layout), v = heads4(operand(s.v), s.kv_layout);
+    const at::Tensor q = operand(s.q), v = heads4(operand(s.v), s.kv_layout);
+    const at::Tensor k = s.carried ? bufs_[size_t(s.k.buf)] : heads4(operand(s.k), s.kv_layout);
     const auto& consumer = impl_of<ConsumerImpl>(reg_.consumer(s.consumer));
     contracts::AttnCall call = s.call;
-    call.q_begin = row0();
-    at::Tensor o4 = s.carried ? consumer.attend_carried(q, bufs_[size_t(s.k.buf)], v, s.scale, call, s.kv_rows)
-                              : consumer.attend_rows(q, heads4(operand(s.k), s.kv_layout), v, s.scale, call);
-    // [G, rep*n, hd] -> [n, G, rep, hd]: strides of whatever layout the consumer returned.
-    const at::Tensor o = s.rep == 1 ? o4[0].unsqueeze(1) : o4[0].view({s.kv_heads, s.rep, n, s.head_dim});
-    out.view({n, s.kv_heads, s.rep, s.head_dim}).copy_(o.permute({2, 0, 1, 3}));
+    // Rows [first, first + n) of the Q slab, at row `at` of the model, into the same rows of out.
+    auto attend = [&](int64_t first, int64_t n, int64_t at) {
+      at::Tensor qs;
+      if (s.q_layout == Layout::Same) qs = heads4(q.narrow(0, first, n), s.q_layout);
+      else if (n == out.size(0)) qs = q.unsqueeze(0);
+      else  // folded [G, rep * rows, hd]: the n rows of each of the rep heads, gathered
+        qs = q.view({s.kv_heads, s.rep, out.size(0), s.head_dim})
+                 .narrow(2, first, n)
+                 .reshape({1, s.kv_heads, s.rep * n, s.head_dim});
+      call.q_begin = at;
+      at::Tensor o4 = s.carried ? consumer.attend_carried(qs, k, v, s.scale, call, s.kv_rows)
+                                : consumer.attend_rows(qs, k, v, s.scale, call);
+      // [G, rep*n, hd] -> [n, G, rep, hd]: strides of whatever layout the consumer returned.
+      const at::Tensor o = s.rep == 1 ? o4[0].unsqueeze(1) : o4[0].view({s.kv_heads, s.rep, n, s.head_dim});
+      out.narrow(0, first, n).view({n, s.kv_heads, s.rep, s.head_dim}).copy_(o.permute({2, 0, 1, 3}));
+    };
+    if (s.pieces.ranks.empty()) return attend(0, out.size(0), row0());
+    // This slab's place in each rank's rows; a rank's rows past its own stay zero (padding).
+    const int64_t slab = row0() - s.pieces.ranks[size_t(s.pieces.me)].begin, each = s.pieces.rows;
+    for (size_t r = 0; r < s.pieces.ranks.size(); ++r) {
+      const int64_t n = std::clamp<int64_t>(s.pieces.ranks[r].size() - slab, 0, each);
+      if (n < each) out.narrow(0, int64_t(r) * each + n, each - n).zero_();
+      if (n > 0) attend(int64_t(r) * each, n, s.pieces.ranks[r].begin + slab);
+    }
   }
   void step(const LoraStep& s) {
     const at::Tensor in = operand(s.in), out = operand(s.out), ax = operand(s.ax);
