@@ -272,9 +272,30 @@ assert rel(ranks, one) <= 1e-5, rel(ranks, one)
 assert rel(plain, one) >= 1e-3, rel(plain, one)
 PY
   fail "run --nproc --lora: $(head -c 600 "$tmp/ranks.json")"
-rc=0; err=$("$bin" run "${wan_geom[@]}" --nproc 2 --precision int8 2>&1) || rc=$?
-[ "$rc" -eq 1 ] && grep -qF -- "--precision: does not combine with --nproc (sequence parallel); write the checkpoint in that precision first (streamplan convert IN OUT --to int8)" <<<"$err" ||
-  fail "run --nproc --precision: $rc $err"
+# --precision over the ranks: the weights converted once for all of them, as one process
+# converts them at load (the same output); the temporary copy gone afterwards.
+"$bin" run "${wan_geom[@]}" --nproc 2 --precision int8 --output "$tmp/nproc_int8.safetensors" >/dev/null ||
+  fail "run --nproc 2 --precision int8"
+"$bin" run "${wan_geom[@]}" --precision int8 --planned-only --output "$tmp/one_int8.safetensors" >/dev/null ||
+  fail "run --precision int8"
+python3 - "$tmp/nproc_int8.safetensors" "$tmp/one_int8.safetensors" "$tmp/nproc.safetensors" <<'PY' ||
+import json, math, struct, sys
+def output(path):  # the fp32 tensor "output" of a safetensors file
+    raw = open(path, "rb").read()
+    size = struct.unpack("<Q", raw[:8])[0]
+    a, b = json.loads(raw[8:8 + size])["output"]["data_offsets"]
+    return struct.unpack(f"<{(b - a) // 4}f", raw[8 + size + a:8 + size + b])
+def rel(x, y):
+    return math.sqrt(sum((p - q) ** 2 for p, q in zip(x, y)) / sum(q * q for q in y))
+ranks, one, preserved = (output(p) for p in sys.argv[1:])
+assert rel(ranks, one) <= 1e-5, rel(ranks, one)
+assert rel(ranks, preserved) >= 1e-3, rel(ranks, preserved)  # int8 weights, not the stored ones
+PY
+  fail "run --nproc 2 --precision int8: its output against one process's"
+! ls "${TMPDIR:-/tmp}"/streamplan-ranks-* >/dev/null 2>&1 || fail "run --nproc --precision left its converted copy"
+rc=0; err=$(RANK=0 WORLD_SIZE=1 MASTER_PORT=1 "$bin" run "${wan_geom[@]}" --precision int8 2>&1) || rc=$?
+[ "$rc" -eq 1 ] && grep -qF -- "--precision int8: under torchrun each process is one rank" <<<"$err" ||
+  fail "run --precision under torchrun: $rc $err"
 # The ranks' consumer and its options are checked once, before any rank starts.
 rc=0; err=$("$bin" run "${wan_geom[@]}" --nproc 2 --consumer sparse --kv-budget 0.3 2>&1) || rc=$?
 [ "$rc" -eq 1 ] && [ "$(grep -c "consumer 'sparse' (int8 attention kernels) needs a CUDA device" <<<"$err")" -eq 1 ] ||

@@ -189,7 +189,9 @@ int run_rank(const RunArgs& a, const RankEnv& env) {
   const std::string consumer = resolve_consumer(a.consumer);
   const ir::DType dtype = run_dtype(a.dtype, d);
   require_consumer_device(reg, consumer, d, dtype);
-  const auto file = io::SafetensorsFile::open(a.checkpoint);
+  const char* converted = std::getenv(kRanksCheckpointEnv);
+  const std::string checkpoint = converted ? converted : a.checkpoint;
+  const auto file = io::SafetensorsFile::open(checkpoint);
   const auto sidecar = a.sidecar.empty() ? models::sidecar_of(file) : recognize::load_sidecar(a.sidecar);
   const auto rec = recognize::recognize(file, sidecar);
   models::TensorMap raw;
@@ -204,7 +206,7 @@ int run_rank(const RunArgs& a, const RankEnv& env) {
   // come from host memory.
   auto read_weights = [&](bool from_host) {
     host::NamedTensors tensors;
-    for (auto& [name, t] : models::read_tensors(a.checkpoint))
+    for (auto& [name, t] : models::read_tensors(checkpoint))
       tensors.emplace_back(name, from_host ? std::move(t) : t.to(d));
     return tensors;
   };

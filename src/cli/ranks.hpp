@@ -35,6 +35,10 @@ std::optional<RankEnv> rank_env();
 // stopped).
 int spawn_ranks(int nproc);
 
+// Where spawn_ranks' ranks read the checkpoint from instead of --checkpoint, when set: the
+// copy --precision fp8|int8 converted once for them.
+inline constexpr const char* kRanksCheckpointEnv = "STREAMPLAN_RANKS_CHECKPOINT";
+
 // One rank's run: the checkpoint's forward over the group of `env`.
 int run_rank(const RunArgs& a, const RankEnv& env);
 

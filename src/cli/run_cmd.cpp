@@ -1,4 +1,8 @@
 // streamplan run: one denoiser forward of a checkpoint, naive vs planned.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "cli/checkpoint_model.hpp"
@@ -15,6 +19,7 @@
 #include "exec/device/probe.hpp"
 #include "exec/residency/streamed.hpp"
 #include "models/checkpoint.hpp"
+#include "models/convert.hpp"
 #include "models/families.hpp"
 #include "models/lora_file.hpp"
 #include "models/quant_load.hpp"
@@ -28,20 +33,49 @@ namespace sp::cli {
 
 namespace {
 
+// --nproc --precision fp8|int8: the blocks' linears converted once, as `streamplan convert`
+// writes them (the weights --precision makes at load), into a temporary file the ranks read;
+// removed when they end (or on SIGINT / SIGTERM).
+int spawn_converted(const RunArgs& a, const at::Device& d) {
+  const models::Precision p = models::parse_precision(a.precision);
+  models::check_precision_device(p, exec::run_device(d));
+  const auto reg = exec::builtin_registry();  // the conversion reads it as it writes
+  const models::Conversion c(a.checkpoint, {models::precision_format(p)}, reg);
+  const std::string tmp =
+      (std::filesystem::temp_directory_path() / ("streamplan-ranks-" + std::to_string(getpid()) + ".safetensors"))
+          .string();
+  check_free_space("--precision " + a.precision + ": the ranks' converted checkpoint", tmp, c.report().file_bytes);
+  {
+    TempFileGuard guard(tmp + ".tmp");
+    c.write(tmp);
+  }
+  setenv(kRanksCheckpointEnv, tmp.c_str(), 1);
+  int rc = 1;
+  try {
+    TempFileGuard guard(tmp);
+    rc = spawn_ranks(a.nproc);
+  } catch (...) {
+    std::filesystem::remove(tmp);
+    throw;
+  }
+  std::filesystem::remove(tmp);
+  return rc;
+}
+
 // run --nproc, or one rank under torchrun's environment.
 int run_ranks(const RunArgs& a) {
-  if (a.precision != "preserve")
-    throw std::invalid_argument("--precision: does not combine with --nproc (sequence parallel); write the checkpoint "
-                                "in that precision first (streamplan convert IN OUT --to " +
-                                std::string(a.precision == "fp8" ? "fp8" : "int8") + ") and run that");
+  const auto env = rank_env();
+  if (a.precision != "preserve" && env && !std::getenv(kRanksCheckpointEnv))
+    throw std::invalid_argument("--precision " + a.precision + ": under torchrun each process is one rank, and none "
+                                "converts the weights for the others; write the checkpoint in that precision first "
+                                "(streamplan convert IN OUT --to " + a.precision + ") and run that");
   for (const char* o : {"--resident-blocks", "--planned-only", "--chunk", "--feature-slice"})
     if (a.given(o)) throw std::invalid_argument(std::string(o) + ": does not combine with --nproc (sequence parallel)");
   check_kv_options(*a.cmd, a.kv, resolve_consumer(a.consumer));
-  const auto env = rank_env();
   if (!env) {  // what every rank would find about its consumer and device, said once
     const at::Device d = exec::pick_device(a.device);
     require_consumer_device(exec::builtin_registry(), resolve_consumer(a.consumer), d, run_dtype(a.dtype, d));
-    return spawn_ranks(a.nproc);
+    return a.precision == "preserve" ? spawn_ranks(a.nproc) : spawn_converted(a, d);
   }
   if (a.nproc > 0 && a.nproc != env->size)
     throw std::invalid_argument("--nproc " + std::to_string(a.nproc) + ": WORLD_SIZE of this rank's environment is " +

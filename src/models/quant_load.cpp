@@ -138,15 +138,20 @@ Precision parse_precision(const std::string& s) {
 
 const char* to_string(Precision p) { return ir::name_of(p, {"preserve", "fp8", "int8"}); }
 
-void apply_precision(ir::Model& m, exec::TensorWeights& w, Precision p, const contracts::DeviceCaps& dev) {
+const char* precision_format(Precision p) { return p == Precision::Preserve ? "" : p == Precision::Fp8 ? "fp8-e4m3" : "int8"; }
+
+void check_precision_device(Precision p, const contracts::DeviceCaps& dev) {
   if (p == Precision::Fp8 && !(dev.kind == contracts::DeviceKind::CUDA && dev.cc_major * 10 + dev.cc_minor >= 89))
     throw std::invalid_argument("--precision fp8 needs fp8 tensor cores (CUDA sm_89 or newer); " + dev.name + " (" +
                                 (dev.kind == contracts::DeviceKind::CUDA
                                      ? "sm_" + std::to_string(dev.cc_major) + std::to_string(dev.cc_minor)
                                      : std::string("CPU")) +
                                 ") has none. Use --precision int8 or preserve");
-  const char* target = p == Precision::Preserve ? "" : p == Precision::Fp8 ? "fp8-e4m3" : "int8";
-  convert_block_linears(m, w, target, std::string("converted at load (--precision ") + to_string(p) + ")");
+}
+
+void apply_precision(ir::Model& m, exec::TensorWeights& w, Precision p, const contracts::DeviceCaps& dev) {
+  check_precision_device(p, dev);
+  convert_block_linears(m, w, precision_format(p), std::string("converted at load (--precision ") + to_string(p) + ")");
 }
 
 void convert_block_linears(ir::Model& m, exec::TensorWeights& w, const std::string& target, const std::string& why) {

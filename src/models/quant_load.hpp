@@ -40,6 +40,10 @@ FamilyRun prepare_loaded(const recognize::FamilyConfig& c, exec::TensorWeights& 
 enum class Precision { Preserve, Fp8, Int8 };
 Precision parse_precision(const std::string& s);  // "preserve" | "fp8" | "int8"
 const char* to_string(Precision p);
+// The format a precision stores the blocks' linears in: "" (preserve), "fp8-e4m3", "int8".
+const char* precision_format(Precision p);
+// std::invalid_argument naming the device where it cannot run `p` (fp8 needs CUDA sm_89+).
+void check_precision_device(Precision p, const contracts::DeviceCaps& dev);
 
 // Sets each linear's format: quantized weights as noted at load; with Fp8/Int8 the blocks'
 // dense 16-bit linears are converted (in `w`) to fp8-e4m3 / int8. Fp8 needs fp8 tensor cores
