@@ -36,10 +36,9 @@ namespace {
 // --nproc --precision fp8|int8: the blocks' linears converted once, as `streamplan convert`
 // writes them (the weights --precision makes at load), into a temporary file the ranks read;
 // removed when they end (or on SIGINT / SIGTERM).
-int spawn_converted(const RunArgs& a, const at::Device& d) {
+int spawn_converted(const RunArgs& a, const at::Device& d, const contracts::Registry& reg) {
   const models::Precision p = models::parse_precision(a.precision);
   models::check_precision_device(p, exec::run_device(d));
-  const auto reg = exec::builtin_registry();  // the conversion reads it as it writes
   const models::Conversion c(a.checkpoint, {models::precision_format(p)}, reg);
   const std::string tmp =
       (std::filesystem::temp_directory_path() / ("streamplan-ranks-" + std::to_string(getpid()) + ".safetensors"))
@@ -49,17 +48,16 @@ int spawn_converted(const RunArgs& a, const at::Device& d) {
     TempFileGuard guard(tmp + ".tmp");
     c.write(tmp);
   }
+  struct Removed {  // however the ranks end
+    const std::string& path;
+    ~Removed() {
+      std::error_code ignored;
+      std::filesystem::remove(path, ignored);
+    }
+  } removed{tmp};
   setenv(kRanksCheckpointEnv, tmp.c_str(), 1);
-  int rc = 1;
-  try {
-    TempFileGuard guard(tmp);
-    rc = spawn_ranks(a.nproc);
-  } catch (...) {
-    std::filesystem::remove(tmp);
-    throw;
-  }
-  std::filesystem::remove(tmp);
-  return rc;
+  TempFileGuard guard(tmp);
+  return spawn_ranks(a.nproc);
 }
 
 // run --nproc, or one rank under torchrun's environment.
@@ -71,11 +69,13 @@ int run_ranks(const RunArgs& a) {
                                 "(streamplan convert IN OUT --to " + a.precision + ") and run that");
   for (const char* o : {"--resident-blocks", "--planned-only", "--chunk", "--feature-slice"})
     if (a.given(o)) throw std::invalid_argument(std::string(o) + ": does not combine with --nproc (sequence parallel)");
-  check_kv_options(*a.cmd, a.kv, resolve_consumer(a.consumer));
+  const std::string consumer = resolve_consumer(a.consumer);
+  check_kv_options(*a.cmd, a.kv, consumer);
   if (!env) {  // what every rank would find about its consumer and device, said once
     const at::Device d = exec::pick_device(a.device);
-    require_consumer_device(exec::builtin_registry(), resolve_consumer(a.consumer), d, run_dtype(a.dtype, d));
-    return a.precision == "preserve" ? spawn_ranks(a.nproc) : spawn_converted(a, d);
+    const auto reg = exec::builtin_registry();  // a conversion reads it as it writes
+    require_consumer_device(reg, consumer, d, run_dtype(a.dtype, d));
+    return a.precision == "preserve" ? spawn_ranks(a.nproc) : spawn_converted(a, d, reg);
   }
   if (a.nproc > 0 && a.nproc != env->size)
     throw std::invalid_argument("--nproc " + std::to_string(a.nproc) + ": WORLD_SIZE of this rank's environment is " +

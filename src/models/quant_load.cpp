@@ -138,7 +138,9 @@ Precision parse_precision(const std::string& s) {
 
 const char* to_string(Precision p) { return ir::name_of(p, {"preserve", "fp8", "int8"}); }
 
-const char* precision_format(Precision p) { return p == Precision::Preserve ? "" : p == Precision::Fp8 ? "fp8-e4m3" : "int8"; }
+const char* precision_format(Precision p) {
+  return p == Precision::Preserve ? "" : p == Precision::Fp8 ? "fp8-e4m3" : "int8";
+}
 
 void check_precision_device(Precision p, const contracts::DeviceCaps& dev) {
   if (p == Precision::Fp8 && !(dev.kind == contracts::DeviceKind::CUDA && dev.cc_major * 10 + dev.cc_minor >= 89))
