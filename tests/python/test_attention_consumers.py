@@ -3,6 +3,8 @@ where they cannot run (a CPU module). Their numerics are the GPU tests of tests/
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -59,3 +61,39 @@ def test_each_kv_budget_has_its_plan(wan_module: Any) -> None:
     assert [p["key"].endswith(f"kv budget {b})") for p, b in zip(plans, ("0.5", "0.25"))] == [True, True], plans
     assert len(plans) == 2
     handle.remove()
+
+
+# --- scripts/attn_error_model.py: the emulated error of 8-bit schemes ---------------------------
+
+def _error_model():
+    import importlib.util
+    path = Path(__file__).resolve().parents[2] / "scripts" / "attn_error_model.py"
+    spec = importlib.util.spec_from_file_location("attn_error_model", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_error_model_separates_the_schemes_it_compares(tmp_path):
+    out = tmp_path / "rows.json"
+    assert _error_model().main(["--rows", "512", "--heads", "1", "--distribution", "gaussian,outlier-k,video-local",
+                                "--json", str(out)]) == 0
+    got = {(r["distribution"], r["scheme"]): r["rel_l2"] for r in json.loads(out.read_text())["results"]}
+    # The int8 consumer's arithmetic: about 1.3e-2 on Gaussian inputs, several times that with K outliers.
+    assert 5e-3 < got[("gaussian", "int8 tile")] < 2e-2
+    assert got[("outlier-k", "int8 tile")] > 4e-2
+    # Balancing K's channels against Q's is exact in real arithmetic and cuts the outlier error.
+    assert got[("outlier-k", "int8 tile, K channels balanced")] < 0.5 * got[("outlier-k", "int8 tile")]
+    # e4m3 P and V cost a few percent wherever V is zero-mean noise.
+    for d in ("gaussian", "video-local"):
+        assert got[(d, "int8 tile + FP8 P·V")] > 2.5e-2 > got[(d, "int8 tile")]
+
+
+def test_the_error_model_names_bad_arguments(capsys):
+    with pytest.raises(SystemExit) as e:
+        _error_model().main(["--rows", "100"])
+    assert e.value.code == 2
+    assert "--rows: a positive multiple of 64, got 100" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _error_model().main(["--distribution", "uniform"])
+    assert "--distribution: unknown 'uniform'" in capsys.readouterr().err
