@@ -181,8 +181,8 @@ TEST(GpuInt8Attention, BothKernelsMatchFp32AttentionDenseAndWithTileLists) {
       const double scale = 1.0 / std::sqrt(128.0);
       const at::Tensor want = exec::block_sparse_reference(x.q.cpu().to(at::kFloat), x.k.cpu().to(at::kFloat),
                                                            x.v.cpu().to(at::kFloat), keep, scale);
-      const ia::QTiles q = ia::quantize_q(x.q, scale);
       const ia::KCarrier k = ia::quantize_k(x.k);
+      const ia::QTiles q = ia::quantize_q(x.q, scale, k);
       const at::Tensor portable = ia::attend(q, k, x.v, list, ia::Kernel::Portable);
       EXPECT_LE(rel_l2(portable, want), 2e-2) << what << ", portable kernel";
       if (!hopper) {
@@ -200,7 +200,8 @@ TEST(GpuInt8Attention, BothKernelsMatchFp32AttentionDenseAndWithTileLists) {
   // head_dim 64 keeps the portable kernel; forcing sm90 is an error that names head_dim.
   const Qkv x = random_qkv(3, 130, 130, 64, at::kBFloat16, 5);
   try {
-    ia::attend(ia::quantize_q(x.q, 0.125), ia::quantize_k(x.k), x.v, {}, ia::Kernel::Sm90);
+    const ia::KCarrier k = ia::quantize_k(x.k);
+    ia::attend(ia::quantize_q(x.q, 0.125, k), k, x.v, {}, ia::Kernel::Sm90);
     ADD_FAILURE() << "the sm90 kernel ran with head_dim 64";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("head_dim is 64"), std::string::npos) << e.what();
@@ -230,8 +231,8 @@ TEST(GpuInt8Attention, TheBoundedSoftmaxRedoesTheRowsItsBoundDoesNotFit) {
       list.indices = (at::arange(per, at::kInt) * 2).repeat({3 * qt}).to(at::kInt).to(x.v.device());
     }
     const std::string what = sparse ? "every other key tile" : "dense";
-    const ia::QTiles q = ia::quantize_q(x.q, 1.0 / std::sqrt(128.0));
     const ia::KCarrier k = ia::quantize_k(x.k);
+    const ia::QTiles q = ia::quantize_q(x.q, 1.0 / std::sqrt(128.0), k);
     const at::Tensor portable = ia::attend(q, k, x.v, list, ia::Kernel::Portable);
     const at::Tensor sm90 = ia::attend(q, k, x.v, list, ia::Kernel::Sm90);
     const at::Tensor flagged = q.check.view({3, qt, 4}).ne(0).any(2).cpu();
@@ -594,6 +595,32 @@ TEST(AttentionInputs, EachDistributionHasItsPropertyAndIsReproducible) {
   }
   EXPECT_THROW(report::attention_inputs("uniform", kSmall, o), std::invalid_argument);
   EXPECT_THROW(report::attention_inputs("gaussian", {100, 1, 64, 10, {1, 10, 10}}, o), std::invalid_argument);
+}
+
+// K with a few channels 20x the others (bench-attention's outlier-k): the carrier divides K's
+// channels by factors that Q's are multiplied by, so the outliers no longer take the int8 range
+// of every other channel. Without the factors the error is about 9e-2; with them about 3.5e-2,
+// whole and with the factors taken from the first slab of a carried K.
+TEST(GpuInt8Attention, KChannelFactorsKeepOutlierChannelsFromTakingTheRange) {
+  SKIP_WITHOUT_CUDA();
+  const at::Device d = exec::pick_device("cuda");
+  const report::AttnInputs in = report::attention_inputs("outlier-k", kSmall, at::TensorOptions().dtype(at::kFloat), 5);
+  const at::Tensor q = in.q[0].to(at::kBFloat16).to(d), k = in.k[0].to(at::kBFloat16).to(d),
+                   v = in.v[0].to(at::kBFloat16).to(d);
+  const double scale = 1.0 / std::sqrt(128.0);
+  const int64_t rows = k.size(1), kt = (rows + 63) / 64;
+  const at::Tensor want = exec::block_sparse_reference(q.cpu().to(at::kFloat), k.cpu().to(at::kFloat),
+                                                       v.cpu().to(at::kFloat), at::ones({2, kt, kt}, at::kBool), scale);
+  namespace ia = exec::int8attn;
+  const ia::KCarrier whole = ia::quantize_k(k);
+  // The factors: Q's times K's is one in every channel, and the outlier channels are shrunk.
+  EXPECT_TRUE(at::allclose(whole.q_factor * whole.k_factor, at::ones_like(whole.q_factor), 1e-5, 1e-5));
+  EXPECT_LT(whole.k_factor.select(1, 3).max().item<double>(), 0.5 * whole.k_factor.median().item<double>());
+  EXPECT_LE(rel_l2(ia::attend(ia::quantize_q(q, scale, whole), whole, v, {}), want), 5e-2) << "whole K";
+  const at::Tensor bytes = at::empty({2, ia::k_carrier_bytes(2, rows, 128) / 2}, k.options().dtype(at::kChar));
+  const ia::KCarrier carried = ia::carrier_view(bytes, 2, rows, 128);
+  for (int64_t b = 0; b < rows; b += 256) ia::quantize_k_rows(k.narrow(1, b, std::min<int64_t>(256, rows - b)), carried, b);
+  EXPECT_LE(rel_l2(ia::attend(ia::quantize_q(q, scale, carried), carried, v, {}), want), 5e-2) << "carried K";
 }
 
 TEST(AttentionInputs, TileCentresAndTheFixedWindowKeepTheNearestTiles) {

@@ -118,8 +118,9 @@ int bench_attention(const Args& a) {
       // The share of 16-row groups the sm_90a kernels' bounded softmax redid (bf16 V), or null.
       auto redone = [&](const ia::TileList& tiles) -> nlohmann::json {
         if (ia::auto_kernel(c.head_dim) != ia::Kernel::Sm90) return nullptr;
-        const ia::QTiles qt = ia::quantize_q(q[0], scale);
-        ia::attend(qt, ia::quantize_k(k[0]), v[0], tiles);
+        const ia::KCarrier kc = ia::quantize_k(k[0]);
+        const ia::QTiles qt = ia::quantize_q(q[0], scale, kc);
+        ia::attend(qt, kc, v[0], tiles);
         return qt.check.ne(0).to(at::kFloat).mean().item<double>();
       };
       auto row = [&](const std::string& consumer, double budget, double ms, double err, double density,
@@ -156,7 +157,10 @@ int bench_attention(const Args& a) {
         // The fixed local window at the same budget, on the same int8 kernels.
         const at::Tensor keep = report::window_tiles(c, budget, d);
         const ia::TileList tiles = tile_list(keep);
-        const double wms = time_ms(d, a.reps, [&] { o = ia::attend(ia::quantize_q(q[0], scale), ia::quantize_k(k[0]), v[0], tiles).unsqueeze(0); });
+        const double wms = time_ms(d, a.reps, [&] {
+          const ia::KCarrier kc = ia::quantize_k(k[0]);
+          o = ia::attend(ia::quantize_q(q[0], scale, kc), kc, v[0], tiles).unsqueeze(0);
+        });
         row("window", budget, wms, rel_l2(o), keep.to(at::kFloat).mean().item<double>(), redone(tiles));
       }
       exec::int8c::drop_carrier();

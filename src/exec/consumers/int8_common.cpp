@@ -30,7 +30,7 @@ std::string self_test_or_throw(const at::Device& d) {
     const at::Tensor v = at::randn({3, 200, dim}, gen, opt.dtype(at::kFloat)).to(at::kBFloat16).to(d);
     const double scale = 1.0 / std::sqrt(double(dim));
     const auto kc = int8attn::quantize_k(k);
-    const auto qt = int8attn::quantize_q(q, scale);
+    const auto qt = int8attn::quantize_q(q, scale, kc);
     // Dense against all tiles; sparse against every other key tile (at least one per row).
     const at::Tensor all = at::ones({3, 3, 4}, at::TensorOptions().dtype(at::kBool));
     at::Tensor half = at::zeros_like(all);
@@ -225,7 +225,7 @@ struct Int8Consumer : ConsumerImpl {
   // The attention of q3 [G, rows, D] against a K carrier; routed: its phase's figures counted.
   at::Tensor attend_with(const at::Tensor& q3, const Carrier& kc, const at::Tensor& v, double scale,
                          const contracts::AttnCall& call) const {
-    const int8attn::QTiles qt = int8attn::quantize_q(q3, scale);
+    const int8attn::QTiles qt = int8attn::quantize_q(q3, scale, kc.k);
     if (!routed) return int8attn::attend(qt, kc.k, heads_rows(v, "v", name), {}).unsqueeze(0);
     const RoutedTiles r = route_slab(qt.tile_mean, kc.k.tile_mean, qt.rows, kc.k.rows, call);
     at::Tensor o = int8attn::attend(qt, kc.k, heads_rows(v, "v", name), {r.offsets, r.indices}).unsqueeze(0);

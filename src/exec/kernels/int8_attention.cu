@@ -65,6 +65,9 @@ __global__ void quantize_tiles(AttnQuantParams p) {
   const int64_t slot = int64_t(h) * (p.out_tiles > 0 ? p.out_tiles : tiles) + p.tile_offset + t;
   const T* x = static_cast<const T*>(p.x) + h * p.head_stride + int64_t(t) * kTile * p.row_stride;
   const float* sub = p.subtract ? p.subtract + int64_t(h) * D : nullptr;
+  const float* fac = p.factor ? p.factor + int64_t(h) * D : nullptr;
+  // The value quantized: x less the subtraction, times the factor.
+  const auto value = [&](float v, int c) { return (sub ? v - sub[c] : v) * (fac ? fac[c] : 1.0f); };
   for (int r = threadIdx.x; r < kTile; r += blockDim.x) row_sq[r] = 0;  // before the barrier below
   float amax = 0.0f;
   if constexpr (Vec) {
@@ -93,7 +96,7 @@ __global__ void quantize_tiles(AttnQuantParams p) {
               make_float4(v[b][j], v[b][j + 1], v[b][j + 2], v[b][j + 3]);
 #pragma unroll
           for (int u = j; u < j + 4; ++u)
-            if (r < rows) amax = fmaxf(amax, fabsf(sub ? v[b][u] - sub[c + u] : v[b][u]));
+            if (r < rows) amax = fmaxf(amax, fabsf(value(v[b][u], c + u)));
         }
       }
     }
@@ -102,7 +105,7 @@ __global__ void quantize_tiles(AttnQuantParams p) {
       const int r = i / D, c = i - r * D;
       const float v = r < rows ? Io<T>::load(x + int64_t(r) * p.row_stride + c) : 0.0f;
       tile[i] = v;
-      if (r < rows) amax = fmaxf(amax, fabsf(sub ? v - sub[c] : v));
+      if (r < rows) amax = fmaxf(amax, fabsf(value(v, c)));
     }
   }
   __syncthreads();
@@ -135,7 +138,7 @@ __global__ void quantize_tiles(AttnQuantParams p) {
       uint32_t packed = 0;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float y = r < rows ? (sub ? v[j] - sub[c + 4 * k + j] : v[j]) : 0.0f;
+        const float y = r < rows ? value(v[j], c + 4 * k + j) : 0.0f;
         const int q = __float2int_rn(fminf(fmaxf(y * inv, -127.0f), 127.0f));
         packed |= uint32_t(q & 0xff) << (8 * j);
       }

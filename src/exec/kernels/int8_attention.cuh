@@ -7,7 +7,9 @@
 // write each tile's fp32 mean (the routing's tile means). K is smoothed first: its per-head
 // mean over all key rows is subtracted (softmax is invariant to a per-query constant, and
 // the smaller range keeps more int8 resolution); attn_head_mean folds the tile means into
-// that per-head mean, so K is read twice (means, then quantization) and Q once.
+// that per-head mean, so K is read twice (means, then quantization) and Q once. A per-channel
+// factor can follow the subtraction: K's channel j divided by c_j and Q's multiplied by it
+// leave every Q·K product as it is and move range from K's outlier channels into Q's.
 // int8_attention is FlashAttention-2 style: one CTA of 4 warps per (64-row query tile, head),
 // each warp 16 query rows; QK^T runs on int8 tensor cores (mma.sync m16n8k32 s8, int32
 // accumulation, scaled per tile pair by q_scale * k_scale into the log2 domain), the online
@@ -52,6 +54,7 @@ struct AttnQuantParams {
   Elem type = Elem::BF16;
   int heads = 0, rows = 0, head_dim = 0;  // head_dim a multiple of 16, at most 256
   const float* subtract = nullptr;  // [heads, head_dim] subtracted before quantizing, or null
+  const float* factor = nullptr;    // [heads, head_dim] multiplied in after the subtraction, or null
   float extra_scale = 1.0f;         // multiplied into each stored scale
   int8_t* out = nullptr;            // [heads, tiles * 64, head_dim], or null: means only
   float* scale = nullptr;           // [heads, tiles]

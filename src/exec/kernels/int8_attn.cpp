@@ -17,7 +17,7 @@ int64_t tiles(int64_t rows) { return (rows + kTile - 1) / kTile; }
 
 int64_t k_carrier_bytes(int64_t heads, int64_t rows, int64_t head_dim) {
   const int64_t t = tiles(rows);
-  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4 + head_dim * 4 + 4);
+  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4 + 3 * head_dim * 4 + 4);
 }
 int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim) {
   const int64_t t = tiles(rows);
@@ -43,6 +43,18 @@ void check_input(const at::Tensor& t, const char* what) {
 
 void check_launch(cudaError_t e, const char* what) {
   TORCH_CHECK(e == cudaSuccess, "int8 attention ", what, ": ", cudaGetErrorString(e));
+}
+
+// The channel factors of K (rows [G, n, D], their per-head mean `mean` [G, D] fp32) into
+// c.k_factor and c.q_factor: c_j = sqrt(a_j / mean over j of a_j), a_j the largest |k - mean| of
+// channel j (kept above 1e-3 of that mean, so that no factor is zero).
+void channel_factors(const at::Tensor& k, const at::Tensor& mean, const KCarrier& c) {
+  const at::Tensor hi = at::amax(k, {1}).to(at::kFloat), lo = at::amin(k, {1}).to(at::kFloat);
+  const at::Tensor range = at::maximum(hi - mean, mean - lo);
+  const at::Tensor ref = range.mean(1, true).clamp_min(1e-30);
+  const at::Tensor f = at::maximum(range, ref * 1e-3).div_(ref).sqrt_();
+  c.q_factor.copy_(f);
+  at::reciprocal_out(const_cast<at::Tensor&>(c.k_factor), f);
 }
 
 kernels::AttnQuantParams quant_params(const at::Tensor& x) {
@@ -72,6 +84,8 @@ KCarrier quantize_k(const at::Tensor& k) {
   c.scale = at::empty({g, t}, f32);
   c.tile_mean = at::empty({g, t, d}, f32);
   c.head_mean = at::empty({g, d}, f32);
+  c.k_factor = at::empty({g, d}, f32);
+  c.q_factor = at::empty({g, d}, f32);
   c.norm = at::zeros({g}, f32);
   kernels::AttnQuantParams p = quant_params(k);
   p.tile_mean = c.tile_mean.data_ptr<float>();
@@ -79,7 +93,9 @@ KCarrier quantize_k(const at::Tensor& k) {
   check_launch(kernels::attn_head_mean(p.tile_mean, p.heads, p.rows, p.head_dim, c.head_mean.data_ptr<float>(), stream),
                "(K head means)");
   p.tile_mean = nullptr;
+  channel_factors(k, c.head_mean, c);
   p.subtract = c.head_mean.data_ptr<float>();
+  p.factor = c.k_factor.data_ptr<float>();
   p.out = c.k8.data_ptr<int8_t>();
   p.scale = c.scale.data_ptr<float>();
   p.norm = c.norm.data_ptr<float>();
@@ -106,6 +122,8 @@ KCarrier carrier_view(const at::Tensor& bytes, int64_t heads, int64_t rows, int6
   c.scale = take(heads * t, at::kFloat, {heads, t});
   c.tile_mean = take(heads * t * head_dim, at::kFloat, {heads, t, head_dim});
   c.head_mean = take(heads * head_dim, at::kFloat, {heads, head_dim});
+  c.k_factor = take(heads * head_dim, at::kFloat, {heads, head_dim});
+  c.q_factor = take(heads * head_dim, at::kFloat, {heads, head_dim});
   c.norm = take(heads, at::kFloat, {heads});
   return c;
 }
@@ -119,13 +137,15 @@ void quantize_k_rows(const at::Tensor& k, const KCarrier& c, int64_t row0) {
   if (k.size(1) == 0) return;
   const c10::cuda::CUDAGuard guard(k.device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  if (row0 == 0) {  // the subtracted means: this slab's, summed in fp32 by the reduction
+  if (row0 == 0) {  // the subtracted means and the channel factors: this slab's
     at::Tensor hm = c.head_mean;
     at::sum_out(hm, k, {1}, false, at::kFloat).div_(double(k.size(1)));
+    channel_factors(k, hm, c);
     c.norm.zero_();  // maxed into by every slab
   }
   kernels::AttnQuantParams p = quant_params(k);
   p.subtract = c.head_mean.data_ptr<float>();
+  p.factor = c.k_factor.data_ptr<float>();
   p.out = c.k8.data_ptr<int8_t>();
   p.scale = c.scale.data_ptr<float>();
   p.tile_mean = c.tile_mean.data_ptr<float>();
@@ -135,8 +155,12 @@ void quantize_k_rows(const at::Tensor& k, const KCarrier& c, int64_t row0) {
   check_launch(kernels::attn_quantize(p, stream), "(K slab quantization)");
 }
 
-QTiles quantize_q(const at::Tensor& q, double softmax_scale) {
+QTiles quantize_q(const at::Tensor& q, double softmax_scale, const KCarrier& k) {
   check_input(q, "q");
+  TORCH_CHECK(k.q_factor.defined() && k.q_factor.dim() == 2 && k.q_factor.size(0) == q.size(0) &&
+                  k.q_factor.size(1) == q.size(2) && k.q_factor.device() == q.device(),
+              "int8 attention: q ", q.sizes(), " on ", q.device(), " does not fit the K carrier's channel factors ",
+              k.q_factor.defined() ? k.q_factor.sizes() : at::IntArrayRef{});
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t g = q.size(0), d = q.size(2), t = tiles(q.size(1));
   const auto f32 = q.options().dtype(at::kFloat);
@@ -148,6 +172,7 @@ QTiles quantize_q(const at::Tensor& q, double softmax_scale) {
   r.check = at::empty({g, t * 4}, q.options().dtype(at::kByte));
   kernels::AttnQuantParams p = quant_params(q);
   p.extra_scale = static_cast<float>(softmax_scale * 1.4426950408889634);  // exp -> exp2
+  p.factor = k.q_factor.data_ptr<float>();
   p.out = r.q8.data_ptr<int8_t>();
   p.scale = r.scale.data_ptr<float>();
   p.tile_mean = r.tile_mean.data_ptr<float>();
@@ -218,7 +243,7 @@ bool built() { return false; }
 KCarrier quantize_k(const at::Tensor&) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
 KCarrier carrier_view(const at::Tensor&, int64_t, int64_t, int64_t) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
 void quantize_k_rows(const at::Tensor&, const KCarrier&, int64_t) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
-QTiles quantize_q(const at::Tensor&, double) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
+QTiles quantize_q(const at::Tensor&, double, const KCarrier&) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
 at::Tensor attend(const QTiles&, const KCarrier&, const at::Tensor&, const TileList&, Kernel) {
   TORCH_CHECK(false, "int8 attention: built without CUDA");
 }

@@ -10,7 +10,7 @@
 //
 // Example:
 //     auto kc = sp::exec::int8attn::quantize_k(k);           // k [G, kv_rows, D] on CUDA
-//     auto qt = sp::exec::int8attn::quantize_q(q, scale);    // q [G, q_rows, D]
+//     auto qt = sp::exec::int8attn::quantize_q(q, scale, kc); // q [G, q_rows, D]
 //     at::Tensor o = sp::exec::int8attn::attend(qt, kc, v, {});   // [G, q_rows, D]
 #pragma once
 
@@ -26,6 +26,9 @@ bool built();
 
 struct KCarrier {
   at::Tensor k8, scale, tile_mean, head_mean;  // [G, kt*64, D] int8, [G, kt], [G, kt, D], [G, D]
+  // [G, D] each: K's channel j is multiplied by k_factor (1 / c_j) after the mean is subtracted,
+  // Q's by q_factor (c_j), c_j = sqrt(K's range in channel j / the mean range of its head).
+  at::Tensor k_factor, q_factor;
   at::Tensor norm;                             // [G] the largest scale x int8 row norm
   int64_t rows = 0;
 };
@@ -48,14 +51,16 @@ int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim);
 // k, q, v: [G, rows, D] bf16 or fp16 on one CUDA device, unit last stride, D 64 or 128.
 KCarrier quantize_k(const at::Tensor& k);
 // The carrier of G x rows x D laid out in `bytes` (a contiguous int8 tensor of
-// k_carrier_bytes elements): int8 K, then the tile scales, the tile means, the head means and
-// the head norms.
+// k_carrier_bytes elements): int8 K, then the tile scales, the tile means, the head means, the
+// channel factors of K and of Q, and the head norms.
 KCarrier carrier_view(const at::Tensor& bytes, int64_t heads, int64_t rows, int64_t head_dim);
 // K rows [row0, row0 + k.size(1)) into the carrier, row0 a multiple of kTile. The first slab
-// (row0 0) sets the per-head means every slab subtracts: softmax is invariant to any vector
-// subtracted from every key, and a slab's mean removes K's common offset as well as all rows'.
+// (row0 0) sets the per-head means every slab subtracts and the channel factors: softmax is
+// invariant to any vector subtracted from every key, and a slab's mean removes K's common
+// offset as well as all rows'; the factors scale Q against K, which leaves Q·K as it is.
 void quantize_k_rows(const at::Tensor& k, const KCarrier& c, int64_t row0);
-QTiles quantize_q(const at::Tensor& q, double softmax_scale);
+// Q's tiles for attending against `k` (its channel factors applied).
+QTiles quantize_q(const at::Tensor& q, double softmax_scale, const KCarrier& k);
 // [G, q rows, D] in v's dtype. A forced Sm90 where it cannot run is an error naming why.
 at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles,
                   Kernel kernel = Kernel::Auto);
