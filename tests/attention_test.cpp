@@ -209,18 +209,21 @@ TEST(GpuInt8Attention, BothKernelsMatchFp32AttentionDenseAndWithTileLists) {
 }
 #endif
 
-// Rows whose Cauchy-Schwarz bound lies hundreds of log2 units above their scores (odd query
-// tiles: a large component along one axis; keys: a large one of either sign along another)
-// are flagged by the bounded softmax of the sm90 kernels and recomputed with the online
-// softmax; every other row keeps the bounded result. Both must agree with the portable kernel
-// (the online softmax on the same quantized inputs) up to the order of sums.
+// Rows whose Cauchy-Schwarz bound lies far above their scores (odd query tiles: a large
+// component along one axis; keys: a large one of either sign along another; K's channel factors
+// off, so that the keys keep it) are redone with the online softmax; every other row keeps the
+// bounded result. Tile 1's bound (about 480 log2 units) is above kLooseBound: it arrives flagged
+// and the bounded pass skips it. Tile 3's (about 220) is below: the bounded pass computes it and
+// flags it. Both must agree with the portable kernel (the online softmax on the same quantized
+// inputs) up to the order of sums.
 TEST(GpuInt8Attention, TheBoundedSoftmaxRedoesTheRowsItsBoundDoesNotFit) {
   SKIP_WITHOUT_CUDA();
   namespace ia = exec::int8attn;
   if (ia::auto_kernel(128) != ia::Kernel::Sm90) GTEST_SKIP() << "the bounded softmax is the sm90 kernels'";
   const int64_t rows = 300, kv_rows = 517, qt = 5;
   Qkv x = random_qkv(3, rows, kv_rows, 128, at::kBFloat16, 11);
-  for (int64_t t = 1; t < qt; t += 2) x.q.narrow(1, t * 64, std::min<int64_t>(64, rows - t * 64)).select(2, 0).add_(60);
+  for (int64_t t = 1; t < qt; t += 2)
+    x.q.narrow(1, t * 64, std::min<int64_t>(64, rows - t * 64)).select(2, 0).add_(t == 1 ? 60 : 25);
   const at::Tensor sign = (at::arange(kv_rows, x.k.options().dtype(at::kFloat)).remainder(2) * 2 - 1) * 60;
   x.k.select(2, 1).add_(sign.to(at::kBFloat16).unsqueeze(0));
   for (const bool sparse : {false, true}) {
@@ -231,8 +234,11 @@ TEST(GpuInt8Attention, TheBoundedSoftmaxRedoesTheRowsItsBoundDoesNotFit) {
       list.indices = (at::arange(per, at::kInt) * 2).repeat({3 * qt}).to(at::kInt).to(x.v.device());
     }
     const std::string what = sparse ? "every other key tile" : "dense";
-    const ia::KCarrier k = ia::quantize_k(x.k);
+    const ia::KCarrier k = ia::quantize_k(x.k, /*factors=*/false);
     const ia::QTiles q = ia::quantize_q(x.q, 1.0 / std::sqrt(128.0), k);
+    const at::Tensor bound = (q.norm * k.norm.unsqueeze(1)).cpu();
+    EXPECT_GT(bound.select(1, 1).min().item<double>(), ia::kLooseBound) << "tile 1 arrives flagged";
+    EXPECT_LT(bound.select(1, 3).max().item<double>(), ia::kLooseBound) << "tile 3 is flagged by the bounded pass";
     const at::Tensor portable = ia::attend(q, k, x.v, list, ia::Kernel::Portable);
     const at::Tensor sm90 = ia::attend(q, k, x.v, list, ia::Kernel::Sm90);
     const at::Tensor flagged = q.check.view({3, qt, 4}).ne(0).any(2).cpu();

@@ -145,20 +145,22 @@ __global__ void quantize_tiles(AttnQuantParams p) {
       w[k] = packed;
     }
     *reinterpret_cast<uint4*>(out + i) = make_uint4(w[0], w[1], w[2], w[3]);
-    if (p.norm) {  // integer sums: the same in any order
+    if (p.norm || p.tile_norm) {  // integer sums: the same in any order
       int sq = 0;
 #pragma unroll
       for (int k = 0; k < 4; ++k) sq = __dp4a(int(w[k]), int(w[k]), sq);
       atomicAdd(&row_sq[r], sq);
     }
   }
-  if (!p.norm) return;
+  if (!p.norm && !p.tile_norm) return;
   __syncthreads();
   if (threadIdx.x < 32) {
     int m = max(row_sq[threadIdx.x], row_sq[threadIdx.x + 32]);
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (threadIdx.x == 0)  // non-negative floats order as their bits
-      atomicMax(reinterpret_cast<int*>(p.norm) + h, __float_as_int(sqrtf(float(m)) * (s * p.extra_scale)));
+    const float largest = sqrtf(float(m)) * (s * p.extra_scale);
+    if (threadIdx.x == 0 && p.tile_norm) p.tile_norm[slot] = largest;
+    if (threadIdx.x == 0 && p.norm)  // non-negative floats order as their bits
+      atomicMax(reinterpret_cast<int*>(p.norm) + h, __float_as_int(largest));
   }
 }
 

@@ -63,6 +63,7 @@ struct AttnQuantParams {
   // row (with out), maxed into what it holds (zero it before a carrier's first slab), or null;
   // K's bound for the bounded softmax (Int8AttnParams::k_norm).
   float* norm = nullptr;
+  float* tile_norm = nullptr;  // [heads, tiles]: each tile's stored scale times its largest int8 row norm, or null
   // Tiles per head of out, scale and tile_mean (0: the tiles of `rows`), and the first tile
   // written: rows of a longer carrier quantized slab by slab.
   int out_tiles = 0, tile_offset = 0;

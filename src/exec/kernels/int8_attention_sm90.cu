@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(Cfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1
   const int h = blockIdx.y;
   const int q_tiles = (p.q_rows + kTile - 1) / kTile, kv_tiles = (p.kv_rows + kTile - 1) / kTile;
   const int qt = blockIdx.x * WG + wg;
-  if (redo && !flagged(p.check, h, q_tiles, int(blockIdx.x) * WG, WG)) return;  // the whole CTA
+  if (skip_cta<Bounded>(p.check, redo, h, q_tiles, int(blockIdx.x) * WG, WG)) return;  // the whole CTA
 
   int count = kv_tiles;
   const int32_t* list = nullptr;
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(128, 2) attention_sm90_sparse(Int8AttnParams p
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int h = blockIdx.y, qt = blockIdx.x;
   const int q_tiles = (p.q_rows + kTile - 1) / kTile, kv_tiles = (p.kv_rows + kTile - 1) / kTile;
-  if (redo && !flagged(p.check, h, q_tiles, qt, 1)) return;
+  if (skip_cta<Bounded>(p.check, redo, h, q_tiles, qt, 1)) return;
   int count = kv_tiles;
   const int32_t* list = nullptr;
   if (p.offsets) {

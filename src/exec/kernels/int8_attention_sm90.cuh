@@ -21,8 +21,9 @@ enum class Sm90Kernel { Auto, CpAsync, WarpSpecialized };
 // key from the Cauchy-Schwarz bound of its scores (Int8AttnParams::k_norm and the row's norm),
 // so the steps take no maxima and never rescale; the rows whose offset was too far above their
 // scores are flagged in Int8AttnParams::check. Redo: the online softmax on the CTAs whose query
-// tiles are flagged there; the others return at once. Bounded and Redo need
-// bounded_softmax_takes(p).
+// tiles are flagged there; the others return at once. check arrives filled: the Bounded pass
+// skips CTAs whose every tile is flagged already (left to Redo) and writes the others' flags.
+// Bounded and Redo need bounded_softmax_takes(p).
 enum class SoftmaxPass { Exact, Bounded, Redo };
 
 // bf16 V and O (fp16 P would not hold the bounded pass's range), k_norm and check set.

@@ -306,6 +306,19 @@ __device__ __forceinline__ bool flagged(const uint8_t* check, int h, int q_tiles
     if (first + i < q_tiles) any |= reinterpret_cast<const uint32_t*>(check)[int64_t(h) * q_tiles + first + i] != 0;
   return any;
 }
+// Whether a CTA of query tiles [first, first + n) of head h has nothing to do in this pass: the
+// Redo pass skips CTAs with no flagged tile; the Bounded pass those whose every tile arrived
+// flagged (Int8AttnParams::check filled before it: bounds too loose to try), left to Redo.
+template <bool Bounded>
+__device__ __forceinline__ bool skip_cta(const uint8_t* check, int redo, int h, int q_tiles, int first, int n) {
+  if constexpr (Bounded) {
+    bool all = true;
+    for (int i = 0; i < n; ++i)
+      if (first + i < q_tiles) all &= reinterpret_cast<const uint32_t*>(check)[int64_t(h) * q_tiles + first + i] != 0;
+    return all;
+  }
+  return redo && !flagged(check, h, q_tiles, first, n);
+}
 
 // O += P V for NT key tiles of V at vs (each [64 keys][128] as two 64-column halves).
 template <int NT, typename T>

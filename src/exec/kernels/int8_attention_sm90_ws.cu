@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 :
   const int tid = threadIdx.x, role = tid >> 7, lane = tid & 31;
   const int h = blockIdx.y;
   const int q_tiles = (p.q_rows + kTile - 1) / kTile, kv_tiles = (p.kv_rows + kTile - 1) / kTile;
-  if (redo && !flagged(p.check, h, q_tiles, int(blockIdx.x) * WG, WG)) return;  // the whole CTA
+  if (skip_cta<Bounded>(p.check, redo, h, q_tiles, int(blockIdx.x) * WG, WG)) return;  // the whole CTA
   int count = kv_tiles;
   const int32_t* list = nullptr;
   if (WG == 1 && p.offsets) {

@@ -21,7 +21,7 @@ int64_t k_carrier_bytes(int64_t heads, int64_t rows, int64_t head_dim) {
 }
 int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim) {
   const int64_t t = tiles(rows);
-  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4 + t * 4);
+  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4 + t * 4 + t * 4);
 }
 
 #ifdef STREAMPLAN_WITH_CUDA
@@ -71,7 +71,7 @@ kernels::AttnQuantParams quant_params(const at::Tensor& x) {
 
 }  // namespace
 
-KCarrier quantize_k(const at::Tensor& k) {
+KCarrier quantize_k(const at::Tensor& k, bool factors) {
   check_input(k, "k");
   TORCH_CHECK(k.size(1) > 0, "int8 attention: k has no rows, shape ", k.sizes());
   const c10::cuda::CUDAGuard guard(k.device());
@@ -93,7 +93,12 @@ KCarrier quantize_k(const at::Tensor& k) {
   check_launch(kernels::attn_head_mean(p.tile_mean, p.heads, p.rows, p.head_dim, c.head_mean.data_ptr<float>(), stream),
                "(K head means)");
   p.tile_mean = nullptr;
-  channel_factors(k, c.head_mean, c);
+  if (factors) {
+    channel_factors(k, c.head_mean, c);
+  } else {
+    c.k_factor.fill_(1.0);
+    c.q_factor.fill_(1.0);
+  }
   p.subtract = c.head_mean.data_ptr<float>();
   p.factor = c.k_factor.data_ptr<float>();
   p.out = c.k8.data_ptr<int8_t>();
@@ -169,6 +174,7 @@ QTiles quantize_q(const at::Tensor& q, double softmax_scale, const KCarrier& k) 
   r.q8 = at::empty({g, t * kTile, d}, q.options().dtype(at::kChar));
   r.scale = at::empty({g, t}, f32);
   r.tile_mean = at::empty({g, t, d}, f32);
+  r.norm = at::empty({g, t}, f32);
   r.check = at::empty({g, t * 4}, q.options().dtype(at::kByte));
   kernels::AttnQuantParams p = quant_params(q);
   p.extra_scale = static_cast<float>(softmax_scale * 1.4426950408889634);  // exp -> exp2
@@ -176,6 +182,7 @@ QTiles quantize_q(const at::Tensor& q, double softmax_scale, const KCarrier& k) 
   p.out = r.q8.data_ptr<int8_t>();
   p.scale = r.scale.data_ptr<float>();
   p.tile_mean = r.tile_mean.data_ptr<float>();
+  p.tile_norm = r.norm.data_ptr<float>();
   check_launch(kernels::attn_quantize(p, c10::cuda::getCurrentCUDAStream()), "(Q quantization)");
   return r;
 }
@@ -207,6 +214,9 @@ at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const
   if (k.norm.defined() && q.check.defined()) {
     p.k_norm = k.norm.data_ptr<float>();
     p.check = q.check.data_ptr<uint8_t>();
+    // The tiles whose bound is too loose arrive flagged; the bounded pass writes the others'.
+    const at::Tensor loose = q.norm.mul(k.norm.unsqueeze(1)).gt(kLooseBound).to(at::kByte);
+    q.check.view({g, -1, 4}).copy_(loose.unsqueeze(2).expand({g, loose.size(1), 4}));
   }
   p.v = v.data_ptr();
   p.v_head_stride = v.stride(0);
@@ -240,7 +250,7 @@ at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const
 #else
 
 bool built() { return false; }
-KCarrier quantize_k(const at::Tensor&) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
+KCarrier quantize_k(const at::Tensor&, bool) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
 KCarrier carrier_view(const at::Tensor&, int64_t, int64_t, int64_t) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
 void quantize_k_rows(const at::Tensor&, const KCarrier&, int64_t) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
 QTiles quantize_q(const at::Tensor&, double, const KCarrier&) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }

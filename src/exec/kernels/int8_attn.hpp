@@ -34,6 +34,7 @@ struct KCarrier {
 };
 struct QTiles {
   at::Tensor q8, scale, tile_mean;  // [G, qt*64, D] int8, [G, qt], [G, qt, D]
+  at::Tensor norm;                  // [G, qt] each tile's largest scale x int8 row norm
   at::Tensor check;                 // [G, qt * 4] uint8: the bounded softmax's rows to redo
   int64_t rows = 0;
 };
@@ -49,7 +50,8 @@ int64_t k_carrier_bytes(int64_t heads, int64_t rows, int64_t head_dim);
 int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim);
 
 // k, q, v: [G, rows, D] bf16 or fp16 on one CUDA device, unit last stride, D 64 or 128.
-KCarrier quantize_k(const at::Tensor& k);
+// factors false: every channel factor 1 (K's channels as they are).
+KCarrier quantize_k(const at::Tensor& k, bool factors = true);
 // The carrier of G x rows x D laid out in `bytes` (a contiguous int8 tensor of
 // k_carrier_bytes elements): int8 K, then the tile scales, the tile means, the head means, the
 // channel factors of K and of Q, and the head norms.
@@ -61,7 +63,11 @@ KCarrier carrier_view(const at::Tensor& bytes, int64_t heads, int64_t rows, int6
 void quantize_k_rows(const at::Tensor& k, const KCarrier& c, int64_t row0);
 // Q's tiles for attending against `k` (its channel factors applied).
 QTiles quantize_q(const at::Tensor& q, double softmax_scale, const KCarrier& k);
-// [G, q rows, D] in v's dtype. A forced Sm90 where it cannot run is an error naming why.
+// [G, q rows, D] in v's dtype. A forced Sm90 where it cannot run is an error naming why. Query
+// tiles whose scores' Cauchy-Schwarz bound exceeds kLooseBound (log2 units) skip the sm90
+// kernels' bounded softmax for the online one at once: a bound that far above the scores would
+// have the bounded pass flag them and the tile computed twice.
+inline constexpr double kLooseBound = 256.0;
 at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles,
                   Kernel kernel = Kernel::Auto);
 // The kernel Auto picks for head_dim on the current CUDA device (Portable without CUDA).
