@@ -21,7 +21,9 @@ int64_t k_carrier_bytes(int64_t heads, int64_t rows, int64_t head_dim) {
 }
 int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim) {
   const int64_t t = tiles(rows);
-  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4 + t * 4 + t * 4);
+  // int8 Q, scales, tile means, row-norm maxima, redo flags; then the loose-bound flags' fp32,
+  // bool and uint8 temporaries while attend fills them.
+  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4 + t * 4 + t * 4 + t * 6);
 }
 
 #ifdef STREAMPLAN_WITH_CUDA
@@ -54,7 +56,7 @@ void channel_factors(const at::Tensor& k, const at::Tensor& mean, const KCarrier
   const at::Tensor ref = range.mean(1, true).clamp_min(1e-30);
   const at::Tensor f = at::maximum(range, ref * 1e-3).div_(ref).sqrt_();
   c.q_factor.copy_(f);
-  at::reciprocal_out(const_cast<at::Tensor&>(c.k_factor), f);
+  c.k_factor.copy_(f.reciprocal());
 }
 
 kernels::AttnQuantParams quant_params(const at::Tensor& x) {

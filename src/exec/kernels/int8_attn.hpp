@@ -45,7 +45,7 @@ struct TileList {
 // device when the sm_90a image was built, else Portable (mma.sync, sm_80 and later).
 enum class Kernel { Auto, Portable, Sm90 };
 
-// Bytes the carrier and the Q tiles of these shapes hold.
+// Bytes the carrier and the Q tiles of these shapes hold (the Q tiles' with attend's flag temporaries).
 int64_t k_carrier_bytes(int64_t heads, int64_t rows, int64_t head_dim);
 int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim);
 
