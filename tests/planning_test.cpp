@@ -512,7 +512,7 @@ TEST_F(Planning, UlyssesFillsACarrierOnceAndAttendsEachRanksRowsAtTheirPlace) {
             EXPECT_EQ(c->kv_rows, m.tokens());
             ++carries;
           }
-          const auto* a = std::get_if<pl::AttendStep>(&st.body);
+          const pl::AttendStep* a = pl::attend_of(st.body);
           if (!a || a->kv_rows != m.tokens()) continue;
           ++attends;
           EXPECT_TRUE(a->carried) << st.what;
@@ -589,6 +589,39 @@ TEST_F(Planning, ExchangesInFlightHideBehindTheNextSlabsWork) {
     EXPECT_LT(cost, serial);
     EXPECT_GE(cost, own);
     EXPECT_GE(cost, std::max(own, in_flight)) << "hidden beyond the work beside it";
+  }
+}
+
+// Under ulysses each Q slab goes out to the ranks piece by piece and every piece is attended
+// as it arrives, its output sent straight back: one Ulysses exchange per slab carries the
+// attention, and its link time runs beside that attention but for the last piece's way back.
+TEST_F(Planning, UlyssesQPiecesTravelBesideTheirAttention) {
+  const ir::Model m = build(gqa_bf16(1));
+  for (int64_t ranks : {2, 3}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    ct::DeviceCaps d = dev;
+    d.rates.link_bytes_per_s = 1e6;  // slow enough that the link outweighs the attention
+    const pl::Plan p = pl::make_plan(m, reg, d, {.token_chunk = 64, .sequence = {0, ranks, pl::SeqMode::Ulysses}});
+    const pl::Rates r = pl::rates_of(d);
+    int found = 0;
+    for (const pl::Part* part : pl::parts(p))
+      for (const pl::Step& st : part->program.steps) {
+        const auto* x = std::get_if<pl::ExchangeStep>(&st.body);
+        if (!x || x->kind != pl::Exchange::Ulysses) continue;
+        ++found;
+        ASSERT_TRUE(x->attend.has_value()) << st.what;
+        EXPECT_TRUE(contains(st.what, "piece by piece")) << st.what;
+        EXPECT_GT(st.terms.link_bytes, 0) << st.what;
+        EXPECT_DOUBLE_EQ(st.terms.link_beside, 1.0 - 1.0 / double(2 * (ranks - 1)));
+        pl::Terms serial = st.terms;
+        serial.link_beside = 0;
+        const double link = st.terms.link_bytes / r.link_bytes_per_s;
+        EXPECT_LT(pl::step_seconds(st.terms, r), pl::step_seconds(serial, r)) << st.what;
+        EXPECT_GE(pl::step_seconds(st.terms, r), link) << "never below the link time itself";
+        EXPECT_GE(pl::step_seconds(st.terms, r), pl::step_seconds(serial, r) - link * st.terms.link_beside);
+      }
+    EXPECT_GT(found, 0) << "a Ulysses exchange per Q slab";
+    for (const pl::Part* part : pl::parts(p)) EXPECT_NO_THROW(pl::check_placement(part->program, part->placement));
   }
 }
 

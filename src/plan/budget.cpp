@@ -272,7 +272,7 @@ std::string dominant_terms(const Program& p, const Placement& pl) {
     const auto& ks = p.buffers[size_t(k)].shape;
     if (ks.size() == 3) shape = {ks[1], ks[0], ks[2]};
     for (const Step& st : p.steps)
-      if (const auto* a = std::get_if<AttendStep>(&st.body);
+      if (const AttendStep* a = attend_of(st.body);
           a && a->k.buf == k && a->kv_layout == Layout::Same && ks.size() == 2)
         shape = {ks[0], a->kv_heads, a->head_dim};
   }

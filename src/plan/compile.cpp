@@ -188,8 +188,9 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     // Ulysses, slab by slab: each exchange trades a slab of `chunk` rows of every rank (padded
     // where a rank holds fewer) for this rank's share of the K/V head groups, each with its
     // query heads; every rank runs as many slabs as the rank with the most rows. The K/V slabs
-    // land at their rows of this rank's K and V; each Q slab is attended at once, its output
-    // traded back and projected into the residual rows.
+    // land at their rows of this rank's K and V; each Q slab goes out to the ranks piece by
+    // piece, each piece attended as it arrives and its output sent back at once, then projected
+    // into the residual rows.
     const int64_t P = c.seq().ranks, most = most_rows(c.seq(), m.tokens(), rr);
     const auto& cc = c.reg().consumer(a.consumer);
     // A consumer that reads its rows' places gets each rank's rows in slabs at its Q alignment.
@@ -244,20 +245,15 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       Operand h;
       if (n < qc) c.zero(c.whole(ql));  // padding rows attend too: zeros, not leftovers
       if (n > 0) h = q_rows(wqh, rows_of(ql, n), n, pieces);
-      const std::vector<int64_t> sent(size_t(P), qc);
+      // Q out to the ranks and the output back, piece by piece, each piece attended as it arrives.
       const Operand qh = c.whole(c.buffer(BufRole::SeqHeads, "Q heads", {P * qc, width}, dt));
-      c.exchange(Exchange::RowsToHeads, c.whole(ql), qh, sent, groups, rep * hd);
       const Operand oh = c.whole(c.buffer(BufRole::SeqHeads, "O heads", {P * qc, width}, dt));
-      if (Gr > 0) {
-        Operand qf = qh;
-        if (q_layout == Layout::Folded) {
-          qf = c.whole(c.buffer(BufRole::QFolded, "QF", {Gr, rep * P * qc, hd}, dt));
-          c.copy(qh, qf, Layout::Folded, Gr, rep, hd);
-        }
-        c.attend(a, qf, carrier >= 0 ? carrier : K, V, oh, P * qc, L, q_layout, kv_layout, call, Gr, by_rank);
-      }
+      const Operand qf = Gr > 0 && q_layout == Layout::Folded
+                             ? c.whole(c.buffer(BufRole::QFolded, "QF", {Gr, rep * P * qc, hd}, dt))
+                             : qh;
       const int o = c.buffer(BufRole::AttnOut, "O", {qc, wq}, dt);
-      c.exchange(Exchange::HeadsToRows, oh, c.whole(o), sent, groups, rep * hd);
+      c.ulysses_attend(a, c.whole(ql), qh, qf, oh, c.whole(o), carrier >= 0 ? carrier : K, V, qc, L, q_layout,
+                       kv_layout, call, groups, by_rank);
       if (n == 0) return;
       if (!streamed) {
         c.copy(rows_of(o, n), c.slab_of(ofull, 0, n));

@@ -311,10 +311,64 @@ class Compiler {
   void attend(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L,
               Layout q_layout, Layout kv_layout, const contracts::AttnCall& call, int64_t groups = -1,
               AttendStep::Pieces pieces = {}) {
+    Attend at = attend_step(a, qf, k, v, out, n, L, q_layout, kv_layout, call, groups, std::move(pieces));
+    emit(std::move(at.step), at.what, at.terms, at.transient);
+  }
+  // A ulysses Q slab's attention with its exchanges (ExchangeStep Ulysses): this rank's Q rows
+  // `q_rows` [each, H*hd] out to the ranks holding their heads, piece by piece, and the output
+  // rows back into `o_rows`; `q_heads`, `qf` and `oh` as for attend() over P*each rows. The
+  // link time runs beside the attention but for the last piece's way back. `groups` per rank.
+  void ulysses_attend(const ir::Attention& a, const Operand& q_rows, const Operand& q_heads, const Operand& qf,
+                      const Operand& oh, const Operand& o_rows, int k, int v, int64_t each, int64_t L,
+                      Layout q_layout, Layout kv_layout, const contracts::AttnCall& call,
+                      const std::vector<int64_t>& groups, AttendStep::Pieces pieces) {
+    const size_t me = size_t(seq_.rank);
+    const int64_t P = seq_.ranks, rep = a.heads / a.kv_heads, hd = a.head_dim, unit = rep * hd;
+    // Every rank's pieces: this rank's rows of each other rank's heads out, and theirs of its own in.
+    const int64_t all = std::accumulate(groups.begin(), groups.end(), int64_t{0});
+    const double out_elems = double(each * (all - groups[me]) * unit), in_elems = double((P - 1) * each * groups[me] * unit);
+    Attend at;
+    if (groups[me] > 0)
+      at = attend_step(a, qf, k, v, oh, P * each, L, q_layout, kv_layout, call, groups[me], std::move(pieces), P);
+    Terms t = at.terms;
+    t.bytes += 2 * (out_elems + in_elems) * esz_;  // the pieces packed and placed, both ways
+    t.launches += 4 * (P - 1);
+    t.link_bytes = 2 * (out_elems + in_elems) * esz_;
+    // Q pieces travel while the first are attended; the last piece's output goes back after it.
+    t.link_beside = P > 1 ? 1.0 - 1.0 / double(2 * (P - 1)) : 0.0;
+    ExchangeStep x;
+    x.kind = Exchange::Ulysses;
+    x.in = q_rows;
+    x.out = o_rows;
+    x.rows.assign(size_t(P), each);
+    x.unit = unit;
+    for (int64_t g : groups) x.heads.push_back(g * rep);
+    x.q_heads = q_heads;
+    if (groups[me] > 0) x.attend = std::move(at.step);
+    // The packed Q pieces on their way out and the output pieces on their way in.
+    const int64_t staging = 2 * dev_.held(int64_t(out_elems * esz_), int(2 * (P - 1)));
+    emit(std::move(x),
+         "exchange rows for heads, " + (groups[me] > 0 ? at.what : std::string("no heads here")) +
+             ", heads back for rows, piece by piece (all-to-all, " + std::to_string(P) + " ranks)",
+         t, at.transient + staging);
+  }
+  // An attend step, its summary, its terms and its bytes outside the arena.
+  struct Attend {
+    AttendStep step;
+    std::string what;
+    Terms terms;
+    int64_t transient = 0;
+  };
+  // `calls` > 0: the n rows attended in that many calls of n / calls rows (where no pieces say).
+  Attend attend_step(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L,
+                     Layout q_layout, Layout kv_layout, const contracts::AttnCall& call, int64_t groups,
+                     AttendStep::Pieces pieces, int64_t calls = 0) {
     const int64_t G = groups >= 0 ? groups : a.kv_heads, rep = a.heads / a.kv_heads, hd = a.head_dim;
     const auto& consumer = reg_.consumer(a.consumer);
     const bool carried = bool(consumer.k_carrier_bytes);  // k is the carrier k_carrier() made
-    const int64_t calls = std::max<int64_t>(1, int64_t(pieces.ranks.size())), rows = calls > 1 ? pieces.rows : n;
+    if (!pieces.ranks.empty()) calls = int64_t(pieces.ranks.size());
+    calls = std::max<int64_t>(calls, 1);
+    const int64_t rows = !pieces.ranks.empty() ? pieces.rows : n / calls;
     contracts::AttnShape sh{rep * rows, L, G, G, hd, dt_, dev_.kind, dev_.threads};
     sh.k_carried = carried;
     sh.gemm_scratch_per_thread = dev_.gemm_scratch(dt_);
@@ -333,9 +387,9 @@ class Compiler {
     what << "attend (consumer '" << a.consumer << "'" << (carried ? ", K carrier" : "");
     if (call.routed(L)) what << ", kv budget " << call.kv_budget;
     if (calls > 1) what << ", one call per rank's rows";
-    emit(AttendStep{a.consumer, qf, whole(k), whole(v), out, q_layout, kv_layout, G, rep, hd, 1.0 / std::sqrt(double(hd)),
-                    carried, L, call, std::move(pieces)},
-         what.str() + ")", t, dev_.held(scratch, consumer.call_allocations + (gathered > 0 ? 1 : 0)));
+    return {AttendStep{a.consumer, qf, whole(k), whole(v), out, q_layout, kv_layout, G, rep, hd,
+                       1.0 / std::sqrt(double(hd)), carried, L, call, std::move(pieces)},
+            what.str() + ")", t, dev_.held(scratch, consumer.call_allocations + (gathered > 0 ? 1 : 0))};
   }
   // The K carrier of `consumer` for L rows, or -1 where the consumer takes K as it is.
   int k_carrier(const std::string& consumer, int64_t G, int64_t L, int64_t hd) {
@@ -364,14 +418,12 @@ class Compiler {
     const size_t me = size_t(seq_.rank);
     auto sum = [](const std::vector<int64_t>& v) { return double(std::accumulate(v.begin(), v.end(), int64_t{0})); };
     // Heads of `unit` features this rank gives and gets; of them its own stay.
-    const double by_rows = double(rows[me]) * sum(heads), by_heads = sum(rows) * double(heads[me]);
-    const bool to_heads = kind == Exchange::RowsToHeads;
-    const double given = to_heads ? by_rows : by_heads, got = to_heads ? by_heads : by_rows;
+    const double given = double(rows[me]) * sum(heads), got = sum(rows) * double(heads[me]);
     Terms t{0, 2 * (elems(in) + got * double(unit)) * esz_, 2};  // packed, then unpacked
     t.link_bytes = (given + got - 2 * double(rows[me]) * double(heads[me])) * double(unit) * esz_;
-    // The packed send buffer, the receive buffer and (HeadsToRows, or RowsToHeads into another
-    // layout) the unpacked rows before their copy.
-    // In flight, the rows are packed into `sent` and received into `received`, then placed as views.
+    // The packed send buffer, the receive buffer and (into another layout) the unpacked rows
+    // before their copy. In flight, the rows are packed into `sent` and received into
+    // `received`, then placed as views.
     const bool staged = received.buf >= 0;
     t.overlapped = staged;
     const int64_t transient =
@@ -381,10 +433,7 @@ class Compiler {
     x.chunk = chunk;
     x.sent = sent;
     x.received = received;
-    emit(std::move(x),
-         std::string(kind == Exchange::RowsToHeads ? "exchange rows for heads" : "exchange heads for rows") +
-             " (all-to-all, " + std::to_string(seq_.ranks) + " ranks)",
-         t, transient);
+    emit(std::move(x), "exchange rows for heads (all-to-all, " + std::to_string(seq_.ranks) + " ranks)", t, transient);
   }
   // Waits for the exchange in flight through `received` and places its rows in `out`.
   void complete(const Operand& received, const Operand& out) {
@@ -535,7 +584,10 @@ class Compiler {
           else if constexpr (std::is_same_v<T, ResidualAddStep>) r(b.y);
           else if constexpr (std::is_same_v<T, CarryKStep>) r(b.k), w(b.carrier);
           else if constexpr (std::is_same_v<T, LoraStep>) r(b.in), r(b.out), w(b.out), w(b.ax);
-          else if constexpr (std::is_same_v<T, ExchangeStep>) r(b.in), r(b.k), r(b.v), w(b.out), w(b.sent), w(b.received);
+          else if constexpr (std::is_same_v<T, ExchangeStep>) {
+            r(b.in), r(b.k), r(b.v), w(b.out), w(b.sent), w(b.received), w(b.q_heads);
+            if (b.attend) w(b.attend->q), r(b.attend->k), r(b.attend->v), w(b.attend->out);
+          }
         },
         s.body);
   }

@@ -96,8 +96,9 @@ double step_seconds(const Terms& t, const Rates& r) {
   double bw = r.bytes_per_s;
   if (t.mover == Mover::NormKernel && r.row_bytes_per_s > 0) bw = r.row_bytes_per_s;
   if (t.mover == Mover::QkKernel && r.qk_bytes_per_s > 0) bw = r.qk_bytes_per_s;
-  // An exchange waits for its link: not overlapped with this step's own work.
-  return std::max(compute, t.bytes / bw) + t.link_bytes / r.link_bytes_per_s + double(t.launches) * r.launch_gap_s;
+  // An exchange waits for its link, but for the share that runs beside this step's own work.
+  const double link = t.link_bytes / r.link_bytes_per_s, beside = link * std::clamp(t.link_beside, 0.0, 1.0);
+  return std::max({compute, t.bytes / bw, beside}) + (link - beside) + double(t.launches) * r.launch_gap_s;
 }
 
 Cost program_cost(const Program& p, const contracts::DeviceCaps& dev) { return program_cost(p, place(p, dev), dev); }

@@ -487,7 +487,7 @@ std::vector<Plan::Entry> entries_of(const Plan& p, const contracts::Registry& re
   for (const Part* part : parts(p))
     for (const Step& st : part->program.steps) {
       if (const auto* a = std::get_if<AcquireStep>(&st.body); a && a->linear) add('f', a->linear->format);
-      else if (const auto* c = std::get_if<AttendStep>(&st.body)) add('c', c->consumer);
+      else if (const AttendStep* c = attend_of(st.body)) add('c', c->consumer);
       else if (const auto* k = std::get_if<CarryKStep>(&st.body)) add('c', k->consumer);
       else if (const auto* x = std::get_if<PatchStep>(&st.body)) add('p', x->patch);
       else if (const auto* l = std::get_if<LoraStep>(&st.body)) add('p', l->patch);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -106,6 +107,9 @@ struct Terms {
   // The link time runs beside the steps that follow until the exchange completes (an exchange
   // with `received`), instead of before them.
   bool overlapped = false;
+  // The share of the link time that runs beside this step's own work (an exchange that attends
+  // what arrives while the rest travels); the rest comes after it.
+  double link_beside = 0;
 };
 
 enum class Axis { Tokens, Features };
@@ -236,16 +240,22 @@ struct AttendStep {
 //   RowsToHeads: in [rows[me], sum(heads) * unit] -> out, every rank's rows of this rank's heads
 //                ([sum(rows), heads[me] * unit] token-major, or [heads[me], sum(rows), unit]);
 //                with `held`, the rows of one slab placed in `out` holding every row.
-//   HeadsToRows: in [sum(rows), heads[me] * unit] -> out [rows[me], sum(heads) * unit].
 //   Ring:        out [rows[me], H * hd] := attention of q (in) [rows[me], H * hd] over the
 //                keys and values of every rank, k and v [rows[me], G * hd] here, the K/V
 //                blocks passed around the ranks and attended by `consumer`'s attend_lse,
 //                q_chunk query rows at a time, the outputs merged in fp32.
 //   Complete:    waits for the RowsToHeads in flight through `received` and places its rows.
+//   Ulysses:     out [rows[me], sum(heads) * unit] := the attention of this rank's Q rows `in`
+//                (the same shape) by `attend`, each rank's heads attended by that rank. Each
+//                rank's rows arrive in `q_heads` [sum(rows), heads[me] * unit] (attend.q folds
+//                them where its layout is Folded) in rounds, rank me - r's in round r, and are
+//                attended as they come, this rank's own first; each piece's output (attend.out,
+//                as q_heads) goes back to its rank at once. So a piece travels while another is
+//                attended.
 // A RowsToHeads with `sent` and `received` (program buffers of one slab of every rank) is left
 // in flight: it completes at the next exchange through the same `received`, or at a Complete
 // step, so that the steps between run while it travels.
-enum class Exchange { RowsToHeads, HeadsToRows, Ring, Complete };
+enum class Exchange { RowsToHeads, Ring, Complete, Ulysses };
 struct ExchangeStep {
   Exchange kind = Exchange::RowsToHeads;
   Operand in, out;
@@ -261,6 +271,8 @@ struct ExchangeStep {
   // `held` rows); the real ones land in `out` (every row) at their rows.
   std::vector<int64_t> held{};
   int64_t chunk = 0;
+  Operand q_heads{};                 // Ulysses
+  std::optional<AttendStep> attend{};  // Ulysses: the attention of this rank's heads (none where it has no heads)
 };
 struct ActivateStep {
   Operand t;
@@ -305,6 +317,12 @@ using StepBody = std::variant<LoopStep, EndLoopStep, AcquireStep, ReleaseStep, Z
                               ProjectStep, QkNormStep, RopeStep, QkNormRopeStep, PatchStep, AttendStep, ActivateStep,
                               MulStep, AddStep, AddBiasStep, ResidualAddStep, LoraStep, CarryKStep, ExchangeStep>;
 const char* step_name(const StepBody&);
+// The attention a step runs: an AttendStep's, or a Ulysses exchange's; null for other steps.
+inline const AttendStep* attend_of(const StepBody& b) {
+  if (const auto* a = std::get_if<AttendStep>(&b)) return a;
+  const auto* x = std::get_if<ExchangeStep>(&b);
+  return x && x->attend ? &*x->attend : nullptr;
+}
 
 struct Step {
   StepBody body;

@@ -85,6 +85,20 @@ c10::intrusive_ptr<c10d::Work> start_rows_to_heads(const Group& pg, const at::Te
   return pg->alltoall_base(out, in, got, sent);
 }
 
+c10::intrusive_ptr<c10d::Work> start_pair(const Group& pg, const at::Tensor& send, int64_t to, const at::Tensor& recv,
+                                          int64_t from) {
+  const int64_t p = pg->getSize();
+  if (to < 0 || to >= p || from < 0 || from >= p || !recv.is_contiguous() || send.scalar_type() != recv.scalar_type())
+    throw std::invalid_argument(c10::str("start_pair: rank ", pg->getRank(), " of ", p, " sends ", send.sizes(), " ",
+                                         send.scalar_type(), " to ", to, " and receives ", recv.sizes(), " ",
+                                         recv.scalar_type(), " from ", from, " (contiguous, one dtype)"));
+  std::vector<int64_t> sent(size_t(p), 0), got(size_t(p), 0);
+  sent[size_t(to)] = send.numel();
+  got[size_t(from)] = recv.numel();
+  at::Tensor in = send.contiguous().view({-1}), out = recv.view({-1});
+  return pg->alltoall_base(out, in, got, sent);
+}
+
 at::Tensor rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& heads) {
   const size_t me = size_t(pg->getRank());

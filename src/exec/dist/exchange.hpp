@@ -33,6 +33,11 @@ at::Tensor rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector
 c10::intrusive_ptr<c10d::Work> start_rows_to_heads(const Group& pg, const at::Tensor& x, const std::vector<int64_t>& rows,
                                                    const std::vector<int64_t>& heads, const at::Tensor& send,
                                                    const at::Tensor& recv);
+// One pair of one round of a collective exchange: every rank calls it together, each sending
+// `send` to rank `to` and receiving `recv` (contiguous, its dtype) from rank `from` (an
+// all-to-all whose other parts are empty). Wait on the work before reading `recv`.
+c10::intrusive_ptr<c10d::Work> start_pair(const Group& pg, const at::Tensor& send, int64_t to, const at::Tensor& recv,
+                                          int64_t from);
 // The inverse: y [sum(rows), heads[me], D] -> [rows[me], sum(heads), D].
 at::Tensor heads_to_rows(const Group& pg, const at::Tensor& y, const std::vector<int64_t>& rows,
                          const std::vector<int64_t>& heads);

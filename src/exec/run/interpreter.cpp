@@ -289,6 +289,12 @@ class Interpreter {
         .carry_k(operand(s.k).unsqueeze(0), operand(s.carrier), f_.token, s.kv_rows);
   }
   void step(const AttendStep& s) {
+    if (s.pieces.ranks.empty()) return attend_rows(s, 0, operand(s.out).size(0), row0());
+    for (size_t r = 0; r < s.pieces.ranks.size(); ++r) attend_piece(s, int64_t(r));
+  }
+  // Rows [first, first + n) of an attend step's Q slab, at row `at` of the model, into the same
+  // rows of its output.
+  void attend_rows(const AttendStep& s, int64_t first, int64_t n, int64_t at) {
     const at::Tensor out = operand(s.out);
     // [1, G, rows, hd]: as stored (head-major, folded), or a view of token-major rows.
     auto heads4 = [&](const at::Tensor& t, Layout layout) {
@@ -298,29 +304,74 @@ class Interpreter {
     const at::Tensor k = s.carried ? bufs_[size_t(s.k.buf)] : heads4(operand(s.k), s.kv_layout);
     const auto& consumer = impl_of<ConsumerImpl>(reg_.consumer(s.consumer));
     contracts::AttnCall call = s.call;
-    // Rows [first, first + n) of the Q slab, at row `at` of the model, into the same rows of out.
-    auto attend = [&](int64_t first, int64_t n, int64_t at) {
-      at::Tensor qs;
-      if (s.q_layout == Layout::Same) qs = heads4(q.narrow(0, first, n), s.q_layout);
-      else if (n == out.size(0)) qs = q.unsqueeze(0);
-      else  // folded [G, rep * rows, hd]: the n rows of each of the rep heads, gathered
-        qs = q.view({s.kv_heads, s.rep, out.size(0), s.head_dim})
-                 .narrow(2, first, n)
-                 .reshape({1, s.kv_heads, s.rep * n, s.head_dim});
-      call.q_begin = at;
-      at::Tensor o4 = s.carried ? consumer.attend_carried(qs, k, v, s.scale, call, s.kv_rows)
-                                : consumer.attend_rows(qs, k, v, s.scale, call);
-      // [G, rep*n, hd] -> [n, G, rep, hd]: strides of whatever layout the consumer returned.
-      const at::Tensor o = s.rep == 1 ? o4[0].unsqueeze(1) : o4[0].view({s.kv_heads, s.rep, n, s.head_dim});
-      out.narrow(0, first, n).view({n, s.kv_heads, s.rep, s.head_dim}).copy_(o.permute({2, 0, 1, 3}));
+    at::Tensor qs;
+    if (s.q_layout == Layout::Same) qs = heads4(q.narrow(0, first, n), s.q_layout);
+    else if (n == out.size(0)) qs = q.unsqueeze(0);
+    else  // folded [G, rep * rows, hd]: the n rows of each of the rep heads, gathered
+      qs = q.view({s.kv_heads, s.rep, out.size(0), s.head_dim}).narrow(2, first, n).reshape({1, s.kv_heads, s.rep * n, s.head_dim});
+    call.q_begin = at;
+    at::Tensor o4 = s.carried ? consumer.attend_carried(qs, k, v, s.scale, call, s.kv_rows)
+                              : consumer.attend_rows(qs, k, v, s.scale, call);
+    // [G, rep*n, hd] -> [n, G, rep, hd]: strides of whatever layout the consumer returned.
+    const at::Tensor o = s.rep == 1 ? o4[0].unsqueeze(1) : o4[0].view({s.kv_heads, s.rep, n, s.head_dim});
+    out.narrow(0, first, n).view({n, s.kv_heads, s.rep, s.head_dim}).copy_(o.permute({2, 0, 1, 3}));
+  }
+  // Rank r's piece of a ulysses Q slab (AttendStep::pieces): its rows attended at their place in
+  // the model; the rows past the rank's own are left zero (padding). Without pieces: the piece
+  // of `each` rows, attended at the slab's row.
+  void attend_piece(const AttendStep& s, int64_t r, int64_t each = 0) {
+    if (s.pieces.ranks.empty()) return attend_rows(s, r * each, each, row0());
+    const int64_t slab = row0() - s.pieces.ranks[size_t(s.pieces.me)].begin, rows = s.pieces.rows;
+    const int64_t n = std::clamp<int64_t>(s.pieces.ranks[size_t(r)].size() - slab, 0, rows);
+    if (n < rows) operand(s.out).narrow(0, r * rows + n, rows - n).zero_();
+    if (n > 0) attend_rows(s, r * rows, n, s.pieces.ranks[size_t(r)].begin + slab);
+  }
+  // ExchangeStep Ulysses: this rank's Q rows out to the ranks holding their heads and each
+  // piece attended as it arrives (in round r, rank me - r's), its output sent straight back.
+  void ulysses(const ExchangeStep& s) {
+    const int64_t P = group_->getSize(), me = group_->getRank(), each = s.rows[size_t(me)], unit = s.unit;
+    const at::Tensor ql = operand(s.in), o = operand(s.out), qh = operand(s.q_heads);
+    std::vector<int64_t> first(static_cast<size_t>(P), 0);  // each rank's first head
+    for (size_t j = 1; j < size_t(P); ++j) first[j] = first[j - 1] + s.heads[j - 1];
+    auto heads_of = [&](const at::Tensor& rows, int64_t j) {
+      return rows.narrow(1, first[size_t(j)] * unit, s.heads[size_t(j)] * unit);
     };
-    if (s.pieces.ranks.empty()) return attend(0, out.size(0), row0());
-    // This slab's place in each rank's rows; a rank's rows past its own stay zero (padding).
-    const int64_t slab = row0() - s.pieces.ranks[size_t(s.pieces.me)].begin, each = s.pieces.rows;
-    for (size_t r = 0; r < s.pieces.ranks.size(); ++r) {
-      const int64_t n = std::clamp<int64_t>(s.pieces.ranks[r].size() - slab, 0, each);
-      if (n < each) out.narrow(0, int64_t(r) * each + n, each - n).zero_();
-      if (n > 0) attend(int64_t(r) * each, n, s.pieces.ranks[r].begin + slab);
+    auto piece = [&](const at::Tensor& t, int64_t j) { return t.narrow(0, j * each, each); };
+    const AttendStep* a = s.attend ? &*s.attend : nullptr;
+    // Folds rank j's piece of Q into the attend step's head-major Q.
+    auto fold = [&](int64_t j) {
+      if (!a || a->q_layout != Layout::Folded) return;
+      operand(a->q).view({a->kv_heads, a->rep, P * each, a->head_dim}).narrow(2, j * each, each)
+          .copy_(piece(qh, j).view({each, a->kv_heads, a->rep, a->head_dim}).permute({1, 2, 0, 3}));
+    };
+    piece(qh, me).copy_(heads_of(ql, me));
+    const size_t ranks = static_cast<size_t>(P);
+    std::vector<at::Tensor> sent(ranks), got(ranks);
+    std::vector<c10::intrusive_ptr<c10d::Work>> q_work(ranks), o_work(ranks);
+    for (int64_t r = 1; r < P; ++r) {
+      const int64_t to = (me + r) % P, from = (me - r + P) % P;
+      sent[size_t(r)] = heads_of(ql, to).contiguous();
+      q_work[size_t(r)] = dist::start_pair(group_, sent[size_t(r)], to, piece(qh, from), from);
+    }
+    for (int64_t r = 0; r < P; ++r) {
+      const int64_t from = (me - r + P) % P, to = (me + r) % P;
+      if (r > 0) q_work[size_t(r)]->wait();
+      if (a) {
+        fold(from);
+        attend_piece(*a, from, each);
+      }
+      if (r == 0) {
+        if (a) heads_of(o, me).copy_(piece(operand(a->out), me));
+        continue;
+      }
+      // This piece's output back to its rank; this rank's rows of rank `to`'s heads in.
+      got[size_t(r)] = at::empty({each, s.heads[size_t(to)] * unit}, o.options());
+      const at::Tensor back = a ? piece(operand(a->out), from) : at::empty({0}, o.options());
+      o_work[size_t(r)] = dist::start_pair(group_, back, from, got[size_t(r)], to);
+    }
+    for (int64_t r = 1; r < P; ++r) {
+      o_work[size_t(r)]->wait();
+      heads_of(o, (me + r) % P).copy_(got[size_t(r)]);
     }
   }
   void step(const LoraStep& s) {
@@ -356,12 +407,8 @@ class Interpreter {
       complete(s.received.buf);
       return;
     }
+    if (s.kind == Exchange::Ulysses) return ulysses(s);
     const int64_t heads = std::accumulate(s.heads.begin(), s.heads.end(), int64_t{0});
-    if (s.kind == Exchange::HeadsToRows) {
-      const at::Tensor y = in.view({in.size(0), s.heads[size_t(me)], s.unit});
-      out.view({out.size(0), heads, s.unit}).copy_(dist::heads_to_rows(group_, y, s.rows, s.heads));
-      return;
-    }
     // Every rank's rows of this rank's heads [rows, heads[me], unit] into `out`, token-major or
     // head-major; with `held`, one slab of each rank's rows: its real ones (the first m of the
     // `chunk` it sent) at theirs.
