@@ -308,7 +308,9 @@ class Interpreter {
     if (s.q_layout == Layout::Same) qs = heads4(q.narrow(0, first, n), s.q_layout);
     else if (n == out.size(0)) qs = q.unsqueeze(0);
     else  // folded [G, rep * rows, hd]: the n rows of each of the rep heads, gathered
-      qs = q.view({s.kv_heads, s.rep, out.size(0), s.head_dim}).narrow(2, first, n).reshape({1, s.kv_heads, s.rep * n, s.head_dim});
+      qs = q.view({s.kv_heads, s.rep, out.size(0), s.head_dim})
+               .narrow(2, first, n)
+               .reshape({1, s.kv_heads, s.rep * n, s.head_dim});
     call.q_begin = at;
     at::Tensor o4 = s.carried ? consumer.attend_carried(qs, k, v, s.scale, call, s.kv_rows)
                               : consumer.attend_rows(qs, k, v, s.scale, call);
