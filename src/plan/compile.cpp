@@ -219,10 +219,10 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
         const int ks = c.buffer(BufRole::SeqRows, "K slab", {kc, wkv}, dt);
         const int vs = c.buffer(BufRole::SeqRows, "V slab", {kc, wkv}, dt);
         if (n > 0) kv_rows(wk, wv, rows_of(ks, n), rows_of(vs, n), n, pieces);
-        c.exchange(Exchange::RowsToHeads, c.whole(ks), c.whole(K), std::vector<int64_t>(size_t(P), kc), groups, hd,
-                   kv_layout, rows, kc, ksent, krecv);
-        c.exchange(Exchange::RowsToHeads, c.whole(vs), c.whole(V), std::vector<int64_t>(size_t(P), kc), groups, hd,
-                   kv_layout, rows, kc, vsent, vrecv);
+        c.exchange(c.whole(ks), c.whole(K), std::vector<int64_t>(size_t(P), kc), groups, hd, kv_layout, rows, kc, ksent,
+                   krecv);
+        c.exchange(c.whole(vs), c.whole(V), std::vector<int64_t>(size_t(P), kc), groups, hd, kv_layout, rows, kc, vsent,
+                   vrecv);
       };
       c.own_loop(rr, kc, true, slab);
       c.pad_loop(rr, kc, c.slabs(rr, kc), slab);

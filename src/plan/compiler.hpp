@@ -405,35 +405,29 @@ class Compiler {
     emit(CarryKStep{consumer, k, whole(carrier), L}, "K slab into the carrier of '" + consumer + "'",
          {0, e * (2 * esz_ + 1), 3});
   }
-  // A sequence-parallel exchange (ExchangeStep) of rows and heads: `rows` per rank, `heads` per
-  // rank of `unit` features each. Its link bytes are what this rank sends and receives.
-  // `held` and `chunk` (RowsToHeads): the slab of `chunk` rows of each rank's `held` rows that
-  // the current token slab is, its rows placed in `out` at theirs (ExchangeStep).
-  // `sent` and `received` (RowsToHeads): program buffers through which it is left in flight
-  // (ExchangeStep), its link time beside the steps that follow; complete() ends it.
-  void exchange(Exchange kind, const Operand& in, const Operand& out, std::vector<int64_t> rows,
-                std::vector<int64_t> heads, int64_t unit, Layout out_layout = Layout::Same,
-                std::vector<int64_t> held = {}, int64_t chunk = 0, const Operand& sent = {},
-                const Operand& received = {}) {
+  // A sequence-parallel exchange of rows for heads (ExchangeStep RowsToHeads): `rows` per rank,
+  // `heads` per rank of `unit` features each. Its link bytes are what this rank sends and
+  // receives. `held` and `chunk`: the slab of `chunk` rows of each rank's `held` rows that the
+  // current token slab is, its rows placed in `out` at theirs. `sent` and `received`: program
+  // buffers through which it is left in flight, its link time beside the steps that follow;
+  // complete() ends it.
+  void exchange(const Operand& in, const Operand& out, std::vector<int64_t> rows, std::vector<int64_t> heads,
+                int64_t unit, Layout out_layout, std::vector<int64_t> held, int64_t chunk, const Operand& sent,
+                const Operand& received) {
     const size_t me = size_t(seq_.rank);
     auto sum = [](const std::vector<int64_t>& v) { return double(std::accumulate(v.begin(), v.end(), int64_t{0})); };
     // Heads of `unit` features this rank gives and gets; of them its own stay.
     const double given = double(rows[me]) * sum(heads), got = sum(rows) * double(heads[me]);
     Terms t{0, 2 * (elems(in) + got * double(unit)) * esz_, 2};  // packed, then unpacked
     t.link_bytes = (given + got - 2 * double(rows[me]) * double(heads[me])) * double(unit) * esz_;
-    // The packed send buffer, the receive buffer and (into another layout) the unpacked rows
-    // before their copy. In flight, the rows are packed into `sent` and received into
-    // `received`, then placed as views.
-    const bool staged = received.buf >= 0;
-    t.overlapped = staged;
-    const int64_t transient =
-        staged ? 0 : dev_.held(int64_t(elems(in) * esz_)) + 2 * dev_.held(int64_t(got * double(unit) * esz_));
-    ExchangeStep x{kind, in, out, std::move(rows), std::move(heads), unit, out_layout, {}, {}, 1, 0, 1.0};
+    // The rows are packed into `sent` and received into `received`, then placed as views.
+    t.overlapped = true;
+    ExchangeStep x{Exchange::RowsToHeads, in, out, std::move(rows), std::move(heads), unit, out_layout, {}, {}, 1, 0, 1.0};
     x.held = std::move(held);
     x.chunk = chunk;
     x.sent = sent;
     x.received = received;
-    emit(std::move(x), "exchange rows for heads (all-to-all, " + std::to_string(seq_.ranks) + " ranks)", t, transient);
+    emit(std::move(x), "exchange rows for heads (all-to-all, " + std::to_string(seq_.ranks) + " ranks)", t);
   }
   // Waits for the exchange in flight through `received` and places its rows in `out`.
   void complete(const Operand& received, const Operand& out) {

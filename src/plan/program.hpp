@@ -238,8 +238,8 @@ struct AttendStep {
 // runs the same ones in the same order, whatever rows it holds: at loop depth 0, or once per
 // slab of a token loop that every rank runs as many times (padded with empty slabs).
 //   RowsToHeads: in [rows[me], sum(heads) * unit] -> out, every rank's rows of this rank's heads
-//                ([sum(rows), heads[me] * unit] token-major, or [heads[me], sum(rows), unit]);
-//                with `held`, the rows of one slab placed in `out` holding every row.
+//                ([sum(rows), heads[me] * unit] token-major, or [heads[me], sum(rows), unit]):
+//                the rows of one slab placed in `out` holding every row (`held`).
 //   Ring:        out [rows[me], H * hd] := attention of q (in) [rows[me], H * hd] over the
 //                keys and values of every rank, k and v [rows[me], G * hd] here, the K/V
 //                blocks passed around the ranks and attended by `consumer`'s attend_lse,
@@ -252,8 +252,8 @@ struct AttendStep {
 //                attended as they come, this rank's own first; each piece's output (attend.out,
 //                as q_heads) goes back to its rank at once. So a piece travels while another is
 //                attended.
-// A RowsToHeads with `sent` and `received` (program buffers of one slab of every rank) is left
-// in flight: it completes at the next exchange through the same `received`, or at a Complete
+// A RowsToHeads is left in flight through `sent` and `received` (program buffers of one slab of
+// every rank): it completes at the next exchange through the same `received`, or at a Complete
 // step, so that the steps between run while it travels.
 enum class Exchange { RowsToHeads, Ring, Complete, Ulysses };
 struct ExchangeStep {
@@ -266,9 +266,9 @@ struct ExchangeStep {
   int64_t rep = 1, q_chunk = 0;      // Ring: query heads per K/V head, query rows per score block
   double scale = 1.0;                // Ring
   std::string consumer{};            // Ring: a consumer that returns the log-sum-exp (ConsumerCaps::lse)
-  Operand sent{}, received{};        // RowsToHeads left in flight (above); Complete: `received`
-  // RowsToHeads of one slab of a token loop: each rank sends `chunk` rows (padded past its
-  // `held` rows); the real ones land in `out` (every row) at their rows.
+  Operand sent{}, received{};        // RowsToHeads in flight (above); Complete: `received`
+  // RowsToHeads, one slab of a token loop: each rank sends `chunk` rows (padded past its `held`
+  // rows); the real ones land in `out` (every row) at their rows.
   std::vector<int64_t> held{};
   int64_t chunk = 0;
   Operand q_heads{};                 // Ulysses

@@ -394,6 +394,7 @@ class Interpreter {
   }
   void step(const ExchangeStep& s) {
     if (!group_) throw std::logic_error("an exchange step without a process group");
+    if (s.kind == Exchange::Ulysses) return ulysses(s);
     const at::Tensor in = operand(s.in), out = operand(s.out);
     const int64_t me = group_->getRank();
     if (s.kind == Exchange::Ring) {
@@ -409,29 +410,22 @@ class Interpreter {
       complete(s.received.buf);
       return;
     }
-    if (s.kind == Exchange::Ulysses) return ulysses(s);
     const int64_t heads = std::accumulate(s.heads.begin(), s.heads.end(), int64_t{0});
-    // Every rank's rows of this rank's heads [rows, heads[me], unit] into `out`, token-major or
-    // head-major; with `held`, one slab of each rank's rows: its real ones (the first m of the
-    // `chunk` it sent) at theirs.
-    const int64_t slab = s.held.empty() ? 0 : f_.token / s.chunk;
+    // One slab of every rank's rows of this rank's heads [rows, heads[me], unit] into `out`,
+    // token-major or head-major: its real ones (the first m of the `chunk` each rank sent) at theirs.
+    const int64_t slab = f_.token / s.chunk;
     auto place = [&s, out, slab](const at::Tensor& t) {
       auto put = [&](const at::Tensor& block, int64_t first) {
         const int64_t m = block.size(0);
         if (s.out_layout == Layout::HeadMajor) out.narrow(1, first, m).copy_(block.transpose(0, 1));
         else out.narrow(0, first, m).view(block.sizes()).copy_(block);
       };
-      if (s.held.empty()) return put(t, 0);
       for (size_t i = 0, first = 0, at = 0; i < s.held.size(); first += size_t(s.held[i]), at += size_t(s.rows[i]), ++i) {
         const int64_t m = std::clamp<int64_t>(s.held[i] - slab * s.chunk, 0, s.chunk);
         if (m > 0) put(t.narrow(0, int64_t(at), m), int64_t(first) + slab * s.chunk);
       }
     };
     const at::Tensor x = in.view({in.size(0), heads, s.unit});
-    if (s.received.buf < 0) {
-      place(dist::rows_to_heads(group_, x, s.rows, s.heads));
-      return;
-    }
     complete(s.received.buf);  // the exchange before through the same buffers
     const at::Tensor recv = operand(s.received).view({-1});
     const int64_t total = std::accumulate(s.rows.begin(), s.rows.end(), int64_t{0}), mine = s.heads[size_t(me)];
