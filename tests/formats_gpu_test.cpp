@@ -240,6 +240,53 @@ TEST(Gpu, Fp8GemmFusedAndScaledMmMatchReference) {
                        "STREAMPLAN_FP8_GEMM", "fp8-e4m3 gemm", fused);
 }
 
+// A weight with an input scale (ComfyUI's layers hold one, or are quantized at scale 1): the
+// activations are quantized per tensor with it, as ComfyUI computes (values beyond ±448·s
+// clamped, small ones in e4m3's subnormal steps), not per row. The scale held on the host (a
+// streamed weight's companion) and on the device gives the same. Rows 0-7 are 10^4 times larger
+// than the rest and rows 8-15 10^4 times smaller, where the two quantizations differ.
+TEST(Gpu, Fp8GemmQuantizesWithTheWeightsInputScale) {
+  if (!test::have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const auto reg = exec::builtin_registry();
+  const at::Device d = exec::pick_device("cuda");
+  if (!reg.format("fp8-e4m3").native_gemm(exec::describe_device(d))) GTEST_SKIP() << "no fp8 tensor cores";
+  at::manual_seed(31);
+  const auto cuda = at::TensorOptions().device(d);
+  const int64_t n = 203, k = 512, r = 272;
+  at::Tensor x = at::randn({n, k}, cuda);
+  x.slice(0, 0, 8).mul_(1e4);
+  x.slice(0, 8, 16).mul_(1e-4);
+  x = x.to(at::kBFloat16);
+  const at::Tensor wq = random_fp8(r, k, cuda), sw = at::tensor(3e-4f, cuda).reshape({});
+  const ir::Linear l = linear("fp8-e4m3", r, k);
+  const auto& impl = exec::impl_of<exec::FormatImpl>(reg.format("fp8-e4m3"));
+  for (const float s : {1.0f, 0.25f}) {
+    const at::Tensor sa = at::tensor(s, cuda).reshape({});
+    const at::Tensor xq = x.to(at::kFloat).div(sa).clamp_(-448, 448).to(at::kFloat8_e4m3fn);
+    const at::Tensor ref = at::_scaled_mm(xq, wq.t(), sa, sw, std::nullopt, std::nullopt, at::kBFloat16).to(at::kFloat);
+    for (const bool host : {true, false}) {
+      exec::TensorWeights w(&reg);
+      w.add(l.weight, wq);
+      w.add(exec::quant::scale_name(l.weight), sw);
+      w.add(exec::quant::input_scale_name(l.weight), host ? sa.cpu() : sa);
+      at::Tensor y = at::zeros({n, r}, cuda.dtype(at::kBFloat16));
+      impl.gemm(w, l, {}, {}, wq, x, y, {}, false);
+      const double err = test::rel_l2(y.to(at::kFloat), ref);
+      EXPECT_LT(err, 5e-3) << "input scale " << s << (host ? " held on the host" : " on the device");
+    }
+  }
+  // Per row (no input scale) the extreme rows come out otherwise: the check above can fail.
+  exec::TensorWeights w(&reg);
+  w.add(l.weight, wq);
+  w.add(exec::quant::scale_name(l.weight), sw);
+  at::Tensor y = at::zeros({n, r}, cuda.dtype(at::kBFloat16));
+  impl.gemm(w, l, {}, {}, wq, x, y, {}, false);
+  const at::Tensor one = at::tensor(1.0f, cuda).reshape({});
+  const at::Tensor ref = at::_scaled_mm(x.to(at::kFloat).clamp(-448, 448).to(at::kFloat8_e4m3fn), wq.t(), one, sw,
+                                        std::nullopt, std::nullopt, at::kBFloat16);
+  EXPECT_GT(test::rel_l2(y.slice(0, 0, 16).to(at::kFloat), ref.slice(0, 0, 16).to(at::kFloat)), 0.5);
+}
+
 #ifdef STREAMPLAN_SCALED_GEMM_SM90
 // scaled_gemm_sm90's parameters for xq [n, k] and wq [r, k] (int8 or fp8 e4m3, as their dtype
 // says), rs [n] and cs [r] fp32, y [n, r] bf16 or fp16 (y = written; set accumulate, bias to

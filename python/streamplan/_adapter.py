@@ -81,6 +81,12 @@ class Adapter:
         cast time), or None: weights are the module's tensors as they are."""
         return None
 
+    @classmethod
+    def host_tensors(cls, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """Tensors the host computes with that the module's ``state_dict`` does not hold (by
+        state_dict name), read beside it; none by default."""
+        return {}
+
     def output(self, call: Call, outputs: list[Any]) -> Any:
         """What the original forward returns, from the per-element outputs (fp32): tensors, or
         dicts of named tensors when `named_outputs` is set."""

@@ -325,7 +325,7 @@ class Handle:
         m = self._module
         consumer, budget, chunk, fslice = self._options
         sidecar = json.dumps(self._adapter_type.sidecar(m))
-        tensors = list(m.state_dict().items())
+        tensors = list(m.state_dict().items()) + list(self._adapter_type.host_tensors(m).items())
         hook = self._hook_now()
         device_memory, resident_blocks, device, in_place = self._residency
         with _argument_names():

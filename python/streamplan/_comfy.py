@@ -112,6 +112,19 @@ class ComfyAdapter(Adapter):
 
         return WeightHook(patched, tuple(sorted(funcs)))
 
+    @classmethod
+    def host_tensors(cls, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The input scale ComfyUI quantizes an fp8 e4m3 layer's activations with, where the
+        layer holds none: 1 (comfy.quant_ops quantizes per tensor with the layer's
+        ``input_scale``, else scale 1), for the layers ComfyUI runs as fp8 matmuls."""
+        out: dict[str, torch.Tensor] = {}
+        for name, sub in module.named_modules():
+            w = getattr(sub, "weight", None)
+            if (isinstance(w, torch.Tensor) and weight_format(w)[0] == "fp8-e4m3" and quantized_input(sub)
+                    and getattr(sub, "input_scale", None) is None):
+                out[f"{name}.input_scale" if name else "input_scale"] = torch.ones((), dtype=torch.float32)
+        return out
+
     def weights_fallback(self) -> Fallback | None:
         """The fallback for weights held in a form streamplan does not run (weight_format)."""
         return unsupported_weights(self.module)
@@ -157,14 +170,30 @@ def weight_format(t: torch.Tensor) -> tuple[str | None, str]:
     return None, str(t.dtype)
 
 
+def quantized_input(layer: torch.nn.Module) -> bool:
+    """Whether ComfyUI quantizes the layer's activations for its quantized weight (comfy.ops'
+    mixed-precision Linear: not where the device has no kernel for the format or the checkpoint
+    asks for full-precision matmuls)."""
+    return getattr(layer, "layout_type", None) is not None and not getattr(layer, "_full_precision_mm", False)
+
+
 def unsupported_weights(module: torch.nn.Module) -> Fallback | None:
     """The fallback (weight_format) for the first parameter ComfyUI holds in a form streamplan
-    does not run (nvfp4, mxfp8, ConvRot W4A4, W4A8, ...), naming it and its layout."""
+    does not run (nvfp4, mxfp8, ConvRot W4A4, W4A8, ...), naming it and its layout, or computes
+    otherwise than ComfyUI (an fp8 layer whose checkpoint asks for a full-precision matmul)."""
     for name, p in module.named_parameters():
         fmt, held = weight_format(p)
         if fmt is None:
             return Fallback("weight_format", f"'{name}' is held as {held}; streamplan runs fp8 (e4m3, e5m2), "
                                              "int8 tensorwise and ConvRot int8 (groups of 256)")
+    for name, sub in module.named_modules():
+        w = getattr(sub, "weight", None)
+        if (isinstance(w, torch.Tensor) and weight_format(w)[0] == "fp8-e4m3"
+                and getattr(sub, "_full_precision_mm_config", False)
+                and getattr(sub, "quant_format", None) not in getattr(sub, "_disabled_formats", ())):
+            return Fallback("weight_format", f"'{name}.weight' asks ComfyUI for a full-precision matmul "
+                                             "(comfy_quant full_precision_matrix_mult); streamplan runs "
+                                             "fp8 e4m3 weights as fp8 matmuls")
     return None
 
 

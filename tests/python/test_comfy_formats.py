@@ -223,6 +223,40 @@ def test_unsupported_layout_falls_back_naming_it(comfy: Any, tiny_detection: Any
     assert "TensorCoreNVFP4Layout" in wrapper.status() and not wrapper.handles
 
 
+def test_fp8_activations_are_quantized_at_comfyuis_input_scale(comfy: Any, tiny_detection: Any,
+                                                               tmp_path_factory: Any, monkeypatch: Any) -> None:
+    """Where ComfyUI runs fp8 e4m3 layers as fp8 matmuls (a device with fp8 compute), it quantizes
+    their activations per tensor with the layer's input_scale, else 1: the node reads that scale
+    beside the module's tensors for exactly those layers. A layer with its own input_scale keeps
+    it; where ComfyUI dequantizes (no fp8 compute: this CPU) there is none; a layer whose
+    checkpoint asks for a full-precision matmul falls back, named."""
+    import comfy.model_management as mm
+
+    from streamplan import _comfy
+
+    tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
+    tmp.mkdir(exist_ok=True)
+    path = _convert(_source(comfy, "wan", tmp), "fp8")
+    assert _comfy.WanModel.host_tensors(_load(comfy, path, None).model.diffusion_model) == {}
+    monkeypatch.setattr(mm, "supports_fp8_compute", lambda *a, **k: True)
+    dm = _load(comfy, path, None).model.diffusion_model
+    fp8 = [n for n, m in dm.named_modules()
+           if isinstance(getattr(m, "weight", None), torch.Tensor) and _comfy.weight_format(m.weight)[0] == "fp8-e4m3"]
+    scales = _comfy.WanModel.host_tensors(dm)
+    assert len(fp8) >= 10 and sorted(scales) == sorted(f"{n}.input_scale" for n in fp8), (fp8, sorted(scales))
+    assert all(v.dtype == torch.float32 and v.item() == 1.0 for v in scales.values())
+    lin = dm.blocks[0].ffn[0]
+    lin.register_parameter("input_scale", torch.nn.Parameter(torch.tensor(0.5), requires_grad=False))
+    scales = _comfy.WanModel.host_tensors(dm)
+    assert "blocks.0.ffn.0.input_scale" not in scales and len(scales) == len(fp8) - 1
+    assert "blocks.0.ffn.0.input_scale" in dm.state_dict()  # read with the module's own tensors
+    assert _comfy.unsupported_weights(dm) is None
+    lin._full_precision_mm_config = True
+    f = _comfy.unsupported_weights(dm)
+    assert f is not None and f.code == "weight_format" and "blocks.0.ffn.0.weight" in f.reason, f
+    assert "full_precision_matrix_mult" in f.reason
+
+
 def test_status_node_reads_the_plan_after_sampling(comfy: Any, tiny_detection: Any, tmp_path_factory: Any) -> None:
     tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
     tmp.mkdir(exist_ok=True)

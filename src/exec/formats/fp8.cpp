@@ -38,14 +38,16 @@ struct Fp8 : ScaledFloat8 {
     // Both fp8 GEMMs need in_features % 16 (TMA and cuBLASLt rows of 16-byte multiples).
     if (x.is_cuda() && x.size(1) % 16 != 0) return reference();
     const std::string in_name = quant::input_scale_name(l.weight);
-    // On CUDA the activations are quantized per row in one kernel (a checkpoint's static input
-    // scale is not needed: a row's own scale is at least as fine), against the weight's scale
-    // per output row (one value repeated where the weight has one). The CPU, whose _scaled_mm
-    // takes per-tensor scales only, quantizes with the input scale or the slab's maximum.
+    // The activations are quantized with the weight's input scale where it has one (what its
+    // host computes: ComfyUI quantizes with the checkpoint's input scale, else 1), else per row.
+    // On CUDA in one kernel, against the weight's scale per output row (one value repeated where
+    // the weight has one). The CPU, whose _scaled_mm takes per-tensor scales only, quantizes
+    // with the input scale or the slab's maximum.
+    const at::Tensor fixed = src.contains(in_name) ? src.tensor(in_name) : at::Tensor();
     const bool rowwise = x.is_cuda();
     at::Tensor sa, xq, sb;
     if (rowwise) {
-      std::tie(xq, sa) = quant::quantize_rows(x, at::kFloat8_e4m3fn);
+      std::tie(xq, sa) = quant::quantize_rows(x, at::kFloat8_e4m3fn, fixed);
       // The fused kernel where it runs: no product tensor, bias and accumulation in its epilogue.
       if (quant::fp8_gemm(xq, sa, w, sw, y, bias, accumulate)) return;
       // cuBLASLt's fp8 GEMM needs output widths that are multiples of 16.
@@ -53,8 +55,7 @@ struct Fp8 : ScaledFloat8 {
       sb = (sw.dim() > 0 ? sw.t() : sw.reshape({1, 1}).expand({1, w.size(0)})).contiguous();
     } else {
       if (sw.dim() > 0) return reference();
-      sa = src.contains(in_name) ? src.tensor(in_name).reshape({}).to(at::kFloat)
-                                 : x.abs().max().to(at::kFloat).div_(kMax).clamp_min_(1e-12);
+      sa = fixed.defined() ? fixed.reshape({}).to(at::kFloat) : x.abs().max().to(at::kFloat).div_(kMax).clamp_min_(1e-12);
       xq = x.to(at::kFloat).div(sa).clamp_(-kMax, kMax).to(at::kFloat8_e4m3fn);
       sb = sw;
     }

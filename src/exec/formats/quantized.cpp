@@ -74,9 +74,13 @@ at::Tensor rotate(const at::Tensor& x, int64_t g) {
 static cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.get_device()).stream(); }
 #endif
 
-std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarType qtype) {
+std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarType qtype, const at::Tensor& fixed) {
   const bool fp8 = qtype == at::kFloat8_e4m3fn;
   if (!fp8 && qtype != at::kChar) throw std::invalid_argument("quantize_rows: int8 or fp8 e4m3 only");
+  // One fp32 value on x's device (a fill where it is held elsewhere: no copy that waits).
+  const at::Tensor one = !fixed.defined() ? fixed
+                         : fixed.device() == x.device() ? fixed.reshape({}).to(at::kFloat)
+                                                        : at::full({}, fixed.item<double>(), x.options().dtype(at::kFloat));
 #ifdef STREAMPLAN_WITH_CUDA
   if (x.is_cuda() && x.dim() == 2 && x.stride(1) == 1 && kernels::elem_of(x.scalar_type())) {
     at::Tensor q = at::empty(x.sizes(), x.options().dtype(qtype));
@@ -88,6 +92,7 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarT
     p.q = q.data_ptr();
     p.q_type = fp8 ? kernels::QType::Fp8E4M3 : kernels::QType::Int8;
     p.scale = s.data_ptr<float>();
+    p.fixed = one.defined() ? one.data_ptr<float>() : nullptr;
     p.rows = x.size(0);
     p.cols = x.size(1);
     const cudaError_t e = kernels::quantize_rows(p, stream_of(x));
@@ -96,7 +101,8 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarT
   }
 #endif
   const double qmax = fp8 ? 448.0 : 127.0;
-  const at::Tensor s = x.abs().amax(1, true).to(at::kFloat).div_(qmax).clamp_min_(1e-30);
+  const at::Tensor s = one.defined() ? one.expand({x.size(0), 1})
+                                     : x.abs().amax(1, true).to(at::kFloat).div_(qmax).clamp_min_(1e-30);
   at::Tensor v = x.to(at::kFloat).div(s);
   if (!fp8) v.round_();
   return {v.clamp_(-qmax, qmax).to(qtype), s};

@@ -43,8 +43,10 @@ at::Tensor rotate(const at::Tensor& x, int64_t g);
 
 // Per-row symmetric 8-bit: q = x / s rounded (int8: to the nearest integer, clamped to ±127;
 // fp8 e4m3: to the nearest value, saturating at ±448), s = max|x| / qmax per row ([n, 1]
-// fp32). `qtype` is at::kChar or at::kFloat8_e4m3fn. On CUDA one kernel (kernels/quantize.cuh).
-std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarType qtype);
+// fp32), or `fixed` (one fp32 value) for every row. `qtype` is at::kChar or
+// at::kFloat8_e4m3fn. On CUDA one kernel (kernels/quantize.cuh).
+std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, at::ScalarType qtype,
+                                                const at::Tensor& fixed = {});
 
 // y (+)= (xq @ wq^T) * sx * sw (+ bias), int8 x int8, xq [n, k] int8, sx [n, 1], wq [r, k] int8,
 // sw [] or [r, 1]. On CUDA the fused sm_90a kernel where fused_int8_gemm holds and the operands

@@ -35,10 +35,12 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QuantizeParams p, fl
   const int64_t r = blockIdx.x;
   const T* x = static_cast<const T*>(p.x) + r * p.x_stride;
   Q* q = static_cast<Q*>(p.q) + r * p.cols;
-  float m = 0.f;
-  for (int64_t c = threadIdx.x; c < p.cols; c += kThreads) m = fmaxf(m, fabsf(Io<T>::load(x + c)));
-  m = block_max(m);
-  const float s = fmaxf(m / qmax, 1e-30f);
+  float s = p.fixed ? *p.fixed : 0.f;
+  if (!p.fixed) {
+    float m = 0.f;
+    for (int64_t c = threadIdx.x; c < p.cols; c += kThreads) m = fmaxf(m, fabsf(Io<T>::load(x + c)));
+    s = fmaxf(block_max(m) / qmax, 1e-30f);
+  }
   if (threadIdx.x == 0) p.scale[r] = s;
   for (int64_t c = threadIdx.x; c < p.cols; c += kThreads) {
     const float v = Io<T>::load(x + c) / s;
@@ -79,9 +81,12 @@ cudaError_t epilogue_as(const Int8EpilogueParams& p, cudaStream_t stream) {
 
 cudaError_t quantize_rows(const QuantizeParams& p, cudaStream_t stream) {
   if (p.rows <= 0 || p.cols <= 0) return cudaSuccess;
-  // Rows in registers, one read (hadamard.cu); the two-read kernel here for the rest.
-  const cudaError_t e = quantize_rows_registers(p, stream);
-  if (e != cudaErrorNotSupported) return e;
+  // Rows in registers, one read (hadamard.cu); the two-read kernel here for the rest and for a
+  // fixed scale (one read).
+  if (!p.fixed) {
+    const cudaError_t e = quantize_rows_registers(p, stream);
+    if (e != cudaErrorNotSupported) return e;
+  }
   return with_elem(p.x_type, [&](auto t) { return quantize_as<decltype(t)>(p, stream); });
 }
 

@@ -3,7 +3,8 @@
 //
 // Design note. quantize_rows writes each row's 8-bit values and fp32 scale s[r] = max|x[r]| /
 // qmax (127 int8, 448 fp8 e4m3) with no fp32 copy of the slab (the register kernel of
-// hadamard.cuh where rows fit, else two reads per row). int8_epilogue turns the int8 GEMM's
+// hadamard.cuh where rows fit, else two reads per row). With `fixed`, every row takes that
+// scale (one read): a checkpoint's static input scale, as its host quantizes. int8_epilogue turns the int8 GEMM's
 // int32 sums into y (+)= acc · s_x[r] · s_w[c] (+ bias[c]) in y's dtype in one pass, where
 // the fused GEMM (scaled_gemm_sm90.cuh) does not run.
 //
@@ -31,6 +32,7 @@ struct QuantizeParams {
   void* q = nullptr;        // [rows, cols] contiguous, int8 or fp8 e4m3
   QType q_type = QType::Int8;
   float* scale = nullptr;   // [rows]
+  const float* fixed = nullptr;  // one scale for every row (a static input scale), else null
   int64_t rows = 0, cols = 0;
 };
 cudaError_t quantize_rows(const QuantizeParams& p, cudaStream_t stream);
