@@ -263,16 +263,24 @@ TEST(Gpu, Fp8GemmQuantizesWithTheWeightsInputScale) {
   for (const float s : {1.0f, 0.25f}) {
     const at::Tensor sa = at::tensor(s, cuda).reshape({});
     const at::Tensor xq = x.to(at::kFloat).div(sa).clamp_(-448, 448).to(at::kFloat8_e4m3fn);
-    const at::Tensor ref = at::_scaled_mm(xq, wq.t(), sa, sw, std::nullopt, std::nullopt, at::kBFloat16).to(at::kFloat);
-    for (const bool host : {true, false}) {
-      exec::TensorWeights w(&reg);
-      w.add(l.weight, wq);
-      w.add(exec::quant::scale_name(l.weight), sw);
-      w.add(exec::quant::input_scale_name(l.weight), host ? sa.cpu() : sa);
-      at::Tensor y = at::zeros({n, r}, cuda.dtype(at::kBFloat16));
-      impl.gemm(w, l, {}, {}, wq, x, y, {}, false);
-      const double err = test::rel_l2(y.to(at::kFloat), ref);
-      EXPECT_LT(err, 5e-3) << "input scale " << s << (host ? " held on the host" : " on the device");
+    // bf16 output through the fused kernel, fp32 (a prologue's fp32 linear) through _scaled_mm
+    for (const at::ScalarType out : {at::kBFloat16, at::kFloat}) {
+      const at::Tensor ref = at::_scaled_mm(xq, wq.t(), sa, sw, std::nullopt, std::nullopt, out).to(at::kFloat);
+      for (const bool host : {true, false}) {
+        exec::TensorWeights w(&reg);
+        w.add(l.weight, wq);
+        w.add(exec::quant::scale_name(l.weight), sw);
+        w.add(exec::quant::input_scale_name(l.weight), host ? sa.cpu() : sa);
+        at::Tensor y = at::zeros({n, r}, cuda.dtype(out));
+        impl.gemm(w, l, {}, {}, wq, x, y, {}, false);
+        const double err = test::rel_l2(y.to(at::kFloat), ref);
+        EXPECT_LT(err, out == at::kFloat ? 1e-5 : 5e-3)
+            << "input scale " << s << ", output " << out << (host ? ", scale held on the host" : "");
+        // The whole weight through exec::native_linear (a prologue's linear): the same.
+        const at::Tensor z = exec::native_linear(reg, w, l, x.to(out), {});
+        ASSERT_TRUE(z.defined());
+        EXPECT_LT(test::rel_l2(z.to(at::kFloat), ref), out == at::kFloat ? 1e-2 : 5e-3);
+      }
     }
   }
   // Per row (no input scale) the extreme rows come out otherwise: the check above can fail.

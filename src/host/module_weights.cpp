@@ -30,6 +30,9 @@ class PrologueView : public exec::WeightSource {
  public:
   explicit PrologueView(const ModuleWeights& w, const exec::WeightSource* stored = nullptr) : w_(w), stored_(stored) {}
   at::Tensor tensor(const std::string& name) const override { return w_.prologue_tensor(name, stored_); }
+  at::Tensor native_linear(const std::string& name, const at::Tensor& x, const at::Tensor& bias) const override {
+    return w_.prologue_linear(name, x, bias, stored_);
+  }
   bool contains(const std::string& name) const override { return w_.contains(name); }
   at::Tensor acquire(const ir::Linear& l, exec::Slice rows, exec::Slice cols, at::ScalarType dtype,
                      const at::Tensor& out) const override {
@@ -143,17 +146,31 @@ at::Tensor ModuleWeights::assembled(const std::string& name, const Canonical& c)
   return cast_.count(name) ? t.to(dtype_of(name)) : t;
 }
 
-at::Tensor ModuleWeights::dequantized(const std::string& name, const exec::WeightSource* stored) const {
+ir::Linear ModuleWeights::quantized_linear(const std::string& name) const {
   const Canonical& c = canonical(name);
-  const recognize::QuantSpec& q = specs_.at(name);
   ir::Linear l;
   l.weight = name;
   l.out_features = c.parts.front().size(0);
   l.in_features = c.parts.front().dim() > 1 ? c.parts.front().size(1) : 1;
-  l.format = q.format;
+  l.format = specs_.at(name).format;
+  return l;
+}
+
+at::Tensor ModuleWeights::dequantized(const std::string& name, const exec::WeightSource* stored) const {
+  const Canonical& c = canonical(name);
+  const ir::Linear l = quantized_linear(name);
   const StoredView own(c.view.defined() ? c.view : c.parts.front(), name, side_);
-  return exec::impl_of<exec::FormatImpl>(reg_->format(q.format))
+  return exec::impl_of<exec::FormatImpl>(reg_->format(l.format))
       .acquire(stored ? *stored : static_cast<const exec::WeightSource&>(own), l, {}, {}, dtype_of(name), {});
+}
+
+at::Tensor ModuleWeights::prologue_linear(const std::string& name, const at::Tensor& x, const at::Tensor& bias,
+                                          const exec::WeightSource* stored) const {
+  if (hooked(name) || !specs_.count(name)) return {};  // a hooked weight: the host casts and patches it
+  const Canonical& c = canonical(name);
+  const StoredView own(c.view.defined() ? c.view : c.parts.front(), name, side_);
+  return exec::native_linear(*reg_, stored ? *stored : static_cast<const exec::WeightSource&>(own),
+                             quantized_linear(name), x, bias);
 }
 
 at::Tensor ModuleWeights::prologue_tensor(const std::string& name, const exec::WeightSource* stored) const {

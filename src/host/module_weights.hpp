@@ -117,6 +117,10 @@ class ModuleWeights : public exec::WeightSource {
   std::unique_ptr<exec::WeightSource> prologue_over(const exec::WeightSource& stored) const;
   // One tensor as prologue_view() serves it (from `stored` where given).
   at::Tensor prologue_tensor(const std::string& name, const exec::WeightSource* stored = nullptr) const;
+  // x·Wᵀ (+ bias) of a weight the module holds quantized, unhooked, through its format's GEMM
+  // where x's device runs it natively (as the host computes it); undefined elsewhere.
+  at::Tensor prologue_linear(const std::string& name, const at::Tensor& x, const at::Tensor& bias,
+                             const exec::WeightSource* stored = nullptr) const;
 
   struct Copy {
     std::string name;  // canonical name
@@ -143,6 +147,8 @@ class ModuleWeights : public exec::WeightSource {
   at::Tensor acquire_spanning(const ir::Linear& l, const Canonical& c, exec::Slice rows, exec::Slice cols,
                               at::ScalarType dtype, const at::Tensor& out) const;
 
+  // The Linear of a quantized canonical: its name, shape and format.
+  ir::Linear quantized_linear(const std::string& name) const;
   // A quantized canonical through its format, unhooked (from `stored` where given).
   at::Tensor dequantized(const std::string& name, const exec::WeightSource* stored = nullptr) const;
   at::ScalarType dtype_of(const std::string& canonical) const;

@@ -230,6 +230,8 @@ FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w,
   seg_rows.push_back(cls(t_a) * 3 + kTagAudio);
   seg_rows.push_back(cls(t_v) * 3 + kTagVideo);
   auto adaln = [&](const std::string& name) {
+    // A quantized adaln linear as its format's GEMM computes it (the host's fp8 matmul), else in mdt.
+    if (at::Tensor y = w.native_linear(name + ".weight", adaln_in, w.tensor(name + ".bias")); y.defined()) return y;
     return at::linear(adaln_in, w.tensor(name + ".weight").to(mdt), w.tensor(name + ".bias").to(mdt));
   };
   for (int64_t i = 0; i < c.layers; ++i) {  // stacked selects: index_select has no meta kernel

@@ -44,6 +44,14 @@ class WeightSource {
   // weights from host memory loads and releases them here (exec/residency). Nothing by default.
   virtual void begin_block(size_t /*block*/) const {}
   virtual void end_block(size_t /*block*/) const {}
+  // x·Wᵀ (+ bias) of weight `name` for a linear outside the program (a model's prologue), in
+  // x's dtype, as the format's own GEMM computes it where the source holds the weight quantized
+  // and x's device runs that format natively (what the host computes); undefined elsewhere:
+  // the caller computes it from tensor(). None by default.
+  virtual at::Tensor native_linear(const std::string& /*name*/, const at::Tensor& /*x*/,
+                                   const at::Tensor& /*bias*/) const {
+    return {};
+  }
 };
 
 class TensorWeights;
@@ -101,6 +109,11 @@ at::Tensor stored_slice(const WeightSource& src, const ir::Linear& l, Slice rows
 // What computes a linear of format `f` on `dev`: the format's own GEMM (its kernel named), the
 // dequantized slice then a matmul, or a matmul of the stored weight (dense formats).
 std::string gemm_provider(const contracts::FormatCaps& f, const contracts::DeviceCaps& dev);
+// x·Wᵀ (+ bias) of the whole weight `l` through its format's GEMM where x's device runs the
+// format natively, with l's tensors read from `src` (copied to x's device where held
+// elsewhere); undefined where the device does not run it.
+at::Tensor native_linear(const contracts::Registry& reg, const WeightSource& src, const ir::Linear& l,
+                         const at::Tensor& x, const at::Tensor& bias);
 // A stored slice in `dtype`: copied into `out` (the placed buffer) and returned, or, without
 // one, a new tensor (the naive reference). For formats whose acquire converts.
 at::Tensor converted(const at::Tensor& stored, at::ScalarType dtype, const at::Tensor& out);
