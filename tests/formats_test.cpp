@@ -242,6 +242,36 @@ TEST(Formats, Fp8GemmWorkspaceAndKernelByDevice) {
 #endif
 }
 
+// An fp8 weight with an input scale (as ComfyUI's layers are run, at 1 where they hold none):
+// the activations are quantized per tensor with it, values beyond ±448·s clamped, not with the
+// slab's own maximum. Rows 0-3 are 10^4 times larger than the rest, where the two differ.
+TEST(Formats, Fp8GemmQuantizesWithTheWeightsInputScale) {
+  const auto reg = native_everywhere();
+  at::manual_seed(12);
+  const ir::Linear l = linear("fp8-e4m3", 48, 256);
+  const auto& impl = exec::impl_of<exec::FormatImpl>(reg.format("fp8-e4m3"));
+  at::Tensor x = at::randn({29, 256});
+  x.slice(0, 0, 4).mul_(1e4);
+  const at::Tensor wq = (at::randn({48, 256}) * 8).to(at::kFloat8_e4m3fn), sw = at::tensor(0.01f).reshape({});
+  auto run = [&](const at::Tensor& input_scale) {
+    exec::TensorWeights w(&reg);
+    w.add(l.weight, wq);
+    w.add(exec::quant::scale_name(l.weight), sw);
+    if (input_scale.defined()) w.add(exec::quant::input_scale_name(l.weight), input_scale);
+    at::Tensor y = at::zeros({29, 48});
+    impl.gemm(w, l, {}, {}, wq, x, y, {}, false);
+    return y;
+  };
+  for (const float s : {1.0f, 0.25f}) {
+    const at::Tensor sa = at::tensor(s).reshape({});
+    const at::Tensor xq = x.div(sa).clamp(-448, 448).to(at::kFloat8_e4m3fn).to(at::kFloat).mul(sa);
+    const at::Tensor ref = at::matmul(xq, wq.to(at::kFloat).t()) * sw;
+    EXPECT_LT(test::rel_l2(run(sa), ref), 1e-6) << "input scale " << s;
+  }
+  const at::Tensor clamped = at::matmul(x.clamp(-448, 448).to(at::kFloat8_e4m3fn).to(at::kFloat), wq.to(at::kFloat).t()) * sw;
+  EXPECT_GT(test::rel_l2(run({}), clamped), 0.5);  // the slab's maximum: the large rows are not clamped
+}
+
 TEST(Formats, PlannedMatchesNaiveWithQuantizedBlocks) {
   const auto reg = exec::builtin_registry();
   const auto dev = exec::describe_device(at::kCPU);

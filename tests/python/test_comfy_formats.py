@@ -257,6 +257,44 @@ def test_fp8_activations_are_quantized_at_comfyuis_input_scale(comfy: Any, tiny_
     assert "full_precision_matrix_mult" in f.reason
 
 
+def test_fp8_matmuls_compute_what_comfyuis_compute(comfy: Any, tiny_detection: Any, tmp_path_factory: Any,
+                                                   monkeypatch: Any) -> None:
+    """ComfyUI running fp8 matmuls (its fp8 compute forced on for this CPU) and the node running
+    its fp8 GEMM here too (STREAMPLAN_FP8_CPU): one WanModel call agrees far closer than either
+    is to the dequantized fp32 model. With the activations quantized at the slab's own scale
+    instead of ComfyUI's input scale the two differ by about ComfyUI's own error."""
+    import comfy.model_management as mm
+
+    from streamplan import _comfy
+
+    tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
+    tmp.mkdir(exist_ok=True)
+    path = _convert(_source(comfy, "wan", tmp), "fp8")
+    monkeypatch.setattr(mm, "supports_fp8_compute", lambda *a, **k: True)
+    monkeypatch.setenv("STREAMPLAN_FP8_CPU", "1")
+    mp = _load(comfy, path, None)
+    own = _call_wan(comfy, mp, "wan")
+    fp32 = _call_wan(comfy, _load(comfy, path, None, cf.dequantized_state_dict(mp)), "wan")
+
+    def planned() -> tuple[torch.Tensor, str]:
+        patched, wrapper, _status = _with_node(comfy, mp)
+        out = _call_wan(comfy, patched, "wan")
+        h, = wrapper.handles.values()
+        assert h.fallbacks == [] and h.planned_calls == h.calls == 1, wrapper.status()
+        streamplan.remove(mp.model.diffusion_model)
+        return out, wrapper.status()
+
+    got, text = planned()
+    assert "fp8-e4m3 (at::_scaled_mm on the CPU" in text, text
+    comfy_err, err = rel_l2(own, fp32), rel_l2(got, own)
+    monkeypatch.setattr(_comfy.ComfyAdapter, "host_tensors", classmethod(lambda cls, m: {}))
+    own_scale, _text = planned()
+    other = rel_l2(own_scale, own)
+    print(f"\nwan fp8 matmuls: planned vs ComfyUI {err:.3e} (at the slab's own scale {other:.3e}); "
+          f"ComfyUI vs fp32 {comfy_err:.3e}")
+    assert err <= 0.3 * comfy_err and other > 0.5 * comfy_err
+
+
 def test_status_node_reads_the_plan_after_sampling(comfy: Any, tiny_detection: Any, tmp_path_factory: Any) -> None:
     tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
     tmp.mkdir(exist_ok=True)

@@ -1,6 +1,7 @@
 // fp8-e4m3, fp8-e5m2 and fp8-e4m3-cast (what each stores and runs: README.md). The CPU
 // (forced native in tests) runs _scaled_mm per tensor: the slab quantized with the
 // checkpoint's input scale, else its maximum.
+#include <cstdlib>
 #include <tuple>
 
 #include "exec/consumers/consumer.hpp"
@@ -102,7 +103,10 @@ void register_fp8(contracts::Registry& reg) {
       "float8 e4m3 with an fp32 scale; fp8 GEMM with quantized activations on sm_89+ (fused CUTLASS kernel on sm_90a, "
       "else _scaled_mm)",
       ir::DType::F8E4M3);
+  // STREAMPLAN_FP8_CPU=1: the CPU runs it through _scaled_mm too, as a host running fp8
+  // matmuls there computes (for comparisons with such a host).
   f.native_gemm = [](const contracts::DeviceCaps& d) {
+    if (d.kind == contracts::DeviceKind::CPU) return std::getenv("STREAMPLAN_FP8_CPU") != nullptr;
     return d.kind == contracts::DeviceKind::CUDA && d.cc_major * 10 + d.cc_minor >= 89;
   };
   f.gemm_workspace = quant::fp8_gemm_workspace;

@@ -255,8 +255,10 @@ std::string int8_gemm_kernel(const contracts::DeviceCaps& dev) {
 }
 
 std::string fp8_gemm_kernel(const contracts::DeviceCaps& dev) {
+  if (dev.kind == contracts::DeviceKind::CPU)
+    return "at::_scaled_mm on the CPU, activations quantized per tensor at the input scale, else the slab's maximum";
   return fused_fp8_gemm(dev) ? fused_kernel_text("fp8")
-                             : "at::_scaled_mm (cuBLASLt), row-wise scales, activations quantized per row";
+                             : "at::_scaled_mm (cuBLASLt), activations quantized at the input scale, else per row";
 }
 
 // Bytes of an int8 quantize_rows (or ConvRot rotation) + int8_gemm call beside its operands: the
