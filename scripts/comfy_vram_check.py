@@ -14,6 +14,10 @@ checkpoint by `streamplan convert` (--cli) and loaded by ComfyUI's own loader
   d  ComfyUI alone without the cap: the reference time and output
   e  (on request) ComfyUI alone without the cap in fp32, on the weights ComfyUI dequantized: how
      far ComfyUI's own reduced precision takes (d) from fp32 (d's rel L2 against e)
+  f  (on request) ComfyUI alone without the cap, its initial noise perturbed by 1e-3 of its size
+     (another Gaussian draw; about one bf16 rounding): how far (d) moves when anything before or
+     inside it rounds otherwise (f's rel L2 against d; with fp8 activations a rounding that
+     flips decides many later ones)
 
   wan      Wan 2.1 14B (--layers, default all 40), 81 frames at 1280 x 720
   minimax  MiniMax H3 (--layers, default all 50, and its text refiner), 10 s at 1376 x 768
@@ -67,7 +71,8 @@ from comfy_check import torch  # noqa: E402
 
 CONFIGS = {"a": "ComfyUI alone, capped", "b": "ComfyUI + the planner, dense, capped",
            "c": "ComfyUI + the planner, sparse 0.3, capped", "d": "ComfyUI alone, uncapped",
-           "e": "ComfyUI alone, uncapped, fp32 (dequantized)"}
+           "e": "ComfyUI alone, uncapped, fp32 (dequantized)",
+           "f": "ComfyUI alone, uncapped, noise perturbed 1e-3"}
 LAYERS = {"wan": 40, "minimax": 0}  # 0: the model's own count
 GiB = float(1 << 30)
 
@@ -83,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = comfy_check._Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, choices=("wan", "minimax"))
     ap.add_argument("--layers", type=int, help="blocks (default: all: Wan 40, MiniMax H3 50)")
-    ap.add_argument("--configs", default="d,a,b,c", help="comma-separated, of a, b, c, d, e (default: d,a,b,c)")
+    ap.add_argument("--configs", default="d,a,b,c", help="comma-separated, of a, b, c, d, e, f (default: d,a,b,c)")
     ap.add_argument("--cap-gib", type=float, default=12.0, help="the emulated card's memory in GiB (default 12)")
     ap.add_argument("--steps", type=int, default=4, help="sampling steps (default 4)")
     ap.add_argument("--sampler", default="euler", choices=("euler", "res_multistep"))
@@ -107,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     configs = a.configs.split(",")
     if not a.configs or any(c not in CONFIGS for c in configs):
-        ap.error(f"--configs: expected a comma-separated list of a, b, c, d, e, got '{a.configs}'")
+        ap.error(f"--configs: expected a comma-separated list of {', '.join(CONFIGS)}, got '{a.configs}'")
     a.configs = list(dict.fromkeys(configs))
     if a.layers is None:
         a.layers = 2 if a.tiny else LAYERS[a.model]
@@ -264,6 +269,11 @@ def run_config(a: argparse.Namespace) -> dict:
         noise = torch.randn(shape, generator=torch.Generator().manual_seed(1))
         latent = noise * 0.0
         ctx = 4096
+    if a.run_config == "f":
+        p = torch.Generator().manual_seed(3)
+        bump = lambda t: t + 1e-3 * torch.randn(t.shape, generator=p, dtype=t.dtype)  # noqa: E731
+        noise = (comfy.nested_tensor.NestedTensor([bump(t) for t in noise.unbind()]) if a.model == "minimax"
+                 else bump(noise))
     positive = [[torch.randn(1, 512, ctx, generator=g), {}]]
     negative = [[torch.randn(1, 512, ctx, generator=g), {}]]
     marks: list[float] = []  # the steps' ends, after the start of the first (ComfyUI's pre_run, once loaded)
