@@ -257,28 +257,55 @@ def test_fp8_activations_are_quantized_at_comfyuis_input_scale(comfy: Any, tiny_
     assert "full_precision_matrix_mult" in f.reason
 
 
+def _first_call(comfy: Any, mp: Any, family: str) -> tuple[tuple, dict]:
+    """The arguments of the sampler's first call of the diffusion model, as ComfyUI makes it."""
+    seen: list[tuple[tuple, dict]] = []
+    hook = mp.model.diffusion_model.register_forward_pre_hook(
+        lambda _m, args, kwargs: seen.append((args, dict(kwargs))) if not seen else None, with_kwargs=True)
+    try:
+        _sample(comfy, mp, family)
+    finally:
+        hook.remove()
+    return seen[0]
+
+
+def _replay(mp: Any, call: tuple[tuple, dict]) -> torch.Tensor:
+    """That call again on mp's diffusion model, through mp's wrappers (the node's where patched)."""
+    args, kwargs = call
+    kwargs = {**kwargs, "transformer_options": {**kwargs.get("transformer_options", {}), "wrappers": mp.wrappers}}
+    with torch.no_grad():
+        out = mp.model.diffusion_model(*args, **kwargs)
+    parts = [out] if isinstance(out, torch.Tensor) else out if isinstance(out, (list, tuple)) else out.unbind()
+    return torch.cat([p.flatten().float() for p in parts])
+
+
+@pytest.mark.parametrize("family", ["wan", "minimax-h3"])
 def test_fp8_matmuls_compute_what_comfyuis_compute(comfy: Any, tiny_detection: Any, tmp_path_factory: Any,
-                                                   monkeypatch: Any) -> None:
+                                                   monkeypatch: Any, family: str) -> None:
     """ComfyUI running fp8 matmuls (its fp8 compute forced on for this CPU) and the node running
-    its fp8 GEMM here too (STREAMPLAN_FP8_CPU): one WanModel call agrees far closer than either
-    is to the dequantized fp32 model. With the activations quantized at the slab's own scale
-    instead of ComfyUI's input scale the two differ by about ComfyUI's own error."""
+    its fp8 GEMM here too (STREAMPLAN_FP8_CPU): one call of the diffusion model, as the sampler
+    makes it, agrees within half of ComfyUI's own error against the dequantized fp32 model (H3's
+    adaln projections, which the node's prologue computes, included). With the activations
+    quantized at the slab's own scale instead of ComfyUI's input scale the two differ by more
+    than that error."""
     import comfy.model_management as mm
 
     from streamplan import _comfy
 
     tmp = tmp_path_factory.getbasetemp() / "comfy-formats"
     tmp.mkdir(exist_ok=True)
-    path = _convert(_source(comfy, "wan", tmp), "fp8")
+    path = _convert(_source(comfy, family, tmp), "fp8")
     monkeypatch.setattr(mm, "supports_fp8_compute", lambda *a, **k: True)
     monkeypatch.setenv("STREAMPLAN_FP8_CPU", "1")
     mp = _load(comfy, path, None)
-    own = _call_wan(comfy, mp, "wan")
-    fp32 = _call_wan(comfy, _load(comfy, path, None, cf.dequantized_state_dict(mp)), "wan")
+    call = _first_call(comfy, mp, family)
+    own = _replay(mp, call)
+    mp32 = _load(comfy, path, None, cf.dequantized_state_dict(mp))
+    fp32 = _replay(mp32, call)
 
     def planned() -> tuple[torch.Tensor, str]:
         patched, wrapper, _status = _with_node(comfy, mp)
-        out = _call_wan(comfy, patched, "wan")
+        out = _replay(patched, call)
         h, = wrapper.handles.values()
         assert h.fallbacks == [] and h.planned_calls == h.calls == 1, wrapper.status()
         streamplan.remove(mp.model.diffusion_model)
@@ -290,9 +317,9 @@ def test_fp8_matmuls_compute_what_comfyuis_compute(comfy: Any, tiny_detection: A
     monkeypatch.setattr(_comfy.ComfyAdapter, "host_tensors", classmethod(lambda cls, m: {}))
     own_scale, _text = planned()
     other = rel_l2(own_scale, own)
-    print(f"\nwan fp8 matmuls: planned vs ComfyUI {err:.3e} (at the slab's own scale {other:.3e}); "
+    print(f"\n{family} fp8 matmuls: planned vs ComfyUI {err:.3e} (at the slab's own scale {other:.3e}); "
           f"ComfyUI vs fp32 {comfy_err:.3e}")
-    assert err <= 0.3 * comfy_err and other > 0.5 * comfy_err
+    assert err <= 0.5 * comfy_err < other
 
 
 def test_status_node_reads_the_plan_after_sampling(comfy: Any, tiny_detection: Any, tmp_path_factory: Any) -> None:

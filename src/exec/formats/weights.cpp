@@ -46,7 +46,7 @@ at::Tensor stored_slice(const WeightSource& src, const ir::Linear& l, Slice rows
 at::Tensor native_linear(const contracts::Registry& reg, const WeightSource& src, const ir::Linear& l,
                          const at::Tensor& x, const at::Tensor& bias) {
   const contracts::FormatCaps& f = reg.format(l.format);
-  if (!x.is_cuda() || !f.native_gemm || !f.native_gemm(describe_device(x.device()))) return {};
+  if (!f.native_gemm || !f.native_gemm(describe_device(x.device()))) return {};
   // The weight's tensors on x's device.
   struct OnDevice : WeightSource {
     OnDevice(const WeightSource& src, const at::Device& d) : src(src), d(d) {}
