@@ -16,6 +16,13 @@ other schemes are candidates:
     int8 tile + FP8 P·V              P (<= 1 after the online max) times 448 in e4m3, V per channel
                                      in e4m3 (absmax / 448), V unchanged
     int8 tile + FP8 P·V, V smoothed  V's per-channel mean subtracted first and added back
+    int8 tile + INT8 P·V             P (<= 1) as u8 at steps of 1/255 (the row sum from the
+                                     unrounded P), V's per-channel mean subtracted, then s8 per
+                                     channel (absmax / 127): u8 x s8 products, as wgmma takes them
+    ..., P per KV tile               P as u8 per row and KV tile of 128 at that tile's largest
+                                     value (the online softmax knows it: exp of the tile's row
+                                     maximum less the running one), undone with the tile's int32
+                                     sum when it is added to the fp32 output
 
     .venv/bin/python scripts/attn_error_model.py [--rows 4096] [--heads 2] [--head-dim 128]
         [--distribution gaussian,outlier-k,peaky,qk-norm,video-local] [--json F]
@@ -87,7 +94,18 @@ def e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float8_e4m3fn).float()
 
 
-def attention(q, k, v, scale, round_qk=None, balance=False, fp8_pv=False, smooth_v=False):
+KV_TILE = 128
+
+
+def u8_tiles(p: torch.Tensor) -> torch.Tensor:
+    """P as u8 per row and KV tile of 128 at that tile's largest value (<= 1)."""
+    h, n, m = p.shape
+    t = p.view(h, n, m // KV_TILE, KV_TILE)
+    s = t.amax(-1, keepdim=True).clamp_min(1e-30) / 255
+    return (torch.round(t / s) * s).view(h, n, m)
+
+
+def attention(q, k, v, scale, round_qk=None, balance=False, fp8_pv=False, smooth_v=False, int8_pv=None):
     if round_qk is None:
         return torch.softmax(q @ k.transpose(1, 2) * scale, -1) @ v
     k = k - k.mean(1, keepdim=True)  # softmax does not see a per-row constant
@@ -97,6 +115,11 @@ def attention(q, k, v, scale, round_qk=None, balance=False, fp8_pv=False, smooth
         q, k = q * c, k / c
     s = round_qk(q) @ round_qk(k).transpose(1, 2) * scale
     p = torch.exp(s - s.amax(-1, keepdim=True))
+    if int8_pv:  # P as u8 at 1/255, V's channels as s8 (absmax / 127) after their mean
+        mean = v.mean(1, keepdim=True)
+        vs = (v - mean).abs().amax(1, keepdim=True).clamp_min(1e-30) / 127
+        o = int8_pv(p) @ (torch.round((v - mean) / vs).clamp(-127, 127) * vs)
+        return o / p.sum(-1, keepdim=True) + mean
     if not fp8_pv:  # P in bf16, as the kernels' 16-bit P·V takes it
         return (p.bfloat16().float() @ v) / p.sum(-1, keepdim=True)
     mean = v.mean(1, keepdim=True) if smooth_v else torch.zeros_like(v[:, :1])
@@ -113,20 +136,23 @@ SCHEMES = {
     "int8 tile, 32-channel groups": dict(round_qk=lambda x: int8_tiles(x, group=32)),
     "int8 tile + FP8 P·V": dict(round_qk=int8_tiles, fp8_pv=True),
     "int8 tile + FP8 P·V, V smoothed": dict(round_qk=int8_tiles, fp8_pv=True, smooth_v=True),
+    "int8 tile + INT8 P·V": dict(round_qk=int8_tiles, int8_pv=lambda p: torch.round(p * 255) / 255),
+    "int8 tile + INT8 P·V, P per KV tile": dict(round_qk=int8_tiles, int8_pv=u8_tiles),
+    "int8 row, balanced + INT8 P·V, P per KV tile": dict(round_qk=int8_rows, balance=True, int8_pv=u8_tiles),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=4096, help="sequence length, a multiple of 64 (default 4096)")
+    ap.add_argument("--rows", type=int, default=4096, help="sequence length, a multiple of 128 (default 4096)")
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--distribution", default=",".join(DISTRIBUTIONS), help="comma-separated (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the rows to this file")
     a = ap.parse_args(argv)
-    if a.rows < TILE or a.rows % TILE:
-        ap.error(f"--rows: a positive multiple of {TILE}, got {a.rows}")
+    if a.rows < KV_TILE or a.rows % KV_TILE:
+        ap.error(f"--rows: a positive multiple of {KV_TILE}, got {a.rows}")
     if a.heads < 1 or a.head_dim < 32 or a.head_dim % 32:
         ap.error(f"--heads >= 1 and --head-dim a multiple of 32, got {a.heads} and {a.head_dim}")
     names = [s for s in a.distribution.split(",") if s]

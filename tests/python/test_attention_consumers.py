@@ -87,13 +87,16 @@ def test_the_error_model_separates_the_schemes_it_compares(tmp_path):
     # e4m3 P and V cost a few percent wherever V is zero-mean noise.
     for d in ("gaussian", "video-local"):
         assert got[(d, "int8 tile + FP8 P·V")] > 2.5e-2 > got[(d, "int8 tile")]
+        # u8 P scaled per KV tile against s8 V (mean subtracted) stays within 2e-2 there.
+        assert got[(d, "int8 tile + INT8 P·V, P per KV tile")] < 2e-2
+        assert got[(d, "int8 tile + INT8 P·V, P per KV tile")] < got[(d, "int8 tile + INT8 P·V")]
 
 
 def test_the_error_model_names_bad_arguments(capsys):
     with pytest.raises(SystemExit) as e:
         _error_model().main(["--rows", "100"])
     assert e.value.code == 2
-    assert "--rows: a positive multiple of 64, got 100" in capsys.readouterr().err
+    assert "--rows: a positive multiple of 128, got 100" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _error_model().main(["--distribution", "uniform"])
     assert "--distribution: unknown 'uniform'" in capsys.readouterr().err
