@@ -122,7 +122,9 @@ class ComfyAdapter(Adapter):
             w = getattr(sub, "weight", None)
             if (isinstance(w, torch.Tensor) and weight_format(w)[0] == "fp8-e4m3" and quantized_input(sub)
                     and getattr(sub, "input_scale", None) is None):
-                out[f"{name}.input_scale" if name else "input_scale"] = torch.ones((), dtype=torch.float32)
+                # beside the weight: the GEMM reads it where the weight is, with no copy per call
+                out[f"{name}.input_scale" if name else "input_scale"] = torch.ones((), dtype=torch.float32,
+                                                                                device=w.device)
         return out
 
     def weights_fallback(self) -> Fallback | None:
