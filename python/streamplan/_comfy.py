@@ -34,7 +34,7 @@ model called without a guidance (``arguments``) and text positions on rope axes
 from __future__ import annotations
 
 import sys
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -117,15 +117,11 @@ class ComfyAdapter(Adapter):
         """The input scale ComfyUI quantizes an fp8 e4m3 layer's activations with, where the
         layer holds none: 1 (comfy.quant_ops quantizes per tensor with the layer's
         ``input_scale``, else scale 1), for the layers ComfyUI runs as fp8 matmuls."""
-        out: dict[str, torch.Tensor] = {}
-        for name, sub in module.named_modules():
-            w = getattr(sub, "weight", None)
-            if (isinstance(w, torch.Tensor) and weight_format(w)[0] == "fp8-e4m3" and quantized_input(sub)
-                    and getattr(sub, "input_scale", None) is None):
-                # beside the weight: the GEMM reads it where the weight is, with no copy per call
-                out[f"{name}.input_scale" if name else "input_scale"] = torch.ones((), dtype=torch.float32,
-                                                                                device=w.device)
-        return out
+        # beside the weight: the GEMM reads it where the weight is, with no copy per call
+        return {f"{name}.input_scale" if name else "input_scale": torch.ones((), dtype=torch.float32,
+                                                                             device=sub.weight.device)
+                for name, sub in fp8_layers(module)
+                if quantized_input(sub) and getattr(sub, "input_scale", None) is None}
 
     def weights_fallback(self) -> Fallback | None:
         """The fallback for weights held in a form streamplan does not run (weight_format)."""
@@ -172,6 +168,14 @@ def weight_format(t: torch.Tensor) -> tuple[str | None, str]:
     return None, str(t.dtype)
 
 
+def fp8_layers(module: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    """(name, layer) of the module's layers whose weight runs as fp8-e4m3."""
+    for name, sub in module.named_modules():
+        w = getattr(sub, "weight", None)
+        if isinstance(w, torch.Tensor) and weight_format(w)[0] == "fp8-e4m3":
+            yield name, sub
+
+
 def quantized_input(layer: torch.nn.Module) -> bool:
     """Whether ComfyUI quantizes the layer's activations for its quantized weight (comfy.ops'
     mixed-precision Linear: not where the device has no kernel for the format or the checkpoint
@@ -188,10 +192,8 @@ def unsupported_weights(module: torch.nn.Module) -> Fallback | None:
         if fmt is None:
             return Fallback("weight_format", f"'{name}' is held as {held}; streamplan runs fp8 (e4m3, e5m2), "
                                              "int8 tensorwise and ConvRot int8 (groups of 256)")
-    for name, sub in module.named_modules():
-        w = getattr(sub, "weight", None)
-        if (isinstance(w, torch.Tensor) and weight_format(w)[0] == "fp8-e4m3"
-                and getattr(sub, "_full_precision_mm_config", False)
+    for name, sub in fp8_layers(module):
+        if (getattr(sub, "_full_precision_mm_config", False)
                 and getattr(sub, "quant_format", None) not in getattr(sub, "_disabled_formats", ())):
             return Fallback("weight_format", f"'{name}.weight' asks ComfyUI for a full-precision matmul "
                                              "(comfy_quant full_precision_matrix_mult); streamplan runs "

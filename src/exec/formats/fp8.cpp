@@ -45,26 +45,25 @@ struct Fp8 : ScaledFloat8 {
     // the weight has one). The CPU, whose _scaled_mm takes per-tensor scales only, quantizes
     // with the input scale or the slab's maximum.
     const at::Tensor fixed = src.contains(in_name) ? src.tensor(in_name) : at::Tensor();
-    // _scaled_mm with scales per row writes bf16 only; with one scale each (a fixed input
-    // scale and a per-tensor weight scale, or the CPU) y's dtype directly.
-    bool rowwise = x.is_cuda();
-    at::Tensor sa, xq, sb;
-    if (rowwise) {
+    // _scaled_mm takes scales per row on CUDA only, and then writes bf16; with one scale each (a
+    // fixed input scale, or the CPU's per-tensor one, and a per-tensor weight scale) y's dtype.
+    const bool cuda = x.is_cuda(), per_tensor = (!cuda || fixed.defined()) && sw.dim() == 0;
+    if (!cuda && !per_tensor) return reference();
+    at::Tensor sa, xq;
+    if (cuda || fixed.defined()) {
       std::tie(xq, sa) = quant::quantize_rows(x, at::kFloat8_e4m3fn, fixed);
       // The fused kernel where it runs: no product tensor, bias and accumulation in its epilogue.
-      if (quant::fp8_gemm(xq, sa, w, sw, y, bias, accumulate)) return;
+      if (cuda && quant::fp8_gemm(xq, sa, w, sw, y, bias, accumulate)) return;
       // cuBLASLt's fp8 GEMM needs output widths that are multiples of 16.
-      if (w.size(0) % 16 != 0) return reference();
-      rowwise = !(fixed.defined() && sw.dim() == 0);
-      if (!rowwise) sa = sa.reshape(-1).narrow(0, 0, 1).reshape({});
-      sb = !rowwise ? sw : (sw.dim() > 0 ? sw.t() : sw.reshape({1, 1}).expand({1, w.size(0)})).contiguous();
-    } else {
-      if (sw.dim() > 0) return reference();
-      sa = fixed.defined() ? fixed.reshape({}).to(at::kFloat) : x.abs().max().to(at::kFloat).div_(kMax).clamp_min_(1e-12);
+      if (cuda && w.size(0) % 16 != 0) return reference();
+      if (per_tensor) sa = sa.reshape(-1).narrow(0, 0, 1).reshape({});
+    } else {  // the CPU without an input scale: the slab's maximum
+      sa = x.abs().max().to(at::kFloat).div_(kMax).clamp_min_(1e-12);
       xq = x.to(at::kFloat).div(sa).clamp_(-kMax, kMax).to(at::kFloat8_e4m3fn);
-      sb = sw;
     }
-    const at::ScalarType od = rowwise ? at::kBFloat16 : y.scalar_type();
+    const at::Tensor sb =
+        per_tensor ? sw : (sw.dim() > 0 ? sw.t() : sw.reshape({1, 1}).expand({1, w.size(0)})).contiguous();
+    const at::ScalarType od = per_tensor ? y.scalar_type() : at::kBFloat16;
     if (!accumulate && y.scalar_type() == od && y.is_contiguous()) {
       at::Tensor out = y;
       at::_scaled_mm_out(out, xq, w.t(), sa, sb, std::nullopt, std::nullopt, od);

@@ -23,6 +23,14 @@ namespace {
 
 using namespace plan;
 
+// Token-major rows src [n, heads * rep * hd] into rows [first, first + n) of dst, folded
+// [heads, rep * rows, hd] (each K/V head's query heads one after another).
+void copy_folded(const at::Tensor& dst, const at::Tensor& src, int64_t heads, int64_t rep, int64_t hd,
+                 int64_t first = 0) {
+  const int64_t n = src.size(0), rows = dst.numel() / (heads * rep * hd);
+  dst.view({heads, rep, rows, hd}).narrow(2, first, n).copy_(src.view({n, heads, rep, hd}).permute({1, 2, 0, 3}));
+}
+
 class Interpreter {
  public:
   // x: the residual stream's rows from x_base on (this rank's under a sequence split).
@@ -223,9 +231,7 @@ class Interpreter {
     switch (c.layout) {
       case Layout::Same: dst.copy_(src); return;
       case Layout::HeadMajor: dst.copy_(src.view({n, c.heads, c.head_dim}).transpose(0, 1)); return;
-      case Layout::Folded:
-        dst.view({c.heads, c.rep, n, c.head_dim}).copy_(src.view({n, c.heads, c.rep, c.head_dim}).permute({1, 2, 0, 3}));
-        return;
+      case Layout::Folded: copy_folded(dst, src, c.heads, c.rep, c.head_dim); return;
     }
   }
   void step(const ProjectStep& s) {
@@ -342,9 +348,8 @@ class Interpreter {
     const AttendStep* a = s.attend ? &*s.attend : nullptr;
     // Folds rank j's piece of Q into the attend step's head-major Q.
     auto fold = [&](int64_t j) {
-      if (!a || a->q_layout != Layout::Folded) return;
-      operand(a->q).view({a->kv_heads, a->rep, P * each, a->head_dim}).narrow(2, j * each, each)
-          .copy_(piece(qh, j).view({each, a->kv_heads, a->rep, a->head_dim}).permute({1, 2, 0, 3}));
+      if (a && a->q_layout == Layout::Folded)
+        copy_folded(operand(a->q), piece(qh, j), a->kv_heads, a->rep, a->head_dim, j * each);
     };
     piece(qh, me).copy_(heads_of(ql, me));
     const size_t ranks = static_cast<size_t>(P);
