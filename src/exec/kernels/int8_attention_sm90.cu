@@ -443,8 +443,10 @@ cudaError_t int8_attention_sm90_pass(const Int8AttnParams& p, cudaStream_t strea
     const cudaError_t e = int8_attention_sm90_ws(p, stream, {}, pass);
     if (e != cudaErrorNotSupported || kernel == Sm90Kernel::WarpSpecialized) return e;
   }
-  return launch_pass(p, pass, [&](auto bounded, auto type, bool redo) {
-    return launch_type<decltype(bounded)::value, decltype(type)>(p, stream, redo);
+  Int8AttnParams p16 = p;  // the cp.async kernels run P·V in 16 bits
+  p16.v8 = nullptr;
+  return launch_pass(p16, pass, [&](auto bounded, auto type, bool redo) {
+    return launch_type<decltype(bounded)::value, decltype(type)>(p16, stream, redo);
   });
 }
 
