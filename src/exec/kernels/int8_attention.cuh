@@ -21,10 +21,11 @@
 // (offsets [heads * q_tiles + 1], indices); no list visits all key tiles (dense).
 // Two kernels run this, with the same parameters and arithmetic (results equal up to the
 // order of sums): the portable one above (int8_attention.cu, sm_80 and later) and, for
-// head_dim 128 on compute capability 9.0 when the sm_90a image is built, a wgmma one
-// (int8_attention_sm90.cuh/.cu, kernels/README.md), which with bf16 V, k_norm and check runs
-// the bounded softmax. AttnPath::Auto picks, once per device (int8_attention_sm90_ready);
-// Portable and Sm90 force.
+// head_dim 128 on compute capability 9.0 when the sm_90a image is built, a warp-specialized
+// wgmma one (int8_attention_sm90.cuh, kernels/README.md), which with bf16 V, k_norm and check
+// runs the bounded softmax, and with v8 P·V in 8 bits. AttnPath::Auto picks, once per device
+// (int8_attention_sm90_ready; the portable kernel where the sm_90a one does not take the
+// parameters); Portable and Sm90 force.
 //
 // Example:
 //     sp::kernels::AttnQuantParams qp;   // Q: scales carry softmax scale * log2(e)

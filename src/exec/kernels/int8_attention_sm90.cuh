@@ -10,12 +10,6 @@ namespace sp::kernels {
 // was built and loaded (probed once per device).
 bool int8_attention_sm90_ready();
 
-// Which sm_90a kernel runs: Auto the warp-specialized TMA one where it can (the driver's
-// tensor-map encoder found, pointers and strides 16-byte aligned), else the cp.async one;
-// CpAsync and WarpSpecialized force one (WarpSpecialized: cudaErrorNotSupported where it cannot).
-// Both compute the same bits.
-enum class Sm90Kernel { Auto, CpAsync, WarpSpecialized };
-
 // The softmax of one launch. Exact: the online softmax (running row maxima, the sums and
 // outputs rescaled when they grow). Bounded: each row's exponent offset fixed before its first
 // key from the Cauchy-Schwarz bound of its scores (Int8AttnParams::k_norm and the row's norm),
@@ -31,10 +25,10 @@ inline bool bounded_softmax_takes(const Int8AttnParams& p) {
   return p.type == Elem::BF16 && p.k_norm != nullptr && p.check != nullptr;
 }
 
-// One launch of one pass; cudaErrorNotSupported unless head_dim is 128 and
-// int8_attention_sm90_ready().
-cudaError_t int8_attention_sm90_pass(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel,
-                                     SoftmaxPass pass);
+// One launch of one pass on the warp-specialized kernels (int8_attention_sm90_ws.cuh);
+// cudaErrorNotSupported, launching nothing, unless head_dim is 128, int8_attention_sm90_ready()
+// and the kernels take the parameters (int8_attention then runs the portable kernel).
+cudaError_t int8_attention_sm90_pass(const Int8AttnParams& p, cudaStream_t stream, SoftmaxPass pass);
 // The passes of one attention, each through launch(pass): Bounded then Redo where
 // bounded_softmax_takes(p), else Exact.
 template <typename Launch>
@@ -44,7 +38,6 @@ cudaError_t run_softmax_passes(const Int8AttnParams& p, Launch&& launch) {
   return e != cudaSuccess ? e : launch(SoftmaxPass::Redo);
 }
 // The attention: run_softmax_passes of int8_attention_sm90_pass.
-cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream, Sm90Kernel kernel);
-cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream);  // Sm90Kernel::Auto
+cudaError_t int8_attention_sm90(const Int8AttnParams& p, cudaStream_t stream);
 
 }  // namespace sp::kernels

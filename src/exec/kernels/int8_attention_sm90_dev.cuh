@@ -1,8 +1,7 @@
-// Device pieces of the sm_90a int8 attention kernels, shared by the cp.async kernels
-// (int8_attention_sm90.cu) and the warp-specialized TMA ones (int8_attention_sm90_ws.cu):
-// wgmma descriptors and wrappers, the online softmax of a step, P·V, the Q fragments, the
-// output rows, and the mbarrier / bulk tensor copy (TMA) wrappers. Everything past the
-// constants exists only in the sm_90a image (__CUDA_ARCH_FEAT_SM90_ALL).
+// Device pieces of the sm_90a int8 attention kernels (int8_attention_sm90_ws.cu): wgmma
+// descriptors and wrappers, the online and bounded softmax of a step, P·V in 16 or 8 bits, the
+// Q fragments, the output rows, and the mbarrier / bulk tensor copy (TMA) wrappers. Everything
+// past the constants exists only in the sm_90a image (__CUDA_ARCH_FEAT_SM90_ALL).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,12 +1,11 @@
 // Warp-specialized sm_90a kernels of int8_attention, head_dim 128 (see int8_attention.cuh for
-// the arithmetic, which is that of the cp.async kernels in int8_attention_sm90.cu step for step,
-// so the outputs are the same bits). One CTA = a producer warpgroup, one warp of which loads K
-// and V tiles by TMA into mbarrier-guarded rings (writing each step's tile ids and k scales
-// into the slot), and WG consumer warpgroups of 64 query rows with no block barrier in the loop;
-// the layout, barriers and configurations: docs/kernels_measured.md. The tensor maps are encoded
-// with cuTensorMapEncodeTiled from the driver at run time (cudaGetDriverEntryPoint), so nothing
+// the arithmetic). One CTA = a producer warpgroup, one warp of which loads K and V tiles by TMA
+// into mbarrier-guarded rings (writing each step's tile ids and k and v scales into the slot),
+// and WG consumer warpgroups of 64 query rows with no block barrier in the loop; the layout,
+// barriers and configurations: docs/kernels_measured.md. The tensor maps are encoded with
+// cuTensorMapEncodeTiled from the driver at run time (cudaGetDriverEntryPoint), so nothing
 // links libcuda; where that or the alignment fails, int8_attention_sm90_ws says
-// cudaErrorNotSupported and the caller keeps cp.async.
+// cudaErrorNotSupported and int8_attention runs the portable kernel.
 #include "exec/kernels/int8_attention_sm90_ws.cuh"
 
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime

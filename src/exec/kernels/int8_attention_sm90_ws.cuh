@@ -1,7 +1,7 @@
 // The warp-specialized sm_90a kernels of int8_attention (int8_attention_sm90_ws.cu): a producer
 // warp loads K and V tiles with the bulk tensor copy engine (TMA) into a ring of shared-memory
 // stages guarded by mbarriers, consumer warpgroups run QK^T, the online softmax and P·V on
-// wgmma. Reached through int8_attention_sm90 (Sm90Kernel::Auto or WarpSpecialized).
+// wgmma. Reached through int8_attention_sm90.
 #pragma once
 
 #include "exec/kernels/int8_attention_sm90.cuh"
