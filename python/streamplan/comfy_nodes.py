@@ -268,8 +268,7 @@ class PlannerWrapper:
         for name in order:
             why = _api._C.consumer_unusable(name, str(device), _api._dtype_name(dtype))
             if not why:
-                pv = f" ({_api._C.int8_pv_kernel(str(device), 128)} at head_dim 128)" if device.type == "cuda" else ""
-                results.append(f"{name}: self-test passed on {device}{pv}")
+                results.append(f"{name}: self-test passed on {device}")
                 chosen = name
                 break
             if settings.backend != "auto":

@@ -115,7 +115,6 @@ int bench_attention(const Args& a) {
       const double sdpa_ms = time_ms(d, a.reps, [&] { o = exec::sdpa_attention(q, k, v, scale); });
       const double sdpa_err = rel_l2(o);
       const std::string sdpa_kind = exec::sdpa_kernel(d, at::kBFloat16, c.head_dim);
-      const std::string pv_kind = d.is_cuda() ? exec::int8_pv_kernel(d, c.head_dim) : "";
       // The share of 16-row groups the sm_90a kernels' bounded softmax redid (bf16 V), or null.
       auto redone = [&](const ia::TileList& tiles) -> nlohmann::json {
         if (ia::auto_kernel(c.head_dim) != ia::Kernel::Sm90) return nullptr;
@@ -130,8 +129,7 @@ int bench_attention(const Args& a) {
                         {"tokens", c.tokens}, {"heads", c.heads}, {"head_dim", c.head_dim}, {"ms", ms},
                         {"sdpa_ms", sdpa_ms}, {"speedup_vs_sdpa", sdpa_ms / ms}, {"rel_l2", err}, {"sdpa_rel_l2", sdpa_err},
                         {"density", density}, {"tflops_dense_equivalent", flops / ms / 1e9}, {"redone_rows", redo},
-                        {"sdpa_kernel", sdpa_kind}, {"median_top_weight", top_median}, {"rows_top_weight_ge_half", peaked},
-                        {"int8_pv", consumer == "sdpa" ? nlohmann::json(nullptr) : nlohmann::json(pv_kind)}});
+                        {"sdpa_kernel", sdpa_kind}, {"median_top_weight", top_median}, {"rows_top_weight_ge_half", peaked}});
         if (!a.quiet)
           std::cerr << name << " " << dist << " " << consumer << " budget " << budget << ": " << ms << " ms ("
                     << sdpa_ms / ms << "x sdpa), rel L2 " << err << " (sdpa " << sdpa_err << "), density " << density

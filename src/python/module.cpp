@@ -189,12 +189,6 @@ PYBIND11_MODULE(_C, m) {
       "The kernel the 'sdpa' consumer runs on the device in the dtype, and why (on CUDA: cuDNN's fused "
       "attention where it passed its self-test and ran no slower than ATen's own choice).");
   m.def(
-      "int8_pv_kernel",
-      [](const std::string& device, int64_t head_dim) { return exec::int8_pv_kernel(at::Device(device), head_dim); },
-      py::arg("device"), py::arg("head_dim") = 128,
-      "Which P·V the 'int8' and 'sparse' consumers run on the device, and why (8 bits where the sm_90a "
-      "kernels run and passed their 8-bit self-test, else 16 bits).");
-  m.def(
       "kv_budget_at",
       [](int step, int steps, double budget, int early_steps, double early_kv, int late_steps, double late_kv) {
         return plan::kv_budget_at({budget, early_steps, early_kv, late_steps, late_kv}, step, steps);

@@ -3,7 +3,7 @@
 // empty and unsorted lists), each on the portable kernel and, where the device runs it, the
 // sm_90a warp-specialized one (against the portable one's output too), with the bounded softmax
 // (and the redo of the rows it flags) where the inputs are bf16 and with the online softmax
-// alone, with 16-bit and 8-bit P·V; then timings of all at video models' shapes (dense, the
+// alone; then timings of all at video models' shapes (dense, the
 // list of every tile, 30% lists).
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc src/exec/kernels/int8_attention.cu \
 //        src/exec/kernels/int8_attention_sm90.cu src/exec/kernels/int8_attention_sm90_ws.cu \
@@ -83,9 +83,8 @@ static void release(Carrier& c) {
 
 // The kernels a check or a timing runs: the portable one, the sm_90a warp-specialized one (its
 // dense kernel with and without ping-pong) as int8_attention runs it (the bounded softmax and
-// its redo where the parameters take it) and with the online softmax alone ("-exact"); V8: with
-// 8-bit P·V (Int8AttnParams::v8).
-enum class Kern { Portable, Ws, WsPingPong, WsExact, WsBoundedPass, WsRedoPass, WsV8, WsV8Exact };
+// its redo where the parameters take it) and with the online softmax alone ("-exact").
+enum class Kern { Portable, Ws, WsPingPong, WsExact, WsBoundedPass, WsRedoPass };
 static const char* kern_name(Kern k) {
   switch (k) {
     case Kern::Portable: return "portable";
@@ -94,46 +93,14 @@ static const char* kern_name(Kern k) {
     case Kern::WsExact: return "ws-exact";
     case Kern::WsBoundedPass: return "ws-pass1";
     case Kern::WsRedoPass: return "ws-pass2";
-    case Kern::WsV8: return "ws-v8";
-    case Kern::WsV8Exact: return "ws-v8-exact";
   }
   return "?";
 }
 static bool exact_kern(Kern k) {
-  return k == Kern::WsExact || k == Kern::WsRedoPass || k == Kern::WsV8Exact;
+  return k == Kern::WsExact || k == Kern::WsRedoPass;
 }
-static bool v8_kern(Kern k) { return k == Kern::WsV8 || k == Kern::WsV8Exact; }
-// V quantized for 8-bit P·V: less its per-head mean (in `mean`), int8 per tile.
-struct V8 {
-  int8_t* v8 = nullptr;
-  float* scale = nullptr;
-  float* mean = nullptr;
-  float* tile_mean = nullptr;
-};
-static V8 quantize_v8(const void* v, Elem type, int heads, int rows, int D, int64_t head_stride, int64_t row_stride) {
-  V8 c;
-  const int64_t tiles = attn_tiles(rows);
-  CK(cudaMalloc(&c.v8, heads * tiles * 64 * D));
-  CK(cudaMalloc(&c.scale, heads * tiles * 4));
-  CK(cudaMalloc(&c.mean, heads * D * 4));
-  CK(cudaMalloc(&c.tile_mean, heads * tiles * D * 4));
-  AttnQuantParams p;
-  p.x = v; p.head_stride = head_stride; p.row_stride = row_stride; p.type = type;
-  p.heads = heads; p.rows = rows; p.head_dim = D; p.tile_mean = c.tile_mean;
-  CK(attn_quantize(p, 0));  // means only
-  CK(attn_head_mean(c.tile_mean, heads, rows, D, c.mean, 0));
-  p.tile_mean = nullptr;
-  p.subtract = c.mean;
-  p.out = c.v8; p.scale = c.scale;
-  CK(attn_quantize_v(p, 0));
-  return c;
-}
-static void release(V8& c) { cudaFree(c.v8); cudaFree(c.scale); cudaFree(c.mean); cudaFree(c.tile_mean); }
 static cudaError_t run_kernel(Kern k, Int8AttnParams p, cudaStream_t stream) {
-  if (!v8_kern(k)) p.v8 = nullptr;
   switch (k) {
-    case Kern::WsV8: return int8_attention_sm90(p, stream);
-    case Kern::WsV8Exact: return int8_attention_sm90_pass(p, stream, SoftmaxPass::Exact);
     case Kern::Portable: p.path = AttnPath::Portable; return int8_attention(p, stream);
     case Kern::Ws: return int8_attention_sm90(p, stream);
     case Kern::WsPingPong: {
@@ -264,9 +231,6 @@ static int check(const Case& c, bool sm90, unsigned seed) {
   CK(cudaMemcpy(dv, vdev.data(), vdev.size() * 2, cudaMemcpyHostToDevice));
   Carrier cq = quantize(dq, type, heads, qrows, D, false, scale * 1.4426950408889634f);
   Carrier ck = quantize(dk, type, heads, kvrows, D, true, 1.0f);
-  V8 cv = D == 128 ? quantize_v8(dv, type, heads, kvrows, D, c.interleaved ? head_stride : int64_t(kvrows) * D,
-                                 row_stride)
-                   : V8{};
   int32_t *doff = nullptr, *didx = nullptr;
   if (sparse) {
     CK(cudaMalloc(&doff, off.size() * 4)); CK(cudaMalloc(&didx, std::max<size_t>(1, idx.size()) * 4));
@@ -281,15 +245,14 @@ static int check(const Case& c, bool sm90, unsigned seed) {
   p.v_head_stride = c.interleaved ? head_stride : int64_t(kvrows) * D; p.v_row_stride = row_stride; p.o = dout;
   p.o_head_stride = c.interleaved ? head_stride : int64_t(qrows) * D; p.o_row_stride = row_stride; p.type = type;
   p.heads = heads; p.q_rows = qrows; p.kv_rows = kvrows; p.head_dim = D; p.offsets = doff; p.indices = didx;
-  p.v8 = cv.v8; p.v_scale = cv.scale; p.v_mean = cv.mean;
   auto value = [&](uint16_t bits) {
     return f16 ? __half2float(*reinterpret_cast<const __half*>(&bits)) : __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(&bits));
   };
   int fails = 0;
-  std::vector<uint16_t> ob(qb.size()), portable_bits, ws_bits, ws_exact_bits, v8_exact_bits;
+  std::vector<uint16_t> ob(qb.size()), portable_bits, ws_bits, ws_exact_bits;
   std::vector<Kern> kerns = {Kern::Portable};
   if (sm90 && D == 128)
-    kerns.insert(kerns.end(), {Kern::WsExact, Kern::Ws, Kern::WsPingPong, Kern::WsV8Exact, Kern::WsV8});
+    kerns.insert(kerns.end(), {Kern::WsExact, Kern::Ws, Kern::WsPingPong});
   auto far_row = [&](int r) { return c.far_bound && r / 64 % 2 == 1; };
   for (const Kern kern : kerns) {
     if (kern == Kern::WsPingPong && sparse) continue;  // the option is the dense kernel's
@@ -314,7 +277,7 @@ static int check(const Case& c, bool sm90, unsigned seed) {
     for (int h = 0; h < heads; ++h)
       for (int r = 0; r < qrows; ++r)
         for (int d = 0; d < D; ++d) {
-          const std::vector<uint16_t>& exact_bits = v8_kern(kern) ? v8_exact_bits : ws_exact_bits;
+          const std::vector<uint16_t>& exact_bits = ws_exact_bits;
           if (far_row(r)) {
             if (bounded) far_differ += ob[at(h, r, d, qrows)] != exact_bits[at(h, r, d, qrows)];
             continue;
@@ -329,14 +292,12 @@ static int check(const Case& c, bool sm90, unsigned seed) {
           }
         }
     const double rel = num == num ? std::sqrt(num / den) : INFINITY;
-    // 8-bit P·V adds about 0.4e-2 (gaussian inputs; scripts/attn_error_model.py).
-    bool ok = rel <= (c.far_bound ? 0.2 : v8_kern(kern) ? 2.5e-2 : 2e-2);
+    bool ok = rel <= (c.far_bound ? 0.2 : 2e-2);
     if (bounded && c.far_bound) ok = ok && std::sqrt(near_num / near_den) <= 5e-3;
     char bits[96] = "";
     if (kern == Kern::Portable) portable_bits = ob;
     if (kern == Kern::Ws) ws_bits = ob;
     if (kern == Kern::WsExact) ws_exact_bits = ob;
-    if (kern == Kern::WsV8Exact) v8_exact_bits = ob;
     if (kern == Kern::WsPingPong) {
       size_t differ = 0;
       for (size_t i = 0; i < ob.size(); ++i) differ += ob[i] != ws_bits[i];
@@ -366,7 +327,7 @@ static int check(const Case& c, bool sm90, unsigned seed) {
                 c.interleaved ? " interleaved" : "", c.empty_some ? " empty-lists" : "", c.unsorted ? " unsorted" : "",
                 rel, bits);
   }
-  release(cq); release(ck); release(cv);
+  release(cq); release(ck);
   cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(doff); cudaFree(didx); cudaFree(dcheck);
   return fails;
 }
@@ -451,15 +412,6 @@ static void bench(int tokens, int heads, int D, bool sm90, bool portable, bool s
   }
   std::printf("bench tokens=%d heads=%d D=%d: quantize Q %.2f ms (tile means too), K %.2f ms (means, head mean, "
               "int8)\n", tokens, heads, D, qms, kms);
-  V8 cv;
-  if (sm90 && D == 128) {
-    cudaEventRecord(e0);
-    cv = quantize_v8(v, Elem::BF16, heads, tokens, D, int64_t(tokens) * D, D);
-    cudaEventRecord(e1); CK(cudaEventSynchronize(e1));
-    float vms = 0; cudaEventElapsedTime(&vms, e0, e1);
-    std::printf("bench tokens=%d heads=%d D=%d: quantize V for 8-bit P.V %.2f ms (first call; means, head mean, "
-                "int8)\n", tokens, heads, D, vms);
-  }
   const int qt = attn_tiles(tokens), kt = qt;
   const double dense_flops = 4.0 * tokens * double(tokens) * heads * D;
   struct Run { double budget; bool list; };
@@ -485,7 +437,7 @@ static void bench(int tokens, int heads, int D, bool sm90, bool portable, bool s
     }
     std::vector<Kern> kerns;
     if (portable) kerns.push_back(Kern::Portable);
-    if (sm90) kerns.insert(kerns.end(), {Kern::Ws, Kern::WsExact, Kern::WsV8});
+    if (sm90) kerns.insert(kerns.end(), {Kern::Ws, Kern::WsExact});
     if (sm90 && !run.list) kerns.insert(kerns.end(), {Kern::WsPingPong, Kern::WsBoundedPass, Kern::WsRedoPass});
     for (const Kern kern : kerns) {
       Int8AttnParams p;
@@ -494,7 +446,6 @@ static void bench(int tokens, int heads, int D, bool sm90, bool portable, bool s
       p.o_head_stride = int64_t(tokens) * D; p.o_row_stride = D; p.type = Elem::BF16;
       p.heads = heads; p.q_rows = tokens; p.kv_rows = tokens; p.head_dim = D; p.offsets = doff; p.indices = didx;
       p.k_norm = ck.norm; p.check = dcheck;
-      p.v8 = cv.v8; p.v_scale = cv.scale; p.v_mean = cv.mean;
       CK(cudaMemset(o, 0xff, n * 2));
       CK(run_kernel(kern, p, 0));
       CK(cudaDeviceSynchronize());
@@ -526,14 +477,14 @@ static void bench(int tokens, int heads, int D, bool sm90, bool portable, bool s
       std::printf("bench tokens=%d heads=%d D=%d %-8s %-6s budget=%.2f: %.2f ms (best %.2f), %.1f TFLOP/s of visited "
                   "tiles, %.1f dense-equivalent TFLOP/s%s", tokens, heads, D, kern_name(kern), run.list ? "list" : "dense",
                   run.budget, ms, best, dense_flops * visited / ms / 1e9, dense_flops / ms / 1e9, bits);
-      if (!run.list && (kern == Kern::Ws || kern == Kern::WsExact || kern == Kern::Portable || kern == Kern::WsV8))
+      if (!run.list && (kern == Kern::Ws || kern == Kern::WsExact || kern == Kern::Portable))
         std::printf(", rel_l2 %.4g (64 rows of head 0 vs fp64)", head0_rel_l2(q, k, v, o, tokens, D));
       std::printf("\n");
       std::fflush(stdout);
     }
     cudaFree(doff); cudaFree(didx);
   }
-  release(cq); release(ck); release(cv);
+  release(cq); release(ck);
   cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); cudaFree(o_ref); cudaFree(differ); cudaFree(dcheck);
 }
 

@@ -65,9 +65,6 @@ double self_test_rel_l2(const at::Tensor& got, const at::Tensor& want);
 // (on CUDA measured at the first use there: cuDNN's or ATen's own choice).
 at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
 std::string sdpa_kernel(const at::Device& device, at::ScalarType dtype, int64_t head_dim);
-// Which P·V the `int8` and `sparse` consumers run on `device` at head_dim, and why: 8 bits (u8 P x
-// s8 V) where the sm_90a kernels run and passed their 8-bit self-test, else 16 bits.
-std::string int8_pv_kernel(const at::Device& device, int64_t head_dim);
 
 // The implementation registered with `caps`, as interface T; throws naming the component
 // when none (or one of another kind) was registered.

@@ -56,45 +56,11 @@ std::string self_test_or_throw(const at::Device& d) {
   return failed.str();
 }
 
-// 8-bit P·V (head_dim 128) against the fp32 references, dense and with a tile list; "" when
-// within 3e-2 (it adds about 4e-3 to the 16-bit P·V's error on such inputs).
-std::string v8_self_test_or_throw(const at::Device& d) {
-  if (!int8attn::v8_runs(128)) return "needs the sm_90a kernels (head_dim 128, compute capability 9.0)";
-  at::Generator gen = at::detail::createCPUGenerator(4321);
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  const at::Tensor q = at::randn({2, 150, 128}, gen, f32).to(at::kBFloat16).to(d);
-  const at::Tensor k = (at::randn({2, 333, 128}, gen, f32) + 1).to(at::kBFloat16).to(d);
-  const at::Tensor v = (at::randn({2, 333, 128}, gen, f32) + 0.5).to(at::kBFloat16).to(d);
-  const double scale = 1.0 / std::sqrt(128.0);
-  const auto kc = int8attn::quantize_k(k);
-  const auto qt = int8attn::quantize_q(q, scale, kc);
-  const int8attn::VTiles v8 = int8attn::quantize_v(v);
-  at::Tensor keep = at::ones({2, 3, 6}, at::TensorOptions().dtype(at::kBool));
-  std::ostringstream failed;
-  for (const bool listed : {false, true}) {
-    int8attn::TileList tl;
-    if (listed) {
-      keep.select(2, 1).fill_(false);
-      keep.select(2, 4).fill_(false);
-      const at::Tensor counts = keep.sum(2).flatten().to(at::kInt);
-      tl.offsets = at::cat({at::zeros({1}, counts.options()), counts.cumsum(0).to(at::kInt)}).to(d);
-      tl.indices = keep.nonzero().select(1, 2).to(at::kInt).contiguous().to(d);
-    }
-    const at::Tensor got = int8attn::attend(qt, kc, v, tl, int8attn::Kernel::Auto, &v8);
-    const at::Tensor want =
-        block_sparse_reference(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), keep.to(d), scale);
-    const double e = self_test_rel_l2(got, want);
-    if (!(e <= 3e-2)) failed << (failed.tellp() ? "; " : "") << (listed ? "sparse" : "dense") << ": rel L2 " << e << " > 0.03";
-  }
-  return failed.str();
-}
-
-// f's result: "" when the kernels agree with the references on this device, else what failed
-// (a kernel that does not launch, e.g. built for other architectures, fails it too).
-template <typename F>
-std::string self_test(F&& f, const at::Device& d) {
+// "" when the kernels agree with the references on this device, else what failed (a kernel
+// that does not launch, e.g. built for other architectures, fails it too).
+std::string self_test(const at::Device& d) {
   try {
-    return f(d);
+    return self_test_or_throw(d);
   } catch (const c10::Error& e) {
     const std::string m = e.what_without_backtrace();
     return m.substr(0, m.find('\n'));
@@ -105,7 +71,6 @@ std::string self_test(F&& f, const at::Device& d) {
 
 struct Carrier {
   int8attn::KCarrier k;
-  int8attn::VTiles v;  // room for the phase's 8-bit V (undefined: made when first filled)
   uint64_t phase = 0;  // increases with every new K
 };
 
@@ -113,13 +78,7 @@ struct Carrier {
 struct State {
   std::mutex mu;
   std::map<int, std::string> tested;  // device index -> self-test result ("" passed)
-  std::map<int, std::string> v8_tested;  // the same for 8-bit P·V
   Carrier cached;
-  // The phase whose 8-bit V is filled, and (uncached carriers) the V it was made from.
-  uint64_t v8_phase = 0;
-  const void* v_ptr = nullptr;
-  std::vector<int64_t> v_shape;
-  at::Tensor v_sample;
   at::Tensor sample;
   const void* ptr = nullptr;
   std::vector<int64_t> shape;
@@ -164,7 +123,7 @@ void require(const std::string& consumer, const at::Tensor& q) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
   auto it = st.tested.find(index);
-  if (it == st.tested.end()) it = st.tested.emplace(index, self_test(self_test_or_throw, q.device())).first;
+  if (it == st.tested.end()) it = st.tested.emplace(index, self_test(q.device())).first;
   if (!it->second.empty())
     throw contracts::ContractError(who + " failed its self-test on " + prop->name + ": " + it->second);
 #endif
@@ -178,40 +137,6 @@ std::string unusable(const std::string& consumer, const at::Device& device, at::
     return e.what();
   }
   return {};
-}
-
-// Why P·V does not run in 8 bits on `device` ("" where it does): the sm_90a kernels and their
-// self-test.
-std::string v8_unusable(const at::Device& device) {
-  if (!device.is_cuda() || !int8attn::built()) return "needs a CUDA device";
-  State& st = state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  auto it = st.v8_tested.find(device.index());
-  if (it == st.v8_tested.end())
-    it = st.v8_tested.emplace(device.index(), self_test(v8_self_test_or_throw, device)).first;
-  return it->second;
-}
-
-// The carrier's 8-bit V for v3 [G, kv_rows, D], made at the phase's first use (uncarried: also
-// when v3 is another V than the last one), or null where P·V runs in 16 bits.
-const int8attn::VTiles* v_tiles(Carrier& kc, const at::Tensor& v3, bool carried) {
-  if (v3.size(2) != 128 || (carried && !kc.v.v8.defined()) || !v8_unusable(v3.device()).empty()) return nullptr;
-  State& st = state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  std::vector<int64_t> shape(v3.sizes().begin(), v3.sizes().end());
-  shape.insert(shape.end(), v3.strides().begin(), v3.strides().end());
-  const at::Tensor sample = carried ? at::Tensor() : sample_of(v3);
-  const bool same = st.v8_phase == kc.phase &&
-                    (carried || (st.v_ptr == v3.data_ptr() && st.v_shape == shape && at::equal(st.v_sample, sample)));
-  if (!same) {
-    kc.v = int8attn::quantize_v(v3, kc.v);
-    if (!carried && st.cached.phase == kc.phase) st.cached.v = kc.v;
-    st.v8_phase = kc.phase;
-    st.v_ptr = v3.data_ptr();
-    st.v_shape = shape;
-    st.v_sample = sample;
-  }
-  return &kc.v;
 }
 
 // k [G, kv_rows, D]: the cached carrier of this K, or a new one.
@@ -260,7 +185,6 @@ void carry_k(const std::string& consumer, const at::Tensor& k, const at::Tensor&
 Carrier carried(const at::Tensor& bytes, int64_t kv_rows, int64_t head_dim) {
   Carrier c;
   c.k = int8attn::carrier_view(bytes, bytes.size(0), kv_rows, head_dim);
-  c.v = int8attn::carrier_v_view(bytes, bytes.size(0), kv_rows, head_dim);
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
   c.phase = st.carried_phase;
@@ -273,13 +197,13 @@ struct Int8Consumer : ConsumerImpl {
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) const override {
     if (routed) return attend_rows(q, k, v, scale, {});
     const at::Tensor q3 = checked_q(q);
-    return attend_with(q3, carrier_for(heads_rows(k, "k", name)), v, scale, {}, false);
+    return attend_with(q3, carrier_for(heads_rows(k, "k", name)), v, scale, {});
   }
   at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                          const contracts::AttnCall& call) const override {
     const at::Tensor q3 = checked_q(q);
     const Carrier kc = carrier_for(heads_rows(k, "k", name));
-    at::Tensor o = attend_with(q3, kc, v, scale, call, false);
+    at::Tensor o = attend_with(q3, kc, v, scale, call);
     after_slab(call.q_begin, q3.size(1), kc.k.rows);
     return o;
   }
@@ -289,7 +213,7 @@ struct Int8Consumer : ConsumerImpl {
   at::Tensor attend_carried(const at::Tensor& q, const at::Tensor& carrier, const at::Tensor& v, double scale,
                             const contracts::AttnCall& call, int64_t kv_rows) const override {
     const at::Tensor q3 = checked_q(q);
-    return attend_with(q3, carried(carrier, kv_rows, q3.size(2)), v, scale, call, true);
+    return attend_with(q3, carried(carrier, kv_rows, q3.size(2)), v, scale, call);
   }
 
   // q's [G, rows, D] view, once the kernels are known to run it.
@@ -298,17 +222,13 @@ struct Int8Consumer : ConsumerImpl {
     require(name, q3);
     return q3;
   }
-  // The attention of q3 [G, rows, D] against a K carrier (`carried`: the K/V phase's) and v,
-  // P·V in 8 bits where it runs; routed: its phase's figures counted.
-  at::Tensor attend_with(const at::Tensor& q3, Carrier kc, const at::Tensor& v, double scale,
-                         const contracts::AttnCall& call, bool carried) const {
+  // The attention of q3 [G, rows, D] against a K carrier; routed: its phase's figures counted.
+  at::Tensor attend_with(const at::Tensor& q3, const Carrier& kc, const at::Tensor& v, double scale,
+                         const contracts::AttnCall& call) const {
     const int8attn::QTiles qt = int8attn::quantize_q(q3, scale, kc.k);
-    const at::Tensor v3 = heads_rows(v, "v", name);
-    const int8attn::VTiles* v8 = v_tiles(kc, v3, carried);
-    constexpr auto kAuto = int8attn::Kernel::Auto;
-    if (!routed) return int8attn::attend(qt, kc.k, v3, {}, kAuto, v8).unsqueeze(0);
+    if (!routed) return int8attn::attend(qt, kc.k, heads_rows(v, "v", name), {}).unsqueeze(0);
     const RoutedTiles r = route_slab(qt.tile_mean, kc.k.tile_mean, qt.rows, kc.k.rows, call);
-    at::Tensor o = int8attn::attend(qt, kc.k, v3, {r.offsets, r.indices}, kAuto, v8).unsqueeze(0);
+    at::Tensor o = int8attn::attend(qt, kc.k, heads_rows(v, "v", name), {r.offsets, r.indices}).unsqueeze(0);
     if (SparseTally* t = SparseTally::current()) t->add({kc.k.rows, r.visited, r.tiles}, kc.phase);
     return o;
   }
@@ -327,7 +247,7 @@ contracts::ConsumerCaps caps(const std::string& name, const std::string& descrip
   c.accepts_bounded_q = c.requires_global_k = c.requires_global_v = c.slab_output = Cap::Yes;
   c.dtypes = {ir::DType::BF16, ir::DType::F16};
   c.call_bytes = call_bytes;
-  c.call_allocations = 4;  // output, quantized Q; uncarried K: its carrier and V's 8-bit tiles (scales, samples small)
+  c.call_allocations = 3;  // output, quantized Q; uncarried K: its carrier (scales and samples are small)
   c.k_carrier_bytes = int8attn::k_carrier_bytes;
   c.k_carrier_align = int8attn::kTile;
   c.impl = std::make_shared<Int8Consumer>(name, routed);
@@ -341,8 +261,6 @@ void drop_carrier() {
   st.sample = at::Tensor();
   st.ptr = nullptr;
   st.shape.clear();
-  st.v_sample = at::Tensor();
-  st.v_ptr = nullptr;
 }
 
 int64_t call_bytes(const contracts::AttnShape& s) {
@@ -357,13 +275,3 @@ int64_t call_bytes(const contracts::AttnShape& s) {
 }
 
 }  // namespace sp::exec::int8c
-
-namespace sp::exec {
-
-std::string int8_pv_kernel(const at::Device& device, int64_t head_dim) {
-  if (head_dim != 128) return "16-bit P·V (8-bit P·V takes head_dim 128)";
-  const std::string why = int8c::v8_unusable(device);
-  return why.empty() ? "8-bit P·V (u8 P x s8 V, self-test passed)" : "16-bit P·V (8-bit not used: " + why + ")";
-}
-
-}  // namespace sp::exec

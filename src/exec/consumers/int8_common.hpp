@@ -4,13 +4,11 @@
 // Design note. Both consumers change the result, so they never fall back: require() throws a
 // ContractError naming the consumer and the reason. The self-test (once per device and
 // process) runs awkward shapes dense against fp32 attention and block-sparse against the
-// masked reference, rel L2 <= 2e-2 (8-bit P·V on its own, <= 3e-2: where that fails, P·V
-// runs in 16 bits). A planned run's K/V phase fills the K carrier
+// masked reference, rel L2 <= 2e-2. A planned run's K/V phase fills the K carrier
 // (kernels/int8_attn.hpp) slab by slab in the arena (carry_k); calls that hand over 16-bit K
 // (the naive schedule, hosts) get a carrier cached for the most recent K, keyed by K's
 // pointer, shape, strides and a sample of 64 rows compared on the device (the arena's buffers
-// share one version counter), and freed after the slab that ends the phase (after_slab). V's
-// 8-bit tiles are made at the phase's first Q slab, in the carrier's room for them.
+// share one version counter), and freed after the slab that ends the phase (after_slab).
 //
 // Example:
 //     contracts::ConsumerCaps c = sp::exec::int8c::caps("sparse", "routed ...", /*routed=*/true);

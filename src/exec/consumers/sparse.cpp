@@ -106,7 +106,7 @@ void register_sparse(contracts::Registry& reg) {
   c.q_align = kSparseTile;
   c.positions = contracts::Cap::Yes;  // its video query tiles are found from the rows' places
   c.call_bytes = sparse_call_bytes;
-  c.call_allocations = 5;  // int8's, and the routed tile lists
+  c.call_allocations = 4;  // int8's, and the routed tile lists
   c.work_fraction = routed_share;
   reg.add(c);
 }

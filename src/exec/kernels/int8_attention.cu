@@ -164,51 +164,6 @@ __global__ void quantize_tiles(AttnQuantParams p) {
   }
 }
 
-// attn_quantize_v: one block of 128 threads (one per channel) per (tile, head). The tile's rows
-// less the mean into shared memory (fp32, rows padded by one against bank conflicts), their
-// absmax, then each thread its channel's 64 keys in the permuted order, four 16-byte stores.
-template <typename T>
-__global__ void quantize_v_tiles(AttnQuantParams p) {
-  constexpr int D = 128, kPad = D + 1;
-  __shared__ float tile[kTile * kPad];
-  __shared__ float red[kThreads / 32];
-  const int t = blockIdx.x, h = blockIdx.y;
-  const int rows = min(kTile, p.rows - t * kTile);
-  const int64_t slot = int64_t(h) * (p.out_tiles > 0 ? p.out_tiles : (p.rows + kTile - 1) / kTile) + p.tile_offset + t;
-  const T* x = static_cast<const T*>(p.x) + h * p.head_stride + int64_t(t) * kTile * p.row_stride;
-  const float* sub = p.subtract ? p.subtract + int64_t(h) * D : nullptr;
-  float amax = 0.0f;
-  for (int i = threadIdx.x; i < kTile * D; i += kThreads) {
-    const int r = i / D, c = i % D;
-    const float v = r < rows ? Io<T>::load(x + int64_t(r) * p.row_stride + c) - (sub ? sub[c] : 0.0f) : 0.0f;
-    tile[r * kPad + c] = v;
-    amax = fmaxf(amax, fabsf(v));
-  }
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
-  __syncthreads();
-  amax = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
-  const float s = amax > 0.0f ? amax / 127.0f : 1.0f, inv = 1.0f / s;
-  if (threadIdx.x == 0) p.scale[slot] = s * p.extra_scale;
-  const int c = threadIdx.x;
-  uint32_t w[kTile / 4];
-#pragma unroll
-  for (int i = 0; i < kTile / 4; ++i) {  // positions 4 i .. 4 i + 3
-    uint32_t packed = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int pos = 4 * i + j;
-      const int key = (pos & ~15) + ((pos >> 2) & 3) * 2 + (j & 1) + (j >> 1) * 8;
-      const int q = __float2int_rn(fminf(fmaxf(tile[key * kPad + c] * inv, -127.0f), 127.0f));
-      packed |= uint32_t(q & 0xff) << (8 * j);
-    }
-    w[i] = packed;
-  }
-  uint4* out = reinterpret_cast<uint4*>(p.out + (slot * D + c) * kTile);
-#pragma unroll
-  for (int i = 0; i < kTile / 16; ++i) out[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
-}
-
 __global__ void head_mean_kernel(const float* tile_mean, int tiles, int rows, int D, float* head_mean) {
   const int h = blockIdx.x;
   for (int c = threadIdx.x; c < D; c += blockDim.x) {
@@ -448,16 +403,6 @@ cudaError_t attn_quantize(const AttnQuantParams& p, cudaStream_t stream) {
   const dim3 grid((p.rows + kTile - 1) / kTile, p.heads);
   const size_t bytes = size_t(kTile) * p.head_dim * sizeof(float);
   return with_elem(p.type, [&](auto t) { return launch_quantize<decltype(t)>(p, grid, bytes, stream); });
-}
-
-cudaError_t attn_quantize_v(const AttnQuantParams& p, cudaStream_t stream) {
-  if (p.rows <= 0 || p.heads <= 0) return cudaSuccess;
-  if (p.head_dim != 128 || !p.out || !p.scale) return cudaErrorInvalidValue;
-  const dim3 grid((p.rows + kTile - 1) / kTile, p.heads);
-  return with_elem(p.type, [&](auto t) {
-    quantize_v_tiles<decltype(t)><<<grid, kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
-  });
 }
 
 cudaError_t attn_head_mean(const float* tile_mean, int heads, int rows, int head_dim, float* head_mean,

@@ -23,7 +23,7 @@
 // order of sums): the portable one above (int8_attention.cu, sm_80 and later) and, for
 // head_dim 128 on compute capability 9.0 when the sm_90a image is built, a warp-specialized
 // wgmma one (int8_attention_sm90.cuh, kernels/README.md), which with bf16 V, k_norm and check
-// runs the bounded softmax, and with v8 P·V in 8 bits. AttnPath::Auto picks, once per device
+// runs the bounded softmax. AttnPath::Auto picks, once per device
 // (int8_attention_sm90_ready; the portable kernel where the sm_90a one does not take the
 // parameters); Portable and Sm90 force.
 //
@@ -71,14 +71,6 @@ struct AttnQuantParams {
 };
 cudaError_t attn_quantize(const AttnQuantParams& p, cudaStream_t stream);
 
-// V for 8-bit P·V (Int8AttnParams::v8): x less `subtract` (V's per-head mean, which every output
-// row gets back), int8 per head and 64-row tile (scale = absmax / 127 into `scale`), stored
-// transposed as [heads, tiles, head_dim, 64] so that a tile is the K-major B operand of a u8 x s8
-// wgmma, its keys permuted within each group of 32 (position 16 a + 4 b + c holds key
-// 16 a + 2 b + (c & 1) + 8 (c >> 1)) to match the order in which the attention kernel holds P.
-// Keys past `rows` are zero. head_dim 128; out_tiles and tile_offset as for attn_quantize.
-cudaError_t attn_quantize_v(const AttnQuantParams& p, cudaStream_t stream);
-
 // head_mean[h, d] = the mean over all `rows` rows, from the tile means attn_quantize wrote.
 cudaError_t attn_head_mean(const float* tile_mean, int heads, int rows, int head_dim, float* head_mean,
                            cudaStream_t stream);
@@ -107,12 +99,6 @@ struct Int8AttnParams {
   // recomputed with the online softmax.
   const float* k_norm = nullptr;  // [heads] (AttnQuantParams::norm of K)
   uint8_t* check = nullptr;       // [heads, q_tiles, 4] scratch: one byte per 16 query rows
-  // 8-bit P·V (the sm_90a warp-specialized kernels; the others read v): V from attn_quantize_v,
-  // P per row and step of 128 keys as u8 at steps of 1/255 of its largest value (times its tile's
-  // V scale), each step's int32 product scaled back into the fp32 output, V's mean added at the end.
-  const int8_t* v8 = nullptr;      // [heads, kv_tiles, head_dim, 64]
-  const float* v_scale = nullptr;  // [heads, kv_tiles]
-  const float* v_mean = nullptr;   // [heads, head_dim]
 };
 cudaError_t int8_attention(const Int8AttnParams& p, cudaStream_t stream);
 

@@ -1,5 +1,5 @@
 // Device pieces of the sm_90a int8 attention kernels (int8_attention_sm90_ws.cu): wgmma
-// descriptors and wrappers, the online and bounded softmax of a step, P·V in 16 or 8 bits, the
+// descriptors and wrappers, the online and bounded softmax of a step, P·V, the
 // Q fragments, the output rows, and the mbarrier / bulk tensor copy (TMA) wrappers. Everything
 // past the constants exists only in the sm_90a image (__CUDA_ARCH_FEAT_SM90_ALL).
 #pragma once
@@ -27,7 +27,6 @@ constexpr int kD = 128;           // head_dim: one int8 row is one 128-byte swiz
 constexpr int kQBytes = kTile * kD;      // int8
 constexpr int kKBytes = kTile * kD;      // int8
 constexpr int kVBytes = kTile * kD * 2;  // 16-bit, two 64-column halves of 8 KiB
-constexpr int kV8Bytes = kD * kTile;     // int8 V of a tile: [128 channels][64 keys]
 
 // A kernel family's launch of one pass: launch(std::bool_constant<Bounded>{}, T{}, redo), the
 // bounded softmax for bf16 only (bounded_softmax_takes), the online one for bf16 and fp16;
@@ -43,10 +42,10 @@ cudaError_t launch_pass(const Int8AttnParams& p, SoftmaxPass pass, Launch&& laun
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// Shared-memory matrix descriptor, 128-byte swizzle (mode 1; 64-byte: mode 2); offsets in bytes.
-__device__ __forceinline__ uint64_t sw128_desc(const void* p, uint32_t lbo, uint32_t sbo, uint64_t mode = 1) {
+// Shared-memory matrix descriptor, 128-byte swizzle; offsets in bytes.
+__device__ __forceinline__ uint64_t sw128_desc(const void* p, uint32_t lbo, uint32_t sbo) {
   const uint64_t a = smem_addr(p);
-  return ((a & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (mode << 62);
+  return ((a & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);
 }
 // Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile of 128-byte rows
 // (the tile 1024-byte aligned): the chunk index XOR the row within its group of 8.
@@ -131,18 +130,6 @@ __device__ __forceinline__ void wgmma_s8_ra<128>(int (&d)[64], const uint32_t (&
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
-// D[64x128] (+)= A[64x32] * B[32x128], u8 x s8 -> s32, A in registers (wgmma_s8_ra's layout),
-// B in shared memory (K-major).
-__device__ __forceinline__ void wgmma_u8s8_ra(int (&d)[64], const uint32_t (&a)[4], uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8 {"
-      SP_ACC64_REGS
-      "}, {%64, %65, %66, %67}, %68, p;\n}\n"
-      : SP_ACC64("+r", d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-
 // The online softmax state of a thread's two rows (g and g + 8 of its warp's 16).
 struct RowState {
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
@@ -190,70 +177,15 @@ __device__ __forceinline__ void step_exp(const float (&f)[32 * NT], const float 
   }
 }
 
-// The low byte of fmaf(x, f, 1.5 * 2^23): x * f rounded to an integer (0 <= x * f < 2^22).
-__device__ __forceinline__ uint32_t round_u8(float x, float f) { return __float_as_uint(fmaf(x, f, 12582912.0f)); }
-__device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
-}
-
-// P of a step for 8-bit P·V: 2^(x * sc - base) of rows g and g + 8 (their sums into s0, s1),
-// times the V scale of its tile, as u8 at steps of 1/255 of the row's largest such value over
-// the step, in the A-fragment order of wgmma_u8s8_ra: each thread's own values, which is why
-// attn_quantize_v permutes V's keys. r0, r1: the factors that take the step's int32 product back.
-template <int NT>
-__device__ __forceinline__ void step_exp_u8(float (&f)[32 * NT], const float (&sc)[NT], const float (&vs)[NT],
-                                            float base0, float base1, uint32_t (&pn)[8 * NT], float& s0, float& s1,
-                                            float& r0, float& r1) {
-  static_assert(NT <= 2, "a step's int32 product stays below 2^22: 128 keys x 255 x 127");
-  s0 = 0.0f;
-  s1 = 0.0f;
-  float m0 = 0.0f, m1 = 0.0f;
-#pragma unroll
-  for (int b = 0; b < NT; ++b) {
-    const float c = sc[b], n0 = -fmaf(kScoreOffset, c, base0), n1 = -fmaf(kScoreOffset, c, base1);
-    float t0 = 0.0f, t1 = 0.0f;
-#pragma unroll
-    for (int i = 32 * b; i < 32 * b + 32; i += 4) {
-      f[i] = ex2(fmaf(f[i], c, n0));
-      f[i + 1] = ex2(fmaf(f[i + 1], c, n0));
-      f[i + 2] = ex2(fmaf(f[i + 2], c, n1));
-      f[i + 3] = ex2(fmaf(f[i + 3], c, n1));
-      s0 += f[i] + f[i + 1];
-      s1 += f[i + 2] + f[i + 3];
-      t0 = fmaxf(t0, fmaxf(f[i], f[i + 1]));
-      t1 = fmaxf(t1, fmaxf(f[i + 2], f[i + 3]));
-    }
-    m0 = fmaxf(m0, t0 * vs[b]);
-    m1 = fmaxf(m1, t1 * vs[b]);
-  }
-  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
-  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
-  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
-  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-  r0 = m0 * (1.0f / 255.0f);
-  r1 = m1 * (1.0f / 255.0f);
-  const float i0 = m0 > 0.0f ? 255.0f / m0 : 0.0f, i1 = m1 > 0.0f ? 255.0f / m1 : 0.0f;
-#pragma unroll
-  for (int b = 0; b < NT; ++b) {
-    const float f0 = vs[b] * i0, f1 = vs[b] * i1;
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {  // k-steps of 32 keys: n-groups 4 kk .. 4 kk + 3 of the tile
-      const float* e = f + 32 * b + 16 * kk;
-      uint32_t* a = pn + 4 * (2 * b + kk);
-      a[0] = pack4(round_u8(e[0], f0), round_u8(e[1], f0), round_u8(e[4], f0), round_u8(e[5], f0));
-      a[1] = pack4(round_u8(e[2], f1), round_u8(e[3], f1), round_u8(e[6], f1), round_u8(e[7], f1));
-      a[2] = pack4(round_u8(e[8], f0), round_u8(e[9], f0), round_u8(e[12], f0), round_u8(e[13], f0));
-      a[3] = pack4(round_u8(e[10], f1), round_u8(e[11], f1), round_u8(e[14], f1), round_u8(e[15], f1));
-    }
-  }
-}
-
-// The online softmax's new maxima of a step's rows from its scores f (step_scores): the factors
-// a0, a1 that rescale the old sums and outputs. The maxima are taken on the floats of
-// step_scores (the scales are positive).
-template <int NT>
-__device__ __forceinline__ void step_maxima(RowState& st, const float (&sc)[NT], const float (&f)[32 * NT], float& a0,
-                                            float& a1) {
+// The online softmax of one step of NT key tiles from its (completed) S: new maxima, the
+// factors a0, a1 that rescale the old sums and outputs, P into pn. The maxima are taken on the
+// floats of step_scores (the scales are positive).
+template <int NT, typename T>
+__device__ __forceinline__ void online_softmax(RowState& st, const int (&ids)[NT], const float (&sc)[NT],
+                                               int kv_rows, int t4, const int (&s)[32 * NT],
+                                               uint32_t (&pn)[16 * NT], float& a0, float& a1) {
+  float f[32 * NT];
+  step_scores<NT>(ids, kv_rows, t4, s, f);
   float mx0 = st.m0, mx1 = st.m1;
 #pragma unroll
   for (int b = 0; b < NT; ++b) {
@@ -279,12 +211,16 @@ __device__ __forceinline__ void step_maxima(RowState& st, const float (&sc)[NT],
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-  a0 = ex2(st.m0 - (mx0 == -INFINITY ? 0.0f : mx0));
-  a1 = ex2(st.m1 - (mx1 == -INFINITY ? 0.0f : mx1));
+  const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
+  a0 = ex2(st.m0 - base0);
+  a1 = ex2(st.m1 - base1);
   st.m0 = mx0;
   st.m1 = mx1;
+  float s0, s1;
+  step_exp<NT, T>(f, sc, base0, base1, pn, s0, s1);
+  st.l0 = st.l0 * a0 + s0;
+  st.l1 = st.l1 * a1 + s1;
 }
-__device__ __forceinline__ float exp_base(float m) { return m == -INFINITY ? 0.0f : m; }
 
 // The bounded softmax. Every score of a query row lies below its Cauchy-Schwarz bound
 // |q| * max |k| over the int8 rows (in the scales' log2 domain: k_norm holds the head's largest
@@ -317,34 +253,31 @@ __device__ __forceinline__ RowState bounded_state(const uint32_t (&qa)[16], floa
   return st;
 }
 
-// The softmax of a step from its (completed) S, bounded (P against the fixed offsets st.m0,
-// st.m1; a0 = a1 = 1) or online (new maxima first; a0, a1 the factors for rescale_step); P into
-// pn, the sums into st.l0, st.l1. V8: P as u8 for 8-bit P·V (step_exp_u8, with V's tile scales
-// vs and the step's factors r0, r1), else 16-bit pairs.
-template <bool Bounded, bool V8, int NT, typename T>
-__device__ __forceinline__ void softmax_step(RowState& st, const int (&ids)[NT], const float (&sc)[NT],
-                                             const float (&vs)[NT], int kv_rows, int t4, const int (&s)[32 * NT],
-                                             uint32_t (&pn)[(V8 ? 8 : 16) * NT], float& a0, float& a1, float& r0,
-                                             float& r1) {
+// One step of the bounded softmax: P against the fixed offsets st.m0, st.m1 into pn, the sums
+// into st.l0, st.l1 (online_softmax without the maxima).
+template <int NT, typename T>
+__device__ __forceinline__ void bounded_softmax(RowState& st, const int (&ids)[NT], const float (&sc)[NT],
+                                                int kv_rows, int t4, const int (&s)[32 * NT],
+                                                uint32_t (&pn)[16 * NT]) {
   float f[32 * NT];
   step_scores<NT>(ids, kv_rows, t4, s, f);
-  a0 = a1 = 1.0f;
-  if constexpr (!Bounded) step_maxima<NT>(st, sc, f, a0, a1);
   float s0, s1;
-  if constexpr (V8)
-    step_exp_u8<NT>(f, sc, vs, exp_base(st.m0), exp_base(st.m1), pn, s0, s1, r0, r1);
-  else
-    step_exp<NT, T>(f, sc, exp_base(st.m0), exp_base(st.m1), pn, s0, s1);
-  st.l0 = st.l0 * a0 + s0;
-  st.l1 = st.l1 * a1 + s1;
+  step_exp<NT, T>(f, sc, st.m0, st.m1, pn, s0, s1);
+  st.l0 += s0;
+  st.l1 += s1;
 }
-// The 16-bit P·V kernels' step (no V scales).
+
+// The softmax of a step, bounded or online; a0, a1 the factors for rescale_step.
 template <bool Bounded, int NT, typename T>
 __device__ __forceinline__ void softmax_step(RowState& st, const int (&ids)[NT], const float (&sc)[NT], int kv_rows,
                                              int t4, const int (&s)[32 * NT], uint32_t (&pn)[16 * NT], float& a0,
                                              float& a1) {
-  float r0, r1;
-  softmax_step<Bounded, false, NT, T>(st, ids, sc, sc, kv_rows, t4, s, pn, a0, a1, r0, r1);
+  if constexpr (Bounded) {
+    bounded_softmax<NT, T>(st, ids, sc, kv_rows, t4, s, pn);
+    a0 = a1 = 1.0f;
+  } else {
+    online_softmax<NT, T>(st, ids, sc, kv_rows, t4, s, pn, a0, a1);
+  }
 }
 
 // O = O * a (rows g, g + 8), skipped when no row of the warp changed its maximum.
@@ -398,25 +331,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pc)[16
   wgmma_commit();
 }
 
-// The int32 product of 8-bit P·V for NT key tiles of V (attn_quantize_v's [128][64] tiles at vs,
-// 64-byte swizzle) into acc.
-template <int NT>
-__device__ __forceinline__ void issue_pv8(int (&acc)[64], const uint32_t (&pc)[8 * NT], const unsigned char* vs) {
-  wgmma_fence();
-#pragma unroll
-  for (int k = 0; k < 2 * NT; ++k) {
-    const uint32_t a[4] = {pc[4 * k], pc[4 * k + 1], pc[4 * k + 2], pc[4 * k + 3]};
-    wgmma_u8s8_ra(acc, a, sw128_desc(vs + (k >> 1) * kV8Bytes + (k & 1) * 32, 16, 512, 2), k > 0);
-  }
-  wgmma_commit();
-}
-// O += acc * r (rows g: r0, g + 8: r1), acc read as the floats 1.5 * 2^23 + acc (exact below 2^22).
-__device__ __forceinline__ void add_pv8(float (&o)[64], const int (&acc)[64], float r0, float r1) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i)
-    o[i] = fmaf(__int_as_float(acc[i] + 0x4B400000) - kScoreOffset, (i & 2) ? r1 : r0, o[i]);
-}
-
 // Q of a warp's 16 rows of query tile qt as the A fragments of QK^T's 4 k-steps of 32 (zero
 // past the last tile).
 __device__ __forceinline__ void load_q_fragments(const Int8AttnParams& p, int h, int q_tiles, int qt, int warp,
@@ -443,21 +357,13 @@ __device__ __forceinline__ void store_rows(const Int8AttnParams& p, int h, int q
   st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, 1);
   st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, 2);
   const float i0 = st.l0 > 0.0f ? 1.0f / st.l0 : 0.0f, i1 = st.l1 > 0.0f ? 1.0f / st.l1 : 0.0f;
-  // 8-bit P·V: V's mean back (not on rows that visited no key: those stay zero).
-  const float* mean = p.v8 ? p.v_mean + int64_t(h) * kD : nullptr;
-  const float w0 = mean && st.l0 > 0.0f ? 1.0f : 0.0f, w1 = mean && st.l1 > 0.0f ? 1.0f : 0.0f;
   T* out = static_cast<T*>(p.o) + h * p.o_head_stride;
   const int r0 = qt * kTile + warp * 16 + g, r1 = r0 + 8;
   float z0 = 0.0f, z1 = 0.0f;  // 0 while every output is finite, else NaN
 #pragma unroll
   for (int n = 0; n < 16; ++n) {
     const int col = n * 8 + t4 * 2;
-    float x0 = o[4 * n] * i0, x1 = o[4 * n + 1] * i0, x2 = o[4 * n + 2] * i1, x3 = o[4 * n + 3] * i1;
-    if (mean) {
-      const float2 mu = *reinterpret_cast<const float2*>(mean + col);
-      x0 = fmaf(o[4 * n], i0, w0 * mu.x), x1 = fmaf(o[4 * n + 1], i0, w0 * mu.y);
-      x2 = fmaf(o[4 * n + 2], i1, w1 * mu.x), x3 = fmaf(o[4 * n + 3], i1, w1 * mu.y);
-    }
+    const float x0 = o[4 * n] * i0, x1 = o[4 * n + 1] * i0, x2 = o[4 * n + 2] * i1, x3 = o[4 * n + 3] * i1;
     z0 += x0 * 0.0f + x1 * 0.0f;
     z1 += x2 * 0.0f + x3 * 0.0f;
     if (r0 < p.q_rows) *reinterpret_cast<uint32_t*>(out + int64_t(r0) * p.o_row_stride + col) = pack2<T>(x0, x1);

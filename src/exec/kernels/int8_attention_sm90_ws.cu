@@ -1,6 +1,6 @@
 // Warp-specialized sm_90a kernels of int8_attention, head_dim 128 (see int8_attention.cuh for
 // the arithmetic). One CTA = a producer warpgroup, one warp of which loads K and V tiles by TMA
-// into mbarrier-guarded rings (writing each step's tile ids and k and v scales into the slot),
+// into mbarrier-guarded rings (writing each step's tile ids and k scales into the slot),
 // and WG consumer warpgroups of 64 query rows with no block barrier in the loop; the layout,
 // barriers and configurations: docs/kernels_measured.md. The tensor maps are encoded with
 // cuTensorMapEncodeTiled from the driver at run time (cudaGetDriverEntryPoint), so nothing
@@ -19,22 +19,20 @@ namespace {
 
 using namespace sm90;
 
-// Shared memory of a CTA: V slots (16-bit, or int8 with V8), K slots, Q (dense), then the
-// mbarriers (K full, K empty, V full, V empty per slot, Q full) and each slot's tile ids, k
-// scales and v scales.
-template <int WG, int NT, int Stages, bool V8 = false>
+// Shared memory of a CTA: V slots, K slots, Q (dense), then the mbarriers (K full, K empty,
+// V full, V empty per slot, Q full) and each slot's tile ids and k scales.
+template <int WG, int NT, int Stages>
 struct WsCfg {
   static constexpr bool kQSmem = WG > 1;
   static constexpr int kThreads = (WG + 1) * 128;
-  static constexpr int kKSlot = NT * kKBytes, kVSlot = NT * (V8 ? kV8Bytes : kVBytes);
+  static constexpr int kKSlot = NT * kKBytes, kVSlot = NT * kVBytes;
   static constexpr int kVOff = 0;
   static constexpr int kKOff = kVOff + Stages * kVSlot;
   static constexpr int kQOff = kKOff + Stages * kKSlot;
   static constexpr int kBarOff = kQOff + (kQSmem ? WG * kQBytes : 0);
   static constexpr int kIdOff = kBarOff + (4 * Stages + 1) * 8;
   static constexpr int kScaleOff = kIdOff + Stages * NT * 4;
-  static constexpr int kVScaleOff = kScaleOff + Stages * NT * 4;
-  static constexpr int kSmem = kVScaleOff + Stages * NT * 4 + 1024;  // + alignment
+  static constexpr int kSmem = kScaleOff + Stages * NT * 4 + 1024;  // + alignment
   // Registers per thread after setmaxnreg: the producer's few, the rest to the consumers
   // (the CTAs of an SM share 64 K registers).
   static constexpr int kProducerRegs = 24;
@@ -42,14 +40,12 @@ struct WsCfg {
   static_assert(kSmem <= 227 * 1024, "shared memory");
 };
 
-// V8: 8-bit P·V (tm_v maps Int8AttnParams::v8), else 16-bit.
-template <int WG, int NT, int Stages, bool PingPong, bool Bounded, bool V8, typename T>
-__global__ void __launch_bounds__(WsCfg<WG, NT, Stages, V8>::kThreads, WG == 1 ? 2 : 1)
+template <int WG, int NT, int Stages, bool PingPong, bool Bounded, typename T>
+__global__ void __launch_bounds__(WsCfg<WG, NT, Stages>::kThreads, WG == 1 ? 2 : 1)
     attention_sm90_ws(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v, const Int8AttnParams p, int redo) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = WsCfg<WG, NT, Stages, V8>;
-  constexpr int kPRegs = (V8 ? 8 : 16) * NT;
+  using C = WsCfg<WG, NT, Stages>;
   static_assert(!PingPong || WG == 2, "ping-pong takes two consumer warpgroups");
   static_assert(!Bounded || sizeof(T) == 2, "bounded softmax: 16-bit P");
   extern __shared__ unsigned char smem_raw[];
@@ -74,7 +70,6 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages, V8>::kThreads, WG == 1 ?
   const uint32_t q_full = sbase + C::kBarOff + 8 * 4 * Stages;
   int* slot_ids = reinterpret_cast<int*>(smem + C::kIdOff);
   float* slot_scales = reinterpret_cast<float*>(smem + C::kScaleOff);
-  float* slot_vscales = reinterpret_cast<float*>(smem + C::kVScaleOff);
 
   if (tid == 0) {
 #pragma unroll
@@ -110,14 +105,13 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages, V8>::kThreads, WG == 1 ?
       }
     }
     const float* kscale = p.k_scale + int64_t(h) * kv_tiles;
-    const float* vscale = V8 ? p.v_scale + int64_t(h) * kv_tiles : nullptr;
     int chunk_base = -1, chunk_id = -1;  // the list read 32 entries at a time, one per lane
-    float chunk_scale = 1.0f, chunk_vscale = 1.0f;
+    float chunk_scale = 1.0f;
     for (int s = 0; s < steps; ++s) {
       const int slot = s % Stages;
       const uint32_t parity = ((s / Stages) & 1) ^ 1;  // the previous use of the slot released
       int ids[NT];
-      float ks[NT], vsc[NT];
+      float ks[NT];
 #pragma unroll
       for (int b = 0; b < NT; ++b) {
         const int j = s * NT + b;
@@ -126,15 +120,12 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages, V8>::kThreads, WG == 1 ?
             chunk_base = j & ~31;
             chunk_id = chunk_base + lane < count ? list[chunk_base + lane] : -1;
             chunk_scale = chunk_id >= 0 ? kscale[chunk_id] : 1.0f;
-            if constexpr (V8) chunk_vscale = chunk_id >= 0 ? vscale[chunk_id] : 1.0f;
           }
           ids[b] = __shfl_sync(0xffffffffu, chunk_id, j & 31);
           ks[b] = __shfl_sync(0xffffffffu, chunk_scale, j & 31);
-          vsc[b] = __shfl_sync(0xffffffffu, chunk_vscale, j & 31);
         } else {
           ids[b] = j < count ? j : -1;
           ks[b] = ids[b] >= 0 && lane == 0 ? kscale[ids[b]] : 1.0f;
-          vsc[b] = V8 && ids[b] >= 0 && lane == 0 ? vscale[ids[b]] : 1.0f;
         }
       }
       if (lane == 0) {
@@ -146,7 +137,6 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages, V8>::kThreads, WG == 1 ?
         for (int b = 0; b < NT; ++b) {
           slot_ids[slot * NT + b] = ids[b];
           slot_scales[slot * NT + b] = ks[b];
-          slot_vscales[slot * NT + b] = vsc[b];
         }
         mbar_arrive_expect_tx(k_full(slot), present * kKBytes);  // releases the ids and scales too
         const uint32_t kdst = sbase + C::kKOff + slot * C::kKSlot;
@@ -154,21 +144,14 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages, V8>::kThreads, WG == 1 ?
         for (int b = 0; b < NT; ++b)
           if (ids[b] >= 0) tma_load_2d(kdst + b * kKBytes, &tm_k, k_full(slot), 0, (h * kv_tiles + ids[b]) * kTile);
         if (s >= Stages) mbar_wait(v_empty(slot), parity);
+        mbar_arrive_expect_tx(v_full(slot), present * kVBytes);
         const uint32_t vdst = sbase + C::kVOff + slot * C::kVSlot;
-        if constexpr (V8) {
-          mbar_arrive_expect_tx(v_full(slot), present * kV8Bytes);
 #pragma unroll
-          for (int b = 0; b < NT; ++b)
-            if (ids[b] >= 0) tma_load_2d(vdst + b * kV8Bytes, &tm_v, v_full(slot), 0, (h * kv_tiles + ids[b]) * kD);
-        } else {
-          mbar_arrive_expect_tx(v_full(slot), present * kVBytes);
-#pragma unroll
-          for (int b = 0; b < NT; ++b)
-            if (ids[b] >= 0) {
-              tma_load_3d(vdst + b * kVBytes, &tm_v, v_full(slot), 0, ids[b] * kTile, h);
-              tma_load_3d(vdst + b * kVBytes + kVBytes / 2, &tm_v, v_full(slot), 64, ids[b] * kTile, h);
-            }
-        }
+        for (int b = 0; b < NT; ++b)
+          if (ids[b] >= 0) {
+            tma_load_3d(vdst + b * kVBytes, &tm_v, v_full(slot), 0, ids[b] * kTile, h);
+            tma_load_3d(vdst + b * kVBytes + kVBytes / 2, &tm_v, v_full(slot), 64, ids[b] * kTile, h);
+          }
       }
       __syncwarp();
     }
@@ -210,14 +193,12 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages, V8>::kThreads, WG == 1 ?
     }
     wgmma_commit();
   };
-  // The tile ids of the step in slot, their scales q_scale * k_scale and their V scales (1 past
-  // the list).
-  auto read_slot = [&](int slot, int (&ids)[NT], float (&sc)[NT], float (&vs)[NT]) {
+  // The tile ids of the step in slot and their scales q_scale * k_scale (1 past the list).
+  auto read_slot = [&](int slot, int (&ids)[NT], float (&sc)[NT]) {
 #pragma unroll
     for (int b = 0; b < NT; ++b) {
       ids[b] = slot_ids[slot * NT + b];
       sc[b] = q_scale * slot_scales[slot * NT + b];
-      vs[b] = V8 ? slot_vscales[slot * NT + b] : 1.0f;
     }
   };
   auto release = [&](uint32_t bar) {
@@ -234,19 +215,16 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages, V8>::kThreads, WG == 1 ?
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  // P of a step in the A-fragment order (16-bit pairs, or u8 with V8), and with V8 the factors
-  // that scale its int32 product back: steps alternate between the two.
-  uint32_t pa[kPRegs], pb[kPRegs];
-  float ra[2] = {0.0f, 0.0f}, rb[2] = {0.0f, 0.0f};
-  const unsigned char* vslots = smem + C::kVOff;
+  // P of a step, 16-bit pairs in the A-fragment order: steps alternate between the two.
+  uint32_t pa[16 * NT], pb[16 * NT];
 
   if (steps > 0) {
     if constexpr (C::kQSmem) mbar_wait(q_full, 0);
     if (PingPong && wg == 1) named_arrive(1, 256);  // warpgroup 0 issues first
     mbar_wait(k_full(0), 0);
     int ids[NT];
-    float sc[NT], vs[NT];
-    read_slot(0, ids, sc, vs);
+    float sc[NT];
+    read_slot(0, ids, sc);
     int s[32 * NT];
     turn_begin();
     issue_qk(0, s);
@@ -256,93 +234,60 @@ __global__ void __launch_bounds__(WsCfg<WG, NT, Stages, V8>::kThreads, WG == 1 ?
     for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
     release(k_empty(0));
     float a0, a1;
-    softmax_step<Bounded, V8, NT, T>(st, ids, sc, vs, p.kv_rows, t4, s, pa, a0, a1, ra[0], ra[1]);
+    softmax_step<Bounded, NT, T>(st, ids, sc, p.kv_rows, t4, s, pa, a0, a1);
   }
-  // P·V of step it (its P in pc, its factors in rc): 16-bit into o; V8 into acc, whose wait and
-  // scaling into o follow (finish_pv8).
-  int acc[V8 ? 64 : 1];
-  auto issue_pv_step = [&](int it, const uint32_t (&pc)[kPRegs]) {
-    const unsigned char* vs = vslots + (it % Stages) * C::kVSlot;
-    if constexpr (V8)
-      issue_pv8<NT>(acc, pc, vs);
-    else
-      issue_pv<NT, T>(o, pc, vs);
-  };
-  auto pin_pv = [&](const uint32_t (&pc)[kPRegs]) {
-    if constexpr (V8) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) pin(acc[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) pin(o[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < kPRegs; ++i) pin(const_cast<uint32_t&>(pc[i]));
-  };
-  // Step it (it + 1 < steps). 16-bit: the P·V of step it overlaps the softmax of it+1 (into pn).
-  // V8: the P·V of step it is issued first and its product scaled into o while QK^T of it+1 runs
-  // (acc and S are not both held through the softmax).
-  auto run_step = [&](int it, uint32_t (&pc)[kPRegs], const float (&rc)[2], uint32_t (&pn)[kPRegs], float (&rn)[2]) {
+  // Step it (it + 1 < steps): P·V of step it (its P in pc) overlaps the softmax of it+1 (into pn).
+  auto run_step = [&](int it, uint32_t (&pc)[16 * NT], uint32_t (&pn)[16 * NT]) {
     const int cs = it % Stages, ns = (it + 1) % Stages;
     mbar_wait(k_full(ns), ((it + 1) / Stages) & 1);
     int ids[NT];
-    float sc[NT], vs[NT];
-    read_slot(ns, ids, sc, vs);
+    float sc[NT];
+    read_slot(ns, ids, sc);
     mbar_wait(v_full(cs), (it / Stages) & 1);
     int s[32 * NT];
-    float a0, a1;
     turn_begin();
-    if constexpr (V8) {
-      issue_pv_step(it, pc);
-      issue_qk(ns, s);
-      turn_end();
-      wgmma_wait<1>();  // P·V of step it; S of step it+1 still running
-      pin_pv(pc);
-      release(v_empty(cs));
-      add_pv8(o, acc, rc[0], rc[1]);
-      wgmma_wait<0>();
+    issue_qk(ns, s);
+    issue_pv<NT, T>(o, pc, smem + C::kVOff + cs * C::kVSlot);
+    turn_end();
+    wgmma_wait<1>();  // S of step it+1; P·V of step it still running
 #pragma unroll
-      for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
-      release(k_empty(ns));
-      softmax_step<Bounded, V8, NT, T>(st, ids, sc, vs, p.kv_rows, t4, s, pn, a0, a1, rn[0], rn[1]);
-    } else {
-      issue_qk(ns, s);
-      issue_pv_step(it, pc);
-      turn_end();
-      wgmma_wait<1>();  // S of step it+1; P·V of step it still running
+    for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
+    release(k_empty(ns));
+    float a0, a1;
+    softmax_step<Bounded, NT, T>(st, ids, sc, p.kv_rows, t4, s, pn, a0, a1);
+    wgmma_wait<0>();
 #pragma unroll
-      for (int i = 0; i < 32 * NT; ++i) pin(s[i]);
-      release(k_empty(ns));
-      softmax_step<Bounded, V8, NT, T>(st, ids, sc, vs, p.kv_rows, t4, s, pn, a0, a1, rn[0], rn[1]);
-      wgmma_wait<0>();
-      pin_pv(pc);
-      release(v_empty(cs));
-    }
+    for (int i = 0; i < 64; ++i) pin(o[i]);
+#pragma unroll
+    for (int i = 0; i < 16 * NT; ++i) pin(pc[i]);
+    release(v_empty(cs));
     rescale_step<Bounded>(o, a0, a1);  // most steps leave the maxima
   };
   // The last step: P·V only.
-  auto last_step = [&](int it, uint32_t (&pc)[kPRegs], const float (&rc)[2]) {
+  auto last_step = [&](int it, uint32_t (&pc)[16 * NT]) {
     const int cs = it % Stages;
     mbar_wait(v_full(cs), (it / Stages) & 1);
     turn_begin();
-    issue_pv_step(it, pc);
+    issue_pv<NT, T>(o, pc, smem + C::kVOff + cs * C::kVSlot);
     if (wg == 0) turn_end();  // warpgroup 1's last turn: none left to give
     wgmma_wait<0>();
-    pin_pv(pc);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) pin(o[i]);
+#pragma unroll
+    for (int i = 0; i < 16 * NT; ++i) pin(pc[i]);
     release(v_empty(cs));
-    if constexpr (V8) add_pv8(o, acc, rc[0], rc[1]);
   };
   for (int it = 0; it < steps;) {
     if (it + 1 == steps) {
-      last_step(it, pa, ra);
+      last_step(it, pa);
       break;
     }
-    run_step(it, pa, ra, pb, rb);
+    run_step(it, pa, pb);
     if (++it + 1 == steps) {
-      last_step(it, pb, rb);
+      last_step(it, pb);
       break;
     }
-    run_step(it, pb, rb, pa, ra);
+    run_step(it, pb, pa);
     ++it;
   }
   if (qt < q_tiles) store_rows<T>(p, h, qt, warp, g, t4, st, o, Bounded ? p.check : nullptr, steps > 0);
@@ -400,22 +345,11 @@ bool encode_v(EncodeTiled enc, CUtensorMap* map, const Int8AttnParams& p) {
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Int8AttnParams::v8 [heads * kv_tiles * 128 rows][64 keys] in boxes of one tile, 64-byte swizzle.
-bool encode_v8(EncodeTiled enc, CUtensorMap* map, const Int8AttnParams& p) {
-  if (!aligned16(p.v8) || !p.v_scale || !p.v_mean) return false;
-  const cuuint64_t dims[2] = {cuuint64_t(kTile), cuuint64_t(int64_t(p.heads) * attn_tiles(p.kv_rows) * kD)};
-  const cuuint64_t strides[1] = {cuuint64_t(kTile)};
-  const cuuint32_t box[2] = {cuuint32_t(kTile), cuuint32_t(kD)}, unit[2] = {1, 1};
-  return enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(p.v8), dims, strides, box, unit,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-template <int WG, int NT, int Stages, bool PingPong, bool Bounded, bool V8, typename T>
+template <int WG, int NT, int Stages, bool PingPong, bool Bounded, typename T>
 cudaError_t launch_ws(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, const Int8AttnParams& p,
                       cudaStream_t stream, bool redo) {
-  using C = WsCfg<WG, NT, Stages, V8>;
-  auto* kernel = attention_sm90_ws<WG, NT, Stages, PingPong, Bounded, V8, T>;
+  using C = WsCfg<WG, NT, Stages>;
+  auto* kernel = attention_sm90_ws<WG, NT, Stages, PingPong, Bounded, T>;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
   if (e != cudaSuccess) return e;
   const dim3 grid((attn_tiles(p.q_rows) + WG - 1) / WG, p.heads);
@@ -423,12 +357,12 @@ cudaError_t launch_ws(const CUtensorMap& tq, const CUtensorMap& tk, const CUtens
   return cudaGetLastError();
 }
 
-template <bool Bounded, bool V8, typename T>
+template <bool Bounded, typename T>
 cudaError_t launch_type(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, const Int8AttnParams& p,
                         cudaStream_t stream, const Sm90WsOptions& o, bool redo) {
-  if (p.offsets) return launch_ws<1, 2, 2, false, Bounded, V8, T>(tq, tk, tv, p, stream, redo);
-  return o.ping_pong ? launch_ws<2, 2, 4, true, Bounded, V8, T>(tq, tk, tv, p, stream, redo)
-                     : launch_ws<2, 2, 4, false, Bounded, V8, T>(tq, tk, tv, p, stream, redo);
+  if (p.offsets) return launch_ws<1, 2, 2, false, Bounded, T>(tq, tk, tv, p, stream, redo);
+  return o.ping_pong ? launch_ws<2, 2, 4, true, Bounded, T>(tq, tk, tv, p, stream, redo)
+                     : launch_ws<2, 2, 4, false, Bounded, T>(tq, tk, tv, p, stream, redo);
 }
 
 }  // namespace
@@ -444,13 +378,9 @@ cudaError_t int8_attention_sm90_ws(const Int8AttnParams& p, cudaStream_t stream,
     alignas(64) CUtensorMap tq, tk, tv;
     const int64_t q_rows = int64_t(p.heads) * attn_tiles(p.q_rows) * kTile;
     const int64_t k_rows = int64_t(p.heads) * attn_tiles(p.kv_rows) * kTile;
-    if (!encode_carrier(enc, &tq, p.q, q_rows) || !encode_carrier(enc, &tk, p.k, k_rows) ||
-        !(p.v8 ? encode_v8(enc, &tv, p) : encode_v(enc, &tv, p)))
+    if (!encode_carrier(enc, &tq, p.q, q_rows) || !encode_carrier(enc, &tk, p.k, k_rows) || !encode_v(enc, &tv, p))
       return cudaErrorNotSupported;
-    constexpr bool kBounded = decltype(bounded)::value;
-    using T = decltype(type);
-    return p.v8 ? launch_type<kBounded, true, T>(tq, tk, tv, p, stream, options, redo)
-                : launch_type<kBounded, false, T>(tq, tk, tv, p, stream, options, redo);
+    return launch_type<decltype(bounded)::value, decltype(type)>(tq, tk, tv, p, stream, options, redo);
   });
 }
 

@@ -15,20 +15,9 @@ namespace {
 int64_t tiles(int64_t rows) { return (rows + kTile - 1) / kTile; }
 }  // namespace
 
-#ifdef STREAMPLAN_WITH_CUDA
-constexpr bool kCuda = true;
-#else
-constexpr bool kCuda = false;
-#endif
-
-int64_t v_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim) {
-  const int64_t t = tiles(rows);
-  return heads * (t * kTile * head_dim + t * 4 + head_dim * 4);
-}
 int64_t k_carrier_bytes(int64_t heads, int64_t rows, int64_t head_dim) {
   const int64_t t = tiles(rows);
-  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4 + 3 * head_dim * 4 + 4) +
-         (kCuda && head_dim == 128 ? v_tiles_bytes(heads, rows, head_dim) : 0);
+  return heads * (t * kTile * head_dim + t * 4 + t * head_dim * 4 + 3 * head_dim * 4 + 4);
 }
 int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim) {
   const int64_t t = tiles(rows);
@@ -136,7 +125,6 @@ KCarrier carrier_view(const at::Tensor& bytes, int64_t heads, int64_t rows, int6
   };
   KCarrier c;
   c.rows = rows;
-  // The room for VTiles last (carrier_v_view).
   c.k8 = take(heads * t * kTile * head_dim, at::kChar, {heads, t * kTile, head_dim});
   c.scale = take(heads * t, at::kFloat, {heads, t});
   c.tile_mean = take(heads * t * head_dim, at::kFloat, {heads, t, head_dim});
@@ -145,20 +133,6 @@ KCarrier carrier_view(const at::Tensor& bytes, int64_t heads, int64_t rows, int6
   c.q_factor = take(heads * head_dim, at::kFloat, {heads, head_dim});
   c.norm = take(heads, at::kFloat, {heads});
   return c;
-}
-
-VTiles carrier_v_view(const at::Tensor& bytes, int64_t heads, int64_t rows, int64_t head_dim) {
-  const int64_t n = v_tiles_bytes(heads, rows, head_dim), total = k_carrier_bytes(heads, rows, head_dim);
-  TORCH_CHECK(bytes.numel() == total, "int8 attention: a K carrier of ", heads, " x ", rows, " x ", head_dim,
-              " needs ", total, " bytes, got ", bytes.sizes());
-  VTiles v;
-  if (head_dim != 128) return v;
-  const at::Tensor tail = bytes.view(-1).narrow(0, total - n, n);
-  const int64_t t = tiles(rows);
-  v.v8 = tail.narrow(0, 0, heads * t * kTile * head_dim).view({heads, t, head_dim, kTile});
-  v.scale = tail.narrow(0, heads * t * kTile * head_dim, heads * t * 4).view(at::kFloat).view({heads, t});
-  v.mean = tail.narrow(0, heads * t * (kTile * head_dim + 4), heads * head_dim * 4).view(at::kFloat).view({heads, head_dim});
-  return v;
 }
 
 void quantize_k_rows(const at::Tensor& k, const KCarrier& c, int64_t row0) {
@@ -186,29 +160,6 @@ void quantize_k_rows(const at::Tensor& k, const KCarrier& c, int64_t row0) {
   p.out_tiles = static_cast<int>(t);
   p.tile_offset = static_cast<int>(row0 / kTile);
   check_launch(kernels::attn_quantize(p, stream), "(K slab quantization)");
-}
-
-VTiles quantize_v(const at::Tensor& v, VTiles into) {
-  check_input(v, "v");
-  TORCH_CHECK(v.size(2) == 128, "int8 attention: 8-bit P·V takes head_dim 128; v is ", v.sizes());
-  const c10::cuda::CUDAGuard guard(v.device());
-  const int64_t g = v.size(0), t = tiles(v.size(1)), d = v.size(2);
-  const auto f32 = v.options().dtype(at::kFloat);
-  if (!into.v8.defined()) {
-    into.v8 = at::empty({g, t, d, kTile}, v.options().dtype(at::kChar));
-    into.scale = at::empty({g, t}, f32);
-    into.mean = at::empty({g, d}, f32);
-  }
-  TORCH_CHECK(into.v8.sizes() == at::IntArrayRef({g, t, d, kTile}) && into.v8.device() == v.device(),
-              "int8 attention: v ", v.sizes(), " on ", v.device(), " does not fit 8-bit V tiles ", into.v8.sizes(),
-              " on ", into.v8.device());
-  at::sum_out(into.mean, v, {1}, false, at::kFloat).div_(double(v.size(1)));
-  kernels::AttnQuantParams p = quant_params(v);
-  p.subtract = into.mean.data_ptr<float>();
-  p.out = into.v8.data_ptr<int8_t>();
-  p.scale = into.scale.data_ptr<float>();
-  check_launch(kernels::attn_quantize_v(p, c10::cuda::getCurrentCUDAStream()), "(V quantization)");
-  return into;
 }
 
 QTiles quantize_q(const at::Tensor& q, double softmax_scale, const KCarrier& k) {
@@ -241,10 +192,8 @@ QTiles quantize_q(const at::Tensor& q, double softmax_scale, const KCarrier& k) 
 Kernel auto_kernel(int64_t head_dim) {
   return head_dim == 128 && kernels::int8_attention_sm90_ready() ? Kernel::Sm90 : Kernel::Portable;
 }
-bool v8_runs(int64_t head_dim) { return auto_kernel(head_dim) == Kernel::Sm90; }
 
-at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles_, Kernel kernel,
-                  const VTiles* v8) {
+at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles_, Kernel kernel) {
   check_input(v, "v");
   const int64_t g = q.q8.size(0), d = q.q8.size(2);
   TORCH_CHECK(k.k8.size(0) == g && k.k8.size(2) == d && v.size(0) == g && v.size(2) == d && v.size(1) == k.rows,
@@ -282,13 +231,6 @@ at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const
   p.q_rows = static_cast<int>(q.rows);
   p.kv_rows = static_cast<int>(k.rows);
   p.head_dim = static_cast<int>(d);
-  if (v8 && v8->v8.defined()) {
-    TORCH_CHECK(v8->v8.size(0) == g && v8->v8.size(1) == tiles(k.rows) && v8->v8.device() == v.device(),
-                "int8 attention: 8-bit V tiles ", v8->v8.sizes(), " on ", v8->v8.device(), " do not fit v ", v.sizes());
-    p.v8 = v8->v8.data_ptr<int8_t>();
-    p.v_scale = v8->scale.data_ptr<float>();
-    p.v_mean = v8->mean.data_ptr<float>();
-  }
   if (tiles_.offsets.defined()) {
     const int64_t qt = tiles(q.rows);
     TORCH_CHECK(tiles_.offsets.scalar_type() == at::kInt && tiles_.indices.scalar_type() == at::kInt &&
@@ -313,14 +255,11 @@ bool built() { return false; }
 KCarrier quantize_k(const at::Tensor&, bool) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
 KCarrier carrier_view(const at::Tensor&, int64_t, int64_t, int64_t) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
 void quantize_k_rows(const at::Tensor&, const KCarrier&, int64_t) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
-VTiles carrier_v_view(const at::Tensor&, int64_t, int64_t, int64_t) { return {}; }
-VTiles quantize_v(const at::Tensor&, VTiles) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
 QTiles quantize_q(const at::Tensor&, double, const KCarrier&) { TORCH_CHECK(false, "int8 attention: built without CUDA"); }
-at::Tensor attend(const QTiles&, const KCarrier&, const at::Tensor&, const TileList&, Kernel, const VTiles*) {
+at::Tensor attend(const QTiles&, const KCarrier&, const at::Tensor&, const TileList&, Kernel) {
   TORCH_CHECK(false, "int8 attention: built without CUDA");
 }
 Kernel auto_kernel(int64_t) { return Kernel::Portable; }
-bool v8_runs(int64_t) { return false; }
 
 #endif
 

@@ -5,9 +5,8 @@
 // phase and reused by every streamed Q slab; each Q slab is quantized per tile (its scales carry
 // softmax scale x log2 e; a byte per 16 rows flags the bounded softmax's redo,
 // kernels/int8_attention_sm90.cuh) and attends against it and V. A TileList (CSR over (head,
-// query tile)) restricts the key tiles; an empty one is dense. With VTiles (V quantized once per
-// K/V phase, quantize_v), the sm_90a warp-specialized kernels run P·V in 8 bits. Checks name the
-// tensor (c10::Error); without CUDA (built()) all entry points throw.
+// query tile)) restricts the key tiles; an empty one is dense. Checks name the tensor
+// (c10::Error); without CUDA (built()) all entry points throw.
 //
 // Example:
 //     auto kc = sp::exec::int8attn::quantize_k(k);           // k [G, kv_rows, D] on CUDA
@@ -42,24 +41,13 @@ struct QTiles {
 struct TileList {
   at::Tensor offsets, indices;  // int32 [G*qt + 1], [nnz]; undefined: dense
 };
-// V for 8-bit P·V: less its per-head mean, int8 per 64-row tile, transposed and its keys
-// permuted as the kernel holds P (kernels::attn_quantize_v).
-struct VTiles {
-  at::Tensor v8, scale, mean;  // [G, kt, D, 64] int8, [G, kt], [G, D]
-};
 // The attention kernel: Auto is Sm90 (wgmma) for head_dim 128 on a compute capability 9.0
 // device when the sm_90a image was built, else Portable (mma.sync, sm_80 and later).
 enum class Kernel { Auto, Portable, Sm90 };
 
 // Bytes the carrier and the Q tiles of these shapes hold (the Q tiles' with attend's flag temporaries).
-// The carrier's bytes include room for its V's VTiles (v_tiles_bytes: where head_dim is 128 in a
-// build with CUDA; on a device without the sm_90a kernels that room stays unused).
 int64_t k_carrier_bytes(int64_t heads, int64_t rows, int64_t head_dim);
 int64_t q_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim);
-int64_t v_tiles_bytes(int64_t heads, int64_t rows, int64_t head_dim);
-// Whether attend runs P·V in 8 bits for head_dim on the current CUDA device (given VTiles): the
-// sm_90a kernels (head_dim 128, compute capability 9.0).
-bool v8_runs(int64_t head_dim);
 
 // k, q, v: [G, rows, D] bf16 or fp16 on one CUDA device, unit last stride, D 64 or 128.
 // factors false: every channel factor 1 (K's channels as they are).
@@ -68,10 +56,6 @@ KCarrier quantize_k(const at::Tensor& k, bool factors = true);
 // k_carrier_bytes elements): int8 K, then the tile scales, the tile means, the head means, the
 // channel factors of K and of Q, and the head norms.
 KCarrier carrier_view(const at::Tensor& bytes, int64_t heads, int64_t rows, int64_t head_dim);
-// The room for VTiles at the end of such a carrier (undefined tensors where it has none).
-VTiles carrier_v_view(const at::Tensor& bytes, int64_t heads, int64_t rows, int64_t head_dim);
-// V [G, rows, D] (D 128) as VTiles, into `into` where its tensors are defined.
-VTiles quantize_v(const at::Tensor& v, VTiles into = {});
 // K rows [row0, row0 + k.size(1)) into the carrier, row0 a multiple of kTile. The first slab
 // (row0 0) sets the per-head means every slab subtracts and the channel factors: softmax is
 // invariant to any vector subtracted from every key, and a slab's mean removes K's common
@@ -84,9 +68,8 @@ QTiles quantize_q(const at::Tensor& q, double softmax_scale, const KCarrier& k);
 // kernels' bounded softmax for the online one at once: a bound that far above the scores would
 // have the bounded pass flag them and the tile computed twice.
 inline constexpr double kLooseBound = 256.0;
-// With v8 (quantize_v of this v), P·V in 8 bits where the sm_90a warp-specialized kernel runs.
 at::Tensor attend(const QTiles& q, const KCarrier& k, const at::Tensor& v, const TileList& tiles,
-                  Kernel kernel = Kernel::Auto, const VTiles* v8 = nullptr);
+                  Kernel kernel = Kernel::Auto);
 // The kernel Auto picks for head_dim on the current CUDA device (Portable without CUDA).
 Kernel auto_kernel(int64_t head_dim);
 
