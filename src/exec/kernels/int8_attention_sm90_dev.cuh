@@ -47,9 +47,6 @@ __device__ __forceinline__ uint64_t sw128_desc(const void* p, uint32_t lbo, uint
   const uint64_t a = smem_addr(p);
   return ((a & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);
 }
-// Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile of 128-byte rows
-// (the tile 1024-byte aligned): the chunk index XOR the row within its group of 8.
-__device__ __forceinline__ int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
