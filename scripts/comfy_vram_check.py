@@ -355,18 +355,21 @@ def main() -> int:
         path = Path(a.work) / f"{tag(a)}-{config}.pt"
         return torch.load(path) if path.exists() else None  # this run's, or an earlier one's alike
 
-    ref, fp32 = output("d"), output("e")
+    # Against (d), (e) fp32 and (f): ComfyUI's own output under a perturbed noise, the distance
+    # any other rounding of the same sampling lands at.
+    ref, fp32, moved = output("d"), output("e"), output("f")
     for r in rows:
         got = None if r.get("oom") or r.get("failed") else output(r["config"])
         r["rel_l2_vs_d"] = comfy_check.rel(got, ref)
         r["rel_l2_vs_e"] = comfy_check.rel(got, fp32)
+        r["rel_l2_vs_f"] = comfy_check.rel(got, moved)
         if r.get("status"):
             print(f"[comfy_vram_check] {r['config']} status:\n{r['status']}", file=sys.stderr)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(rows, f, indent=1)
     print(f"{'cfg':3} {'what':44} {'s/step':>8} {'first s':>8} {'reserved GiB':>12} {'allocated GiB':>13} "
-          f"{'rel L2 vs d':>11} {'vs e (fp32)':>11} planned")
+          f"{'rel L2 vs d':>11} {'vs e (fp32)':>11} {'vs f':>9} planned")
     for r in rows:
         if r.get("failed"):
             print(f"{r['config']:3} {r['what']:44} failed: {r['failed']}")
@@ -379,8 +382,9 @@ def main() -> int:
         alloc = "-" if r["peak_allocated_bytes"] is None else f"{r['peak_allocated_bytes'] / GiB:.2f}"
         err = "-" if r["rel_l2_vs_d"] is None else f"{r['rel_l2_vs_d']:.2e}"
         err32 = "-" if r["rel_l2_vs_e"] is None else f"{r['rel_l2_vs_e']:.2e}"
+        errf = "-" if r["rel_l2_vs_f"] is None else f"{r['rel_l2_vs_f']:.2e}"
         planned = f"{r['planned_calls']}/{r['calls']}" if "calls" in r else "-"
-        print(f"{r['config']:3} {r['what']:44} {per} {first} {res:>12} {alloc:>13} {err:>11} {err32:>11} {planned}"
+        print(f"{r['config']:3} {r['what']:44} {per} {first} {res:>12} {alloc:>13} {err:>11} {err32:>11} {errf:>9} {planned}"
               + (f"  out of memory: {r['oom'][:80]}" if r.get("oom") else ""))
     return 0
 

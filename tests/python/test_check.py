@@ -167,6 +167,7 @@ def test_vram_check_runs_each_configuration_in_its_own_process(tmp_path: Path) -
     rows = {r["config"]: r for r in json.loads(out.read_text())}
     assert sorted(rows) == ["b", "c", "d", "f"] and rows["d"]["rel_l2_vs_d"] == 0.0
     assert 1e-5 < rows["f"]["rel_l2_vs_d"] < 0.1, rows["f"]
+    assert rows["f"]["rel_l2_vs_f"] == 0.0 and rows["d"]["rel_l2_vs_f"] > 1e-5, rows["d"]
     for c in "bcd":
         assert len(rows[c]["step_s"]) == 5 and rows[c]["oom"] is None and rows[c]["checkpoint"].endswith(".fp8.safetensors")
         # On the CPU every weight is in host memory, none pinned.
