@@ -24,6 +24,13 @@ other schemes are candidates:
                                      maximum less the running one), undone with the tile's int32
                                      sum when it is added to the fp32 output
 
+Last, per distribution, the logit noise the int8 consumer's rounding of Q and K predicts, from
+what its kernels hold (Q's and K's tile scales, each Q tile's largest row norm, K's largest row
+norm, after K's mean and channel factors): per head, the mean over query tiles of
+ln 2 / sqrt(12) * sqrt(|q|max^2 * mean k_scale^2 + |k|max^2 * q_scale^2) in the kernels' log2
+scale, i.e. the standard deviation of a score's error in natural-log units. It is an upper
+estimate of the output's rel L2 where attention is diffuse; peaked rows are less sensitive.
+
     .venv/bin/python scripts/attn_error_model.py [--rows 4096] [--heads 2] [--head-dim 128]
         [--distribution gaussian,outlier-k,peaky,qk-norm,video-local] [--json F]
 
@@ -105,6 +112,25 @@ def u8_tiles(p: torch.Tensor) -> torch.Tensor:
     return (torch.round(t / s) * s).view(h, n, m)
 
 
+def logit_noise(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """Per head, the predicted standard deviation (natural-log units) of a score's error under
+    the int8 consumer's rounding (tiles of 64, K less its mean and balanced against Q)."""
+    k = k - k.mean(1, keepdim=True)
+    a = k.abs().amax(1, keepdim=True)
+    c = (a / a.mean(-1, keepdim=True)).sqrt().clamp_min(1e-6)
+    q, k = q * c, k / c
+    h, n, d = q.shape
+
+    def step(x):  # the int8 step of each 64-row tile: absmax / 127
+        return x.view(h, n // TILE, TILE, d).abs().amax((2, 3)) / 127
+
+    qn = q.norm(dim=-1).view(h, n // TILE, TILE).amax(-1)  # each query tile's largest row norm
+    kn = k.norm(dim=-1).amax(-1, keepdim=True)               # K's largest row norm
+    ks = step(k).mean(-1, keepdim=True)
+    sigma = scale / math.sqrt(12) * torch.sqrt(qn ** 2 * ks ** 2 + kn ** 2 * step(q) ** 2)
+    return sigma.mean(-1)
+
+
 def attention(q, k, v, scale, round_qk=None, balance=False, fp8_pv=False, smooth_v=False, int8_pv=None):
     if round_qk is None:
         return torch.softmax(q @ k.transpose(1, 2) * scale, -1) @ v
@@ -160,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         if s not in DISTRIBUTIONS:
             ap.error(f"--distribution: unknown '{s}' ({', '.join(DISTRIBUTIONS)})")
 
-    rows = []
+    rows, noise = [], {}
     for name in names:
         gen = torch.Generator().manual_seed(a.seed)
         q, k, v = inputs(name, a.heads, a.rows, a.head_dim, gen)
@@ -170,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             got = attention(q, k, v, scale, **kw)
             rows.append({"distribution": name, "scheme": scheme,
                          "rel_l2": ((got - exact).norm() / exact.norm()).item()})
+        noise[name] = logit_noise(q, k, scale).tolist()
 
     width = max(len(s) for s in SCHEMES)
     print(f"{a.heads} heads x {a.rows} rows x head_dim {a.head_dim}, rel L2 against fp32 attention")
@@ -177,10 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     for scheme in SCHEMES:
         vals = {r["distribution"]: r["rel_l2"] for r in rows if r["scheme"] == scheme}
         print(f"{scheme:<{width}} " + " ".join(f"{vals[n]:>11.2e}" for n in names))
+    print(f"{'predicted logit noise (largest head)':<{width}} " + " ".join(f"{max(noise[n]):>11.2e}" for n in names))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"heads": a.heads, "rows": a.rows, "head_dim": a.head_dim, "seed": a.seed, "results": rows}, f,
-                      indent=1)
+            json.dump({"heads": a.heads, "rows": a.rows, "head_dim": a.head_dim, "seed": a.seed, "results": rows,
+                       "logit_noise": noise}, f, indent=1)
     return 0
 
 

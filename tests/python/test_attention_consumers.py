@@ -90,6 +90,10 @@ def test_the_error_model_separates_the_schemes_it_compares(tmp_path):
         # u8 P scaled per KV tile against s8 V (mean subtracted) stays within 2e-2 there.
         assert got[(d, "int8 tile + INT8 P·V, P per KV tile")] < 2e-2
         assert got[(d, "int8 tile + INT8 P·V, P per KV tile")] < got[(d, "int8 tile + INT8 P·V")]
+    # The predicted logit noise sets apart the inputs where int8 Q·K^T misses 2e-2.
+    noise = json.loads(out.read_text())["logit_noise"]
+    assert max(noise["gaussian"]) < 3e-2 < 5e-2 < min(noise["outlier-k"])
+    assert max(noise["video-local"]) < 3e-2
 
 
 def test_the_error_model_names_bad_arguments(capsys):
