@@ -8,7 +8,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <type_traits>
 #ifdef SP_ATTN_WATCHDOG
 #include <cstdio>
 #endif
@@ -27,18 +26,6 @@ constexpr int kD = 128;           // head_dim: one int8 row is one 128-byte swiz
 constexpr int kQBytes = kTile * kD;      // int8
 constexpr int kKBytes = kTile * kD;      // int8
 constexpr int kVBytes = kTile * kD * 2;  // 16-bit, two 64-column halves of 8 KiB
-
-// A kernel family's launch of one pass: launch(std::bool_constant<Bounded>{}, T{}, redo), the
-// bounded softmax for bf16 only (bounded_softmax_takes), the online one for bf16 and fp16;
-// cudaErrorInvalidValue for a Bounded or Redo pass the parameters do not take.
-template <typename Launch>
-cudaError_t launch_pass(const Int8AttnParams& p, SoftmaxPass pass, Launch&& launch) {
-  if (pass != SoftmaxPass::Exact && !bounded_softmax_takes(p)) return cudaErrorInvalidValue;
-  if (pass == SoftmaxPass::Bounded) return launch(std::true_type{}, __nv_bfloat16{}, false);
-  const bool redo = pass == SoftmaxPass::Redo;
-  return p.type == Elem::BF16 ? launch(std::false_type{}, __nv_bfloat16{}, redo)
-                              : launch(std::false_type{}, __half{}, redo);
-}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 

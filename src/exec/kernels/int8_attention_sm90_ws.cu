@@ -10,6 +10,8 @@
 
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime
 
+#include <type_traits>
+
 #include "exec/kernels/int8_attention_sm90.cuh"
 #include "exec/kernels/int8_attention_sm90_dev.cuh"
 
@@ -355,6 +357,18 @@ cudaError_t launch_ws(const CUtensorMap& tq, const CUtensorMap& tk, const CUtens
   const dim3 grid((attn_tiles(p.q_rows) + WG - 1) / WG, p.heads);
   kernel<<<grid, C::kThreads, C::kSmem, stream>>>(tq, tk, tv, p, int(redo));
   return cudaGetLastError();
+}
+
+// The launch of one pass: launch(std::bool_constant<Bounded>{}, T{}, redo), the
+// bounded softmax for bf16 only (bounded_softmax_takes), the online one for bf16 and fp16;
+// cudaErrorInvalidValue for a Bounded or Redo pass the parameters do not take.
+template <typename Launch>
+cudaError_t launch_pass(const Int8AttnParams& p, SoftmaxPass pass, Launch&& launch) {
+  if (pass != SoftmaxPass::Exact && !bounded_softmax_takes(p)) return cudaErrorInvalidValue;
+  if (pass == SoftmaxPass::Bounded) return launch(std::true_type{}, __nv_bfloat16{}, false);
+  const bool redo = pass == SoftmaxPass::Redo;
+  return p.type == Elem::BF16 ? launch(std::false_type{}, __nv_bfloat16{}, redo)
+                              : launch(std::false_type{}, __half{}, redo);
 }
 
 template <bool Bounded, typename T>
