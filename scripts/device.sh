@@ -210,6 +210,9 @@ build_package() {
     $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/streamplan-site .whl/*.whl \
       >>"$out/logs.txt" 2>&1 || { tail -20 "$out/logs.txt"; exit 1; }
     export PYTHONPATH=/tmp/streamplan-site${PYTHONPATH:+:$PYTHONPATH}
+  else  # the build tools pinned in pyproject.toml then come from the machine, which may lack them
+    echo "device.sh: no wheels in .whl/ (scripts/device-deps.sh fills it; carry it to this machine):" \
+      "building with this machine's own scikit-build-core and pybind11" | tee -a "$out/logs.txt" >&2
   fi
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
   # An extension module must share the process's libstdc++: where the compiler in CXX has only
