@@ -3,8 +3,7 @@
 // empty and unsorted lists), each on the portable kernel and, where the device runs it, the
 // sm_90a warp-specialized one (against the portable one's output too), with the bounded softmax
 // (and the redo of the rows it flags) where the inputs are bf16 and with the online softmax
-// alone; then timings of all at video models' shapes (dense, the
-// list of every tile, 30% lists).
+// alone; then timings of all at video models' shapes (dense, the list of every tile, 30% lists).
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc src/exec/kernels/int8_attention.cu \
 //        src/exec/kernels/int8_attention_sm90.cu src/exec/kernels/int8_attention_sm90_ws.cu \
 //        tests/standalone/int8_attention_main.cu -o int8_attention_check
@@ -96,9 +95,7 @@ static const char* kern_name(Kern k) {
   }
   return "?";
 }
-static bool exact_kern(Kern k) {
-  return k == Kern::WsExact || k == Kern::WsRedoPass;
-}
+static bool exact_kern(Kern k) { return k == Kern::WsExact || k == Kern::WsRedoPass; }
 static cudaError_t run_kernel(Kern k, Int8AttnParams p, cudaStream_t stream) {
   switch (k) {
     case Kern::Portable: p.path = AttnPath::Portable; return int8_attention(p, stream);
@@ -277,16 +274,15 @@ static int check(const Case& c, bool sm90, unsigned seed) {
     for (int h = 0; h < heads; ++h)
       for (int r = 0; r < qrows; ++r)
         for (int d = 0; d < D; ++d) {
-          const std::vector<uint16_t>& exact_bits = ws_exact_bits;
           if (far_row(r)) {
-            if (bounded) far_differ += ob[at(h, r, d, qrows)] != exact_bits[at(h, r, d, qrows)];
+            if (bounded) far_differ += ob[at(h, r, d, qrows)] != ws_exact_bits[at(h, r, d, qrows)];
             continue;
           }
           const double o = ref[(size_t(h) * qrows + r) * D + d], got = value(ob[at(h, r, d, qrows)]);
           num += (got - o) * (got - o);
           den += o * o;
           if (bounded && c.far_bound) {
-            const double e = value(exact_bits[at(h, r, d, qrows)]);
+            const double e = value(ws_exact_bits[at(h, r, d, qrows)]);
             near_num += (got - e) * (got - e);
             near_den += e * e;
           }

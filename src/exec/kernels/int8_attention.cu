@@ -418,9 +418,10 @@ cudaError_t int8_attention(const Int8AttnParams& p, cudaStream_t stream) {
   const bool bf16 = p.type == Elem::BF16;
   if (!bf16 && p.type != Elem::F16) return cudaErrorInvalidValue;
   if (p.path == AttnPath::Sm90 || (p.path == AttnPath::Auto && p.head_dim == 128 && int8_attention_sm90_ready())) {
+    // cudaErrorNotSupported comes before anything is launched: the portable kernel takes these
+    // parameters where the sm_90a one does not.
     const cudaError_t e = int8_attention_sm90(p, stream);
     if (e != cudaErrorNotSupported || p.path == AttnPath::Sm90) return e;
-    cudaGetLastError();  // the sm_90a kernels do not take these parameters: the portable one does
   }
   if (p.head_dim == 64) return bf16 ? launch_attention<64, __nv_bfloat16>(p, stream) : launch_attention<64, __half>(p, stream);
   if (p.head_dim == 128)
