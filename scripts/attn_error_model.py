@@ -112,13 +112,21 @@ def u8_tiles(p: torch.Tensor) -> torch.Tensor:
     return (torch.round(t / s) * s).view(h, n, m)
 
 
+def smoothed(q: torch.Tensor, k: torch.Tensor, balance: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q and K as the int8 consumer quantizes them: K less its per-head mean (softmax does not see
+    a per-row constant) and, with balance, K's channel j divided by c_j and Q's multiplied by it."""
+    k = k - k.mean(1, keepdim=True)
+    if balance:
+        a = k.abs().amax(1, keepdim=True)
+        c = (a / a.mean(-1, keepdim=True)).sqrt().clamp_min(1e-6)
+        q, k = q * c, k / c
+    return q, k
+
+
 def logit_noise(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     """Per head, the predicted standard deviation (natural-log units) of a score's error under
     the int8 consumer's rounding (tiles of 64, K less its mean and balanced against Q)."""
-    k = k - k.mean(1, keepdim=True)
-    a = k.abs().amax(1, keepdim=True)
-    c = (a / a.mean(-1, keepdim=True)).sqrt().clamp_min(1e-6)
-    q, k = q * c, k / c
+    q, k = smoothed(q, k, balance=True)
     h, n, d = q.shape
 
     def step(x):  # the int8 step of each 64-row tile: absmax / 127
@@ -134,11 +142,7 @@ def logit_noise(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
 def attention(q, k, v, scale, round_qk=None, balance=False, fp8_pv=False, smooth_v=False, int8_pv=None):
     if round_qk is None:
         return torch.softmax(q @ k.transpose(1, 2) * scale, -1) @ v
-    k = k - k.mean(1, keepdim=True)  # softmax does not see a per-row constant
-    if balance:
-        a = k.abs().amax(1, keepdim=True)
-        c = (a / a.mean(-1, keepdim=True)).sqrt().clamp_min(1e-6)
-        q, k = q * c, k / c
+    q, k = smoothed(q, k, balance)
     s = round_qk(q) @ round_qk(k).transpose(1, 2) * scale
     p = torch.exp(s - s.amax(-1, keepdim=True))
     if int8_pv:  # P as u8 at 1/255, V's channels as s8 (absmax / 127) after their mean
