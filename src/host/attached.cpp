@@ -71,22 +71,6 @@ at::Device held_device(const NamedTensors& tensors, const std::string& run_on) {
   return d;
 }
 
-// A source's weights, each read onto one device.
-class OnDevice : public exec::WeightSource {
- public:
-  OnDevice(const exec::WeightSource& w, const at::Device& d) : w_(w), d_(d) {}
-  at::Tensor tensor(const std::string& name) const override { return w_.tensor(name).to(d_); }
-  bool contains(const std::string& name) const override { return w_.contains(name); }
-  at::Tensor acquire(const ir::Linear& l, exec::Slice rows, exec::Slice cols, at::ScalarType dtype,
-                     const at::Tensor& out) const override {
-    return w_.acquire(l, rows, cols, dtype, out).to(d_);
-  }
-
- private:
-  const exec::WeightSource& w_;
-  at::Device d_;
-};
-
 // The plan cache's key: the geometry and the run-time inputs the plan is made for.
 std::string geometry_key(const ir::Model& m, double kv_budget) {
   std::string key;
@@ -170,8 +154,8 @@ models::FamilyRun Attached::prepare(const models::TensorMap& raw) {
   // where a host placed them on several devices, each on the run's (until they stream). Under
   // residency, those it alone reads may be left in host memory: each comes to the device in
   // its stored form and is dequantized there.
-  const OnDevice on_device(weights_->prologue_view(), device_);
-  const OnDevice stored(streamed_ ? static_cast<const exec::WeightSource&>(*streamed_) : on_device, device_);
+  const exec::OnDevice on_device(weights_->prologue_view(), device_);
+  const exec::OnDevice stored(streamed_ ? static_cast<const exec::WeightSource&>(*streamed_) : on_device, device_);
   const auto over_streamed = streamed_ ? weights_->prologue_over(stored) : nullptr;
   const exec::WeightSource& prologue = over_streamed                                        ? *over_streamed
                                        : (options_.in_place && options_.streams()) || moved_ ? on_device
@@ -334,7 +318,7 @@ std::pair<models::FamilyRun, at::Tensor> Attached::run(const models::TensorMap& 
     const int64_t held = streamed_ ? streamed_->device_bytes()
                                    : sharded_->shard_bytes() + sharded_->slot_bytes() + sharded_->whole_bytes();
     if (options_.device_memory > 0 && !options_.in_place)
-      cap = exec::cap_device_memory_beside(device_, held + exec::input_bytes(fr.inputs, dev_), options_.device_memory);
+      cap = exec::cap_device_memory(device_, options_.device_memory, held + exec::input_bytes(fr.inputs, dev_));
   }
   const exec::LoraWeights with_lora(*weights_, lora_.tensors);
   const exec::WeightSource& w = streamed_   ? static_cast<const exec::WeightSource&>(*streamed_)

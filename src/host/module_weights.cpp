@@ -50,10 +50,7 @@ class StoredView : public exec::WeightSource {
  public:
   StoredView(at::Tensor stored, const std::string& name, const std::map<std::string, at::Tensor>& side)
       : stored_(std::move(stored)), name_(name), side_(side) {}
-  at::Tensor tensor(const std::string& name) const override {
-    if (name == name_) return stored_;
-    return side_.at(name);
-  }
+  at::Tensor tensor(const std::string& name) const override { return name == name_ ? stored_ : side_.at(name); }
   bool contains(const std::string& name) const override { return name == name_ || side_.count(name) != 0; }
   at::Tensor acquire(const ir::Linear& l, exec::Slice, exec::Slice, at::ScalarType, const at::Tensor&) const override {
     throw std::logic_error("weight '" + l.weight + "': acquired from its stored view");
@@ -146,31 +143,30 @@ at::Tensor ModuleWeights::assembled(const std::string& name, const Canonical& c)
   return cast_.count(name) ? t.to(dtype_of(name)) : t;
 }
 
-ir::Linear ModuleWeights::quantized_linear(const std::string& name) const {
+at::Tensor ModuleWeights::with_stored(const std::string& name, const exec::WeightSource* stored,
+                                      const StoredUse& use) const {
   const Canonical& c = canonical(name);
   ir::Linear l;
   l.weight = name;
   l.out_features = c.parts.front().size(0);
   l.in_features = c.parts.front().dim() > 1 ? c.parts.front().size(1) : 1;
   l.format = specs_.at(name).format;
-  return l;
+  const StoredView own(c.view.defined() ? c.view : c.parts.front(), name, side_);
+  return use(stored ? *stored : static_cast<const exec::WeightSource&>(own), l);
 }
 
 at::Tensor ModuleWeights::dequantized(const std::string& name, const exec::WeightSource* stored) const {
-  const Canonical& c = canonical(name);
-  const ir::Linear l = quantized_linear(name);
-  const StoredView own(c.view.defined() ? c.view : c.parts.front(), name, side_);
-  return exec::impl_of<exec::FormatImpl>(reg_->format(l.format))
-      .acquire(stored ? *stored : static_cast<const exec::WeightSource&>(own), l, {}, {}, dtype_of(name), {});
+  return with_stored(name, stored, [&](const exec::WeightSource& src, const ir::Linear& l) {
+    return exec::impl_of<exec::FormatImpl>(reg_->format(l.format)).acquire(src, l, {}, {}, dtype_of(name), {});
+  });
 }
 
 at::Tensor ModuleWeights::prologue_linear(const std::string& name, const at::Tensor& x, const at::Tensor& bias,
                                           const exec::WeightSource* stored) const {
   if (hooked(name) || !specs_.count(name)) return {};  // a hooked weight: the host casts and patches it
-  const Canonical& c = canonical(name);
-  const StoredView own(c.view.defined() ? c.view : c.parts.front(), name, side_);
-  return exec::native_linear(*reg_, stored ? *stored : static_cast<const exec::WeightSource&>(own),
-                             quantized_linear(name), x, bias);
+  return with_stored(name, stored, [&](const exec::WeightSource& src, const ir::Linear& l) {
+    return exec::native_linear(*reg_, src, l, x, bias);
+  });
 }
 
 at::Tensor ModuleWeights::prologue_tensor(const std::string& name, const exec::WeightSource* stored) const {

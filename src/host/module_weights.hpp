@@ -147,8 +147,10 @@ class ModuleWeights : public exec::WeightSource {
   at::Tensor acquire_spanning(const ir::Linear& l, const Canonical& c, exec::Slice rows, exec::Slice cols,
                               at::ScalarType dtype, const at::Tensor& out) const;
 
-  // The Linear of a quantized canonical: its name, shape and format.
-  ir::Linear quantized_linear(const std::string& name) const;
+  // use(source, Linear) of a quantized canonical, unhooked: the Linear its name, shape and format,
+  // the source `stored` where given, else the module's tensors.
+  using StoredUse = std::function<at::Tensor(const exec::WeightSource&, const ir::Linear&)>;
+  at::Tensor with_stored(const std::string& name, const exec::WeightSource* stored, const StoredUse& use) const;
   // A quantized canonical through its format, unhooked (from `stored` where given).
   at::Tensor dequantized(const std::string& name, const exec::WeightSource* stored = nullptr) const;
   at::ScalarType dtype_of(const std::string& canonical) const;

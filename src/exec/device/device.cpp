@@ -63,33 +63,6 @@ class MeasuredPerDtype {
   std::map<at::ScalarType, int64_t> known_;
 };
 
-// The cap at `bytes`, or, with `own_held`, at `bytes` beyond what the allocator holds once its
-// cache is released, less `own_held`.
-std::shared_ptr<void> cap_at(const at::Device& d, int64_t bytes, std::optional<int64_t> own_held) {
-#ifdef STREAMPLAN_WITH_CUDA
-  if (d.is_cuda()) {
-    namespace cca = c10::cuda::CUDACachingAllocator;
-    const int index = d.index();
-    // Segments that grow in place: under a cap, a large request is not refused for want of a
-    // contiguous free segment while the total would fit (fragmentation across the run's
-    // differently sized arenas).
-    c10::CachingAllocator::setAllocatorSettings("expandable_segments:True");
-    cca::emptyCache();
-    if (own_held) {
-      const int64_t held = cca::getDeviceStats(index).reserved_bytes[size_t(c10::CachingAllocator::StatType::AGGREGATE)].current;
-      bytes += std::max<int64_t>(held - *own_held, 0);
-    }
-    const int64_t total = describe_device(d).memory_total;
-    if (bytes > total)
-      throw std::invalid_argument("device memory: " + std::to_string(bytes) + " bytes exceed the " +
-                                  std::to_string(total) + " bytes of " + d.str());
-    cca::setMemoryFraction(double(bytes) / double(total), index);
-    return std::shared_ptr<void>(nullptr, [index](void*) { cca::setMemoryFraction(1.0, index); });
-  }
-#endif
-  return nullptr;
-}
-
 }  // namespace
 
 int64_t cpu_gemm_scratch(at::ScalarType dtype) {
@@ -145,14 +118,12 @@ at::Device pick_device(const std::string& name) {
   throw std::invalid_argument("--device: expected cpu, cuda, cuda:N or auto, got '" + name + "'");
 }
 
-contracts::DeviceCaps describe_device(const at::Device& d) {
+contracts::DeviceCaps static_device_caps(const at::Device& d) {
   using ir::DType;
   contracts::DeviceCaps c;
   if (d.is_cpu()) {
     c.name = "cpu";
     c.kind = contracts::DeviceKind::CPU;
-    c.memory_total = meminfo("MemTotal");
-    c.memory_free = meminfo("MemAvailable");
     c.dtypes = {DType::F32, DType::BF16, DType::F16, DType::F64};
     c.threads = at::get_num_threads();
     if (const int64_t b = cpu_gemm_scratch(at::kBFloat16)) c.gemm_scratch_per_thread[DType::BF16] = b;
@@ -167,6 +138,30 @@ contracts::DeviceCaps describe_device(const at::Device& d) {
   const auto* p = at::cuda::getDeviceProperties(d.index());
   c.name = std::string("cuda:") + std::to_string(d.index()) + " (" + p->name + ")";
   c.kind = contracts::DeviceKind::CUDA;
+  c.cc_major = p->major;
+  c.cc_minor = p->minor;
+  c.dtypes = {DType::F32, DType::F16, DType::F64};
+  if (p->major >= 8) c.dtypes.insert(DType::BF16);
+  if (p->major > 8 || (p->major == 8 && p->minor >= 9)) c.dtypes.insert(DType::F8E4M3);
+  c.alloc_round = 512;  // the caching allocator rounds every block to 512 bytes
+  c.reuse_slack = int64_t{1} << 20;
+  c.fused_row_kernels = fused::fused_rows_built() ? contracts::Cap::Yes : contracts::Cap::No;
+  c.threads = 1;
+  c.compute_units = p->multiProcessorCount;
+  return c;
+#else
+  throw std::invalid_argument("device " + d.str() + " is not supported by this CPU-only build");
+#endif
+}
+
+contracts::DeviceCaps describe_device(const at::Device& d) {
+  contracts::DeviceCaps c = static_device_caps(d);
+  if (d.is_cpu()) {
+    c.memory_total = meminfo("MemTotal");
+    c.memory_free = meminfo("MemAvailable");
+    return c;
+  }
+#ifdef STREAMPLAN_WITH_CUDA
   size_t free_b = 0, total_b = 0;
   AT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   c.memory_total = static_cast<int64_t>(total_b);
@@ -189,20 +184,8 @@ contracts::DeviceCaps describe_device(const at::Device& d) {
         0, std::min(static_cast<int64_t>(free_b) + (reserved - allocated - fragments), allowed - allocated - fragments));
   } catch (const c10::Error&) {
   }
-  c.cc_major = p->major;
-  c.cc_minor = p->minor;
-  c.dtypes = {DType::F32, DType::F16, DType::F64};
-  if (p->major >= 8) c.dtypes.insert(DType::BF16);
-  if (p->major > 8 || (p->major == 8 && p->minor >= 9)) c.dtypes.insert(DType::F8E4M3);
-  c.alloc_round = 512;  // the caching allocator rounds every block to 512 bytes
-  c.reuse_slack = int64_t{1} << 20;
-  c.fused_row_kernels = fused::fused_rows_built() ? contracts::Cap::Yes : contracts::Cap::No;
-  c.threads = 1;
-  c.compute_units = p->multiProcessorCount;
-  return c;
-#else
-  throw std::invalid_argument("device " + d.str() + " is not supported by this CPU-only build");
 #endif
+  return c;
 }
 
 double time_ms(const at::Device& d, const std::function<void()>& f) {
@@ -247,10 +230,29 @@ void release_cached(const at::Device& d) {
 #endif
 }
 
-std::shared_ptr<void> cap_device_memory(const at::Device& d, int64_t bytes) { return cap_at(d, bytes, std::nullopt); }
-
-std::shared_ptr<void> cap_device_memory_beside(const at::Device& d, int64_t own_held, int64_t bytes) {
-  return cap_at(d, bytes, own_held);
+std::shared_ptr<void> cap_device_memory(const at::Device& d, int64_t bytes, std::optional<int64_t> own_held) {
+#ifdef STREAMPLAN_WITH_CUDA
+  if (d.is_cuda()) {
+    namespace cca = c10::cuda::CUDACachingAllocator;
+    const int index = d.index();
+    // Segments that grow in place: under a cap, a large request is not refused for want of a
+    // contiguous free segment while the total would fit (fragmentation across the run's
+    // differently sized arenas).
+    c10::CachingAllocator::setAllocatorSettings("expandable_segments:True");
+    cca::emptyCache();
+    if (own_held) {
+      const int64_t held = cca::getDeviceStats(index).reserved_bytes[size_t(c10::CachingAllocator::StatType::AGGREGATE)].current;
+      bytes += std::max<int64_t>(held - *own_held, 0);
+    }
+    const int64_t total = describe_device(d).memory_total;
+    if (bytes > total)
+      throw std::invalid_argument("device memory: " + std::to_string(bytes) + " bytes exceed the " +
+                                  std::to_string(total) + " bytes of " + d.str());
+    cca::setMemoryFraction(double(bytes) / double(total), index);
+    return std::shared_ptr<void>(nullptr, [index](void*) { cca::setMemoryFraction(1.0, index); });
+  }
+#endif
+  return nullptr;
 }
 
 void synchronize(const at::Device& d) {

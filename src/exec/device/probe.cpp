@@ -1,5 +1,6 @@
 #include "exec/device/probe.hpp"
 
+#include <c10/util/StringUtil.h>
 #include <nlohmann/json.hpp>
 
 #include <sys/resource.h>
@@ -425,14 +426,13 @@ ProbeResult probe_device(const at::Device& d, const contracts::DeviceCaps& caps,
   for (int attempt = 1; attempt <= kAttempts; ++attempt) {
     r = measure_rates(d, caps);
     r.attempts = attempt;
-    const auto bad = sanity_problems(r, d.is_cuda());
-    r.untrusted.clear();
-    for (const auto& b : bad) r.untrusted += (r.untrusted.empty() ? "" : "; ") + b;
+    std::vector<std::string> bad = sanity_problems(r, d.is_cuda());
     if (!d.is_cuda() && r.other_cores > kOtherCores) {
       char b[160];
       std::snprintf(b, sizeof b, "other processes kept %.2f CPU cores busy during the probe", r.other_cores);
-      r.untrusted += (r.untrusted.empty() ? "" : "; ") + std::string(b);
+      bad.push_back(b);
     }
+    r.untrusted = c10::Join("; ", bad);
     if (r.untrusted.empty()) break;
     if (attempt < kAttempts) std::this_thread::sleep_for(std::chrono::milliseconds(200 * attempt));
   }
@@ -511,6 +511,5 @@ std::string probe_text(const ProbeResult& r) {
   }
   return os.str();
 }
-
 
 }  // namespace sp::exec

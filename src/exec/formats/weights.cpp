@@ -46,19 +46,8 @@ at::Tensor stored_slice(const WeightSource& src, const ir::Linear& l, Slice rows
 at::Tensor native_linear(const contracts::Registry& reg, const WeightSource& src, const ir::Linear& l,
                          const at::Tensor& x, const at::Tensor& bias) {
   const contracts::FormatCaps& f = reg.format(l.format);
-  if (!f.native_gemm || !f.native_gemm(describe_device(x.device()))) return {};
-  // The weight's tensors on x's device.
-  struct OnDevice : WeightSource {
-    OnDevice(const WeightSource& src, const at::Device& d) : src(src), d(d) {}
-    at::Tensor tensor(const std::string& name) const override { return src.tensor(name).to(d); }
-    bool contains(const std::string& name) const override { return src.contains(name); }
-    at::Tensor acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
-                       const at::Tensor& out) const override {
-      return src.acquire(l, rows, cols, dtype, out);
-    }
-    const WeightSource& src;
-    at::Device d;
-  } on(src, x.device());
+  if (!f.native_gemm || !f.native_gemm(static_device_caps(x.device()))) return {};
+  const OnDevice on(src, x.device());
   const at::Tensor y = at::empty({x.size(0), l.out_features}, x.options());
   impl_of<FormatImpl>(f).gemm(on, l, {}, {}, stored_slice(on, l, {}, {}), x.contiguous(), y,
                               bias.defined() ? bias.to(x.device()) : bias, false);

@@ -54,6 +54,22 @@ class WeightSource {
   }
 };
 
+// A source's tensors, and the slices acquired from it, each read onto one device.
+class OnDevice : public WeightSource {
+ public:
+  OnDevice(const WeightSource& w, const at::Device& d) : w_(w), d_(d) {}
+  at::Tensor tensor(const std::string& name) const override { return w_.tensor(name).to(d_); }
+  bool contains(const std::string& name) const override { return w_.contains(name); }
+  at::Tensor acquire(const ir::Linear& l, Slice rows, Slice cols, at::ScalarType dtype,
+                     const at::Tensor& out = {}) const override {
+    return w_.acquire(l, rows, cols, dtype, out).to(d_);
+  }
+
+ private:
+  const WeightSource& w_;
+  at::Device d_;
+};
+
 class TensorWeights;
 
 // How one weight format stores and converts its weights.

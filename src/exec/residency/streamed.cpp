@@ -240,9 +240,8 @@ StreamedWeights::~StreamedWeights() {
 void StreamedWeights::restore() {
   reset();
   slots_.clear();
-  for (const auto& [name, p] : places_) {
-    w_->add(name, placed(host_view(p.block), p.offset, p.dtype, p.shape).to(device_, /*non_blocking=*/false, /*copy=*/true));
-  }
+  for (const auto& [name, p] : places_)
+    w_->add(name, view(host_view(p.block), p).to(device_, /*non_blocking=*/false, /*copy=*/true));
   places_.clear();
   packs_.assign(packs_.size(), at::Tensor());
   sources_.assign(sources_.size(), {});
