@@ -2,16 +2,16 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
-#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
+#include "io/safetensors.hpp"
 #include "plan/budget.hpp"
 
 namespace sp::cli {
@@ -28,24 +28,6 @@ std::string quoted(const std::string& s) { return "'" + s + "'"; }
 
 std::string bytes_text(uint64_t b) {
   return std::to_string(b) + " bytes (" + plan::human_bytes(static_cast<int64_t>(b)) + ")";
-}
-
-// Free bytes on the filesystem of `path` (statvfs of its directory), or the test override.
-uint64_t free_bytes(const std::string& option, const std::string& path) {
-  if (const char* v = std::getenv("STREAMPLAN_FREE_BYTES_FOR_TESTS")) {
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long long n = std::strtoull(v, &end, 10);
-    if (*v == '\0' || *v == '-' || *end != '\0' || errno != 0)
-      throw std::invalid_argument("STREAMPLAN_FREE_BYTES_FOR_TESTS=" + quoted(v) + " is not a byte count");
-    return n;
-  }
-  struct statvfs vfs {};
-  const std::string dir = directory_of(path);
-  if (::statvfs(dir.c_str(), &vfs) != 0)
-    throw std::invalid_argument(option + " " + quoted(path) + ": cannot measure the free space of " + quoted(dir) +
-                                ": " + std::strerror(errno));
-  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
 }
 
 // The temp file of the one live TempFileGuard, for the signal handler (no allocation there).
@@ -98,14 +80,15 @@ CLI::Validator output_file() {
 }
 
 void check_free_space(const std::string& option, const std::string& path, uint64_t bytes) {
-  uint64_t avail = free_bytes(option, path);
-  struct stat st {};
-  if (::stat((path + ".tmp").c_str(), &st) == 0 && S_ISREG(st.st_mode)) avail += uint64_t(st.st_blocks) * 512;
+  const std::optional<uint64_t> avail = io::free_bytes_for(path);
+  if (!avail)
+    throw std::invalid_argument(option + " " + quoted(path) + ": cannot measure the free space of " +
+                                quoted(directory_of(path)) + ": " + std::strerror(errno));
   const uint64_t margin = std::max<uint64_t>(uint64_t{1} << 20, bytes / 100);
-  if (bytes + margin <= avail) return;
+  if (bytes + margin <= *avail) return;
   throw std::invalid_argument(option + " " + quoted(path) + ": the file needs " + bytes_text(bytes) +
                               " plus a margin of " + bytes_text(margin) + " but its filesystem has " +
-                              bytes_text(avail) + " free; nothing was written");
+                              bytes_text(*avail) + " free; nothing was written");
 }
 
 void check_not_input(const std::string& out_option, const std::string& out, const std::string& in_option,

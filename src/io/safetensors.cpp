@@ -161,24 +161,6 @@ std::string human(uint64_t bytes) {
   return buf;
 }
 
-// Bytes free to an unprivileged user on the filesystem holding `path`, or nullopt when the
-// directory cannot be measured (opening the file will then report why).
-std::optional<uint64_t> free_bytes_at(const std::string& path) {
-  if (const char* v = std::getenv("STREAMPLAN_FREE_BYTES_FOR_TESTS")) {
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long long n = std::strtoull(v, &end, 10);
-    if (*v == '\0' || *end != '\0' || errno != 0 || *v == '-')
-      throw SafetensorsError("STREAMPLAN_FREE_BYTES_FOR_TESTS=" + quote(v) + " is not a byte count");
-    return n;
-  }
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  struct statvfs vfs{};
-  if (::statvfs(dir.c_str(), &vfs) != 0) return std::nullopt;
-  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-}
-
 constexpr size_t kWriteBuffer = size_t{1} << 20;
 
 // Throws unless `name` can name a tensor: not the metadata key, and valid UTF-8.
@@ -468,6 +450,26 @@ void SafetensorsWriter::write(const std::string& path) const {
 
 // ---------------------------------------------------------------------------- stream writer
 
+std::optional<uint64_t> free_bytes_for(const std::string& path) {
+  uint64_t n = 0;
+  if (const char* v = std::getenv("STREAMPLAN_FREE_BYTES_FOR_TESTS")) {
+    char* end = nullptr;
+    errno = 0;
+    n = std::strtoull(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || errno != 0 || *v == '-')
+      throw SafetensorsError("STREAMPLAN_FREE_BYTES_FOR_TESTS=" + quote(v) + " is not a byte count");
+  } else {
+    std::string dir = std::filesystem::path(path).parent_path().string();
+    if (dir.empty()) dir = ".";
+    struct statvfs vfs{};
+    if (::statvfs(dir.c_str(), &vfs) != 0) return std::nullopt;
+    n = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  }
+  struct stat st{};
+  if (::stat((path + ".tmp").c_str(), &st) == 0 && S_ISREG(st.st_mode)) n += static_cast<uint64_t>(st.st_blocks) * 512;
+  return n;
+}
+
 SafetensorsStreamWriter::~SafetensorsStreamWriter() {
   if (fd_ >= 0) {
     ::close(fd_);
@@ -534,14 +536,10 @@ void SafetensorsStreamWriter::open(const std::string& path) {
                            std::to_string(hbytes - 8) + " bytes, beyond the limit of " +
                            std::to_string(kMaxHeaderBytes) + " bytes that readers accept; nothing was written");
   const std::string tmp = path + ".tmp";
-  if (auto avail = free_bytes_at(path)) {
-    struct stat st{};
-    if (::stat(tmp.c_str(), &st) == 0 && S_ISREG(st.st_mode)) *avail += static_cast<uint64_t>(st.st_blocks) * 512;
-    if (file_bytes() > *avail)
-      throw SafetensorsError(path + ": the file needs " + std::to_string(file_bytes()) + " bytes (" +
-                             human(file_bytes()) + ") but its filesystem has " + std::to_string(*avail) +
-                             " bytes (" + human(*avail) + ") free; nothing was written");
-  }
+  if (const auto avail = free_bytes_for(path); avail && file_bytes() > *avail)
+    throw SafetensorsError(path + ": the file needs " + std::to_string(file_bytes()) + " bytes (" +
+                           human(file_bytes()) + ") but its filesystem has " + std::to_string(*avail) + " bytes (" +
+                           human(*avail) + ") free; nothing was written");
   fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw SafetensorsError(path + ": cannot create " + tmp + ": " + errno_str());
   path_ = path;

@@ -97,6 +97,11 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// Bytes a write of `path` may fill: those free to an unprivileged user on its filesystem (statvfs of
+// its directory), plus a stale "<path>.tmp" that the write replaces; nullopt, errno telling why, when
+// the directory cannot be measured. STREAMPLAN_FREE_BYTES_FOR_TESTS replaces the measured free space.
+std::optional<uint64_t> free_bytes_for(const std::string& path);
+
 class SafetensorsStreamWriter;
 
 class SafetensorsWriter {
@@ -148,8 +153,7 @@ class SafetensorsStreamWriter {
   uint64_t file_bytes() const { return header_bytes() + data_bytes_; }
 
   // Creates path + ".tmp" and writes the header. Throws SafetensorsError, having written
-  // nothing, when the header passes kMaxHeaderBytes or file_bytes() exceeds the free space of
-  // `path`'s filesystem (README.md; STREAMPLAN_FREE_BYTES_FOR_TESTS replaces it, for tests).
+  // nothing, when the header passes kMaxHeaderBytes or file_bytes() exceeds free_bytes_for(path).
   void open(const std::string& path);
   // The bytes of the next declared tensor (declaration order); the size must match.
   void write(std::span<const std::byte> data);

@@ -70,7 +70,6 @@ FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w,
   at::Tensor pos = at::zeros({run.model.tokens(), 3}, at::TensorOptions().dtype(at::kFloat).device(dev));
   pos.narrow(0, run.model.segment_begin("video"), video.size(0)).copy_(grid_positions(gf, gh, gw, dev));
   set_rope_tables(run.inputs.tables, pos, c.rope_axes_dim, c.rope_theta);
-  run.finish = [](const at::Tensor& out) { return out; };
   return run;
 }
 

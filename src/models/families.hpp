@@ -48,7 +48,8 @@ struct Geometry {
 struct FamilyRun {
   ir::Model model;
   exec::Inputs inputs;
-  std::function<at::Tensor(const at::Tensor&)> finish;  // output rows -> reference layout
+  // Output rows -> reference layout; the rows as they are where that is the layout (Flux, avdit).
+  std::function<at::Tensor(const at::Tensor&)> finish = [](const at::Tensor& out) { return out; };
   // Families with several outputs (MiniMax H3: video and audio): each, by name; may be empty.
   std::function<TensorMap(const at::Tensor&)> named_outputs;
 };

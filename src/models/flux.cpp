@@ -118,7 +118,6 @@ FamilyRun prepare(const recognize::FamilyConfig& c, const exec::WeightSource& w,
     run.inputs.tables[sgl(i) + "mod"] = affine(w, sgl(i) + "modulation.lin", vec).view({1, 3, c.dim}).to(dt);
   run.inputs.tables["final.mod"] = affine(w, "final_layer.adaLN_modulation.1", vec).view({1, 2, c.dim}).to(dt);
   set_rope_tables(run.inputs.tables, at::cat({txt_ids, img_ids}, 0).to(dev), c.rope_axes_dim, c.rope_theta);
-  run.finish = [](const at::Tensor& out) { return out; };
   return run;
 }
 

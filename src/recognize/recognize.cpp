@@ -292,8 +292,6 @@ class Matcher {
     FamilyConfig c;
     try {
       c = fam.structure(syms, features_, sc);
-      c.layers = syms.count("layers") ? syms.at("layers") : 0;
-      c.single_layers = syms.count("single_layers") ? syms.at("single_layers") : 0;
       const FamilyConfig* match = nullptr;
       for (const Preset& p : fam.presets)
         for (const FamilyConfig* candidate : {&p.real, &p.tiny})
