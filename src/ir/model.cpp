@@ -95,9 +95,7 @@ void check_proj(const std::string& f, const Attention& a, const AttnProj& p, int
     if (a.kind == AttnKind::Cross) fail(f + ".qkv", "cross-attention needs separate q and k/v projections");
     check_linear(f + ".qkv", *p.qkv, dim, qw + 2 * kvw + mlp);
     const Linear& l = *p.qkv;
-    const Region* q = l.out_region("q");
-    const Region* k = l.out_region("k");
-    const Region* v = l.out_region("v");
+    const Region *q = l.out_region("q"), *k = l.out_region("k"), *v = l.out_region("v");
     if (!q || !k || !v) fail(f + ".qkv.out_regions", "fused qkv needs regions q, k and v");
     if (q->size != qw) fail(f + ".qkv.out_regions.q", "size ", q->size, " != heads*head_dim ", qw);
     if (k->size != kvw) fail(f + ".qkv.out_regions.k", "size ", k->size, " != kv_heads*head_dim ", kvw);

@@ -49,7 +49,6 @@ struct Component {
 };
 
 Component weight_component(const ir::Linear& l) { return {ComponentKind::Weight, l.weight, l.format, {}}; }
-Component device_component(const contracts::DeviceCaps& d) { return {ComponentKind::Device, d.name, {}, {}}; }
 
 // Collects rejections for one transformation; the transformation is legal when none was added.
 class Checker {
@@ -76,15 +75,8 @@ class Checker {
  private:
   void add(const Component& c, Check check, const std::string& req, const std::string& act,
            const std::string& region = {}) {
-    v_.rejections.push_back({.transform = t_,
-                             .check = check,
-                             .component_kind = c.kind,
-                             .component_name = c.name,
-                             .format = c.format,
-                             .role = c.role,
-                             .region = region,
-                             .required = req,
-                             .actual = act});
+    v_.rejections.push_back({.transform = t_, .check = check, .component_kind = c.kind, .component_name = c.name,
+                             .format = c.format, .role = c.role, .region = region, .required = req, .actual = act});
   }
   Verdict& v_;
   Transform t_;
@@ -108,10 +100,10 @@ void require_held(Checker& c, const Context& ctx, const ir::Linear& l) {
   c.require_cap(weight_component(l), Check::FormatHeld, ctx.registry->format(l.format).held_execution);
 }
 
-void require_device_dtype(Checker& c, const Context& ctx) {
-  const auto dt = ctx.model->dtype;
-  c.require(ctx.device->dtypes.count(dt) != 0, device_component(*ctx.device), Check::DeviceDtype, ir::to_string(dt),
-            "unsupported");
+// The device supports `dt` (the activation dtype, or fp32 for the final projection).
+void require_device_dtype(Checker& c, const Context& ctx, ir::DType dt, Check check) {
+  c.require(ctx.device->dtypes.count(dt) != 0, {ComponentKind::Device, ctx.device->name, {}, {}}, check,
+            ir::to_string(dt), "unsupported");
 }
 
 // Fused QKV: projecting only the k|v rows, then only the q rows, slices the weight by output rows.
@@ -134,7 +126,7 @@ void check_attention(Verdict& v, const Context& ctx, const ir::Attention& a, int
     require_patch_locality(c, ctx, a.patches, {TensorRole::Q, TensorRole::K, TensorRole::V}, false);
     // A parallel MLP is computed slab by slab with Q.
     if (a.parallel) require_patch_locality(c, ctx, a.patches, {TensorRole::MlpHidden}, false);
-    require_device_dtype(c, ctx);
+    require_device_dtype(c, ctx, ctx.model->dtype, Check::DeviceDtype);
     c.done();
   }
   {
@@ -173,7 +165,7 @@ void check_mlp(Verdict& v, const Context& ctx, const ir::Mlp& m) {
     for (const auto* l : ins) require_held(c, ctx, *l);
     require_held(c, ctx, m.down);
     require_patch_locality(c, ctx, m.patches, {TensorRole::MlpHidden, TensorRole::BlockOutput}, false);
-    require_device_dtype(c, ctx);
+    require_device_dtype(c, ctx, ctx.model->dtype, Check::DeviceDtype);
     c.done();
   }
   {
@@ -258,8 +250,7 @@ Verdict check_final(const Context& ctx, const ir::FinalLayer& f) {
   Verdict v;
   Checker c(v, Transform::BoundedFinal);
   require_held(c, ctx, f.proj);
-  c.require(ctx.device->dtypes.count(ir::DType::F32) != 0, device_component(*ctx.device), Check::DeviceFp32, "fp32",
-            "unsupported");
+  require_device_dtype(c, ctx, ir::DType::F32, Check::DeviceFp32);
   c.done();
   return v;
 }

@@ -46,11 +46,8 @@ Placement place(const Program& p, const contracts::DeviceCaps& dev) {
   for (int i = 0; i < int(p.buffers.size()); ++i) {
     const Buffer& b = p.buffers[size_t(i)];
     if (b.bytes() == 0 || pl.live[size_t(i)].first < 0) continue;
-    if (separate(b)) {
-      pl.separate_bytes += dev.held(b.bytes());
-      continue;
-    }
-    order.push_back(i);
+    if (separate(b)) pl.separate_bytes += dev.held(b.bytes());
+    else order.push_back(i);
   }
   // Largest first; ties by first use, so the placement is deterministic.
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {

@@ -18,19 +18,14 @@ SliceExpr region_rows(const ir::AttnProj& p, const char* name, int64_t width) {
 }
 
 // One acquired weight per projection set, by segment (the default set: every other segment).
-struct Held {
-  std::vector<SegWeight> ws;
-  std::vector<int> bufs;
-};
+using Held = std::vector<SegWeight>;
 
 template <typename F>
 Held hold(Compiler& c, const ir::Attention& a, F&& pick) {
   Held h;
   auto add = [&](const std::string& seg, const ir::AttnProj& pr) {
     auto [linear, rows, norm_weight] = pick(pr);
-    const int w = c.acquire(*linear, rows, {}, c.dt());
-    h.bufs.push_back(w);
-    h.ws.push_back({seg, w, linear->bias, rows, norm_weight});
+    h.push_back({seg, c.acquire(*linear, rows, {}, c.dt()), linear->bias, rows, norm_weight});
   };
   add("", a.proj);
   for (const auto& [seg, pr] : a.segment_proj) add(seg, pr);
@@ -39,7 +34,7 @@ Held hold(Compiler& c, const ir::Attention& a, F&& pick) {
 
 void release_all(Compiler& c, std::initializer_list<const Held*> hs) {
   for (const Held* h : hs)
-    for (int w : h->bufs) c.release(w);
+    for (const SegWeight& w : *h) c.release(w.weight);
 }
 
 void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, const ir::Attention& a,
@@ -79,47 +74,38 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     if (mlp) {
       const Operand h = normed();
       u = c.whole(c.buffer(BufRole::Hidden, "U", {n, mlp}, dt));
-      c.project(h, u, wm.ws, D, mlp, n, pieces);
+      c.project(h, u, wm, D, mlp, n, pieces);
       c.activate(u, a.parallel->act);
       c.patches(a.patches, TensorRole::MlpHidden, u);
     }
     const Operand y = c.whole(c.buffer(BufRole::Proj, "Y", {n, D}, dt));
-    c.project(o, y, wo.ws, wq, D, n, pieces, 0, mlp ? wq : -1);
+    c.project(o, y, wo, wq, D, n, pieces, 0, mlp ? wq : -1);
     if (mlp) {
-      std::vector<SegWeight> no_bias = wo.ws;
+      std::vector<SegWeight> no_bias = wo;
       for (auto& w : no_bias) w.bias.clear();
       c.project(u, y, no_bias, mlp, D, n, pieces, wq, mlp, true);
     }
     c.residual_add(y, b.modulation, s.mod, n, pieces);
   };
-  auto hold_out = [&] {
-    return hold(c, a, [&](const ir::AttnProj& pr) { return Pick{&pr.out, {}, {}}; });
-  };
-  auto hold_mlp = [&] {
-    return hold(c, a, [&](const ir::AttnProj& pr) { return Pick{&*pr.qkv, region_rows(pr, "mlp", mlp), {}}; });
-  };
-  auto hold_k = [&] {
-    return hold(c, a, [&](const ir::AttnProj& pr) { return Pick{&pr.k_linear(), region_rows(pr, "k", wkv), pr.k_norm}; });
-  };
-  auto hold_v = [&] {
-    return hold(c, a, [&](const ir::AttnProj& pr) { return Pick{&pr.v_linear(), region_rows(pr, "v", wkv), {}}; });
-  };
-  auto hold_q = [&] {
-    return hold(c, a, [&](const ir::AttnProj& pr) { return Pick{&pr.q_linear(), region_rows(pr, "q", wq), pr.q_norm}; });
-  };
+  // What hold() acquires of each projection set: the output projection, or the rows of a region.
+  auto out_of = [](const ir::AttnProj& pr) { return Pick{&pr.out, {}, {}}; };
+  auto mlp_of = [&](const ir::AttnProj& pr) { return Pick{&*pr.qkv, region_rows(pr, "mlp", mlp), {}}; };
+  auto k_of = [&](const ir::AttnProj& pr) { return Pick{&pr.k_linear(), region_rows(pr, "k", wkv), pr.k_norm}; };
+  auto v_of = [&](const ir::AttnProj& pr) { return Pick{&pr.v_linear(), region_rows(pr, "v", wkv), {}}; };
+  auto q_of = [&](const ir::AttnProj& pr) { return Pick{&pr.q_linear(), region_rows(pr, "q", wq), pr.q_norm}; };
   // The complete attention output of this rank's rows (patched) projected slab by slab; a
   // parallel MLP is recomputed from the residual rows, which no write has touched yet.
   auto project_all = [&](int ofull) {
     c.patches(a.patches, TensorRole::AttnOut, c.whole(ofull));
-    const Held wo = hold_out();
-    const Held wm = mlp ? hold_mlp() : Held{};
+    const Held wo = hold(c, a, out_of);
+    const Held wm = mlp ? hold(c, a, mlp_of) : Held{};
     c.own_loop(rr, p.token_chunk, true, [&](int64_t n, int64_t pieces) {
       auto normed = [&] { return c.normed(s.norm, b.modulation, s.mod, n, pieces); };
       project_out(wo, wm, c.slab_of(ofull, 0, n), normed, n, pieces);
     });
     release_all(c, {&wo, &wm});
   };
-  const int64_t Tl = c.local_rows(rr);  // this rank's rows (all of them on one rank)
+  const int64_t Tl = c.rows_of(rr)[size_t(c.seq().rank)];  // this rank's rows (all of them on one rank)
   // K and V of `groups` K/V heads over L rows: token-major for a consumer that takes strided
   // heads (`tm`), else head-major; Q token-major where, besides, no heads fold.
   struct KvLayout {
@@ -149,16 +135,16 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
                        int64_t pieces) {
       const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
       const Operand k = c.whole(c.buffer(BufRole::KV, "k", {n, wkv}, dt));
-      c.project(h, k, wk.ws, D, wkv, n, pieces);
-      c.project(h, vdst, wv.ws, D, wkv, n, pieces);
-      qk_rows(k, kdst, Layout::Same, wk.ws, G, 1, TensorRole::K, n, pieces);
+      c.project(h, k, wk, D, wkv, n, pieces);
+      c.project(h, vdst, wv, D, wkv, n, pieces);
+      qk_rows(k, kdst, Layout::Same, wk, G, 1, TensorRole::K, n, pieces);
       c.patches(a.patches, TensorRole::V, vdst);
     };
     auto q_rows = [&](const Held& wqh, const Operand& qdst, int64_t n, int64_t pieces) {
       const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
       const Operand q = c.whole(c.buffer(BufRole::Q, "Q", {n, wq}, dt));
-      c.project(h, q, wqh.ws, D, wq, n, pieces);
-      qk_rows(q, qdst, Layout::Same, wqh.ws, G, rep, TensorRole::Q, n, pieces);
+      c.project(h, q, wqh, D, wq, n, pieces);
+      qk_rows(q, qdst, Layout::Same, wqh, G, rep, TensorRole::Q, n, pieces);
       return h;
     };
     if (c.seq().mode == SeqMode::Ring) {
@@ -167,14 +153,14 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       const int VL = c.buffer(BufRole::SeqRows, "V rows", {Tl, wkv}, dt);
       const int QL = c.buffer(BufRole::SeqRows, "Q rows", {Tl, wq}, dt);
       {
-        const Held wk = hold_k(), wv = hold_v();
+        const Held wk = hold(c, a, k_of), wv = hold(c, a, v_of);
         c.own_loop(rr, p.token_chunk, true, [&](int64_t n, int64_t pieces) {
           kv_rows(wk, wv, c.slab_of(KL, 0, n), c.slab_of(VL, 0, n), n, pieces);
         });
         release_all(c, {&wk, &wv});
       }
       {
-        const Held wqh = hold_q();
+        const Held wqh = hold(c, a, q_of);
         c.own_loop(rr, p.q_chunk, true,
                    [&](int64_t n, int64_t pieces) { q_rows(wqh, c.slab_of(QL, 0, n), n, pieces); });
         release_all(c, {&wqh});
@@ -214,18 +200,16 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
                     vsent = c.whole(c.buffer(BufRole::SeqRows, "V sent", {kc, wkv}, dt)),
                     krecv = c.whole(c.buffer(BufRole::SeqHeads, "K received", {P * kc, Gr * hd}, dt)),
                     vrecv = c.whole(c.buffer(BufRole::SeqHeads, "V received", {P * kc, Gr * hd}, dt));
-      const Held wk = hold_k(), wv = hold_v();
+      const Held wk = hold(c, a, k_of), wv = hold(c, a, v_of);
       auto slab = [&](int64_t n, int64_t pieces) {
         const int ks = c.buffer(BufRole::SeqRows, "K slab", {kc, wkv}, dt);
         const int vs = c.buffer(BufRole::SeqRows, "V slab", {kc, wkv}, dt);
         if (n > 0) kv_rows(wk, wv, rows_of(ks, n), rows_of(vs, n), n, pieces);
-        c.exchange(c.whole(ks), c.whole(K), std::vector<int64_t>(size_t(P), kc), groups, hd, kv_layout, rows, kc, ksent,
-                   krecv);
-        c.exchange(c.whole(vs), c.whole(V), std::vector<int64_t>(size_t(P), kc), groups, hd, kv_layout, rows, kc, vsent,
-                   vrecv);
+        c.exchange(c.whole(ks), c.whole(K), groups, hd, kv_layout, rows, kc, ksent, krecv);
+        c.exchange(c.whole(vs), c.whole(V), groups, hd, kv_layout, rows, kc, vsent, vrecv);
       };
       c.own_loop(rr, kc, true, slab);
-      c.pad_loop(rr, kc, c.slabs(rr, kc), slab);
+      c.pad_loop(rr, kc, slab);
       c.complete(krecv, c.whole(K));
       c.complete(vrecv, c.whole(V));
       release_all(c, {&wk, &wv});
@@ -237,7 +221,8 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     if (by_place) by_rank = {ranges_per_rank(c.seq(), m.tokens(), rr), qc, c.seq().rank};
     // The output projected slab by slab where it streams, else gathered into OFull first.
     const int ofull = streamed ? -1 : c.buffer(BufRole::AttnOutFull, "OFull", {Tl, wq}, dt);
-    const Held wqh = hold_q(), wo = streamed ? hold_out() : Held{}, wm = streamed && mlp ? hold_mlp() : Held{};
+    const Held wqh = hold(c, a, q_of), wo = streamed ? hold(c, a, out_of) : Held{},
+               wm = streamed && mlp ? hold(c, a, mlp_of) : Held{};
     // Q slabs of q_chunk / P rows per rank: attention calls of about q_chunk rows, as on one rank.
     const int64_t width = Gr * rep * hd;
     auto slab = [&](int64_t n, int64_t pieces) {
@@ -263,7 +248,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       project_out(wo, wm, rows_of(o, n), [&] { return h; }, n, pieces);
     };
     c.own_loop(rr, qc, true, slab);
-    c.pad_loop(rr, qc, c.slabs(rr, qc), slab);
+    c.pad_loop(rr, qc, slab);
     release_all(c, {&wqh, &wo, &wm});
     if (!streamed) project_all(ofull);
     return;
@@ -286,20 +271,19 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
 
   // K/V: every row (or context row) projected, normed and rotated into the global buffers.
   {
-    const Held wk = hold_k(), wv = hold_v();
-    // Cross-attention projects the context rows as they are, with the default projections.
-    auto only_default = [&](const Held& h) { return std::vector<SegWeight>{h.ws.front()}; };
+    const Held wk = hold(c, a, k_of), wv = hold(c, a, v_of);
+    // Cross-attention projects the context rows as they are (with its one projection set: ir::validate).
     c.token_loop(rr.begin, L, kv_chunk, !cross, [&](int64_t n, int64_t pieces) {
       const Operand h = cross ? Operand{Src::Context, -1, a.context, -1, {n, kv_in}}
                               : c.normed(s.norm, b.modulation, s.mod, n, pieces);
       const Operand k = c.whole(c.buffer(BufRole::KV, "k", {n, wkv}, dt));
       const Operand vdst = c.slab_of(V, kv_dim, n);
       const Operand v = tm ? vdst : c.whole(c.buffer(BufRole::KV, "v", {n, wkv}, dt));
-      c.project(h, k, cross ? only_default(wk) : wk.ws, kv_in, wkv, n, pieces);
-      c.project(h, v, cross ? only_default(wv) : wv.ws, kv_in, wkv, n, pieces);
+      c.project(h, k, wk, kv_in, wkv, n, pieces);
+      c.project(h, v, wv, kv_in, wkv, n, pieces);
       const Operand kdst =
           carrier >= 0 ? c.whole(c.buffer(BufRole::KSlab, "KS", {G, n, hd}, dt)) : c.slab_of(K, kv_dim, n);
-      qk_rows(k, kdst, kv_layout, cross ? only_default(wk) : wk.ws, G, 1, TensorRole::K, n, pieces);
+      qk_rows(k, kdst, kv_layout, wk, G, 1, TensorRole::K, n, pieces);
       if (carrier >= 0) c.carry_k(a.consumer, kdst, carrier, L);
       c.patches(a.patches, TensorRole::V, v);
       if (!tm) c.copy(v, vdst, Layout::HeadMajor, G, 1, hd);
@@ -311,16 +295,17 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
   // output is projected and added into its residual rows at once.
   const int ofull = streamed ? -1 : c.buffer(BufRole::AttnOutFull, "OFull", {Tl, wq}, dt);
   {
-    const Held wqh = hold_q(), wo = streamed ? hold_out() : Held{}, wm = streamed && mlp ? hold_mlp() : Held{};
+    const Held wqh = hold(c, a, q_of), wo = streamed ? hold(c, a, out_of) : Held{},
+               wm = streamed && mlp ? hold(c, a, mlp_of) : Held{};
     c.own_loop(rr, p.q_chunk, true, [&](int64_t n, int64_t pieces) {
       const Operand h = c.normed(s.norm, b.modulation, s.mod, n, pieces);
       const Operand q = c.whole(c.buffer(BufRole::Q, "Q", {n, wq}, dt));
-      c.project(h, q, wqh.ws, D, wq, n, pieces);
+      c.project(h, q, wqh, D, wq, n, pieces);
       const Operand qf = c.whole(c.buffer(BufRole::QFolded, "QF",
                                           q_layout == Layout::Same ? std::vector<int64_t>{n, wq}
                                                                    : std::vector<int64_t>{G, rep * n, hd},
                                           dt));
-      qk_rows(q, qf, q_layout, wqh.ws, G, rep, TensorRole::Q, n, pieces);
+      qk_rows(q, qf, q_layout, wqh, G, rep, TensorRole::Q, n, pieces);
       const Operand o = streamed ? c.whole(c.buffer(BufRole::AttnOut, "O", {n, wq}, dt)) : c.slab_of(ofull, 0, n);
       c.attend(a, qf, K, V, o, n, L, q_layout, kv_layout, call);
       if (!streamed) return;

@@ -17,9 +17,8 @@ int64_t static_overlap(const SliceExpr& r, const ir::LoraAdapter& a) {
 }  // namespace
 
 void Compiler::lora(const Operand& in, const Operand& out, const std::vector<SegWeight>& ws, int64_t in_features,
-                    int64_t n, int64_t col_begin, int64_t col_len) {
+                    int64_t n, int64_t col_begin, int64_t col_len, DType cd) {
   std::vector<std::vector<LoraUse>> uses(ws.size());
-  const DType cd = p_.buffers[size_t(out.buf >= 0 ? out.buf : ws.front().weight)].dtype;
   const double csz = double(ir::dtype_size(cd));
   int64_t max_rank = 0, launches = 0, transient = 0, count = 0, operands = 0;
   double flops = 0, bytes = 0;

@@ -56,10 +56,6 @@ class Compiler {
     const int64_t from = std::clamp(own_.begin - rr.begin, int64_t{0}, rr.size());
     return {from, std::clamp(own_.end - rr.begin, from, rr.size())};
   }
-  int64_t local_rows(ir::RowRange rr) const {
-    const auto [from, to] = local(rr);
-    return to - from;
-  }
   // How many rows of `rr` each rank holds.
   std::vector<int64_t> rows_of(ir::RowRange rr) const { return rows_per_rank(seq_, m_.tokens(), rr); }
 
@@ -113,20 +109,20 @@ class Compiler {
     }
   }
   // token_loop over this rank's rows of `rr`; slab indices count from the first of them (a
-  // buffer of local_rows(rr) rows holds them).
+  // buffer of this rank's rows holds them).
   template <typename F>
   void own_loop(ir::RowRange rr, int64_t chunk, bool segments, F&& body) {
     const auto [from, to] = local(rr);
     token_loop(rr.begin + from, to - from, chunk, segments, std::forward<F>(body));
   }
-  // Slabs of `chunk` rows, every rank as many: the most any rank's rows of `rr` make.
-  int64_t slabs(ir::RowRange rr, int64_t chunk) const { return (most_rows(seq_, m_.tokens(), rr) + chunk - 1) / chunk; }
-  // After own_loop(rr, chunk, ...): the slabs up to `total` that this rank has no rows for,
-  // body(0, 1) each (its part in the exchanges of the ranks that have).
+  // After own_loop(rr, chunk, ...): the slabs that this rank has no rows for, up to the most
+  // any rank's rows of `rr` make (every rank runs as many), body(0, 1) each (its part in the
+  // exchanges of the ranks that have).
   template <typename F>
-  void pad_loop(ir::RowRange rr, int64_t chunk, int64_t total, F&& body) {
+  void pad_loop(ir::RowRange rr, int64_t chunk, F&& body) {
     const auto [from, to] = local(rr);
     const int64_t mine = (to - from + chunk - 1) / chunk;
+    const int64_t total = (most_rows(seq_, m_.tokens(), rr) + chunk - 1) / chunk;
     if (total > mine) loop(Axis::Tokens, rr.begin + from, mine * chunk, chunk, total - mine, [&] { body(int64_t{0}, int64_t{1}); });
   }
   // The index of the first of `limit` slabs of `chunk` rows from absolute row `start` that a
@@ -153,7 +149,9 @@ class Compiler {
     const int64_t r = rows.length < 0 ? l.out_features : rows.length, c = cols.length < 0 ? l.in_features : cols.length;
     const std::string label =
         "weight " + l.weight + range_text(rows) + (cols.length >= 0 ? " cols" + range_text(cols) : "");
-    if (native(l, compute)) {  // the stored slice, handed to the format's GEMM
+    // Where the format runs its own GEMM on this device (not for the fp32 projections): the
+    // stored slice, handed to it.
+    if (!f.dense && f.native_gemm && compute == dt_ && f.native_gemm(dev_)) {
       const std::string native_label = label + " (native " + l.format + ")";
       const int w = buffer(BufRole::Weight, native_label, {r, c}, f.storage, true);
       emit(AcquireStep{&l, {}, rows, cols, compute, w, true}, "acquire " + native_label, {});
@@ -182,21 +180,17 @@ class Compiler {
     emit(AcquireStep{nullptr, name, {0, 0, length, 1}, {}, compute, w}, "acquire tensor " + name, t);
     return w;
   }
-  void release(int w) {
-    emit(ReleaseStep{w}, "release " + p_.buffers[size_t(w)].label, {});
-  }
+  void release(int w) { emit(ReleaseStep{w}, "release " + p_.buffers[size_t(w)].label, {}); }
 
   // out := modulate(norm(residual rows)); H in the activation dtype, or the fp32 rows the
   // final layer projects.
   void norm(const ir::Norm& nm, const ir::Modulation& mod, const ir::ModRef& ref, const Operand& out, int64_t n,
             int64_t pieces) {
     const double nd = double(n) * double(m_.dim);
-    const double out_esz = double(ir::dtype_size(p_.buffers[size_t(out.buf)].dtype));
     const int64_t mod_pieces = mod.scope == ir::ModScope::PerSegment ? pieces : 1;
     if (fused_) {  // one kernel per modulation piece: rows in, out written once
-      Terms t{0, nd * (esz_ + out_esz), mod_pieces};
-      t.mover = Mover::NormKernel;
-      emit(NormStep{&nm, &mod, ref, true, out, {}}, "norm + modulation (fused)", t);
+      emit(NormStep{&nm, &mod, ref, true, out, {}}, "norm + modulation (fused)",
+           {.bytes = nd * (esz_ + elem_size(out)), .launches = mod_pieces, .mover = Mover::NormKernel});
       return;
     }
     const Operand stats = whole(buffer(BufRole::RowStats, "Stats", {n, 1}, acc_));
@@ -244,10 +238,9 @@ class Compiler {
     const int64_t launches = ws.size() > 1 ? pieces : 1;
     const DType cd = p_.buffers[size_t(out.buf >= 0 ? out.buf : ws.front().weight)].dtype;
     const double e = double(ir::dtype_size(cd));
-    Terms t{2.0 * double(n) * double(in_features) * double(out_features),
-            (double(n) * in_features + double(in_features) * out_features + double(n) * out_features) * e, launches,
-            n, cd};
-    t.gemm_cols = out_features;
+    Terms t{.flops = 2.0 * double(n) * double(in_features) * double(out_features),
+            .bytes = (double(n) * in_features + double(in_features) * out_features + double(n) * out_features) * e,
+            .launches = launches, .gemm_rows = n, .dtype = cd, .gemm_cols = out_features};
     const AcquireStep* acq = acquire_of(ws.front().weight);
     const bool nat = acq && acq->native;
     // Where the device's GEMMs in this dtype pack their operands (DeviceCaps::gemm_scratch: CPUs
@@ -265,11 +258,11 @@ class Compiler {
          std::string(accumulate ? "project (accumulate) " : "project ") + std::to_string(in_features) + " -> " +
              std::to_string(out_features) + (nat ? " (native)" : ""),
          t, workspace);
-    lora(in, out, ws, in_features, n, col_begin, col_len);
+    lora(in, out, ws, in_features, n, col_begin, col_len, cd);
   }
-  // The LoRA step after a projection whose weights carry adapters (compile_lora.cpp).
+  // The LoRA step after a projection in `cd` whose weights carry adapters (compile_lora.cpp).
   void lora(const Operand& in, const Operand& out, const std::vector<SegWeight>& ws, int64_t in_features, int64_t n,
-            int64_t col_begin, int64_t col_len);
+            int64_t col_begin, int64_t col_len, DType cd);
   void qk_norm(const Operand& t, const ir::QkNorm& qk, std::vector<SegWeight> ws, int64_t heads, int64_t hd,
                int64_t n, int64_t pieces) {
     if (qk.kind == ir::QkNormKind::None) return;
@@ -295,7 +288,7 @@ class Compiler {
   }
   void patches(const std::vector<std::string>& names, TensorRole role, const Operand& t) {
     const double n = elems(t);
-    const DType dt = t.src == Src::Buffer ? p_.buffers[size_t(t.buf)].dtype : dt_;
+    const DType dt = dtype_of(t);
     const int64_t rows = t.shape.empty() ? 0 : t.shape.front();
     for (const auto& name : names) {
       const auto& patch = reg_.patch(name);
@@ -305,13 +298,9 @@ class Compiler {
            {0, 2 * n * elem_size(t), 2}, dev_.held(scratch));
     }
   }
-  // `groups`: the K/V heads attended (a.kv_heads unless a rank attends its share of them).
-  // `pieces`: the ranks' rows of a ulysses Q slab, each attended in a call of its own (a folded
-  // Q piece gathered first).
   void attend(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L,
-              Layout q_layout, Layout kv_layout, const contracts::AttnCall& call, int64_t groups = -1,
-              AttendStep::Pieces pieces = {}) {
-    Attend at = attend_step(a, qf, k, v, out, n, L, q_layout, kv_layout, call, groups, std::move(pieces));
+              Layout q_layout, Layout kv_layout, const contracts::AttnCall& call) {
+    Attend at = attend_step(a, qf, k, v, out, n, L, q_layout, kv_layout, call, a.kv_heads, {});
     emit(std::move(at.step), at.what, at.terms, at.transient);
   }
   // A ulysses Q slab's attention with its exchanges (ExchangeStep Ulysses): this rank's Q rows
@@ -336,14 +325,11 @@ class Compiler {
     t.link_bytes = 2 * (out_elems + in_elems) * esz_;
     // Q pieces travel while the first are attended; the last piece's output goes back after it.
     t.link_beside = P > 1 ? 1.0 - 1.0 / double(2 * (P - 1)) : 0.0;
-    ExchangeStep x;
-    x.kind = Exchange::Ulysses;
-    x.in = q_rows;
-    x.out = o_rows;
-    x.rows.assign(size_t(P), each);
-    x.unit = unit;
-    for (int64_t g : groups) x.heads.push_back(g * rep);
-    x.q_heads = q_heads;
+    std::vector<int64_t> heads;
+    for (int64_t g : groups) heads.push_back(g * rep);
+    ExchangeStep x{.kind = Exchange::Ulysses, .in = q_rows, .out = o_rows,
+                   .rows = std::vector<int64_t>(size_t(P), each), .heads = std::move(heads), .unit = unit,
+                   .q_heads = q_heads};
     if (groups[me] > 0) x.attend = std::move(at.step);
     // The packed Q pieces on their way out and the output pieces on their way in.
     const int64_t staging = 2 * dev_.held(int64_t(out_elems * esz_), int(2 * (P - 1)));
@@ -359,19 +345,21 @@ class Compiler {
     Terms terms;
     int64_t transient = 0;
   };
-  // `calls` > 0: the n rows attended in that many calls of n / calls rows (where no pieces say).
+  // `groups`: the K/V heads attended (a.kv_heads unless a rank attends its share of them).
+  // `pieces`: the ranks' rows of a ulysses Q slab, each attended in a call of its own (a folded
+  // Q piece gathered first). `calls` > 0: the n rows attended in that many calls of n / calls
+  // rows (where no pieces say).
   Attend attend_step(const ir::Attention& a, const Operand& qf, int k, int v, const Operand& out, int64_t n, int64_t L,
                      Layout q_layout, Layout kv_layout, const contracts::AttnCall& call, int64_t groups,
                      AttendStep::Pieces pieces, int64_t calls = 0) {
-    const int64_t G = groups >= 0 ? groups : a.kv_heads, rep = a.heads / a.kv_heads, hd = a.head_dim;
+    const int64_t G = groups, rep = a.heads / a.kv_heads, hd = a.head_dim;
     const auto& consumer = reg_.consumer(a.consumer);
     const bool carried = bool(consumer.k_carrier_bytes);  // k is the carrier k_carrier() made
     if (!pieces.ranks.empty()) calls = int64_t(pieces.ranks.size());
     calls = std::max<int64_t>(calls, 1);
     const int64_t rows = !pieces.ranks.empty() ? pieces.rows : n / calls;
-    contracts::AttnShape sh{rep * rows, L, G, G, hd, dt_, dev_.kind, dev_.threads};
-    sh.k_carried = carried;
-    sh.gemm_scratch_per_thread = dev_.gemm_scratch(dt_);
+    const contracts::AttnShape sh{rep * rows, L, G, G, hd, dt_, dev_.kind, dev_.threads, dev_.gemm_scratch(dt_),
+                                  carried};
     const int64_t gathered = calls > 1 && q_layout == Layout::Folded ? G * rep * rows * hd * int64_t(esz_) : 0;
     const int64_t scratch = consumer.call_bytes(sh) + gathered;
     const double work = consumer.work_fraction ? std::clamp(consumer.work_fraction(sh, call), 0.0, 1.0) : 1.0;
@@ -405,16 +393,15 @@ class Compiler {
     emit(CarryKStep{consumer, k, whole(carrier), L}, "K slab into the carrier of '" + consumer + "'",
          {0, e * (2 * esz_ + 1), 3});
   }
-  // A sequence-parallel exchange of rows for heads (ExchangeStep RowsToHeads): `rows` per rank,
-  // `heads` per rank of `unit` features each. Its link bytes are what this rank sends and
-  // receives. `held` and `chunk`: the slab of `chunk` rows of each rank's `held` rows that the
-  // current token slab is, its rows placed in `out` at theirs. `sent` and `received`: program
-  // buffers through which it is left in flight, its link time beside the steps that follow;
-  // complete() ends it.
-  void exchange(const Operand& in, const Operand& out, std::vector<int64_t> rows, std::vector<int64_t> heads,
-                int64_t unit, Layout out_layout, std::vector<int64_t> held, int64_t chunk, const Operand& sent,
-                const Operand& received) {
+  // A sequence-parallel exchange of rows for heads (ExchangeStep RowsToHeads): `chunk` rows of
+  // each rank, `heads` per rank of `unit` features each. Its link bytes are what this rank sends
+  // and receives. The chunk is the slab of each rank's `held` rows that the current token slab
+  // is, its rows placed in `out` at theirs. `sent` and `received`: program buffers through which
+  // it is left in flight, its link time beside the steps that follow; complete() ends it.
+  void exchange(const Operand& in, const Operand& out, std::vector<int64_t> heads, int64_t unit, Layout out_layout,
+                std::vector<int64_t> held, int64_t chunk, const Operand& sent, const Operand& received) {
     const size_t me = size_t(seq_.rank);
+    std::vector<int64_t> rows(size_t(seq_.ranks), chunk);
     auto sum = [](const std::vector<int64_t>& v) { return double(std::accumulate(v.begin(), v.end(), int64_t{0})); };
     // Heads of `unit` features this rank gives and gets; of them its own stay.
     const double given = double(rows[me]) * sum(heads), got = sum(rows) * double(heads[me]);
@@ -422,20 +409,15 @@ class Compiler {
     t.link_bytes = (given + got - 2 * double(rows[me]) * double(heads[me])) * double(unit) * esz_;
     // The rows are packed into `sent` and received into `received`, then placed as views.
     t.overlapped = true;
-    ExchangeStep x{Exchange::RowsToHeads, in, out, std::move(rows), std::move(heads), unit, out_layout, {}, {}, 1, 0, 1.0};
-    x.held = std::move(held);
-    x.chunk = chunk;
-    x.sent = sent;
-    x.received = received;
-    emit(std::move(x), "exchange rows for heads (all-to-all, " + std::to_string(seq_.ranks) + " ranks)", t);
+    emit(ExchangeStep{.kind = Exchange::RowsToHeads, .in = in, .out = out, .rows = std::move(rows),
+                      .heads = std::move(heads), .unit = unit, .out_layout = out_layout, .sent = sent,
+                      .received = received, .held = std::move(held), .chunk = chunk},
+         "exchange rows for heads (all-to-all, " + std::to_string(seq_.ranks) + " ranks)", t);
   }
   // Waits for the exchange in flight through `received` and places its rows in `out`.
   void complete(const Operand& received, const Operand& out) {
-    ExchangeStep x;
-    x.kind = Exchange::Complete;
-    x.in = x.received = received;
-    x.out = out;
-    emit(std::move(x), "exchange complete (rows for heads in flight)", {});
+    emit(ExchangeStep{.kind = Exchange::Complete, .in = received, .out = out, .received = received},
+         "exchange complete (rows for heads in flight)", {});
   }
   // Ring attention (ExchangeStep Ring) of this rank's q rows over every rank's K/V rows, each
   // K/V block attended by `consumer` (one that returns the log-sum-exp).
@@ -445,8 +427,8 @@ class Compiler {
     const double L = double(std::accumulate(rows.begin(), rows.end(), int64_t{0})), n = double(rows[me]);
     const int64_t most = *std::max_element(rows.begin(), rows.end()), rep = heads / groups;
     q_chunk = std::clamp<int64_t>(q_chunk, 1, std::max<int64_t>(rows[me], 1));
-    contracts::AttnShape sh{rep * q_chunk, most, groups, groups, hd, dt_, dev_.kind, dev_.threads};
-    sh.gemm_scratch_per_thread = dev_.gemm_scratch(dt_);
+    const contracts::AttnShape sh{rep * q_chunk, most, groups, groups, hd, dt_, dev_.kind, dev_.threads,
+                                  dev_.gemm_scratch(dt_)};
     const auto& caps = reg_.consumer(consumer);
     const int64_t scratch = caps.call_bytes(sh), slabs = (std::max<int64_t>(rows[me], 1) + q_chunk - 1) / q_chunk;
     Terms t{4.0 * n * L * double(heads) * double(hd),
@@ -474,10 +456,12 @@ class Compiler {
   }
   void mul(const Operand& dst, const Operand& src) { emit(MulStep{dst, src}, "gate * up", {0, 3 * elems(dst) * esz_, 1}); }
   void zero(const Operand& t) { emit(ZeroStep{t}, "zero", {0, elems(t) * elem_size(t), 1}); }
-  // dst += src; on the CPU a 16-bit src is cast to dst's dtype through a temporary.
+  // dst += src; on the CPU a 16-bit src is cast to dst's dtype through a temporary (ATen's CPU
+  // kernels cast a mixed-dtype operand so; CUDA kernels cast in registers).
   void add(const Operand& dst, const Operand& src) {
+    const double wider = std::max(elem_size(dst), elem_size(src));
     emit(AddStep{dst, src}, "accumulate", {0, elems(dst) * (2 * elem_size(dst) + elem_size(src)), 1},
-         mixed_cast_bytes(dst, src));
+         elem_size(dst) == elem_size(src) ? 0 : cpu(int64_t(elems(src)) * int64_t(wider)));
   }
   void add_bias(const Operand& t, const std::string& bias) {
     const int64_t width = t.shape.back();
@@ -503,12 +487,6 @@ class Compiler {
 
   Program take() { return std::move(p_); }
 
-  // Whether `l`'s format runs its own GEMM on this device (not for the fp32 projections).
-  bool native(const ir::Linear& l, DType compute) const {
-    const auto& f = reg_.format(l.format);
-    return !f.dense && f.native_gemm && compute == dt_ && f.native_gemm(dev_);
-  }
-
  private:
   template <typename F>
   void loop(Axis axis, int64_t base, int64_t begin, int64_t rows, int64_t count, F&& body) {
@@ -523,32 +501,23 @@ class Compiler {
     std::get<LoopStep>(p_.steps[size_t(at)].body).end = int(p_.steps.size());
     emit(EndLoopStep{at}, "end", {});
   }
-  double elem_size(const Operand& o) const {
-    if (o.src == Src::Buffer) return double(ir::dtype_size(p_.buffers[size_t(o.buf)].dtype));
-    return esz_;
-  }
+  DType dtype_of(const Operand& o) const { return o.src == Src::Buffer ? p_.buffers[size_t(o.buf)].dtype : dt_; }
+  double elem_size(const Operand& o) const { return double(ir::dtype_size(dtype_of(o))); }
   static double elems(const Operand& o) {
     double e = 1;
     for (int64_t d : o.shape) e *= double(d);
     return e;
   }
-  // ATen's CPU kernels cast a mixed-dtype operand through a temporary of the result's dtype
-  // (CUDA kernels cast in registers).
-  int64_t mixed_cast_bytes(const Operand& dst, const Operand& src) const {
-    if (elem_size(dst) == elem_size(src)) return 0;
-    return cpu(int64_t(elems(src)) * int64_t(std::max(elem_size(dst), elem_size(src))));
-  }
-  // Bytes that only CPU kernels allocate (see mixed_cast_bytes, scalar_operand_bytes).
+  // Bytes that only CPU kernels allocate (see add, scalar_operand_bytes).
   int64_t cpu(int64_t bytes) const { return dev_.kind == contracts::DeviceKind::CPU ? bytes : 0; }
   int64_t scalar(DType op) const { return contracts::scalar_operand_bytes(op, dev_.kind); }
   // Reads and writes of a step, from its operands.
   void collect(Step& s) {
-    auto r = [&](const Operand& o) {
-      if (o.src == Src::Buffer && o.buf >= 0) s.reads.push_back(o.buf);
+    auto push = [](std::vector<int>& to, const Operand& o) {
+      if (o.src == Src::Buffer && o.buf >= 0) to.push_back(o.buf);
     };
-    auto w = [&](const Operand& o) {
-      if (o.src == Src::Buffer && o.buf >= 0) s.writes.push_back(o.buf);
-    };
+    auto r = [&](const Operand& o) { push(s.reads, o); };
+    auto w = [&](const Operand& o) { push(s.writes, o); };
     auto ws = [&](const std::vector<SegWeight>& v) {
       for (const auto& x : v) {
         if (x.weight >= 0) s.reads.push_back(x.weight);

@@ -152,5 +152,4 @@ Cost sublayer_cost(const ir::Model& m, const ir::Block& b, const ir::Sublayer& s
   return program_cost(compile_sublayer(m, b, s, p, reg, dev, kv_budget, seq), dev);
 }
 
-
 }  // namespace sp::plan

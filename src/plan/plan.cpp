@@ -14,15 +14,6 @@ using legality::Verdict;
 
 namespace {
 
-int64_t kv_bytes(const ir::Model& m) {
-  int64_t best = 0;
-  for (const auto& b : m.blocks)
-    for (const auto& s : b.sublayers)
-      if (const auto* a = std::get_if<ir::Attention>(&s.body))
-        best = std::max(best, 2 * m.kv_rows(s) * a->kv_heads * a->head_dim);
-  return best * static_cast<int64_t>(ir::dtype_size(m.dtype));
-}
-
 std::vector<Decision> decide(const Verdict& v) {
   std::vector<Decision> out;
   for (Transform t : v.candidates) {
@@ -87,7 +78,6 @@ SublayerPlan attention_candidate(const Verdict& v, int64_t T, int64_t L, int64_t
   p.decisions = decide(v);
   p.token_chunk = kv;
   p.q_chunk = q;
-  p.feature_slice = 0;
   p.streamed_out = streamed_out.value_or(q < T) && is_legal(p.decisions, Transform::StreamedOutProj);
   p.strategy = strategy_of(p);
   return p;
@@ -547,7 +537,12 @@ bool FinalPlan::chosen(Transform t) const {
 }
 
 int64_t floor_bytes(const ir::Model& m) {
-  return m.tokens() * m.dim * static_cast<int64_t>(ir::dtype_size(m.dtype)) + kv_bytes(m);
+  int64_t kv = 0;  // elements of the largest K + V
+  for (const auto& b : m.blocks)
+    for (const auto& s : b.sublayers)
+      if (const auto* a = std::get_if<ir::Attention>(&s.body))
+        kv = std::max(kv, 2 * m.kv_rows(s) * a->kv_heads * a->head_dim);
+  return (m.tokens() * m.dim + kv) * static_cast<int64_t>(ir::dtype_size(m.dtype));
 }
 
 Plan make_plan(const ir::Model& m, const contracts::Registry& reg, const contracts::DeviceCaps& dev,

@@ -259,10 +259,10 @@ enum class Exchange { RowsToHeads, Ring, Complete, Ulysses };
 struct ExchangeStep {
   Exchange kind = Exchange::RowsToHeads;
   Operand in, out;
-  std::vector<int64_t> rows, heads;  // per rank
+  std::vector<int64_t> rows{}, heads{};  // per rank
   int64_t unit = 0;                  // features per head
   Layout out_layout = Layout::Same;  // RowsToHeads: Same or HeadMajor
-  Operand k, v;                      // Ring
+  Operand k{}, v{};                  // Ring
   int64_t rep = 1, q_chunk = 0;      // Ring: query heads per K/V head, query rows per score block
   double scale = 1.0;                // Ring
   std::string consumer{};            // Ring: a consumer that returns the log-sum-exp (ConsumerCaps::lse)

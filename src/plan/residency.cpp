@@ -154,8 +154,7 @@ Residency evaluate(const std::vector<bool>& streamed, int slots, bool copied, co
   r.host_bytes_per_s = rates_of(dev).host_bytes_per_s;
   double other = 0;
   const std::vector<double> ms = block_times(p, other);
-  for (size_t b = 0; b < copy.size(); ++b)
-    if (streamed[b]) r.copy_ms += copy[b];
+  r.copy_ms = std::accumulate(copy.begin(), copy.end(), 0.0);  // 0 for the kept blocks
   r.resident_ms = p.estimated_ms;
   r.predicted_ms = streamed_call_ms(ms, r.streamed, r.slots, copy, other, dev.kind == contracts::DeviceKind::CUDA);
   if (r.prologue_copied) {  // before the first block, not overlapped
@@ -193,22 +192,16 @@ std::optional<Residency> arrange(const Plan& p, const ResidencyRequest& req, con
   return std::nullopt;
 }
 
-int64_t largest_block(const ResidencyRequest& req) {
-  return req.block_bytes.empty() ? 0 : *std::max_element(req.block_bytes.begin(), req.block_bytes.end());
-}
-
-// Blocks on the device at least: one slot, or the requested count.
-int64_t least_blocks(const ResidencyRequest& req) {
-  return std::max<int64_t>(1, std::min<int64_t>(req.resident_blocks, int64_t(req.block_bytes.size())));
-}
-
 // The least block weights an arrangement from `from` holds: from host memory, nothing kept and
 // one slot of the largest block (or the requested count of blocks); sharded, every block's
 // share and two slots of the largest.
 int64_t least_weights(const ResidencyRequest& req, const Source& from, std::string* parts = nullptr) {
   if (!from.sharded()) {
-    if (parts) *parts = std::to_string(least_blocks(req)) + " x the largest block " + human_bytes(largest_block(req));
-    return least_blocks(req) * largest_block(req);
+    const int64_t blocks =
+        std::max<int64_t>(1, std::min<int64_t>(req.resident_blocks, int64_t(req.block_bytes.size())));
+    const int64_t largest = req.block_bytes.empty() ? 0 : std::ranges::max(req.block_bytes);
+    if (parts) *parts = std::to_string(blocks) + " x the largest block " + human_bytes(largest);
+    return blocks * largest;
   }
   int64_t shares = 0, slot = 0;
   for (int64_t bytes : req.block_bytes) {
@@ -341,14 +334,10 @@ ResidentPlan plan_with_residency(const ir::Model& m, const contracts::Registry& 
       }
     }
   if (!best) {
-    int64_t smallest = plans.front().estimated_peak_bytes;
-    for (const Plan& p : plans) smallest = std::min(smallest, p.estimated_peak_bytes);
-    const Source* least = &sources.front();
-    for (const Source& from : sources)
-      if (smallest_device_memory(req, dev, smallest, from) < smallest_device_memory(req, dev, smallest, *least))
-        least = &from;
-    throw DeviceMemoryError(too_small(req, dev, smallest, *least), req.device_memory,
-                            smallest_device_memory(req, dev, smallest, *least));
+    const int64_t smallest = std::ranges::min_element(plans, {}, &Plan::estimated_peak_bytes)->estimated_peak_bytes;
+    auto need = [&](const Source& from) { return smallest_device_memory(req, dev, smallest, from); };
+    const Source& least = *std::ranges::min_element(sources, {}, need);
+    throw DeviceMemoryError(too_small(req, dev, smallest, least), req.device_memory, need(least));
   }
   Residency& r = best->residency;
   if (best_of[kResident]) resident_needs = 0;
