@@ -42,7 +42,8 @@
 #   scripts/device.sh OUT sp-check    sequence parallel on the machine's GPUs: ComfyUI's Wan 14B
 #                                    (40 layers, 81x1280x720, CFG; SP_ARGS="--model minimax": H3,
 #                                    50 blocks, 10 s at 1376x768; --vs-comfy: rel L2 against
-#                                    ComfyUI's own forward) on 1 and 2 ranks
+#                                    ComfyUI's own forward; --weights replicated,sharded: both
+#                                    arrangements; --comm-time: NCCL kernel time) on 1 and 2 ranks
 #                                    (scripts/sp_check.py); SP_ARGS: its arguments (OUT/sp_check.json)
 #   scripts/device.sh OUT comfy-load  ComfyUI master's own loader and forward on the files
 #                                    `streamplan convert` writes (fp8, int8, convrot-int8 of Wan 2.1

@@ -6,16 +6,18 @@ CPU), every rank holding the same random weights and inputs.
 Per rank count it reports the median ms per forward (after a warm-up), the speed-up against one
 rank, per rank the peak device memory (all of it, and above what the weights and inputs hold:
 the activation peak; CUDA only), the plan's estimated activation peak and its exchanges, and the
-output's rel L2 against the first rank count's. --shard-weights: on more than one rank the
-module stays in host memory and each rank keeps 1/N of every block's weights on its GPU.
---device-memory SIZE: the module stays in host memory and each rank's calls hold at most SIZE on
+output's rel L2 against the first rank count's, with the peaks' ratios to the first rank count's.
+--weights replicated,sharded: each rank count above one runs once per arrangement (one rank runs
+once); sharded: the module stays in host memory and each rank keeps 1/N of every block's weights
+on its GPU. --comm-time: one more forward under the profiler, per rank the time of its NCCL
+kernels (which includes waiting for the other ranks). --device-memory SIZE: the module stays in host memory and each rank's calls hold at most SIZE on
 its device; the planner arranges the weights (kept, streamed from host memory, or on more than
 one rank sharded) and the row says how.
 
     .venv/bin/python scripts/sp_check.py [--model wan|minimax] [--tiny] [--layers N]
         [--frames F --height H --width W] [--ranks 1,2] [--mode ulysses|ring] [--cfg-parallel]
-        [--shard-weights | --device-memory SIZE] [--device cuda|cpu] [--one-gpu] [--consumer NAME]
-        [--kv-budget F] [--reps 2] [--vs-comfy] [--out FILE]
+        [--weights replicated,sharded | --device-memory SIZE] [--device cuda|cpu] [--one-gpu]
+        [--consumer NAME] [--kv-budget F] [--reps 2] [--comm-time] [--vs-comfy] [--out FILE]
 
 --one-gpu puts every rank on cuda:0 and exchanges over gloo (through host memory): what a split
 computes with a CUDA-only consumer (int8, sparse), on a machine with one GPU; its times are not
@@ -53,8 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ranks", default="1,2", help="comma-separated rank counts (default 1,2)")
     ap.add_argument("--mode", choices=("ulysses", "ring"), default="ulysses")
     ap.add_argument("--cfg-parallel", action="store_true", help="the two batch elements on two halves of the ranks")
-    ap.add_argument("--shard-weights", action="store_true",
-                    help="on more than one rank: each keeps 1/N of every block's weights (the module in host memory)")
+    ap.add_argument("--weights", default="replicated",
+                    help="comma-separated arrangements run on each rank count above one: replicated (every rank holds "
+                         "the module on its device), sharded (each keeps 1/N of every block's weights; the module in "
+                         "host memory); default replicated")
+    ap.add_argument("--comm-time", action="store_true",
+                    help="one more forward under the profiler: per rank its NCCL kernels' time (CUDA, NCCL)")
     ap.add_argument("--device-memory", help="per rank, e.g. 40GiB: the weights arranged under it (the module in host "
                     "memory)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -73,8 +79,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                           ("width", 1280 if wan else 1376)):
         if getattr(a, name) is None:
             setattr(a, name, default)
-    if a.shard_weights and a.device_memory:
-        ap.error("--shard-weights and --device-memory: give one (under --device-memory the planner chooses)")
+    a.weights = a.weights.split(",")
+    if not a.weights or any(w not in ("replicated", "sharded") for w in a.weights) or len(set(a.weights)) < len(a.weights):
+        ap.error(f"--weights: expected replicated and/or sharded, comma-separated, got '{','.join(a.weights)}'")
+    if "sharded" in a.weights and a.device_memory:
+        ap.error("--weights sharded and --device-memory: give one (under --device-memory the planner chooses)")
+    if a.comm_time and (a.device != "cuda" or a.one_gpu):
+        ap.error("--comm-time: measures NCCL kernels, so needs --device cuda without --one-gpu")
     if a.cfg_parallel and not wan:
         ap.error("--cfg-parallel: the MiniMax H3 call holds one batch element")
     try:
@@ -100,9 +111,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def _model(a: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Module, tuple, dict, str]:
-    """The family's ComfyUI module in bf16 on `device` with random weights, one call's (args,
-    kwargs), and what it is."""
+def _model(a: argparse.Namespace, device: torch.device, weights_on: torch.device) -> tuple[torch.nn.Module, tuple, dict,
+                                                                                          str]:
+    """The family's ComfyUI module in bf16 with random weights (drawn on `device`, held on
+    `weights_on`), one call's (args, kwargs) on `device`, and what it is."""
     import importlib
 
     import make_reference
@@ -111,7 +123,7 @@ def _model(a: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Module
     g = torch.Generator().manual_seed(1)
     if a.model == "wan":
         cfg, cls = comfy_check.model_config(comfy, "wan", a.tiny, torch.bfloat16, a.layers)
-        dm = cls(cfg, device=device).diffusion_model
+        dm = cls(cfg, device=weights_on).diffusion_model
         latent = (2, 16, (a.frames - 1) // 4 + 1, a.height // 8, a.width // 8)
         x = torch.randn(latent, generator=g).to(device, torch.bfloat16)
         t = torch.tensor([500.0, 500.0], device=device)
@@ -124,8 +136,8 @@ def _model(a: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Module
 
         cfg = comfy_check.h3_config(a.tiny, a.layers)
         mod, ops = importlib.import_module("comfy.ldm.minimax.model"), importlib.import_module("comfy.ops")
-        dm = mod.MiniMaxH3Model(**minimax_h3.comfy_kwargs(cfg), dtype=torch.bfloat16, device=device,
-                                operations=ops.disable_weight_init).to(device)
+        dm = mod.MiniMaxH3Model(**minimax_h3.comfy_kwargs(cfg), dtype=torch.bfloat16, device=weights_on,
+                                operations=ops.disable_weight_init).to(weights_on)
         audio = max(1, round(405 * a.frames / 72))  # the audio latent of the video's length (10 s: 405)
         video = torch.randn(1, cfg.latent_channels, a.frames, a.height // 16, a.width // 16, generator=g)
         x = [video.to(device, torch.bfloat16),
@@ -148,7 +160,7 @@ def _flat(out) -> torch.Tensor:
     return out.float().cpu()
 
 
-def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
+def _rank(rank: int, world: int, weights: str, a: argparse.Namespace, work: str) -> None:
     import torch.distributed as dist
 
     import streamplan
@@ -161,29 +173,29 @@ def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     if world > 1:
         nccl = cuda and not a.one_gpu
-        dist.init_process_group("nccl" if nccl else "gloo", init_method=f"file://{work}/store-{world}", rank=rank,
+        dist.init_process_group("nccl" if nccl else "gloo", init_method=f"file://{work}/store-{world}-{weights}", rank=rank,
                                 world_size=world, device_id=device if nccl else None)
     try:
-        dm, args, kwargs, what = _model(a, device)
+        shard = weights == "sharded" and world > 1
+        host = shard or bool(a.device_memory)  # the module in host memory: the GPU holds what the plan arranges
+        comfy_first = a.vs_comfy and world == a.ranks[0] and rank == 0  # ComfyUI's forward, before it is attached
+        dm, args, kwargs, what = _model(a, device, torch.device("cpu") if host and not comfy_first else device)
 
         def forward():
             fresh = {k: dict(v) for k, v in kwargs.items()}  # ComfyUI writes into them
             return dm(*args, **fresh)
 
-        if a.vs_comfy and world == a.ranks[0] and rank == 0:  # the module's own forward, before it is attached
+        if comfy_first:
             with torch.no_grad():
                 torch.save(_flat(forward()), os.path.join(work, "comfy.pt"))
-            if cuda:
-                torch.cuda.empty_cache()
-        shard = a.shard_weights and world > 1
-        host = shard or bool(a.device_memory)
-        if host:  # the module in host memory: the GPU holds what the plan arranges
-            dm.to("cpu")
+            if host:
+                dm.to("cpu")
             if cuda:
                 torch.cuda.empty_cache()
         group = dist.group.WORLD if world > 1 else None
         handle = streamplan.apply(dm, process_group=group, sequence_parallel=a.mode,
-                                  cfg_parallel=a.cfg_parallel and world > 1, shard_weights=True if shard else None,
+                                  cfg_parallel=a.cfg_parallel and world > 1,
+                                  shard_weights=shard if world > 1 and not a.device_memory else None,
                                   device_memory=a.device_memory, device=str(device) if host else None,
                                   consumer=a.consumer, **({"kv_budget": a.kv_budget} if a.consumer == "sparse" else {}))
 
@@ -206,9 +218,13 @@ def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
                 out = forward()
                 sync()
                 times.append(time.perf_counter() - t0)
+            comm_ms = _nccl_ms(forward, sync) if a.comm_time and world > 1 else None
+        forwards = 1 + a.reps + (comm_ms is not None)  # the plans' calls: every forward made
         row = {"ranks": world, "rank": rank, "ms": 1e3 * statistics.median(times), "ms_all": [1e3 * s for s in times],
                "held_bytes": held, "fallbacks": [f.code for f in handle.fallbacks],
                "estimated_peak_bytes": handle.plans[-1]["estimated_peak_bytes"],
+               "estimated_ms": sum(p["estimated_ms"] * p["calls"] for p in handle.plans) / forwards,
+               "nccl_ms": comm_ms,
                "sharded_bytes": list(handle.sharded_bytes), "residency": handle.residency, "model": what,
                "explain": handle.explain()}
         if cuda:
@@ -216,12 +232,30 @@ def _rank(rank: int, world: int, a: argparse.Namespace, work: str) -> None:
             row["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
             row["activation_peak_bytes"] = row["peak_allocated_bytes"] - held
         if rank == 0:
-            torch.save(_flat(out), os.path.join(work, f"out-{world}.pt"))
-        with open(os.path.join(work, f"row-{world}-{rank}.json"), "w") as f:
+            torch.save(_flat(out), os.path.join(work, f"out-{world}-{weights}.pt"))
+        with open(os.path.join(work, f"row-{world}-{weights}-{rank}.json"), "w") as f:
             json.dump(row, f)
     finally:
         if world > 1:
             dist.destroy_process_group()
+
+
+def _nccl_ms(forward, sync) -> float:
+    """One forward under the profiler: the time of its NCCL kernels on this rank's GPU, in ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        forward()
+        sync()
+    return sum(e.device_time_total for e in prof.key_averages() if "nccl" in e.key.lower()) / 1e3
+
+
+def _runs(a: argparse.Namespace) -> list[tuple[int, str]]:
+    """(rank count, weights) in the order they run: one rank once, each larger count per arrangement
+    (under --device-memory the planner's)."""
+    if a.device_memory:
+        return [(w, "planned") for w in a.ranks]
+    return [(w, "replicated") if w == 1 else (w, arr) for w in a.ranks for arr in (a.weights if w > 1 else [None])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,15 +264,16 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="sp_check-") as work:
-        for world in a.ranks:
-            mp.spawn(_rank, args=(world, a, work), nprocs=world, join=True)
-            ranks = [json.load(open(os.path.join(work, f"row-{world}-{r}.json"))) for r in range(world)]
-            out = torch.load(os.path.join(work, f"out-{world}.pt"))
-            ref = torch.load(os.path.join(work, f"out-{a.ranks[0]}.pt"))
-            row = {"ranks": world, "mode": a.mode, "cfg_parallel": a.cfg_parallel, "consumer": a.consumer,
-                   "kv_budget": a.kv_budget, "one_gpu": a.one_gpu,
-                   "shard_weights": a.shard_weights and world > 1, "device_memory": a.device_memory,
-                   "ms": max(r["ms"] for r in ranks), "per_rank": ranks,
+        for world, weights in _runs(a):
+            mp.spawn(_rank, args=(world, weights, a, work), nprocs=world, join=True)
+            ranks = [json.load(open(os.path.join(work, f"row-{world}-{weights}-{r}.json"))) for r in range(world)]
+            out = torch.load(os.path.join(work, f"out-{world}-{weights}.pt"))
+            first = _runs(a)[0]
+            ref = torch.load(os.path.join(work, f"out-{first[0]}-{first[1]}.pt"))
+            row = {"ranks": world, "weights": weights, "mode": a.mode, "cfg_parallel": a.cfg_parallel,
+                   "consumer": a.consumer, "kv_budget": a.kv_budget, "one_gpu": a.one_gpu,
+                   "device_memory": a.device_memory, "ms": max(r["ms"] for r in ranks),
+                   "estimated_ms": max(r["estimated_ms"] for r in ranks), "per_rank": ranks,
                    "rel_l2_vs_first": float((out - ref).norm() / ref.norm()),
                    "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
                    "model": ranks[0]["model"]}
@@ -246,15 +281,27 @@ def main(argv: list[str] | None = None) -> int:
                 comfy_out = torch.load(os.path.join(work, "comfy.pt"))
                 row["rel_l2_vs_comfy"] = float((out - comfy_out).norm() / comfy_out.norm())
             row["speedup"] = rows[0]["ms"] / row["ms"] if rows else 1.0
+            for key in ("peak_allocated_bytes", "activation_peak_bytes"):  # the largest rank's against one rank's
+                if key in ranks[0]:
+                    row[key] = max(r[key] for r in ranks)
+                    row[key.replace("_bytes", "_ratio")] = row[key] / rows[0][key] if rows else 1.0
             rows.append(row)
+
             def gib(key: str) -> str:
                 return ", ".join(f"{r[key] / 2**30:.3f}" for r in ranks if key in r) or "-"
 
-            print(f"[sp_check] {world} rank(s): {row['ms']:.1f} ms, {row['speedup']:.2f}x, peak GiB per rank "
-                  f"[{gib('peak_allocated_bytes')}], activation peak GiB per rank "
-                  f"[{gib('activation_peak_bytes')}] (estimated [{gib('estimated_peak_bytes')}]), rel L2 vs "
-                  f"{a.ranks[0]} rank(s) {row['rel_l2_vs_first']:.2e}"
+            ratios = (f" (x{row['peak_allocated_ratio']:.2f} and x{row['activation_peak_ratio']:.2f} of "
+                      f"{a.ranks[0]} rank(s))" if "peak_allocated_ratio" in row else "")
+            comm = [r["nccl_ms"] for r in ranks if r["nccl_ms"] is not None]
+            print(f"[sp_check] {world} rank(s), {weights}: {row['ms']:.1f} ms (estimated {row['estimated_ms']:.1f}), "
+                  f"{row['speedup']:.2f}x, peak GiB per rank [{gib('peak_allocated_bytes')}], activation peak GiB per "
+                  f"rank [{gib('activation_peak_bytes')}] (estimated [{gib('estimated_peak_bytes')}]){ratios}, "
+                  + (f"NCCL kernel ms per rank [{', '.join(f'{c:.1f}' for c in comm)}], " if comm else "")
+                  + f"rel L2 vs {first[0]} rank(s) {row['rel_l2_vs_first']:.2e}"
                   + (f", vs ComfyUI's own forward {row['rel_l2_vs_comfy']:.2e}" if a.vs_comfy else ""), file=sys.stderr)
+            for line in ranks[0]["explain"].splitlines():
+                if line.lstrip().startswith(("sequence parallel:", "weights:")):
+                    print(f"[sp_check]   {line.strip()}", file=sys.stderr)
             if a.out:
                 with open(a.out, "w") as f:
                     json.dump(rows, f, indent=1)

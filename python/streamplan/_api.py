@@ -230,7 +230,8 @@ class Handle:
     @property
     def plans(self) -> list[dict[str, Any]]:
         """One entry per geometry planned and kept (the streamplan.PLAN_CACHE_SIZE most recently
-        used): key, calls, estimated_peak_bytes, floor_bytes, retry."""
+        used): key, calls, estimated_peak_bytes, estimated_ms (the cost model's time of one call),
+        floor_bytes, retry, formats, residency."""
         return list(self._attached.plans())
 
     @property

@@ -240,6 +240,7 @@ PYBIND11_MODULE(_C, m) {
                d["key"] = g->key;
                d["calls"] = g->calls;
                d["estimated_peak_bytes"] = g->plan.estimated_peak_bytes;
+               d["estimated_ms"] = g->plan.estimated_ms;
                d["floor_bytes"] = g->plan.floor_bytes;
                d["retry"] = g->retry;
                py::list formats;

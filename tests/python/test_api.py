@@ -83,6 +83,7 @@ def test_explain_and_to_dict(flux_module: Any) -> None:
     assert {"model", "tokens", "device", "dtype", "planned", "floor_bytes", "plan", "programs"} <= set(d)
     assert d["tokens"] == 55 and d["dtype"] == "fp32"
     assert d["planned"]["estimated_peak_bytes"] == handle.plans[0]["estimated_peak_bytes"] > 0
+    assert d["plan"]["estimated_ms"] == handle.plans[0]["estimated_ms"] > 0
     assert d == handle.to_dict(handle.plans[0]["key"])
     # which weights each sublayer holds for the block and which it acquires per slab
     mlp = d["plan"]["blocks"][0]["sublayers"][-1]
