@@ -1,0 +1,65 @@
+"""scripts/sp_check.py, the several-GPU check, on the CPU over gloo: ComfyUI's tiny Wan (CFG) on
+one rank and on two with each arrangement of the weights, and tiny MiniMax H3 under a device
+memory that leaves the arrangement to the planner. Each row after the first is a split's output
+against the one-rank run's, with the split and the weights its plan names. Needs ComfyUI's tree
+(tests/reference/comfy_tree.py); without it the tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import comfy_tree  # noqa: E402  (tests/reference, on the path through conftest)
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sp_check.py"
+# The script runs in bf16: a split's output against one rank's differs by the rounding of
+# partial attention results merged in another order (the ring: 2e-3); a misplaced row gives ~1.
+BF16 = 1e-2
+
+
+def _sp_check(tmp_path: Path, *args: str) -> list[dict]:
+    if not (comfy_tree.FULL_TREE / "comfy" / "ldm" / "wan" / "model.py").is_file():
+        pytest.skip(f"no ComfyUI tree at {comfy_tree.FULL_TREE}: sp_check not run")
+    out = tmp_path / "rows.json"
+    env = {**os.environ, "COMFYUI_PATH": str(comfy_tree.FULL_TREE), "COMFY_SITE": str(comfy_tree.FULL_SITE)}
+    p = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--layers", "1", "--reps", "1",
+                        "--out", str(out), *args], capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert json.loads(p.stdout) == [{k: v for k, v in r.items() if k != "per_rank"} for r in rows]
+    return rows
+
+
+def _explains(row: dict) -> list[str]:
+    return [r["explain"] for r in row["per_rank"]]
+
+
+def test_wan_on_one_and_two_ranks_with_both_arrangements(tmp_path: Path) -> None:
+    rows = _sp_check(tmp_path, "--frames", "5", "--height", "32", "--width", "48", "--ranks", "1,2",
+                     "--weights", "replicated,sharded")
+    assert [(r["ranks"], r["weights"]) for r in rows] == [(1, "replicated"), (2, "replicated"), (2, "sharded")]
+    for r in rows:
+        assert len(r["per_rank"]) == r["ranks"] and r["model"].startswith("wan2.1 tiny, 1 layers, 5x32x48")
+        assert all(p["fallbacks"] == [] and p["estimated_ms"] > 0 for p in r["per_rank"]), r["per_rank"]
+        assert r["rel_l2_vs_first"] < BF16, r
+    assert "sequence parallel" not in _explains(rows[0])[0]
+    for rank, text in enumerate(_explains(rows[1])):
+        assert f"ulysses over 2 ranks, rank {rank}:" in text and "weights replicated" in text, text
+    for text in _explains(rows[2]):
+        assert "weights sharded" in text, text
+    assert rows[2]["per_rank"][0]["sharded_bytes"][0] > 0
+
+
+def test_minimax_under_a_device_memory_leaves_the_weights_to_the_planner(tmp_path: Path) -> None:
+    rows = _sp_check(tmp_path, "--model", "minimax", "--frames", "3", "--height", "64", "--width", "64",
+                     "--ranks", "1,2", "--mode", "ring", "--device-memory", "1GiB")
+    assert [(r["ranks"], r["weights"], r["mode"]) for r in rows] == [(1, "planned", "ring"), (2, "planned", "ring")]
+    assert rows[1]["rel_l2_vs_first"] < BF16, rows[1]
+    for rank, text in enumerate(_explains(rows[1])):
+        assert f"ring over 2 ranks, rank {rank}:" in text, text
