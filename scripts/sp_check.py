@@ -3,16 +3,18 @@
 planned by streamplan on 1 rank and on N ranks, one process per rank (NCCL on CUDA, gloo on the
 CPU), every rank holding the same random weights and inputs.
 
-Per rank count it reports the median ms per forward (after a warm-up), the speed-up against one
-rank, per rank the peak device memory (all of it, and above what the weights and inputs hold:
-the activation peak; CUDA only), the plan's estimated activation peak and its exchanges, and the
-output's rel L2 against the first rank count's, with the peaks' ratios to the first rank count's.
+Per rank count it reports the median ms per forward (after a warm-up) against the plans'
+estimate, the speed-up against one rank, and per rank (CUDA only) the timed forwards' device
+memory peak: all of it, and above what they found allocated (the weights, the inputs and what
+the warm-up left: caches, workspaces, the last output), the activation peak, beside the plan's
+estimate; the largest rank's as ratios of the first rank count's; the warm-up's own peak; the
+plan's exchanges; and the output's rel L2 against the first rank count's.
 --weights replicated,sharded: each rank count above one runs once per arrangement (one rank runs
 once); sharded: the module stays in host memory and each rank keeps 1/N of every block's weights
 on its GPU. --comm-time: one more forward under the profiler, per rank the time of its NCCL
-kernels (which includes waiting for the other ranks). --device-memory SIZE: the module stays in host memory and each rank's calls hold at most SIZE on
-its device; the planner arranges the weights (kept, streamed from host memory, or on more than
-one rank sharded) and the row says how.
+kernels (which includes waiting for the other ranks). --device-memory SIZE: the module stays in
+host memory and each rank's calls hold at most SIZE on its device; the planner arranges the
+weights (kept, streamed from host memory, or on more than one rank sharded) and the row says how.
 
     .venv/bin/python scripts/sp_check.py [--model wan|minimax] [--tiny] [--layers N]
         [--frames F --height H --width W] [--ranks 1,2] [--mode ulysses|ring] [--cfg-parallel]
@@ -205,12 +207,18 @@ def _rank(rank: int, world: int, weights: str, a: argparse.Namespace, work: str)
             if group is not None:
                 dist.barrier()
 
+        mem = {}
         with torch.no_grad():
+            sync()
+            before = torch.cuda.memory_allocated() if cuda else streamplan._C.cpu_allocated_bytes()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            out = forward()  # the warm-up: plans made, the link probed, workspaces and caches allocated
             sync()
             held = torch.cuda.memory_allocated() if cuda else streamplan._C.cpu_allocated_bytes()
             if cuda:
+                mem["warmup_peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
-            out = forward()  # the warm-up: plans made, the link probed
             times = []
             for _ in range(a.reps):
                 sync()
@@ -218,19 +226,19 @@ def _rank(rank: int, world: int, weights: str, a: argparse.Namespace, work: str)
                 out = forward()
                 sync()
                 times.append(time.perf_counter() - t0)
+            if cuda:  # the timed forwards: their high-water mark, and above what they found allocated
+                mem["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+                mem["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+                mem["activation_peak_bytes"] = mem["peak_allocated_bytes"] - held
             comm_ms = _nccl_ms(forward, sync) if a.comm_time and world > 1 else None
         forwards = 1 + a.reps + (comm_ms is not None)  # the plans' calls: every forward made
         row = {"ranks": world, "rank": rank, "ms": 1e3 * statistics.median(times), "ms_all": [1e3 * s for s in times],
-               "held_bytes": held, "fallbacks": [f.code for f in handle.fallbacks],
+               "before_bytes": before, "held_bytes": held, "fallbacks": [f.code for f in handle.fallbacks],
                "estimated_peak_bytes": handle.plans[-1]["estimated_peak_bytes"],
                "estimated_ms": sum(p["estimated_ms"] * p["calls"] for p in handle.plans) / forwards,
                "nccl_ms": comm_ms,
                "sharded_bytes": list(handle.sharded_bytes), "residency": handle.residency, "model": what,
-               "explain": handle.explain()}
-        if cuda:
-            row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
-            row["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
-            row["activation_peak_bytes"] = row["peak_allocated_bytes"] - held
+               "explain": handle.explain(), **mem}
         if rank == 0:
             torch.save(_flat(out), os.path.join(work, f"out-{world}-{weights}.pt"))
         with open(os.path.join(work, f"row-{world}-{weights}-{rank}.json"), "w") as f:
