@@ -175,8 +175,8 @@ def _rank(rank: int, world: int, weights: str, a: argparse.Namespace, work: str)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     if world > 1:
         nccl = cuda and not a.one_gpu
-        dist.init_process_group("nccl" if nccl else "gloo", init_method=f"file://{work}/store-{world}-{weights}", rank=rank,
-                                world_size=world, device_id=device if nccl else None)
+        dist.init_process_group("nccl" if nccl else "gloo", init_method=f"file://{work}/store-{world}-{weights}",
+                                rank=rank, world_size=world, device_id=device if nccl else None)
     try:
         shard = weights == "sharded" and world > 1
         host = shard or bool(a.device_memory)  # the module in host memory: the GPU holds what the plan arranges
@@ -248,14 +248,18 @@ def _rank(rank: int, world: int, weights: str, a: argparse.Namespace, work: str)
             dist.destroy_process_group()
 
 
-def _nccl_ms(forward, sync) -> float:
-    """One forward under the profiler: the time of its NCCL kernels on this rank's GPU, in ms."""
+def _nccl_ms(forward, sync) -> float | str:
+    """One forward under the profiler: the time of its NCCL kernels on this rank's GPU, in ms (the
+    kernels' own time: the CPU ranges that launch them count none), or why it was not measured."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        forward()
-        sync()
-    return sum(e.device_time_total for e in prof.key_averages() if "nccl" in e.key.lower()) / 1e3
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            forward()
+            sync()
+        return sum(e.self_device_time_total for e in prof.key_averages() if "nccl" in e.key.lower()) / 1e3
+    except Exception as e:  # the row keeps its other figures
+        return f"not measured: {e!r}"
 
 
 def _runs(a: argparse.Namespace) -> list[tuple[int, str]]:
@@ -301,10 +305,11 @@ def main(argv: list[str] | None = None) -> int:
             ratios = (f" (x{row['peak_allocated_ratio']:.2f} and x{row['activation_peak_ratio']:.2f} of "
                       f"{a.ranks[0]} rank(s))" if "peak_allocated_ratio" in row else "")
             comm = [r["nccl_ms"] for r in ranks if r["nccl_ms"] is not None]
+            comm = [f"{c:.1f}" if isinstance(c, float) else c for c in comm]
             print(f"[sp_check] {world} rank(s), {weights}: {row['ms']:.1f} ms (estimated {row['estimated_ms']:.1f}), "
                   f"{row['speedup']:.2f}x, peak GiB per rank [{gib('peak_allocated_bytes')}], activation peak GiB per "
                   f"rank [{gib('activation_peak_bytes')}] (estimated [{gib('estimated_peak_bytes')}]){ratios}, "
-                  + (f"NCCL kernel ms per rank [{', '.join(f'{c:.1f}' for c in comm)}], " if comm else "")
+                  + (f"NCCL kernel ms per rank [{', '.join(comm)}], " if comm else "")
                   + f"rel L2 vs {first[0]} rank(s) {row['rel_l2_vs_first']:.2e}"
                   + (f", vs ComfyUI's own forward {row['rel_l2_vs_comfy']:.2e}" if a.vs_comfy else ""), file=sys.stderr)
             for line in ranks[0]["explain"].splitlines():
