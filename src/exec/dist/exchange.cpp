@@ -167,12 +167,13 @@ at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor
   bool started = false;
   for (int step = 0; step < p; ++step) {
     const int origin = (me - step + p) % p, next = (origin - 1 + p) % p;
-    std::vector<at::Tensor> incoming, outgoing{held};
-    c10::intrusive_ptr<c10d::Work> sent, received;
-    if (step + 1 < p) {  // the next block travels while this one is attended
-      incoming.push_back(at::empty({2, G, rows[size_t(next)], k.size(2)}, k.options()));
-      sent = pg->send(outgoing, (me + 1) % p, step);
-      received = pg->recv(incoming, (me - 1 + p) % p, step);
+    // The next block travels while this one is attended: sent and received in one exchange, as a
+    // send and a receive between the same two ranks (two ranks) may not each wait on the other.
+    at::Tensor incoming;
+    c10::intrusive_ptr<c10d::Work> passed;
+    if (step + 1 < p) {
+      incoming = at::empty({2, G, rows[size_t(next)], k.size(2)}, k.options());
+      passed = start_pair(pg, held, (me + 1) % p, incoming, (me - 1 + p) % p);
     }
     if (rows[size_t(origin)] > 0) {
       for (int64_t i = 0; i < n_q; i += chunk) {
@@ -194,9 +195,8 @@ at::Tensor ring_attention(const Group& pg, const at::Tensor& q, const at::Tensor
       started = true;
     }
     if (step + 1 < p) {
-      sent->wait();
-      received->wait();
-      held = incoming.front();
+      passed->wait();
+      held = incoming;
     }
   }
   return out.to(q.scalar_type());
