@@ -49,11 +49,13 @@ class CfgParallel:
 
     def exchange(self, outputs: list[Any], mine: int) -> list[Any]:
         """Both elements' outputs on every rank: each half's leader sends its element's."""
-        own = outputs[mine]
+        own = outputs[mine]  # contiguous, as NCCL sends only those
+        own = {k: v.contiguous() for k, v in own.items()} if isinstance(own, dict) else own.contiguous()
         done = []
         for e in range(2):
             out = own if e == mine else (
-                {k: torch.empty_like(v) for k, v in own.items()} if isinstance(own, dict) else torch.empty_like(own))
+                {k: torch.empty_like(v, memory_format=torch.contiguous_format) for k, v in own.items()}
+                if isinstance(own, dict) else torch.empty_like(own, memory_format=torch.contiguous_format))
             for t in (out.values() if isinstance(out, dict) else [out]):
                 self._dist.broadcast(t, src=self._leaders[e], group=self._world)
             done.append(out)
