@@ -33,6 +33,7 @@ scripts/comfy_check.py finds it: COMFYUI_PATH, COMFY_SITE). A CUDA run needs one
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -175,8 +176,11 @@ def _rank(rank: int, world: int, weights: str, a: argparse.Namespace, work: str)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     if world > 1:
         nccl = cuda and not a.one_gpu
+        # A rank waiting longer than any step here takes (building the model, one forward) is a hang:
+        # it fails after 5 minutes instead of the default 10.
         dist.init_process_group("nccl" if nccl else "gloo", init_method=f"file://{work}/store-{world}-{weights}",
-                                rank=rank, world_size=world, device_id=device if nccl else None)
+                                rank=rank, world_size=world, device_id=device if nccl else None,
+                                timeout=datetime.timedelta(seconds=300))
     try:
         shard = weights == "sharded" and world > 1
         host = shard or bool(a.device_memory)  # the module in host memory: the GPU holds what the plan arranges
