@@ -8,6 +8,7 @@ estimate, the speed-up against one rank, and per rank (CUDA only) the timed forw
 memory peak: all of it, and above what they found allocated (the weights, the inputs and what
 the warm-up left: caches, workspaces, the last output), the activation peak, beside the plan's
 estimate; the largest rank's as ratios of the first rank count's; the warm-up's own peak; the
+device memory in use after them (the allocator's reserve, the CUDA context, NCCL's buffers); the
 plan's exchanges; and the output's rel L2 against the first rank count's.
 --weights replicated,sharded: each rank count above one runs once per arrangement (one rank runs
 once); sharded: the module stays in host memory and each rank keeps 1/N of every block's weights
@@ -234,6 +235,8 @@ def _rank(rank: int, world: int, weights: str, a: argparse.Namespace, work: str)
                 mem["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
                 mem["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
                 mem["activation_peak_bytes"] = mem["peak_allocated_bytes"] - held
+                free, total = torch.cuda.mem_get_info()  # beside the allocator's: the context, NCCL's buffers
+                mem["device_used_bytes"] = total - free
             comm_ms = _nccl_ms(forward, sync) if a.comm_time and world > 1 else None
         forwards = 1 + a.reps + (comm_ms is not None)  # the plans' calls: every forward made
         row = {"ranks": world, "rank": rank, "ms": 1e3 * statistics.median(times), "ms_all": [1e3 * s for s in times],
@@ -311,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             comm = [r["nccl_ms"] for r in ranks if r["nccl_ms"] is not None]
             comm = [f"{c:.1f}" if isinstance(c, float) else c for c in comm]
             print(f"[sp_check] {world} rank(s), {weights}: {row['ms']:.1f} ms (estimated {row['estimated_ms']:.1f}), "
-                  f"{row['speedup']:.2f}x, peak GiB per rank [{gib('peak_allocated_bytes')}], activation peak GiB per "
+                  f"{row['speedup']:.2f}x, peak GiB per rank [{gib('peak_allocated_bytes')}] (device memory in use "
+                  f"[{gib('device_used_bytes')}]), activation peak GiB per "
                   f"rank [{gib('activation_peak_bytes')}] (estimated [{gib('estimated_peak_bytes')}]){ratios}, "
                   + (f"NCCL kernel ms per rank [{', '.join(comm)}], " if comm else "")
                   + f"rel L2 vs {first[0]} rank(s) {row['rel_l2_vs_first']:.2e}"
