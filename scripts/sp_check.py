@@ -212,15 +212,18 @@ def _rank(rank: int, world: int, weights: str, a: argparse.Namespace, work: str)
             if group is not None:
                 dist.barrier()
 
+        def allocated() -> int:
+            return torch.cuda.memory_allocated() if cuda else streamplan._C.cpu_allocated_bytes()
+
         mem = {}
         with torch.no_grad():
             sync()
-            before = torch.cuda.memory_allocated() if cuda else streamplan._C.cpu_allocated_bytes()
+            before = allocated()
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             out = forward()  # the warm-up: plans made, the link probed, workspaces and caches allocated
             sync()
-            held = torch.cuda.memory_allocated() if cuda else streamplan._C.cpu_allocated_bytes()
+            held = allocated()
             if cuda:
                 mem["warmup_peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
@@ -274,20 +277,20 @@ def _runs(a: argparse.Namespace) -> list[tuple[int, str]]:
     (under --device-memory the planner's)."""
     if a.device_memory:
         return [(w, "planned") for w in a.ranks]
-    return [(w, "replicated") if w == 1 else (w, arr) for w in a.ranks for arr in (a.weights if w > 1 else [None])]
+    return [(w, arr) for w in a.ranks for arr in (a.weights if w > 1 else ["replicated"])]
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     import torch.multiprocessing as mp
 
-    rows = []
+    rows, runs = [], _runs(a)
+    first = runs[0]  # the rank count and weights every row is compared with
     with tempfile.TemporaryDirectory(prefix="sp_check-") as work:
-        for world, weights in _runs(a):
+        for world, weights in runs:
             mp.spawn(_rank, args=(world, weights, a, work), nprocs=world, join=True)
             ranks = [json.load(open(os.path.join(work, f"row-{world}-{weights}-{r}.json"))) for r in range(world)]
             out = torch.load(os.path.join(work, f"out-{world}-{weights}.pt"))
-            first = _runs(a)[0]
             ref = torch.load(os.path.join(work, f"out-{first[0]}-{first[1]}.pt"))
             row = {"ranks": world, "weights": weights, "mode": a.mode, "cfg_parallel": a.cfg_parallel,
                    "consumer": a.consumer, "kv_budget": a.kv_budget, "one_gpu": a.one_gpu,
@@ -310,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                 return ", ".join(f"{r[key] / 2**30:.3f}" for r in ranks if key in r) or "-"
 
             ratios = (f" (x{row['peak_allocated_ratio']:.2f} and x{row['activation_peak_ratio']:.2f} of "
-                      f"{a.ranks[0]} rank(s))" if "peak_allocated_ratio" in row else "")
+                      f"{first[0]} rank(s))" if "peak_allocated_ratio" in row else "")
             comm = [r["nccl_ms"] for r in ranks if r["nccl_ms"] is not None]
             comm = [f"{c:.1f}" if isinstance(c, float) else c for c in comm]
             print(f"[sp_check] {world} rank(s), {weights}: {row['ms']:.1f} ms (estimated {row['estimated_ms']:.1f}), "

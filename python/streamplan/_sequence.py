@@ -54,8 +54,7 @@ class CfgParallel:
         done = []
         for e in range(2):
             out = own if e == mine else (
-                {k: torch.empty_like(v, memory_format=torch.contiguous_format) for k, v in own.items()}
-                if isinstance(own, dict) else torch.empty_like(own, memory_format=torch.contiguous_format))
+                {k: torch.empty_like(v) for k, v in own.items()} if isinstance(own, dict) else torch.empty_like(own))
             for t in (out.values() if isinstance(out, dict) else [out]):
                 self._dist.broadcast(t, src=self._leaders[e], group=self._world)
             done.append(out)
