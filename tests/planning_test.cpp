@@ -625,6 +625,42 @@ TEST_F(Planning, UlyssesQPiecesTravelBesideTheirAttention) {
   }
 }
 
+// A ulysses Q slab holds two buffers of its size while it is attended: each piece's output
+// takes the place of its Q in the Q heads, and the output rows come back into the Q slab (whose
+// rows have gone out by then). No attention output buffer of its own is alive beside them.
+TEST_F(Planning, UlyssesOutputsTakeThePlaceOfTheirQ) {
+  const ir::Model m = build(gqa_bf16(1));
+  for (int64_t ranks : {2, 3}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    const pl::Plan p = plan(m, {.token_chunk = 64, .sequence = {0, ranks, pl::SeqMode::Ulysses}});
+    int found = 0;
+    for (const pl::Part* part : pl::parts(p)) {
+      const pl::Program& prog = part->program;
+      for (size_t i = 0; i < prog.steps.size(); ++i) {
+        const auto* x = std::get_if<pl::ExchangeStep>(&prog.steps[i].body);
+        if (!x || x->kind != pl::Exchange::Ulysses) continue;
+        ++found;
+        EXPECT_EQ(x->out.buf, x->in.buf) << "the output rows back into the Q slab";
+        ASSERT_TRUE(x->attend.has_value());
+        EXPECT_EQ(x->attend->out.buf, x->q_heads.buf) << "each piece's output in place of its Q";
+        int64_t slab = 0, heads = 0;
+        for (size_t b = 0; b < prog.buffers.size(); ++b) {
+          const auto [first, last] = part->placement.live[b];
+          if (first > int(i) || last < int(i)) continue;
+          const pl::Buffer& buf = prog.buffers[b];
+          EXPECT_NE(buf.role, pl::BufRole::AttnOut) << pl::buffer_text(buf);
+          slab += buf.role == pl::BufRole::SeqRows ? buf.bytes() : 0;
+          heads += buf.role == pl::BufRole::SeqHeads ? buf.bytes() : 0;
+        }
+        EXPECT_EQ(slab, prog.buffers[size_t(x->in.buf)].bytes()) << "one Q slab alive while it is attended";
+        EXPECT_EQ(heads, prog.buffers[size_t(x->q_heads.buf)].bytes()) << "one Q heads buffer alive";
+      }
+      EXPECT_NO_THROW(pl::check_placement(prog, part->placement));
+    }
+    EXPECT_GT(found, 0);
+  }
+}
+
 // Buffers of a role in a program.
 std::vector<const pl::Buffer*> of_role(const pl::Program& prog, pl::BufRole r) {
   std::vector<const pl::Buffer*> out;

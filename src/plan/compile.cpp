@@ -226,26 +226,27 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     // Q slabs of q_chunk / P rows per rank: attention calls of about q_chunk rows, as on one rank.
     const int64_t width = Gr * rep * hd;
     auto slab = [&](int64_t n, int64_t pieces) {
-      const int ql = c.buffer(BufRole::SeqRows, "Q slab", {qc, wq}, dt);
+      const int ql = c.buffer(BufRole::SeqRows, "Q slab, then O slab", {qc, wq}, dt);
       Operand h;
       if (n < qc) c.zero(c.whole(ql));  // padding rows attend too: zeros, not leftovers
       if (n > 0) h = q_rows(wqh, rows_of(ql, n), n, pieces);
       // Q out to the ranks and the output back, piece by piece, each piece attended as it arrives.
-      const Operand qh = c.whole(c.buffer(BufRole::SeqHeads, "Q heads", {P * qc, width}, dt));
-      const Operand oh = c.whole(c.buffer(BufRole::SeqHeads, "O heads", {P * qc, width}, dt));
+      // Each piece's output takes the place of its Q, and the output rows come back into the Q
+      // slab, whose rows have all gone out (or into the Q heads) by then: a Q slab holds two
+      // buffers of its size, not four.
+      const Operand qh = c.whole(c.buffer(BufRole::SeqHeads, "Q heads, then O heads", {P * qc, width}, dt));
       const Operand qf = Gr > 0 && q_layout == Layout::Folded
                              ? c.whole(c.buffer(BufRole::QFolded, "QF", {Gr, rep * P * qc, hd}, dt))
                              : qh;
-      const int o = c.buffer(BufRole::AttnOut, "O", {qc, wq}, dt);
-      c.ulysses_attend(a, c.whole(ql), qh, qf, oh, c.whole(o), carrier >= 0 ? carrier : K, V, qc, L, q_layout,
+      c.ulysses_attend(a, c.whole(ql), qh, qf, qh, c.whole(ql), carrier >= 0 ? carrier : K, V, qc, L, q_layout,
                        kv_layout, call, groups, by_rank);
       if (n == 0) return;
       if (!streamed) {
-        c.copy(rows_of(o, n), c.slab_of(ofull, 0, n));
+        c.copy(rows_of(ql, n), c.slab_of(ofull, 0, n));
         return;
       }
-      c.patches(a.patches, TensorRole::AttnOut, rows_of(o, n));
-      project_out(wo, wm, rows_of(o, n), [&] { return h; }, n, pieces);
+      c.patches(a.patches, TensorRole::AttnOut, rows_of(ql, n));
+      project_out(wo, wm, rows_of(ql, n), [&] { return h; }, n, pieces);
     };
     c.own_loop(rr, qc, true, slab);
     c.pad_loop(rr, qc, slab);

@@ -305,8 +305,10 @@ class Compiler {
   }
   // A ulysses Q slab's attention with its exchanges (ExchangeStep Ulysses): this rank's Q rows
   // `q_rows` [each, H*hd] out to the ranks holding their heads, piece by piece, and the output
-  // rows back into `o_rows`; `q_heads`, `qf` and `oh` as for attend() over P*each rows. The
-  // link time runs beside the attention but for the last piece's way back. `groups` per rank.
+  // rows back into `o_rows`; `q_heads`, `qf` and `oh` as for attend() over P*each rows (`o_rows`
+  // may be `q_rows`, `oh` `q_heads`: the executor copies each piece out before its place is
+  // written). The link time runs beside the attention but for the last piece's way back.
+  // `groups` per rank.
   void ulysses_attend(const ir::Attention& a, const Operand& q_rows, const Operand& q_heads, const Operand& qf,
                       const Operand& oh, const Operand& o_rows, int k, int v, int64_t each, int64_t L,
                       Layout q_layout, Layout kv_layout, const contracts::AttnCall& call,

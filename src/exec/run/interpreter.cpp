@@ -336,6 +336,9 @@ class Interpreter {
   }
   // ExchangeStep Ulysses: this rank's Q rows out to the ranks holding their heads and each
   // piece attended as it arrives (in round r, rank me - r's), its output sent straight back.
+  // The output may overwrite the Q buffers (the step's `out` its `in`, the attend step's `out`
+  // its Q heads): each piece of `ql` is copied out before any output arrives, and each Q piece
+  // is attended before its output is written.
   void ulysses(const ExchangeStep& s) {
     const int64_t P = group_->getSize(), me = group_->getRank(), each = s.rows[size_t(me)], unit = s.unit;
     const at::Tensor ql = operand(s.in), o = operand(s.out), qh = operand(s.q_heads);
@@ -357,7 +360,8 @@ class Interpreter {
     std::vector<c10::intrusive_ptr<c10d::Work>> q_work(ranks), o_work(ranks);
     for (int64_t r = 1; r < P; ++r) {
       const int64_t to = (me + r) % P, from = (me - r + P) % P;
-      sent[size_t(r)] = heads_of(ql, to).contiguous();
+      // A copy of its own, whatever the columns' layout: the output rows come back into `ql`.
+      sent[size_t(r)] = heads_of(ql, to).clone(at::MemoryFormat::Contiguous);
       q_work[size_t(r)] = dist::start_pair(group_, sent[size_t(r)], to, piece(qh, from), from);
     }
     for (int64_t r = 0; r < P; ++r) {
