@@ -228,8 +228,8 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     auto slab = [&](int64_t n, int64_t pieces) {
       const int ql = c.buffer(BufRole::SeqRows, "Q slab, then O slab", {qc, wq}, dt);
       Operand h;
-      if (n < qc) c.zero(c.whole(ql));  // padding rows attend too: zeros, not leftovers
       if (n > 0) h = q_rows(wqh, rows_of(ql, n), n, pieces);
+      if (n < qc) c.zero(c.whole(ql), n);  // padding rows attend too: zeros, not leftovers
       // Q out to the ranks and the output back, piece by piece, each piece attended as it arrives.
       // Each piece's output takes the place of its Q, and the output rows come back into the Q
       // slab, whose rows have all gone out (or into the Q heads) by then: a Q slab holds two
@@ -238,8 +238,12 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       const Operand qf = Gr > 0 && q_layout == Layout::Folded
                              ? c.whole(c.buffer(BufRole::QFolded, "QF", {Gr, rep * P * qc, hd}, dt))
                              : qh;
-      c.ulysses_attend(a, c.whole(ql), qh, qf, qh, c.whole(ql), carrier >= 0 ? carrier : K, V, qc, L, q_layout,
-                       kv_layout, call, groups, by_rank);
+      // The Q pieces on their way out and the output pieces on their way back, each packed whole.
+      const int64_t away = (std::accumulate(groups.begin(), groups.end(), int64_t{0}) - Gr) * rep * hd;
+      const Operand out = c.whole(c.buffer(BufRole::SeqRows, "Q pieces out", {qc, away}, dt));
+      const Operand back = c.whole(c.buffer(BufRole::SeqRows, "O pieces back", {qc, away}, dt));
+      c.ulysses_attend(a, c.whole(ql), qh, qf, qh, c.whole(ql), out, back, carrier >= 0 ? carrier : K, V, qc, L,
+                       q_layout, kv_layout, call, groups, by_rank);
       if (n == 0) return;
       if (!streamed) {
         c.copy(rows_of(ql, n), c.slab_of(ofull, 0, n));

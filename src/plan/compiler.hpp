@@ -307,10 +307,12 @@ class Compiler {
   // `q_rows` [each, H*hd] out to the ranks holding their heads, piece by piece, and the output
   // rows back into `o_rows`; `q_heads`, `qf` and `oh` as for attend() over P*each rows (`o_rows`
   // may be `q_rows`, `oh` `q_heads`: the executor copies each piece out before its place is
-  // written). The link time runs beside the attention but for the last piece's way back.
-  // `groups` per rank.
+  // written). `sent` and `received` [each, the other ranks' heads * hd]: the Q pieces on their
+  // way out and the output pieces on their way back, packed whole rank by rank. The link time
+  // runs beside the attention but for the last piece's way back. `groups` per rank.
   void ulysses_attend(const ir::Attention& a, const Operand& q_rows, const Operand& q_heads, const Operand& qf,
-                      const Operand& oh, const Operand& o_rows, int k, int v, int64_t each, int64_t L,
+                      const Operand& oh, const Operand& o_rows, const Operand& sent, const Operand& received, int k,
+                      int v, int64_t each, int64_t L,
                       Layout q_layout, Layout kv_layout, const contracts::AttnCall& call,
                       const std::vector<int64_t>& groups, AttendStep::Pieces pieces) {
     const size_t me = size_t(seq_.rank);
@@ -327,18 +329,16 @@ class Compiler {
     t.link_bytes = 2 * (out_elems + in_elems) * esz_;
     // Q pieces travel while the first are attended; the last piece's output goes back after it.
     t.link_beside = P > 1 ? 1.0 - 1.0 / double(2 * (P - 1)) : 0.0;
-    std::vector<int64_t> heads;
+    std::vector<int64_t> heads;  // query heads per rank, of hd features each
     for (int64_t g : groups) heads.push_back(g * rep);
     ExchangeStep x{.kind = Exchange::Ulysses, .in = q_rows, .out = o_rows,
-                   .rows = std::vector<int64_t>(size_t(P), each), .heads = std::move(heads), .unit = unit,
-                   .q_heads = q_heads};
+                   .rows = std::vector<int64_t>(size_t(P), each), .heads = std::move(heads), .unit = hd,
+                   .sent = sent, .received = received, .q_heads = q_heads};
     if (groups[me] > 0) x.attend = std::move(at.step);
-    // The packed Q pieces on their way out and the output pieces on their way in.
-    const int64_t staging = 2 * dev_.held(int64_t(out_elems * esz_), int(2 * (P - 1)));
     emit(std::move(x),
          "exchange rows for heads, " + (groups[me] > 0 ? at.what : std::string("no heads here")) +
              ", heads back for rows, piece by piece (all-to-all, " + std::to_string(P) + " ranks)",
-         t, at.transient + staging);
+         t, at.transient);
   }
   // An attend step, its summary, its terms and its bytes outside the arena.
   struct Attend {
@@ -457,7 +457,12 @@ class Compiler {
     emit(ActivateStep{t, act}, std::string("activation ") + ir::to_string(act), {0, 2 * elems(t) * esz_, 1});
   }
   void mul(const Operand& dst, const Operand& src) { emit(MulStep{dst, src}, "gate * up", {0, 3 * elems(dst) * esz_, 1}); }
-  void zero(const Operand& t) { emit(ZeroStep{t}, "zero", {0, elems(t) * elem_size(t), 1}); }
+  // Zeroes rows [from, end) of t.
+  void zero(const Operand& t, int64_t from = 0) {
+    const double rows = t.shape.empty() ? 1 : double(t.shape.front());
+    const double bytes = elems(t) * elem_size(t) * (rows > 0 ? (rows - double(from)) / rows : 0);
+    emit(ZeroStep{t, from}, from > 0 ? "zero rows " + std::to_string(from) + " on" : std::string("zero"), {0, bytes, 1});
+  }
   // dst += src; on the CPU a 16-bit src is cast to dst's dtype through a temporary (ATen's CPU
   // kernels cast a mixed-dtype operand so; CUDA kernels cast in registers).
   void add(const Operand& dst, const Operand& src) {

@@ -150,6 +150,7 @@ struct ReleaseStep {
 };
 struct ZeroStep {
   Operand t;
+  int64_t from = 0;  // the rows [from, end) of t's first dimension
 };
 // out := modulate(norm(residual rows)); fused: one kernel, else fp32 staging with `stats`.
 struct NormStep {
@@ -260,13 +261,13 @@ struct ExchangeStep {
   Exchange kind = Exchange::RowsToHeads;
   Operand in, out;
   std::vector<int64_t> rows{}, heads{};  // per rank
-  int64_t unit = 0;                  // features per head
+  int64_t unit = 0;                  // features per head (Ulysses: per query head)
   Layout out_layout = Layout::Same;  // RowsToHeads: Same or HeadMajor
   Operand k{}, v{};                  // Ring
   int64_t rep = 1, q_chunk = 0;      // Ring: query heads per K/V head, query rows per score block
   double scale = 1.0;                // Ring
   std::string consumer{};            // Ring: a consumer that returns the log-sum-exp (ConsumerCaps::lse)
-  Operand sent{}, received{};        // RowsToHeads in flight (above); Complete: `received`
+  Operand sent{}, received{};        // RowsToHeads in flight (above); Complete: `received`; Ulysses: the pieces out and back
   // RowsToHeads, one slab of a token loop: each rank sends `chunk` rows (padded past its `held`
   // rows); the real ones land in `out` (every row) at their rows.
   std::vector<int64_t> held{};

@@ -219,7 +219,10 @@ class Interpreter {
     if (p_.buffers[size_t(r.weight)].view) bufs_[size_t(r.weight)] = at::Tensor();
     native_.erase(r.weight);
   }
-  void step(const ZeroStep& z) { operand(z.t).zero_(); }
+  void step(const ZeroStep& z) {
+    const at::Tensor t = operand(z.t);
+    t.narrow(0, z.from, t.size(0) - z.from).zero_();
+  }
   void step(const NormStep& s) {
     const at::Tensor rows = residual_rows(s.out.shape[0]);
     if (s.fused) ops_.norm_modulate_fused(rows, *s.norm, *s.mod, s.ref, row0(), operand(s.out));
@@ -356,12 +359,20 @@ class Interpreter {
     };
     piece(qh, me).copy_(heads_of(ql, me));
     const size_t ranks = static_cast<size_t>(P);
+    // Round r's pieces in the packed buffers, the rounds one after another: this rank's rows of
+    // rank me + r's heads, out and back.
     std::vector<at::Tensor> sent(ranks), got(ranks);
+    const at::Tensor sent_all = operand(s.sent).view(-1), got_all = operand(s.received).view(-1);
+    for (int64_t r = 1, at_ = 0; r < P; ++r) {
+      const int64_t width = s.heads[size_t((me + r) % P)] * unit;
+      sent[size_t(r)] = sent_all.narrow(0, at_, each * width).view({each, width});
+      got[size_t(r)] = got_all.narrow(0, at_, each * width).view({each, width});
+      at_ += each * width;
+    }
     std::vector<c10::intrusive_ptr<c10d::Work>> q_work(ranks), o_work(ranks);
     for (int64_t r = 1; r < P; ++r) {
       const int64_t to = (me + r) % P, from = (me - r + P) % P;
-      // A copy of its own, whatever the columns' layout: the output rows come back into `ql`.
-      sent[size_t(r)] = heads_of(ql, to).clone(at::MemoryFormat::Contiguous);
+      sent[size_t(r)].copy_(heads_of(ql, to));  // a copy of its own: the output rows come back into `ql`
       q_work[size_t(r)] = dist::start_pair(group_, sent[size_t(r)], to, piece(qh, from), from);
     }
     for (int64_t r = 0; r < P; ++r) {
@@ -376,7 +387,6 @@ class Interpreter {
         continue;
       }
       // This piece's output back to its rank; this rank's rows of rank `to`'s heads in.
-      got[size_t(r)] = at::empty({each, s.heads[size_t(to)] * unit}, o.options());
       const at::Tensor back = a ? piece(operand(a->out), from) : at::empty({0}, o.options());
       o_work[size_t(r)] = dist::start_pair(group_, back, from, got[size_t(r)], to);
     }
