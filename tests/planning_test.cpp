@@ -630,7 +630,7 @@ TEST_F(Planning, UlyssesQPiecesTravelBesideTheirAttention) {
 // A ulysses Q slab holds two buffers of its size while it is attended: each piece's output
 // takes the place of its Q in the Q heads, and the output rows come back into the Q slab (whose
 // rows have gone out by then). No attention output buffer of its own is alive beside them; the
-// pieces out and back are program buffers, placed with the rest.
+// pieces out and back share one program buffer, placed with the rest.
 TEST_F(Planning, UlyssesOutputsTakeThePlaceOfTheirQ) {
   const ir::Model m = build(gqa_bf16(1));
   for (int64_t ranks : {2, 3}) {
@@ -655,12 +655,13 @@ TEST_F(Planning, UlyssesOutputsTakeThePlaceOfTheirQ) {
           slab += buf.role == pl::BufRole::SeqRows ? buf.bytes() : 0;
           heads += buf.role == pl::BufRole::SeqHeads ? buf.bytes() : 0;
         }
-        const int64_t packed = prog.buffers[size_t(x->sent.buf)].bytes() + prog.buffers[size_t(x->received.buf)].bytes();
+        EXPECT_EQ(x->received.buf, x->sent.buf) << "each output piece back in the place of its Q piece";
+        const int64_t packed = prog.buffers[size_t(x->sent.buf)].bytes();
         EXPECT_EQ(slab, prog.buffers[size_t(x->in.buf)].bytes() + packed)
             << "one Q slab alive while it is attended, beside the pieces out and back";
-        // The pieces that travel: this rank's rows of the other ranks' heads, each way.
-        EXPECT_EQ(packed, 2 * x->rows[0] * (std::accumulate(x->heads.begin(), x->heads.end(), int64_t{0}) -
-                                            x->heads[0]) * x->unit * 2);
+        // The pieces that travel: this rank's rows of the other ranks' heads.
+        EXPECT_EQ(packed, x->rows[0] * (std::accumulate(x->heads.begin(), x->heads.end(), int64_t{0}) - x->heads[0]) *
+                              x->unit * 2);
         EXPECT_EQ(heads, prog.buffers[size_t(x->q_heads.buf)].bytes()) << "one Q heads buffer alive";
       }
       EXPECT_NO_THROW(pl::check_placement(prog, part->placement));

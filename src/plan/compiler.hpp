@@ -308,8 +308,9 @@ class Compiler {
   // rows back into `o_rows`; `q_heads`, `qf` and `oh` as for attend() over P*each rows (`o_rows`
   // may be `q_rows`, `oh` `q_heads`: the executor copies each piece out before its place is
   // written). `sent` and `received` [each, the other ranks' heads * hd]: the Q pieces on their
-  // way out and the output pieces on their way back, packed whole rank by rank. The link time
-  // runs beside the attention but for the last piece's way back. `groups` per rank.
+  // way out and the output pieces on their way back, packed rank by rank (`received` may be
+  // `sent`: a piece's output comes back after the piece has gone). The link time runs beside
+  // the attention but for the last piece's way back. `groups` per rank.
   void ulysses_attend(const ir::Attention& a, const Operand& q_rows, const Operand& q_heads, const Operand& qf,
                       const Operand& oh, const Operand& o_rows, const Operand& sent, const Operand& received, int k,
                       int v, int64_t each, int64_t L,

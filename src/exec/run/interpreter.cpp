@@ -360,7 +360,8 @@ class Interpreter {
     piece(qh, me).copy_(heads_of(ql, me));
     const size_t ranks = static_cast<size_t>(P);
     // Round r's pieces in the packed buffers, the rounds one after another: this rank's rows of
-    // rank me + r's heads, out and back.
+    // rank me + r's heads, out and back. Both may be one buffer: round r's output is received
+    // after its Q piece has gone (q_work[r] waited, and on one communicator in order).
     std::vector<at::Tensor> sent(ranks), got(ranks);
     const at::Tensor sent_all = operand(s.sent).view(-1), got_all = operand(s.received).view(-1);
     for (int64_t r = 1, at_ = 0; r < P; ++r) {
