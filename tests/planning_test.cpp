@@ -670,6 +670,33 @@ TEST_F(Planning, UlyssesOutputsTakeThePlaceOfTheirQ) {
   }
 }
 
+// Each rank's piece of a ulysses Q slab is attended in a call of its own, so each piece fills
+// the device's waves on its own: a piece of one tile on two multiprocessors leaves half of its
+// wave idle, however many pieces the slab has.
+TEST_F(Planning, UlyssesPiecesFillTheWavesCallByCall) {
+  const Knobs k = gqa_bf16(1);  // 4 query heads per K/V head: a piece of 32 rows folds to one tile
+  const ir::Model m = build(k);
+  ct::DeviceCaps d = dev;
+  d.kind = ct::DeviceKind::CUDA;
+  d.compute_units = 2;
+  std::map<int64_t, double> per_flop;
+  for (int64_t each : {32, 64}) {
+    const pl::Plan p = pl::make_plan(m, reg, d, {.sequence = {0, 2, pl::SeqMode::Ulysses}, .slabs = {64, each}});
+    for (const pl::Part* part : pl::parts(p))
+      for (const pl::Step& st : part->program.steps) {
+        const auto* x = std::get_if<pl::ExchangeStep>(&st.body);
+        if (!x || x->kind != pl::Exchange::Ulysses || per_flop.count(each)) continue;
+        EXPECT_EQ(st.terms.gemm_rows, (k.heads / k.kv_heads) * each) << "one piece's rows";
+        pl::Terms compute = st.terms;
+        compute.bytes = compute.link_bytes = 0;
+        compute.launches = 0;
+        per_flop[each] = pl::step_seconds(compute, pl::rates_of(d)) / st.terms.flops;
+      }
+  }
+  ASSERT_EQ(per_flop.size(), 2u);
+  EXPECT_NEAR(per_flop[32] / per_flop[64], 2.0, 1e-9) << "one tile per call on two multiprocessors: half a wave";
+}
+
 // Buffers of a role in a program.
 std::vector<const pl::Buffer*> of_role(const pl::Program& prog, pl::BufRole r) {
   std::vector<const pl::Buffer*> out;

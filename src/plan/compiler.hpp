@@ -368,12 +368,13 @@ class Compiler {
     const double work = consumer.work_fraction ? std::clamp(consumer.work_fraction(sh, call), 0.0, 1.0) : 1.0;
     const double q_rows = double(rep * n);
     // The consumer reads Q, K (or its carrier), V and writes its output (and scratch); its
-    // output is then copied token-major into `out`.
+    // output is then copied token-major into `out`. Each call's rows fill the device's waves on
+    // their own (gemm_rows: one call's).
     const double k_bytes = carried ? double(p_.buffers[size_t(k)].bytes()) : double(L) * double(G * hd) * esz_;
     Terms t{4.0 * q_rows * double(L) * double(G) * double(hd) * work,
             (2.0 * q_rows + double(L)) * double(G * hd) * esz_ + k_bytes + 2.0 * double(scratch) +
                 2.0 * double(n) * double(G * rep * hd) * esz_,
-            2 * calls, rep * n, dt_, true, G, L};
+            2 * calls, rep * rows, dt_, true, G, L};
     std::ostringstream what;
     what << "attend (consumer '" << a.consumer << "'" << (carried ? ", K carrier" : "");
     if (call.routed(L)) what << ", kv budget " << call.kv_budget;
