@@ -655,7 +655,7 @@ TEST_F(Planning, UlyssesOutputsTakeThePlaceOfTheirQ) {
           slab += buf.role == pl::BufRole::SeqRows ? buf.bytes() : 0;
           heads += buf.role == pl::BufRole::SeqHeads ? buf.bytes() : 0;
         }
-        EXPECT_EQ(x->received.buf, x->sent.buf) << "each output piece back in the place of its Q piece";
+        EXPECT_LT(x->received.buf, 0) << "each output piece back in the place of its Q piece, in `sent`";
         const int64_t packed = prog.buffers[size_t(x->sent.buf)].bytes();
         EXPECT_EQ(slab, prog.buffers[size_t(x->in.buf)].bytes() + packed)
             << "one Q slab alive while it is attended, beside the pieces out and back";

@@ -49,7 +49,7 @@ class CfgParallel:
 
     def exchange(self, outputs: list[Any], mine: int) -> list[Any]:
         """Both elements' outputs on every rank: each half's leader sends its element's."""
-        own = outputs[mine]  # contiguous, as NCCL sends only those
+        own = outputs[mine]  # made contiguous: NCCL sends only those
         own = {k: v.contiguous() for k, v in own.items()} if isinstance(own, dict) else own.contiguous()
         done = []
         for e in range(2):

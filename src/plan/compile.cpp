@@ -238,12 +238,8 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       const Operand qf = Gr > 0 && q_layout == Layout::Folded
                              ? c.whole(c.buffer(BufRole::QFolded, "QF", {Gr, rep * P * qc, hd}, dt))
                              : qh;
-      // The Q pieces on their way out, packed rank by rank; each piece's output comes back in
-      // its place once it has gone.
-      const int64_t away = (std::accumulate(groups.begin(), groups.end(), int64_t{0}) - Gr) * rep * hd;
-      const Operand packed = c.whole(c.buffer(BufRole::SeqRows, "Q pieces out, then O pieces back", {qc, away}, dt));
-      c.ulysses_attend(a, c.whole(ql), qh, qf, qh, c.whole(ql), packed, packed, carrier >= 0 ? carrier : K, V, qc, L,
-                       q_layout, kv_layout, call, groups, by_rank);
+      c.ulysses_attend(a, c.whole(ql), qh, qf, qh, c.whole(ql), carrier >= 0 ? carrier : K, V, qc, L, q_layout,
+                       kv_layout, call, groups, by_rank);
       if (n == 0) return;
       if (!streamed) {
         c.copy(rows_of(ql, n), c.slab_of(ofull, 0, n));

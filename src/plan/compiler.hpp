@@ -307,13 +307,11 @@ class Compiler {
   // `q_rows` [each, H*hd] out to the ranks holding their heads, piece by piece, and the output
   // rows back into `o_rows`; `q_heads`, `qf` and `oh` as for attend() over P*each rows (`o_rows`
   // may be `q_rows`, `oh` `q_heads`: the executor copies each piece out before its place is
-  // written). `sent` and `received` [each, the other ranks' heads * hd]: the Q pieces on their
-  // way out and the output pieces on their way back, packed rank by rank (`received` may be
-  // `sent`: a piece's output comes back after the piece has gone). The link time runs beside
-  // the attention but for the last piece's way back. `groups` per rank.
+  // written). The Q pieces on their way out are packed rank by rank in a buffer of the step's,
+  // each piece's output coming back in its place (after the piece has gone). The link time runs
+  // beside the attention but for the last piece's way back. `groups` per rank.
   void ulysses_attend(const ir::Attention& a, const Operand& q_rows, const Operand& q_heads, const Operand& qf,
-                      const Operand& oh, const Operand& o_rows, const Operand& sent, const Operand& received, int k,
-                      int v, int64_t each, int64_t L,
+                      const Operand& oh, const Operand& o_rows, int k, int v, int64_t each, int64_t L,
                       Layout q_layout, Layout kv_layout, const contracts::AttnCall& call,
                       const std::vector<int64_t>& groups, AttendStep::Pieces pieces) {
     const size_t me = size_t(seq_.rank);
@@ -332,9 +330,11 @@ class Compiler {
     t.link_beside = P > 1 ? 1.0 - 1.0 / double(2 * (P - 1)) : 0.0;
     std::vector<int64_t> heads;  // query heads per rank, of hd features each
     for (int64_t g : groups) heads.push_back(g * rep);
+    const Operand packed =
+        whole(buffer(BufRole::SeqRows, "Q pieces out, then O pieces back", {each, (all - groups[me]) * unit}, dt_));
     ExchangeStep x{.kind = Exchange::Ulysses, .in = q_rows, .out = o_rows,
                    .rows = std::vector<int64_t>(size_t(P), each), .heads = std::move(heads), .unit = hd,
-                   .sent = sent, .received = received, .q_heads = q_heads};
+                   .sent = packed, .q_heads = q_heads};
     if (groups[me] > 0) x.attend = std::move(at.step);
     emit(std::move(x),
          "exchange rows for heads, " + (groups[me] > 0 ? at.what : std::string("no heads here")) +

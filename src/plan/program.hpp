@@ -267,7 +267,7 @@ struct ExchangeStep {
   int64_t rep = 1, q_chunk = 0;      // Ring: query heads per K/V head, query rows per score block
   double scale = 1.0;                // Ring
   std::string consumer{};            // Ring: a consumer that returns the log-sum-exp (ConsumerCaps::lse)
-  Operand sent{}, received{};        // RowsToHeads in flight (above); Complete: `received`; Ulysses: the pieces out and back
+  Operand sent{}, received{};        // RowsToHeads in flight (above); Complete: `received`; Ulysses: `sent`, the pieces out and back
   // RowsToHeads, one slab of a token loop: each rank sends `chunk` rows (padded past its `held`
   // rows); the real ones land in `out` (every row) at their rows.
   std::vector<int64_t> held{};

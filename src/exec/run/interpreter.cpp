@@ -359,15 +359,14 @@ class Interpreter {
     };
     piece(qh, me).copy_(heads_of(ql, me));
     const size_t ranks = static_cast<size_t>(P);
-    // Round r's pieces in the packed buffers, the rounds one after another: this rank's rows of
-    // rank me + r's heads, out and back. Both may be one buffer: round r's output is received
-    // after its Q piece has gone (q_work[r] waited, and on one communicator in order).
-    std::vector<at::Tensor> sent(ranks), got(ranks);
-    const at::Tensor sent_all = operand(s.sent).view(-1), got_all = operand(s.received).view(-1);
+    // Round r's piece in the packed buffer, the rounds one after another: this rank's rows of
+    // rank me + r's heads, out, and its output back in the same place: received after the Q
+    // piece has gone (q_work[r] waited, and on one communicator in order).
+    std::vector<at::Tensor> sent(ranks);
+    const at::Tensor packed = operand(s.sent).view(-1);
     for (int64_t r = 1, at_ = 0; r < P; ++r) {
       const int64_t width = s.heads[size_t((me + r) % P)] * unit;
-      sent[size_t(r)] = sent_all.narrow(0, at_, each * width).view({each, width});
-      got[size_t(r)] = got_all.narrow(0, at_, each * width).view({each, width});
+      sent[size_t(r)] = packed.narrow(0, at_, each * width).view({each, width});
       at_ += each * width;
     }
     std::vector<c10::intrusive_ptr<c10d::Work>> q_work(ranks), o_work(ranks);
@@ -389,11 +388,11 @@ class Interpreter {
       }
       // This piece's output back to its rank; this rank's rows of rank `to`'s heads in.
       const at::Tensor back = a ? piece(operand(a->out), from) : at::empty({0}, o.options());
-      o_work[size_t(r)] = dist::start_pair(group_, back, from, got[size_t(r)], to);
+      o_work[size_t(r)] = dist::start_pair(group_, back, from, sent[size_t(r)], to);
     }
     for (int64_t r = 1; r < P; ++r) {
       o_work[size_t(r)]->wait();
-      heads_of(o, (me + r) % P).copy_(got[size_t(r)]);
+      heads_of(o, (me + r) % P).copy_(sent[size_t(r)]);
     }
   }
   void step(const LoraStep& s) {
