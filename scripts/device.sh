@@ -43,8 +43,10 @@
 #                                    (40 layers, 81x1280x720, CFG; SP_ARGS="--model minimax": H3,
 #                                    50 blocks, 10 s at 1376x768; --vs-comfy: rel L2 against
 #                                    ComfyUI's own forward; --weights replicated,sharded: both
-#                                    arrangements; --comm-time: NCCL kernel time) on 1 and 2 ranks
-#                                    (scripts/sp_check.py); SP_ARGS: its arguments (OUT/sp_check.json)
+#                                    arrangements; --comm-time: NCCL kernel time; --solo: each count's
+#                                    first rank alone on one GPU, its exchanges copying what it sends)
+#                                    on 1 and 2 ranks (scripts/sp_check.py); SP_ARGS: its arguments
+#                                    (OUT/sp_check.json)
 #   scripts/device.sh OUT comfy-load  ComfyUI master's own loader and forward on the files
 #                                    `streamplan convert` writes (fp8, int8, convrot-int8 of Wan 2.1
 #                                    and Flux-dev checkpoints, both layouts; scripts/comfy_load_check.py);

@@ -20,11 +20,18 @@ weights (kept, streamed from host memory, or on more than one rank sharded) and 
     .venv/bin/python scripts/sp_check.py [--model wan|minimax] [--tiny] [--layers N]
         [--frames F --height H --width W] [--ranks 1,2] [--mode ulysses|ring] [--cfg-parallel]
         [--weights replicated,sharded | --device-memory SIZE] [--device cuda|cpu] [--one-gpu]
-        [--consumer NAME] [--kv-budget F] [--reps 2] [--comm-time] [--vs-comfy] [--out FILE]
+        [--consumer NAME] [--kv-budget F] [--budget SIZE] [--reps 2] [--comm-time] [--vs-comfy] [--solo]
+        [--link-rate GB/s] [--out FILE]
 
 --one-gpu puts every rank on cuda:0 and exchanges over gloo (through host memory): what a split
 computes with a CUDA-only consumer (int8, sparse), on a machine with one GPU; its times are not
 a split's.
+--solo runs, per rank count, its first rank (the most rows) alone on the first device, in a
+process group of that many ranks whose exchanges complete at once: from each other rank it
+receives a copy of what it sends that rank (rows of the model's own kind, so that the kernels
+reading them run as on the rows the rank would get), copied on its device. Its rows give a
+rank's own work at that count, its time and its peaks, without the link's; its plans price the
+link at --link-rate (default 200 GB/s). Its output is not the model's, so it is not compared.
 
 Wan: 40 layers, 81 frames at 1280 x 720 by default. MiniMax H3: 50 blocks, 72 latent frames
 (10 s) at 1376 x 768, its audio latent of the same length. Needs ComfyUI's tree (as
@@ -70,7 +77,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--one-gpu", action="store_true",
                     help="every rank on cuda:0, exchanging over gloo: a split's arithmetic on one GPU, not its speed")
+    ap.add_argument("--solo", action="store_true",
+                    help="per rank count its first rank alone, receiving copies of what it sends: a rank's own time "
+                         "and peaks without the link's")
+    ap.add_argument("--link-rate", type=float,
+                    help="GB/s each rank sends and receives, which the plans price the exchanges at (default: "
+                         "measured; with --solo 200)")
     ap.add_argument("--consumer", default="sdpa", help="the attention consumer (default sdpa; int8, sparse: CUDA)")
+    ap.add_argument("--budget", help="each rank's activation budget (e.g. 1.3GiB; default: the planner's default policy)")
     ap.add_argument("--kv-budget", type=float, default=1.0, help="with --consumer sparse: the video KV budget")
     ap.add_argument("--reps", type=int, default=2, help="timed forwards after the warm-up (default 2)")
     ap.add_argument("--vs-comfy", action="store_true",
@@ -90,6 +104,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--weights sharded and --device-memory: give one (under --device-memory the planner chooses)")
     if a.comm_time and (a.device != "cuda" or a.one_gpu):
         ap.error("--comm-time: measures NCCL kernels, so needs --device cuda without --one-gpu")
+    if a.solo:
+        given = [name for name, on in (("--weights sharded", "sharded" in a.weights), ("--device-memory", a.device_memory),
+                                       ("--cfg-parallel", a.cfg_parallel), ("--comm-time", a.comm_time),
+                                       ("--vs-comfy", a.vs_comfy), ("--one-gpu", a.one_gpu)) if on]
+        if given:  # each needs what the other ranks send: weights, outputs, or the link itself
+            ap.error(f"--solo: runs one rank without the others' data, so not with {', '.join(given)}")
+    if a.link_rate is not None and not a.link_rate > 0:
+        ap.error(f"--link-rate: GB/s, > 0, got {a.link_rate}")
+    if a.solo and a.link_rate is None:
+        a.link_rate = 200.0  # the planner's own default for a GPU without a measurement
     if a.cfg_parallel and not wan:
         ap.error("--cfg-parallel: the MiniMax H3 call holds one batch element")
     try:
@@ -102,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--one-gpu: applies to --device cuda")
     if a.kv_budget != 1.0 and a.consumer != "sparse":
         ap.error(f"--kv-budget {a.kv_budget}: applies to --consumer sparse only")
-    if a.device == "cuda" and not a.one_gpu and max(a.ranks) > torch.cuda.device_count():
+    if a.device == "cuda" and not (a.one_gpu or a.solo) and max(a.ranks) > torch.cuda.device_count():
         ap.error(f"--ranks {max(a.ranks)}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     for name in ("layers", "reps", "frames", "height", "width"):
         if getattr(a, name) < 1:
@@ -170,12 +194,14 @@ def _rank(rank: int, world: int, weights: str, a: argparse.Namespace, work: str)
     import streamplan
 
     cuda = a.device == "cuda"
-    device = torch.device("cuda", 0 if a.one_gpu else rank) if cuda else torch.device("cpu")
+    device = torch.device("cuda", 0 if a.one_gpu or a.solo else rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     else:  # the machine's cores shared out over the ranks
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    if world > 1:
+    if world > 1 and a.solo:
+        _solo_group(world)
+    elif world > 1:
         nccl = cuda and not a.one_gpu
         # A rank waiting longer than any step here takes (building the model, one forward) is a hang:
         # it fails after 5 minutes instead of the default 10.
@@ -200,11 +226,12 @@ def _rank(rank: int, world: int, weights: str, a: argparse.Namespace, work: str)
             if cuda:
                 torch.cuda.empty_cache()
         group = dist.group.WORLD if world > 1 else None
-        handle = streamplan.apply(dm, process_group=group, sequence_parallel=a.mode,
+        handle = streamplan.apply(dm, process_group=group, sequence_parallel=a.mode, budget=a.budget,
                                   cfg_parallel=a.cfg_parallel and world > 1,
                                   shard_weights=shard if world > 1 and not a.device_memory else None,
                                   device_memory=a.device_memory, device=str(device) if host else None,
-                                  consumer=a.consumer, **({"kv_budget": a.kv_budget} if a.consumer == "sparse" else {}))
+                                  consumer=a.consumer, **({"kv_budget": a.kv_budget} if a.consumer == "sparse" else {}),
+                                  link_rate=a.link_rate * 1e9 if a.link_rate and world > 1 else None)
 
         def sync() -> None:
             if cuda:
@@ -258,6 +285,49 @@ def _rank(rank: int, world: int, weights: str, a: argparse.Namespace, work: str)
             dist.destroy_process_group()
 
 
+def _solo_group(world: int) -> None:
+    """The default process group: `world` ranks of which this process is rank 0, alone. Each
+    all-to-all completes at once, the part from each other rank a copy of the part sent to it
+    (repeated where it is shorter); reductions, broadcasts and barriers leave their tensors as
+    they are."""
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    def done(result):
+        fut = torch.futures.Future()
+        fut.set_result(result)
+        return _create_work_from_future(fut)
+
+    class Solo(dist.ProcessGroup):
+        def getBackendName(self) -> str:  # noqa: N802  (c10d's name)
+            return "solo"
+
+        def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+            out, src = output.view(-1), input.reshape(-1)
+            got = list(output_split_sizes) or [out.numel() // world] * world
+            sent = list(input_split_sizes) or [src.numel() // world] * world
+            at, start = 0, 0
+            for n, m in zip(got, sent):
+                if n and src.numel():
+                    piece = src[start:start + n] if start + n <= src.numel() else \
+                        src.repeat(-(-(start + n) // src.numel()))[start:start + n]
+                    out[at:at + n].copy_(piece)
+                at, start = at + n, start + m
+            return done([output])
+
+        def allreduce(self, tensors, opts=None):
+            return done(tensors)
+
+        def broadcast(self, tensors, opts=None):
+            return done(tensors)
+
+        def barrier(self, opts=None):
+            return done([])
+
+    dist.Backend.register_backend("solo", lambda store, rank, size, timeout: Solo(rank, size), devices=["cpu", "cuda"])
+    dist.init_process_group("solo", store=dist.HashStore(), rank=0, world_size=world)
+
+
 def _nccl_ms(forward, sync) -> float | str:
     """One forward under the profiler: the time of its NCCL kernels on this rank's GPU, in ms (the
     kernels' own time: the CPU ranges that launch them count none), or why it was not measured."""
@@ -288,15 +358,17 @@ def main(argv: list[str] | None = None) -> int:
     first = runs[0]  # the rank count and weights every row is compared with
     with tempfile.TemporaryDirectory(prefix="sp_check-") as work:
         for world, weights in runs:
-            mp.spawn(_rank, args=(world, weights, a, work), nprocs=world, join=True)
-            ranks = [json.load(open(os.path.join(work, f"row-{world}-{weights}-{r}.json"))) for r in range(world)]
+            started = 1 if a.solo else world  # --solo: the first rank alone
+            mp.spawn(_rank, args=(world, weights, a, work), nprocs=started, join=True)
+            ranks = [json.load(open(os.path.join(work, f"row-{world}-{weights}-{r}.json"))) for r in range(started)]
             out = torch.load(os.path.join(work, f"out-{world}-{weights}.pt"))
             ref = torch.load(os.path.join(work, f"out-{first[0]}-{first[1]}.pt"))
             row = {"ranks": world, "weights": weights, "mode": a.mode, "cfg_parallel": a.cfg_parallel,
-                   "consumer": a.consumer, "kv_budget": a.kv_budget, "one_gpu": a.one_gpu,
+                   "consumer": a.consumer, "kv_budget": a.kv_budget, "budget": a.budget, "one_gpu": a.one_gpu, "solo": a.solo,
                    "device_memory": a.device_memory, "ms": max(r["ms"] for r in ranks),
                    "estimated_ms": max(r["estimated_ms"] for r in ranks), "per_rank": ranks,
-                   "rel_l2_vs_first": float((out - ref).norm() / ref.norm()),
+                   # a solo rank's output holds rows it never received
+                   "rel_l2_vs_first": None if a.solo and world > 1 else float((out - ref).norm() / ref.norm()),
                    "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
                    "model": ranks[0]["model"]}
             if a.vs_comfy:
@@ -321,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"[{gib('device_used_bytes')}]), activation peak GiB per "
                   f"rank [{gib('activation_peak_bytes')}] (estimated [{gib('estimated_peak_bytes')}]){ratios}, "
                   + (f"NCCL kernel ms per rank [{', '.join(comm)}], " if comm else "")
-                  + f"rel L2 vs {first[0]} rank(s) {row['rel_l2_vs_first']:.2e}"
+                  + (f"rel L2 vs {first[0]} rank(s) {row['rel_l2_vs_first']:.2e}" if row["rel_l2_vs_first"] is not None
+                     else "alone (each exchange copied what it sent), output not compared")
                   + (f", vs ComfyUI's own forward {row['rel_l2_vs_comfy']:.2e}" if a.vs_comfy else ""), file=sys.stderr)
             for line in ranks[0]["explain"].splitlines():
                 if line.lstrip().startswith(("sequence parallel:", "weights:")):

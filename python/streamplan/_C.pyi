@@ -55,6 +55,7 @@ class Attached:
         process_group: Any = None,
         sequence_parallel: str = "ulysses",
         shard_weights: bool | None = None,
+        link_rate: float = 0.0,
     ) -> None: ...
     def set_kv_budget(self, budget: float) -> None: ...
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import re
 import sys
@@ -147,14 +148,17 @@ class Handle:
         loras: list[tuple[str, dict[str, torch.Tensor], float]] | None = None,
         residency: tuple[int, int, str, bool] = (0, -1, "", False),
         dtype: str = "",
-        sequence: tuple[Any, str, bool | None] = (None, "ulysses", None),
+        sequence: tuple[Any, str, bool | None, float] = (None, "ulysses", None, 0.0),
         cfg_parallel: bool = False,
     ) -> None:
         self._module = module
         self._cfg = CfgParallel(sequence[0]) if cfg_parallel else None
         # Each half of the ranks splits the rows of its batch elements over its own group.
         self._sequence = (self._cfg.group, *sequence[1:]) if self._cfg else sequence
-        group, _, shard = self._sequence
+        group, _, shard, link_rate = self._sequence
+        if link_rate and (group is None or group_size(group) < 2):
+            raise ValueError(f"link_rate: prices the exchanges between the ranks of a process_group of 2 or more "
+                             f"ranks; got {'none' if group is None else group_size(group)}")
         if shard and (group is None or group_size(group) < 2):
             raise ValueError("shard_weights: shares the blocks' weights over the ranks of a process_group of 2 or "
                              f"more ranks{' (with cfg_parallel: of each half)' if self._cfg else ''}; got "
@@ -489,6 +493,7 @@ def apply(
     sequence_parallel: str = "ulysses",
     cfg_parallel: bool = False,
     shard_weights: bool | None = None,
+    link_rate: float | None = None,
 ) -> Handle:
     """Attaches the planner to `module` and replaces its forward; returns the handle.
 
@@ -565,6 +570,10 @@ def apply(
             from host memory) and sharded the planner predicts fastest within it; under
             `device_memory` blocks that fit stay whole on each rank. ``Handle.residency``
             says which arrangements were weighed and why one was taken.
+        link_rate: with `process_group`: the bytes per second each rank sends and receives in
+            an all-to-all, with which the plans price the exchanges (the same on every rank).
+            Default: measured when attached (an all-to-all of 16 MiB over the group, the
+            slowest rank's).
         install: False leaves the module's forward as it is: the host calls
             :meth:`Handle.call` from its own hook around the module instead (ComfyUI's
             diffusion-model wrappers: streamplan.comfy_nodes).
@@ -615,7 +624,7 @@ def apply(
         (_device_memory_bytes(device_memory), _resident_blocks(resident_blocks), "" if device is None else str(device),
          False),
         _dtype_name(dtype),
-        (process_group, sequence_parallel, shard_weights),
+        (process_group, sequence_parallel, shard_weights, _link_rate(link_rate)),
         cfg_parallel,
     )
     if kv_budget is not None:
@@ -624,6 +633,15 @@ def apply(
         module.forward = handle._forward
     setattr(module, _ATTR, handle)
     return handle
+
+
+def _link_rate(rate: float | None) -> float:
+    """`link_rate` in bytes per second (0: measured)."""
+    if rate is None:
+        return 0.0
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+        raise ValueError(f"link_rate: expected bytes per second (a finite number > 0), got {rate!r}")
+    return float(rate)
 
 
 def _dtype_name(dtype: str | torch.dtype | None) -> str:

@@ -4,6 +4,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -125,7 +126,12 @@ Attached::Attached(const NamedTensors& tensors, const std::optional<recognize::S
       throw std::invalid_argument("process_group: a host that places the weights itself (in_place) does not "
                                   "combine with sequence parallel runs");
     sequence_ = {pg->getRank(), pg->getSize(), options_.sequence_mode};
-    if (sequence_.split()) dev_.rates.link_bytes_per_s = exec::dist::probe_link(pg, device_);
+    if (!(options_.link_bytes_per_s >= 0) || !std::isfinite(options_.link_bytes_per_s))
+      throw std::invalid_argument("link_rate: expected bytes per second (finite, > 0; 0: measured), got " +
+                                  std::to_string(options_.link_bytes_per_s));
+    if (sequence_.split())
+      dev_.rates.link_bytes_per_s =
+          options_.link_bytes_per_s > 0 ? options_.link_bytes_per_s : exec::dist::probe_link(pg, device_);
   } else if (options_.weight_split == plan::WeightSplit::Sharded) {
     throw std::invalid_argument("shard_weights: shares the weights over the ranks of a process_group; none is given");
   }

@@ -77,6 +77,9 @@ struct AttachOptions {
   // whole output) and how attention sees the other ranks' rows (plan::Sequence). Unset: one process.
   exec::dist::Group process_group;
   plan::SeqMode sequence_mode = plan::SeqMode::Ulysses;
+  // With process_group: the bytes per second a rank sends and receives in an all-to-all, which
+  // the plans price the exchanges at; 0: measured when attached (exec::dist::probe_link).
+  double link_bytes_per_s = 0;
   // With process_group, how the ranks hold the blocks' weights (plan/residency.hpp):
   // Sharded, each rank keeps 1/N of every block's weights on `device` and gathers a block from
   // the others as it begins (exec/dist/sharded.hpp); the module's tensors are read once (keep

@@ -69,7 +69,8 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
                                        int64_t device_memory, int resident_blocks, const std::string& device,
                                        double kv_budget, const std::string& dtype, bool in_place,
                                        const std::optional<exec::dist::Group>& process_group,
-                                       const std::string& sequence_parallel, std::optional<bool> shard_weights) {
+                                       const std::string& sequence_parallel, std::optional<bool> shard_weights,
+                                       double link_rate) {
   std::optional<recognize::Sidecar> sidecar;
   if (sidecar_json) sidecar = recognize::parse_sidecar(*sidecar_json, "<module config>");
   host::AttachOptions o;
@@ -89,6 +90,7 @@ std::unique_ptr<host::Attached> attach(const std::vector<std::pair<std::string, 
   o.dtype = dtype;
   o.kv_budget = kv_budget;
   if (process_group) o.process_group = *process_group;
+  o.link_bytes_per_s = link_rate;
   if (sequence_parallel != "ulysses" && sequence_parallel != "ring")
     throw std::invalid_argument("sequence_parallel: expected 'ulysses' or 'ring', got '" + sequence_parallel + "'");
   o.sequence_mode = sequence_parallel == "ring" ? plan::SeqMode::Ring : plan::SeqMode::Ulysses;
@@ -205,7 +207,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("device_memory") = 0, py::arg("resident_blocks") = -1, py::arg("device") = "",
            py::arg("kv_budget") = 1.0, py::arg("dtype") = "", py::arg("in_place") = false,
            py::arg("process_group") = std::nullopt, py::arg("sequence_parallel") = "ulysses",
-           py::arg("shard_weights") = std::nullopt)
+           py::arg("shard_weights") = std::nullopt, py::arg("link_rate") = 0.0)
       .def(
           "set_kv_budget",
           [](host::Attached& a, double budget) {

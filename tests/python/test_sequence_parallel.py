@@ -92,7 +92,7 @@ def _case(family: str, comfy: Any) -> tuple[torch.nn.Module, Callable[[torch.nn.
 
 
 def _rank(rank: int, world: int, store: str, family: str, mode: str, chunk: int | None, cfg: bool = False,
-          shard: bool = False, consumer: str = "sdpa") -> None:
+          shard: bool = False, consumer: str = "sdpa", link_rate: float | None = None) -> None:
     torch.set_num_threads(1)  # up to 4 ranks on a CI runner's few cores
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
@@ -110,7 +110,8 @@ def _rank(rank: int, world: int, store: str, family: str, mode: str, chunk: int 
                 return out
 
             handle, got = attached(m, call_and_hold, process_group=dist.group.WORLD, sequence_parallel=mode,
-                                   token_chunk=chunk, cfg_parallel=cfg, shard_weights=shard, consumer=consumer)
+                                   token_chunk=chunk, cfg_parallel=cfg, shard_weights=shard, consumer=consumer,
+                                   link_rate=link_rate)
         where = (f"{family} {mode} (consumer {consumer}, token chunk {chunk}{', cfg parallel' if cfg else ''}"
                  f"{', weights sharded' if shard else ''}), rank {rank} of {world}")
         assert handle.fallbacks == [] and handle.planned_calls == handle.calls == 1, f"{where}: {handle.fallbacks}"
@@ -128,6 +129,8 @@ def _rank(rank: int, world: int, store: str, family: str, mode: str, chunk: int 
             world //= 2
         if world > 1:
             assert f"sequence parallel: {mode} over {world} ranks" in text, f"{where}: explain() says\n{text}"
+        if link_rate:  # the plans price the exchanges at the rate given, not at a measured one
+            assert f" at {link_rate / 1e9:g} GB/s" in text, f"{where}: explain() says\n{text}"
         shares, slots = held[0]
         if shard:  # this rank's shares: 1/world of the weights (each tensor at a 512-byte offset)
             tensors = len(m.state_dict())
@@ -170,6 +173,12 @@ def test_sharded_weights_match_the_forward_in_one_process(tmp_path, family: str,
 def test_head_major_consumer_takes_its_heads_from_the_exchanges(tmp_path, family: str) -> None:
     """The math consumer reads K and V head-major: the exchanges place each slab's rows there."""
     mp.spawn(_rank, args=(2, str(tmp_path / "store"), family, "ulysses", 8, False, False, "math"), nprocs=2, join=True)
+
+
+def test_a_given_link_rate_prices_the_exchanges(tmp_path, family: str) -> None:
+    """link_rate replaces the all-to-all measured when attached: the plans say the rate given."""
+    mp.spawn(_rank, args=(2, str(tmp_path / "store"), family, "ulysses", 8, False, False, "sdpa", 3e9), nprocs=2,
+             join=True)
 
 
 @pytest.mark.parametrize("mode", ["ulysses", "ring"])
@@ -341,6 +350,10 @@ def test_device_memory_arranges_the_weights_of_each_rank(tmp_path, split: bool |
     ({"sequence_parallel": "bogus"}, "sequence_parallel: expected 'ulysses' or 'ring', got 'bogus'"),
     ({"cfg_parallel": True}, "cfg_parallel: needs a process_group"),
     ({"shard_weights": True}, "shard_weights: shares the blocks' weights over the ranks of a process_group"),
+    ({"link_rate": 1e9}, "link_rate: prices the exchanges between the ranks of a process_group of 2 or more ranks; "
+                         "got none"),
+    ({"link_rate": -1.0}, r"link_rate: expected bytes per second \(a finite number > 0\), got -1.0"),
+    ({"link_rate": float("inf")}, r"link_rate: expected bytes per second \(a finite number > 0\), got inf"),
 ])
 def test_sequence_options_without_their_group_are_refused_by_name(family: str, options: dict[str, Any],
                                                                    message: str) -> None:

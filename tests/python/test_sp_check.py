@@ -63,3 +63,27 @@ def test_minimax_under_a_device_memory_leaves_the_weights_to_the_planner(tmp_pat
     assert rows[1]["rel_l2_vs_first"] < BF16, rows[1]
     for rank, text in enumerate(_explains(rows[1])):
         assert f"ring over 2 ranks, rank {rank}:" in text, text
+
+
+def test_solo_runs_the_first_rank_of_each_count_alone(tmp_path: Path) -> None:
+    """--solo: one process per rank count, rank 0 of a group whose other ranks are absent, its
+    exchanges receiving copies of what it sends; its plans price the link at 200 GB/s, and its
+    output is not compared (it holds rows nobody sent)."""
+    rows = _sp_check(tmp_path, "--frames", "5", "--height", "32", "--width", "48", "--ranks", "1,2,4", "--solo")
+    assert [(r["ranks"], r["solo"], len(r["per_rank"])) for r in rows] == [(1, True, 1), (2, True, 1), (4, True, 1)]
+    assert rows[0]["rel_l2_vs_first"] == 0.0 and rows[1]["rel_l2_vs_first"] is None is rows[2]["rel_l2_vs_first"]
+    for r in rows[1:]:
+        text = r["per_rank"][0]["explain"]
+        assert f"ulysses over {r['ranks']} ranks, rank 0:" in text and " at 200 GB/s" in text, text
+        assert r["per_rank"][0]["fallbacks"] == [] and r["estimated_ms"] > 0, r["per_rank"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--weights", "replicated,sharded"], "--solo: runs one rank without the others' data, so not with --weights sharded"),
+    (["--vs-comfy", "--cfg-parallel"], "not with --cfg-parallel, --vs-comfy"),
+    (["--link-rate", "0"], "--link-rate: GB/s, > 0, got 0.0"),
+])
+def test_solo_refuses_what_needs_the_other_ranks(args: list[str], message: str) -> None:
+    p = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--solo", *args], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and message in p.stderr, p.stderr[-2000:]
