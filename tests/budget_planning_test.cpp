@@ -362,13 +362,37 @@ TEST(BudgetCost, WaveChunksFillWholeWaves) {
   for (int64_t q : pl::wave_chunk_candidates(20000, 1, 24, 132, 96)) EXPECT_EQ(q % 96, 0) << q;
 }
 
+TEST(BudgetCost, CallChunksRunWholeTilesPerCall) {
+  // Wan 14B on 2 ranks: a Q slab of 3,152 rows is two calls of 1,576 rows of a rank's 20 heads;
+  // offered beside it: the slabs of 2 x 1,536 and 2 x 1,664 rows, and those whose calls of 20
+  // heads fill whole waves of 132 tiles (33 tiles per head: 4,224 rows per call).
+  const auto qs = pl::call_chunk_candidates({3152}, 75600, 37800, 2, 1, 20, 132, 16);
+  EXPECT_NE(std::find(qs.begin(), qs.end(), 3072), qs.end());
+  EXPECT_NE(std::find(qs.begin(), qs.end(), 3328), qs.end());
+  EXPECT_NE(std::find(qs.begin(), qs.end(), 8448), qs.end());
+  for (int64_t q : qs) EXPECT_TRUE(q < 75600 && q / 2 % 128 == 0 && q % 16 == 0) << q;  // whole tiles per call
+  size_t whole_waves = 0;
+  for (int64_t q : qs) whole_waves += pl::attention_efficiency(q / 2, 20, {132}) == 1.0;
+  EXPECT_GE(whole_waves, 3u) << "the slabs whose calls fill whole waves";
+  // One process: the slab's own rows per call, the wave chunks of all 40 heads among them.
+  const auto one = pl::call_chunk_candidates({3152}, 75600, 75600, 1, 1, 40, 132, 16);
+  EXPECT_NE(std::find(one.begin(), one.end(), 3200), one.end());
+  for (int64_t q : pl::wave_chunk_candidates(75600, 1, 40, 132, 16))
+    EXPECT_NE(std::find(one.begin(), one.end(), q), one.end()) << q;
+  EXPECT_TRUE(pl::call_chunk_candidates({3152}, 75600, 37800, 2, 1, 20, 0, 16).empty());  // no GPU
+}
+
 TEST(BudgetCost, AttentionEfficiencyIsTheFillOfTheLastWave) {
   // 40 heads x 33 tiles of 128 rows = 1320 tiles = 10 full waves of 132.
   EXPECT_DOUBLE_EQ(pl::attention_efficiency(33 * 128, 40, {132}), 1.0);
-  // One row more opens an 11th wave for 40 tiles: 1360 / (11 x 132).
-  EXPECT_DOUBLE_EQ(pl::attention_efficiency(33 * 128 + 1, 40, {132}), 1360.0 / (11 * 132));
-  // A partial tile costs a whole one.
-  EXPECT_DOUBLE_EQ(pl::attention_efficiency(1, 132, {132}), pl::attention_efficiency(128, 132, {132}));
+  // One row more opens an 11th wave for 40 tiles: 1360 / (11 x 132), of which each head's last
+  // tile holds one row of 128.
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(33 * 128 + 1, 40, {132}), 4225.0 / 4352 * 1360.0 / (11 * 132));
+  // A partial tile costs a whole one: a row does 1/128 of a tile's work in the same time.
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(1, 132, {132}), pl::attention_efficiency(128, 132, {132}) / 128);
+  // A ulysses piece of 1,576 rows of 20 heads (Wan 14B's Q slab of 3,152 rows on 2 ranks): 13
+  // tiles per head, the last holding 40 rows, 260 tiles in 2 waves of 132.
+  EXPECT_DOUBLE_EQ(pl::attention_efficiency(1576, 20, {132}), 1576.0 / 1664 * 260.0 / 264);
   EXPECT_DOUBLE_EQ(pl::attention_efficiency(1000, 8, {0}), 1.0);  // no GPU: no waves
   // The cost model charges the Q slabs of one attention by their waves: splitting 33 x 128
   // rows per head into 2 slabs fills fewer waves than one call, and costs more.
@@ -381,6 +405,16 @@ TEST(BudgetCost, AttentionEfficiencyIsTheFillOfTheLastWave) {
   half.flops /= 2;
   half.gemm_rows = 4224 / 2;
   EXPECT_GT(2 * pl::step_seconds(half, r), 1.05 * pl::step_seconds(whole, r));
+  // The rows up to a head's next whole tile take no more time: 1,576 and 1,664 rows of 20 heads
+  // both run 13 tiles per head, and the call's tail is charged whole tiles either way.
+  ct::DeviceCaps tail = d;
+  tail.rates.attention_call_tiles = 0.4;
+  pl::Terms ragged{4.0 * 1576 * 8192 * 20 * 128, 0, 2, 1576, ir::DType::BF16, true, 20};
+  pl::Terms tiled = ragged;
+  tiled.flops *= 1664.0 / 1576;
+  tiled.gemm_rows = 1664;
+  for (const ct::DeviceCaps& dc : {d, tail})
+    EXPECT_NEAR(pl::step_seconds(ragged, pl::rates_of(dc)), pl::step_seconds(tiled, pl::rates_of(dc)), 1e-12);
 }
 
 TEST(BudgetCost, TwoTilesPerUnitMakeWavesOfTwiceTheUnits) {

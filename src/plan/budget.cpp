@@ -133,6 +133,23 @@ std::vector<int64_t> wave_chunk_candidates(int64_t rows, int64_t rep, int64_t kv
   return sorted_unique(std::move(out));
 }
 
+std::vector<int64_t> call_chunk_candidates(const std::vector<int64_t>& qs, int64_t rows, int64_t most, int64_t ranks,
+                                           int64_t rep, int64_t groups, int64_t slots, int64_t align) {
+  if (slots <= 0 || ranks <= 0) return {};
+  std::vector<int64_t> out;
+  auto offer = [&](int64_t each) {
+    if (each > 0 && each * ranks < rows && each * ranks % std::max<int64_t>(align, 1) == 0) out.push_back(each * ranks);
+  };
+  for (int64_t q : qs) {
+    const int64_t each = (q + ranks - 1) / ranks;
+    offer(each / kAttentionTileRows * kAttentionTileRows);
+    offer(ir::round_up(each, kAttentionTileRows));
+  }
+  if (groups > 0)
+    for (int64_t each : wave_chunk_candidates(most, rep, groups, slots, align)) offer(each);
+  return sorted_unique(std::move(out));
+}
+
 std::vector<int64_t> feature_slice_candidates(int64_t hidden, int64_t align) {
   align = std::max<int64_t>(align, 1);
   std::vector<int64_t> out;

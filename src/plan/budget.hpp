@@ -40,6 +40,14 @@ std::vector<int64_t> chunk_candidates(int64_t rows, int64_t align);
 // multiples of the rows that make rep x rows fill waves of `slots` tiles (TileWaves::slots)
 // over `kv_heads` heads, near each slab count chunk_candidates offers; none where slots <= 0.
 std::vector<int64_t> wave_chunk_candidates(int64_t rows, int64_t rep, int64_t kv_heads, int64_t slots, int64_t align);
+// Q slabs (of `rows`, each below it and a multiple of `align`) whose attention calls run whole
+// tiles and whole waves, on a GPU (slots > 0; none elsewhere). A call attends q / `ranks` rows
+// (one rank's rows of a ulysses Q slab; ranks 1: the whole slab) of `groups` K/V heads, rep
+// query heads each. Offered: each of `qs` with its calls' rows rounded down and up to whole
+// tiles, and the slabs whose calls fill whole waves (wave_chunk_candidates over `most`, the
+// most rows a rank holds).
+std::vector<int64_t> call_chunk_candidates(const std::vector<int64_t>& qs, int64_t rows, int64_t most, int64_t ranks,
+                                           int64_t rep, int64_t groups, int64_t slots, int64_t align);
 // Feature slices of a sliceable MLP: hidden/2, /4, /8, rounded up to `align` (the weight
 // formats' slice alignment), each < hidden. Narrower slices would shrink the scratch
 // further but turn each slice's matmuls skinny and multiply the accumulator passes.

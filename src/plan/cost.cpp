@@ -61,10 +61,15 @@ int64_t tiles_of(int64_t rows_per_head, int64_t heads) {
   return (rows_per_head + kAttentionTileRows - 1) / kAttentionTileRows * heads;
 }
 
-// The time one tile takes, for a call of `flops` at `peak` FLOP/s (a wave's time over its slots).
+// The share of a head's tiles' rows that are query rows: its last tile runs whole.
+double tile_fill(int64_t rows_per_head) {
+  return double(rows_per_head) / double(tiles_of(rows_per_head, 1) * kAttentionTileRows);
+}
+
+// The time one whole tile takes, for a call of `flops` at `peak` FLOP/s (a wave's time over its slots).
 double attention_tile_seconds(double flops, int64_t rows_per_head, int64_t heads, double peak, const TileWaves& w) {
   if (w.units <= 0 || rows_per_head <= 0 || heads <= 0 || peak <= 0) return 0;
-  return flops / double(tiles_of(rows_per_head, heads)) / (peak / double(w.slots()));
+  return flops / tile_fill(rows_per_head) / double(tiles_of(rows_per_head, heads)) / (peak / double(w.slots()));
 }
 }  // namespace
 
@@ -76,7 +81,7 @@ double attention_efficiency(int64_t rows_per_head, int64_t heads, const TileWave
     const int64_t busiest = (rest + w.units - 1) / w.units;  // tiles on the fullest multiprocessor
     waves += w.per_unit > 1 ? w.lone + (1.0 - w.lone) * double(busiest - 1) / double(w.per_unit - 1) : 1.0;
   }
-  return double(tiles) / (waves * double(slots));
+  return tile_fill(rows_per_head) * double(tiles) / (waves * double(slots));
 }
 
 double step_seconds(const Terms& t, const Rates& r) {

@@ -39,7 +39,9 @@ struct TileWaves {
 TileWaves tile_waves(const Rates& r);
 
 // Fraction of peak an attention call reaches on a GPU: its tiles over the time of its waves
-// (docs/budgets.md: a mostly empty last wave cost ~0.5 ms per call of a Wan block). 1 when units <= 0.
+// (docs/budgets.md: a mostly empty last wave cost ~0.5 ms per call of a Wan block), times the
+// share of its tiles' rows that are rows (a head's last tile runs whole, however few rows it
+// holds). 1 when units <= 0.
 inline constexpr int64_t kAttentionTileRows = 128;
 double attention_efficiency(int64_t rows_per_head, int64_t heads, const TileWaves& w);
 

@@ -198,7 +198,13 @@ class Chooser {
         const int64_t align = reg_.consumer(a.consumer).q_align;
         auto qs = chunk_candidates(T, align);
         const int64_t slots = tile_waves(rates_of(dev_)).slots();
-        for (int64_t q : wave_chunk_candidates(T, a.heads / a.kv_heads, a.kv_heads, slots, align))
+        // A call attends a Q slab's rows under one process; under a ulysses split, one rank's
+        // rows of it, of this rank's head groups.
+        const bool split = ulysses_split(opt_.sequence, a);
+        const int64_t P = split ? opt_.sequence.ranks : 1,
+                      most = split ? most_rows(opt_.sequence, m_.tokens(), m_.rows(at.s.segments)) : T,
+                      groups = split ? shares(a.kv_heads, P)[size_t(opt_.sequence.rank)] : a.kv_heads;
+        for (int64_t q : call_chunk_candidates(qs, T, most, P, a.heads / a.kv_heads, groups, slots, align))
           if (std::find(qs.begin(), qs.end(), q) == qs.end()) qs.push_back(q);
         for (int64_t q : qs)
           for (int64_t kv : kvs) plans.push_back(attention_candidate(v, T, L, kv, q));
