@@ -316,6 +316,19 @@ rc=0; err=$("$bin" run --checkpoint "$tmp/wan.safetensors" --frames 5 --height 3
   --sequence ring 2>&1) || rc=$?
 [ "$rc" -eq 1 ] && grep -qF -- "--sequence: applies to sequence-parallel runs (--nproc)" <<<"$err" ||
   fail "run --sequence without --nproc: $rc $err"
+# --link-rate: the plans price the exchanges at the rate given instead of the measured (run) or
+# default (plan) one; it prices exchanges between ranks, so needs them.
+out=$("$bin" run "${wan_geom[@]}" --nproc 2 --link-rate 7 --explain) || fail "run --nproc 2 --link-rate 7"
+grep -qF " at 7 GB/s" <<<"$out" || fail "run --nproc 2 --link-rate 7: the plan does not say the rate: $out"
+out=$("$bin" plan --checkpoint "$tmp/wan.safetensors" --frames 5 --height 32 --width 48 --device cpu --quiet \
+  --ranks 2 --link-rate 7) || fail "plan --ranks 2 --link-rate 7"
+grep -qF " at 7 GB/s" <<<"$out" || fail "plan --ranks 2 --link-rate 7: the plan does not say the rate: $out"
+rc=0; err=$("$bin" run "${wan_geom[@]}" --link-rate 7 2>&1) || rc=$?
+[ "$rc" -eq 1 ] && grep -qF -- "--link-rate: applies to sequence-parallel runs (--nproc)" <<<"$err" ||
+  fail "run --link-rate without --nproc: $rc $err"
+rc=0; err=$("$bin" plan --device cpu --quiet --link-rate 7 2>&1) || rc=$?
+[ "$rc" -eq 1 ] && grep -qF -- "--link-rate 7: prices the exchanges between ranks, so applies with --ranks 2 or more" \
+  <<<"$err" || fail "plan --link-rate without --ranks: $rc $err"
 rc=0; err=$(RANK=0 WORLD_SIZE=2 "$bin" run --checkpoint "$tmp/wan.safetensors" --frames 5 --height 32 --width 48 \
   --device cpu 2>&1) || rc=$?
 [ "$rc" -eq 1 ] && grep -qF "MASTER_PORT: unset, while RANK is set" <<<"$err" || fail "RANK without MASTER_PORT: $rc $err"

@@ -53,6 +53,7 @@ struct ModelArgs {
   // plan --ranks: one rank's plan of a sequence-parallel run.
   int64_t ranks = 1, rank = 0;
   std::string sequence = "ulysses";
+  double link_rate = 0;  // GB/s; 0: the device's default
   // plan --device-memory: the weights' arrangement with the plan (a checkpoint's weights).
   std::string device_memory, weights = "auto";
   const CLI::App* cmd = nullptr;  // which options were given
@@ -144,7 +145,13 @@ int cmd_plan(ModelArgs a) {
   check_plan_options(a);
   const auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
-  const auto dev = exec::run_device(d);
+  auto dev = exec::run_device(d);
+  if (a.given("--link-rate")) {
+    if (a.ranks < 2)
+      throw std::invalid_argument("--link-rate " + a.cmd->get_option("--link-rate")->results().front() +
+                                  ": prices the exchanges between ranks, so applies with --ranks 2 or more");
+    dev.rates.link_bytes_per_s = a.link_rate * 1e9;
+  }
   report::Progress progress("plan", !a.quiet);
   std::optional<cli::MetaModel> mm;
   std::string variant;
@@ -375,6 +382,7 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--sequence", plan_args.sequence, "with --ranks: how attention sees the other ranks' rows")
       ->check(CLI::IsMember({"ulysses", "ring"}))
       ->capture_default_str();
+  sp::cli::add_link_rate_option(plan_cmd, plan_args.link_rate, "with --ranks");
   plan_cmd->add_option("--device-memory", plan_args.device_memory,
                        "with --checkpoint: plan the weights' arrangement too, within this much device memory per "
                        "rank (e.g. 24GiB): blocks kept, streamed from host memory or, with --ranks, sharded");

@@ -46,6 +46,19 @@ inline CLI::Validator between(double lo, double hi) {
                                [lo, hi](double v) { return v >= lo && v <= hi; });
 }
 
+inline CLI::Validator above(double lo) {
+  return detail::numeric_check("> " + detail::number_text(lo), [lo](double v) { return v > lo && v < 1e300; });
+}
+
+// --link-rate GB/s (plan --ranks, run --nproc): the rate the plans price the exchanges at.
+inline CLI::Option* add_link_rate_option(CLI::App* cmd, double& gb_per_s, const std::string& with) {
+  return cmd
+      ->add_option("--link-rate", gb_per_s,
+                   with + ": GB/s each rank sends and receives in an all-to-all, which the plans price the exchanges "
+                          "at (default: " + (with == "with --nproc" ? "measured over the ranks" : "200 on a GPU, 2 on a CPU") + ")")
+      ->check(above(0));
+}
+
 // --feature-slice: a slice width >= 1, or -1 for no feature slicing; omitted, the planner
 // chooses. 0 is an error rather than a second way of saying "automatic".
 inline CLI::Validator feature_slice_check() {

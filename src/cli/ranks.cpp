@@ -225,6 +225,7 @@ int run_rank(const RunArgs& a, const RankEnv& env) {
   o.device = d.str();
   if (!a.device_memory.empty()) o.device_memory = plan::parse_budget(a.device_memory);
   o.sequence_mode = a.sequence == "ring" ? plan::SeqMode::Ring : plan::SeqMode::Ulysses;
+  o.link_bytes_per_s = a.link_rate * 1e9;
   o.weight_split = a.weights == "sharded"      ? plan::WeightSplit::Sharded
                    : a.weights == "replicated" ? plan::WeightSplit::Replicated
                                                : plan::WeightSplit::Auto;

@@ -26,6 +26,7 @@ struct RunArgs {
   // Sequence parallel over ranks (cli/ranks.hpp).
   int nproc = 0;
   std::string sequence = "ulysses", weights = "auto";
+  double link_rate = 0;  // GB/s; 0: measured over the ranks
   bool check = false;
   const CLI::App* cmd = nullptr;
   bool given(const char* option) const { return cmd->count(option) > 0; }

@@ -85,7 +85,7 @@ int run_ranks(const RunArgs& a) {
 
 int run(const RunArgs& a) {
   if (a.nproc > 0 || rank_env()) return run_ranks(a);
-  for (const char* o : {"--sequence", "--weights", "--check"})
+  for (const char* o : {"--sequence", "--weights", "--check", "--link-rate"})
     if (a.given(o)) throw std::invalid_argument(std::string(o) + ": applies to sequence-parallel runs (--nproc)");
   auto reg = exec::builtin_registry();
   const at::Device d = exec::pick_device(a.device);
@@ -277,6 +277,7 @@ Runner add_run(CLI::App& app) {
                   "the fastest arrangement that fits)")
       ->check(CLI::IsMember({"auto", "replicated", "sharded"}))
       ->capture_default_str();
+  add_link_rate_option(cmd, a->link_rate, "with --nproc");
   cmd->add_flag("--check", a->check, "with --nproc: rank 0 also runs the forward alone and prints the rel L2 between them");
   cmd->add_flag("--planned-only", a->planned_only, "skip the naive run (shapes where only the planned one fits)");
   cmd->add_flag("--json", a->json, "print the run report as JSON");
