@@ -156,13 +156,14 @@ class Handle:
         # Each half of the ranks splits the rows of its batch elements over its own group.
         self._sequence = (self._cfg.group, *sequence[1:]) if self._cfg else sequence
         group, _, shard, link_rate = self._sequence
-        if link_rate and (group is None or group_size(group) < 2):
+        ranks = 0 if group is None else group_size(group)
+        got = "none" if group is None else str(ranks)
+        if link_rate and ranks < 2:
             raise ValueError(f"link_rate: prices the exchanges between the ranks of a process_group of 2 or more "
-                             f"ranks; got {'none' if group is None else group_size(group)}")
-        if shard and (group is None or group_size(group) < 2):
+                             f"ranks; got {got}")
+        if shard and ranks < 2:
             raise ValueError("shard_weights: shares the blocks' weights over the ranks of a process_group of 2 or "
-                             f"more ranks{' (with cfg_parallel: of each half)' if self._cfg else ''}; got "
-                             f"{'none' if group is None else group_size(group)}")
+                             f"more ranks{' (with cfg_parallel: of each half)' if self._cfg else ''}; got {got}")
         self._dtype = dtype
         self._residency = residency
         self._weight_hook = weight_hook

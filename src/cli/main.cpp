@@ -382,7 +382,7 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--sequence", plan_args.sequence, "with --ranks: how attention sees the other ranks' rows")
       ->check(CLI::IsMember({"ulysses", "ring"}))
       ->capture_default_str();
-  sp::cli::add_link_rate_option(plan_cmd, plan_args.link_rate, "with --ranks");
+  sp::cli::add_link_rate_option(plan_cmd, plan_args.link_rate, "with --ranks", "200 on a GPU, 2 on a CPU");
   plan_cmd->add_option("--device-memory", plan_args.device_memory,
                        "with --checkpoint: plan the weights' arrangement too, within this much device memory per "
                        "rank (e.g. 24GiB): blocks kept, streamed from host memory or, with --ranks, sharded");

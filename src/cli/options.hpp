@@ -50,12 +50,14 @@ inline CLI::Validator above(double lo) {
   return detail::numeric_check("> " + detail::number_text(lo), [lo](double v) { return v > lo && v < 1e300; });
 }
 
-// --link-rate GB/s (plan --ranks, run --nproc): the rate the plans price the exchanges at.
-inline CLI::Option* add_link_rate_option(CLI::App* cmd, double& gb_per_s, const std::string& with) {
+// --link-rate GB/s (plan --ranks, run --nproc): the rate the plans price the exchanges at;
+// `with` names the option it goes with, `otherwise` the rate used without it.
+inline CLI::Option* add_link_rate_option(CLI::App* cmd, double& gb_per_s, const std::string& with,
+                                         const std::string& otherwise) {
   return cmd
       ->add_option("--link-rate", gb_per_s,
                    with + ": GB/s each rank sends and receives in an all-to-all, which the plans price the exchanges "
-                          "at (default: " + (with == "with --nproc" ? "measured over the ranks" : "200 on a GPU, 2 on a CPU") + ")")
+                          "at (default: " + otherwise + ")")
       ->check(above(0));
 }
 

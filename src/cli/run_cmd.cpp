@@ -277,7 +277,7 @@ Runner add_run(CLI::App& app) {
                   "the fastest arrangement that fits)")
       ->check(CLI::IsMember({"auto", "replicated", "sharded"}))
       ->capture_default_str();
-  add_link_rate_option(cmd, a->link_rate, "with --nproc");
+  add_link_rate_option(cmd, a->link_rate, "with --nproc", "measured over the ranks");
   cmd->add_flag("--check", a->check, "with --nproc: rank 0 also runs the forward alone and prints the rel L2 between them");
   cmd->add_flag("--planned-only", a->planned_only, "skip the naive run (shapes where only the planned one fits)");
   cmd->add_flag("--json", a->json, "print the run report as JSON");
