@@ -13,14 +13,15 @@ plan's exchanges; and the output's rel L2 against the first rank count's.
 --weights replicated,sharded: each rank count above one runs once per arrangement (one rank runs
 once); sharded: the module stays in host memory and each rank keeps 1/N of every block's weights
 on its GPU. --comm-time: one more forward under the profiler, per rank the time of its NCCL
-kernels (which includes waiting for the other ranks). --device-memory SIZE: the module stays in
+kernels (which includes waiting for the other ranks). --kernels: likewise, per rank its CUDA kernels'
+time and count by kind (attention, GEMMs, copies, NCCL, other). --device-memory SIZE: the module stays in
 host memory and each rank's calls hold at most SIZE on its device; the planner arranges the
 weights (kept, streamed from host memory, or on more than one rank sharded) and the row says how.
 
     .venv/bin/python scripts/sp_check.py [--model wan|minimax] [--tiny] [--layers N]
         [--frames F --height H --width W] [--ranks 1,2] [--mode ulysses|ring] [--cfg-parallel]
         [--weights replicated,sharded | --device-memory SIZE] [--device cuda|cpu] [--one-gpu]
-        [--consumer NAME] [--kv-budget F] [--budget SIZE] [--reps 2] [--comm-time] [--vs-comfy] [--solo]
+        [--consumer NAME] [--kv-budget F] [--budget SIZE] [--reps 2] [--comm-time] [--kernels] [--vs-comfy] [--solo]
         [--link-rate GB/s] [--out FILE]
 
 --one-gpu puts every rank on cuda:0 and exchanges over gloo (through host memory): what a split
@@ -44,6 +45,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -72,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "host memory); default replicated")
     ap.add_argument("--comm-time", action="store_true",
                     help="one more forward under the profiler: per rank its NCCL kernels' time (CUDA, NCCL)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="one more forward under the profiler: per rank its CUDA kernels' time by kind (attention, "
+                         "GEMMs, copies, NCCL, other)")
     ap.add_argument("--device-memory", help="per rank, e.g. 40GiB: the weights arranged under it (the module in host "
                     "memory)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -104,6 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--weights sharded and --device-memory: give one (under --device-memory the planner chooses)")
     if a.comm_time and (a.device != "cuda" or a.one_gpu):
         ap.error("--comm-time: measures NCCL kernels, so needs --device cuda without --one-gpu")
+    if a.kernels and a.device != "cuda":
+        ap.error("--kernels: measures CUDA kernels, so needs --device cuda")
     if a.solo:
         given = [name for name, on in (("--weights sharded", "sharded" in a.weights), ("--device-memory", a.device_memory),
                                        ("--cfg-parallel", a.cfg_parallel), ("--comm-time", a.comm_time),
@@ -267,13 +274,16 @@ def _rank(rank: int, world: int, weights: str, a: argparse.Namespace, work: str)
                 mem["activation_peak_bytes"] = mem["peak_allocated_bytes"] - held
                 free, total = torch.cuda.mem_get_info()  # beside the allocator's: the context, NCCL's buffers
                 mem["device_used_bytes"] = total - free
-            comm_ms = _nccl_ms(forward, sync) if a.comm_time and world > 1 else None
-        forwards = 1 + a.reps + (comm_ms is not None)  # the plans' calls: every forward made
+            profiled = a.kernels or (a.comm_time and world > 1)
+            kernel_ms = _kernel_ms(forward, sync) if profiled else None
+            comm_ms = (kernel_ms if isinstance(kernel_ms, str) else kernel_ms["nccl"]["ms"]) \
+                if a.comm_time and world > 1 else None
+        forwards = 1 + a.reps + profiled  # the plans' calls: every forward made
         row = {"ranks": world, "rank": rank, "ms": 1e3 * statistics.median(times), "ms_all": [1e3 * s for s in times],
                "before_bytes": before, "held_bytes": held, "fallbacks": [f.code for f in handle.fallbacks],
                "estimated_peak_bytes": handle.plans[-1]["estimated_peak_bytes"],
                "estimated_ms": sum(p["estimated_ms"] * p["calls"] for p in handle.plans) / forwards,
-               "nccl_ms": comm_ms,
+               "nccl_ms": comm_ms, "kernel_ms": kernel_ms if a.kernels else None,
                "sharded_bytes": list(handle.sharded_bytes), "residency": handle.residency, "model": what,
                "explain": handle.explain(), **mem}
         if rank == 0:
@@ -328,16 +338,38 @@ def _solo_group(world: int) -> None:
     dist.init_process_group("solo", store=dist.HashStore(), rank=0, world_size=world)
 
 
-def _nccl_ms(forward, sync) -> float | str:
-    """One forward under the profiler: the time of its NCCL kernels on this rank's GPU, in ms (the
-    kernels' own time: the CPU ranges that launch them count none), or why it was not measured."""
+# Kernel kinds by name, the first that matches: NCCL's, attention's (flash, cuDNN's SDPA, the
+# int8 and sparse consumers'), matmuls', copies (ATen's copy and cat kernels, memcpy).
+_KINDS = (("nccl", re.compile(r"nccl", re.I)),
+          ("attention", re.compile(r"fmha|flash|attn|attention|sdpa", re.I)),
+          ("gemm", re.compile(r"gemm|nvjet|xmma|cutlass|matmul|s16816|wgmma", re.I)),
+          ("copy", re.compile(r"copy|memcpy|memset|cat_?array", re.I)))
+
+
+def kernel_kind(name: str) -> str:
+    """A CUDA kernel's kind by its name: the first of _KINDS that matches, else "other"."""
+    return next((k for k, pat in _KINDS if pat.search(name)), "other")
+
+
+def _kernel_ms(forward, sync) -> dict | str:
+    """One forward under the profiler: its CUDA kernels' own time in ms and their count by kind
+    (_KINDS, else "other"; NCCL's include waiting for the other ranks), or why it was not measured."""
     from torch.profiler import ProfilerActivity, profile
 
     try:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             forward()
             sync()
-        return sum(e.self_device_time_total for e in prof.key_averages() if "nccl" in e.key.lower()) / 1e3
+        kinds = {k: {"ms": 0.0, "launches": 0} for k, _ in _KINDS + (("other", None),)}
+        for e in prof.key_averages():
+            # kernels and copies on the device; a record_function's range there spans its kernels
+            if (e.self_device_time_total <= 0 or e.device_type != torch.autograd.DeviceType.CUDA
+                    or e.is_user_annotation):
+                continue
+            kind = kernel_kind(e.key)
+            kinds[kind]["ms"] += e.self_device_time_total / 1e3
+            kinds[kind]["launches"] += e.count
+        return kinds
     except Exception as e:  # the row keeps its other figures
         return f"not measured: {e!r}"
 
@@ -396,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"rel L2 vs {first[0]} rank(s) {row['rel_l2_vs_first']:.2e}" if row["rel_l2_vs_first"] is not None
                      else "alone (each exchange copied what it sent), output not compared")
                   + (f", vs ComfyUI's own forward {row['rel_l2_vs_comfy']:.2e}" if a.vs_comfy else ""), file=sys.stderr)
+            for r in ranks:
+                k = r.get("kernel_ms")
+                if k:
+                    print(f"[sp_check]   rank {r['rank']} kernels: " + (k if isinstance(k, str) else ", ".join(
+                        f"{kind} {v['ms']:.1f} ms ({v['launches']})" for kind, v in k.items() if v["launches"])
+                        + f"; {sum(v['ms'] for v in k.values()):.1f} ms in all"), file=sys.stderr)
             for line in ranks[0]["explain"].splitlines():
                 if line.lstrip().startswith(("sequence parallel:", "weights:")):
                     print(f"[sp_check]   {line.strip()}", file=sys.stderr)

@@ -153,6 +153,10 @@ ct::Registry registry_with_test_contracts() {
   no_lse.name = "sdpa-no-lse";
   no_lse.lse = Cap::No;
   reg.add(no_lse);
+  ct::ConsumerCaps keyed = reg.consumer("sdpa");
+  keyed.name = "sdpa-keyed";
+  keyed.positions = Cap::Unknown;  // does not declare that the order of its key rows is nothing to it
+  reg.add(keyed);
   return reg;
 }
 

@@ -553,6 +553,46 @@ TEST_F(Planning, UlyssesFillsACarrierOnceAndAttendsEachRanksRowsAtTheirPlace) {
   }
 }
 
+// Under a ulysses split a consumer to which the order of its key rows is nothing (sdpa:
+// ConsumerCaps::positions No) takes K and V in the order each slab's rows arrive: they are
+// received straight into K and V, with no buffers of their own and no copy into place, so that
+// each rank's peak and bytes fall. One that does not declare it gets them placed at their rows.
+TEST_F(Planning, UlyssesReceivesKvInPlaceWhereTheirOrderIsNothingToTheConsumer) {
+  for (int64_t r = 0; r < 3; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r) + " of 3");
+    std::map<std::string, pl::Plan> plans;
+    for (const std::string consumer : {"sdpa", "sdpa-keyed"}) {
+      Knobs k = gqa_bf16(1);
+      k.consumer = consumer;
+      const ir::Model m = build(k);
+      const pl::Plan p = plan(m, {.token_chunk = 40, .sequence = {r, 3, pl::SeqMode::Ulysses}});
+      const bool arrival = consumer == "sdpa";
+      int exchanges = 0;
+      for (const pl::Part* part : pl::parts(p))
+        for (const pl::Step& st : part->program.steps) {
+          const auto* x = std::get_if<pl::ExchangeStep>(&st.body);
+          if (!x || x->kind != pl::Exchange::RowsToHeads) continue;
+          ++exchanges;
+          EXPECT_EQ(x->arrival, arrival) << st.what;
+          EXPECT_EQ(x->received.buf == x->out.buf, arrival) << st.what;
+          EXPECT_EQ(contains(st.what, "in the order they arrive"), arrival) << st.what;
+          EXPECT_EQ(st.terms.launches, arrival ? 1 : 2) << st.what;
+        }
+      EXPECT_GE(exchanges, 2 * int(m.blocks.size()));  // K and V, in the slab loop and its padding
+      int received = 0;  // buffers the exchanges receive through
+      for (const pl::Part* part : pl::parts(p))
+        for (const pl::Buffer& b : part->program.buffers) received += contains(b.label, "received");
+      EXPECT_EQ(received > 0, !arrival);
+      plans.emplace(consumer, p);
+    }
+    // A rank without heads (2 K/V heads over 3 ranks) receives nothing either way.
+    if (pl::shares(gqa_bf16().kv_heads, 3)[size_t(r)] > 0)
+      EXPECT_LT(plans.at("sdpa").estimated_peak_bytes, plans.at("sdpa-keyed").estimated_peak_bytes);
+    else
+      EXPECT_EQ(plans.at("sdpa").estimated_peak_bytes, plans.at("sdpa-keyed").estimated_peak_bytes);
+  }
+}
+
 // Ulysses leaves each K/V slab's exchanges in flight through buffers that live across the slab
 // loop, and completes them after it: the cost model hides their link time behind the next
 // slabs' work (all but the last pass's), never more than that work, and never below the steps'

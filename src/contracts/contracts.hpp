@@ -77,7 +77,9 @@ struct ConsumerCaps {
   Cap lse = Cap::Unknown;
   // Yes: what the call computes depends on where its query rows are (AttnCall::q_begin: routed
   // tiles, a Python consumer's q_start). A ulysses split then attends each rank's rows of a Q
-  // slab in a call of their own, at their place in the model's rows.
+  // slab in a call of their own, at their place in the model's rows. No: it depends on neither
+  // its query rows' places nor its key rows' order (the same order for K and V), so that a
+  // ulysses split may receive K/V rows straight into place in the order they arrive.
   Cap positions = Cap::Unknown;
   std::set<ir::DType> dtypes;            // accepted activation dtypes
   int64_t q_align = 1;                   // Q slab rows must be a multiple (except the last)

@@ -174,7 +174,7 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     // Ulysses, slab by slab: each exchange trades a slab of `chunk` rows of every rank (padded
     // where a rank holds fewer) for this rank's share of the K/V head groups, each with its
     // query heads; every rank runs as many slabs as the rank with the most rows. The K/V slabs
-    // land at their rows of this rank's K and V; each Q slab goes out to the ranks piece by
+    // land at their rows of this rank's K and V (or where they arrive: `arrival` below); each Q slab goes out to the ranks piece by
     // piece, each piece attended as it arrives and its output sent back at once, then projected
     // into the residual rows.
     const int64_t P = c.seq().ranks, most = most_rows(c.seq(), m.tokens(), rr);
@@ -188,6 +188,9 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     const bool carries = bool(cc.k_carrier_bytes);  // K head-major for its carrier
     const auto [kv_layout, q_layout, kv_shape] = kv_layout_of(strided && !carries, Gr);
     const int K = c.buffer(BufRole::GlobalK, "K", kv_shape, dt), V = c.buffer(BufRole::GlobalV, "V", kv_shape, dt);
+    // Token-major K/V of a consumer to which their rows' order is nothing, unrouted: each slab's
+    // rows received straight into K and V in the order they arrive, not through buffers of their own.
+    const bool arrival = kv_layout == Layout::Same && cc.positions == contracts::Cap::No && !call.routed(L);
     auto rows_of = [&](int buf, int64_t n) {  // the first n rows of a slab buffer
       Operand o = c.whole(buf);
       o.shape[0] = n;
@@ -198,15 +201,15 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       // into and received through buffers that live across the slab loops, completed after them.
       const Operand ksent = c.whole(c.buffer(BufRole::SeqRows, "K sent", {kc, wkv}, dt)),
                     vsent = c.whole(c.buffer(BufRole::SeqRows, "V sent", {kc, wkv}, dt)),
-                    krecv = c.whole(c.buffer(BufRole::SeqHeads, "K received", {P * kc, Gr * hd}, dt)),
-                    vrecv = c.whole(c.buffer(BufRole::SeqHeads, "V received", {P * kc, Gr * hd}, dt));
+                    krecv = arrival ? c.whole(K) : c.whole(c.buffer(BufRole::SeqHeads, "K received", {P * kc, Gr * hd}, dt)),
+                    vrecv = arrival ? c.whole(V) : c.whole(c.buffer(BufRole::SeqHeads, "V received", {P * kc, Gr * hd}, dt));
       const Held wk = hold(c, a, k_of), wv = hold(c, a, v_of);
       auto slab = [&](int64_t n, int64_t pieces) {
         const int ks = c.buffer(BufRole::SeqRows, "K slab", {kc, wkv}, dt);
         const int vs = c.buffer(BufRole::SeqRows, "V slab", {kc, wkv}, dt);
         if (n > 0) kv_rows(wk, wv, rows_of(ks, n), rows_of(vs, n), n, pieces);
-        c.exchange(c.whole(ks), c.whole(K), groups, hd, kv_layout, rows, kc, ksent, krecv);
-        c.exchange(c.whole(vs), c.whole(V), groups, hd, kv_layout, rows, kc, vsent, vrecv);
+        c.exchange(c.whole(ks), c.whole(K), groups, hd, kv_layout, rows, kc, ksent, krecv, arrival);
+        c.exchange(c.whole(vs), c.whole(V), groups, hd, kv_layout, rows, kc, vsent, vrecv, arrival);
       };
       c.own_loop(rr, kc, true, slab);
       c.pad_loop(rr, kc, slab);

@@ -402,21 +402,26 @@ class Compiler {
   // and receives. The chunk is the slab of each rank's `held` rows that the current token slab
   // is, its rows placed in `out` at theirs. `sent` and `received`: program buffers through which
   // it is left in flight, its link time beside the steps that follow; complete() ends it.
+  // `arrival` (ExchangeStep::arrival): the rows land in `out` as they come, `received` is `out`.
   void exchange(const Operand& in, const Operand& out, std::vector<int64_t> heads, int64_t unit, Layout out_layout,
-                std::vector<int64_t> held, int64_t chunk, const Operand& sent, const Operand& received) {
+                std::vector<int64_t> held, int64_t chunk, const Operand& sent, const Operand& received,
+                bool arrival = false) {
     const size_t me = size_t(seq_.rank);
     std::vector<int64_t> rows(size_t(seq_.ranks), chunk);
     auto sum = [](const std::vector<int64_t>& v) { return double(std::accumulate(v.begin(), v.end(), int64_t{0})); };
     // Heads of `unit` features this rank gives and gets; of them its own stay.
     const double given = double(rows[me]) * sum(heads), got = sum(rows) * double(heads[me]);
-    Terms t{0, 2 * (elems(in) + got * double(unit)) * esz_, 2};  // packed, then unpacked
+    // packed, then (unless they arrive in place) placed
+    Terms t{0, 2 * (elems(in) + (arrival ? 0.0 : got * double(unit))) * esz_, arrival ? 1 : 2};
     t.link_bytes = (given + got - 2 * double(rows[me]) * double(heads[me])) * double(unit) * esz_;
     // The rows are packed into `sent` and received into `received`, then placed as views.
     t.overlapped = true;
     emit(ExchangeStep{.kind = Exchange::RowsToHeads, .in = in, .out = out, .rows = std::move(rows),
                       .heads = std::move(heads), .unit = unit, .out_layout = out_layout, .sent = sent,
-                      .received = received, .held = std::move(held), .chunk = chunk},
-         "exchange rows for heads (all-to-all, " + std::to_string(seq_.ranks) + " ranks)", t);
+                      .received = received, .held = std::move(held), .chunk = chunk, .arrival = arrival},
+         "exchange rows for heads (all-to-all, " + std::to_string(seq_.ranks) + " ranks" +
+             (arrival ? ", in place in the order they arrive)" : ")"),
+         t);
   }
   // Waits for the exchange in flight through `received` and places its rows in `out`.
   void complete(const Operand& received, const Operand& out) {

@@ -269,9 +269,13 @@ struct ExchangeStep {
   std::string consumer{};            // Ring: a consumer that returns the log-sum-exp (ConsumerCaps::lse)
   Operand sent{}, received{};        // RowsToHeads in flight (above); Complete: `received`; Ulysses: `sent`, the pieces out and back
   // RowsToHeads, one slab of a token loop: each rank sends `chunk` rows (padded past its `held`
-  // rows); the real ones land in `out` (every row) at their rows.
+  // rows); the real ones land in `out` (every row) at their rows. `arrival`: each rank sends its
+  // real rows alone and they land straight in `out` (token-major; `received` is `out`) in the
+  // order they arrive, slab after slab, each slab's in rank order: for a consumer to which the
+  // order of its key rows is nothing (ConsumerCaps::positions No), K and V in the same order.
   std::vector<int64_t> held{};
   int64_t chunk = 0;
+  bool arrival = false;
   Operand q_heads{};                 // Ulysses
   std::optional<AttendStep> attend{};  // Ulysses: the attention of this rank's heads (none where it has no heads)
 };

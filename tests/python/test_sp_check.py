@@ -87,3 +87,30 @@ def test_solo_refuses_what_needs_the_other_ranks(args: list[str], message: str) 
     p = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--solo", *args], capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2 and message in p.stderr, p.stderr[-2000:]
+
+
+def test_kernels_refuses_the_cpu() -> None:
+    p = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--kernels"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "--kernels: measures CUDA kernels, so needs --device cuda" in p.stderr, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x128x128_4x1x1_kernel0_0", "attention"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >(Flash_fwd_params)", "attention"),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "gemm"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1", "gemm"),
+    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>", "copy"),
+    ("Memcpy DtoD (Device -> Device)", "copy"),
+    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::OpaqueType<2>>",
+     "copy"),
+    ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "nccl"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>", "other"),
+])
+def test_kernel_kinds(name: str, kind: str) -> None:
+    """--kernels sorts the profiler's kernels by name; NCCL's and attention's first (cuDNN's SDPA
+    kernel names its wgmma too)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import sp_check
+
+    assert sp_check.kernel_kind(name) == kind

@@ -63,6 +63,7 @@ void register_math(contracts::Registry& reg) {
   c.description = "explicit softmax(QK^T)V in fp32 (reference)";
   c.accepts_bounded_q = c.requires_global_k = c.requires_global_v = c.slab_output = Cap::Yes;
   c.lse = Cap::Yes;
+  c.positions = Cap::No;  // no mask, no bias: a softmax over the keys in whatever order
   c.dtypes = {ir::DType::F32, ir::DType::BF16, ir::DType::F16, ir::DType::F64};
   c.call_bytes = math_call_bytes;
   c.call_allocations = 3;  // the fp32 probabilities, their cast back, the output (the scores before)

@@ -210,6 +210,7 @@ void register_sdpa(contracts::Registry& reg) {
   c.accepts_bounded_q = c.requires_global_k = c.requires_global_v = c.slab_output = Cap::Yes;
   c.strided_heads = Cap::Yes;  // its flash, cuDNN and CPU kernels read strided heads in place
   c.lse = Cap::Yes;
+  c.positions = Cap::No;  // no mask, no bias: a softmax over the keys in whatever order
   c.dtypes = floats;
   c.call_bytes = sdpa_call_bytes;
   c.impl = std::make_shared<SdpaConsumer>();

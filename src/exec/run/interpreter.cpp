@@ -430,6 +430,7 @@ class Interpreter {
       return;
     }
     const int64_t heads = std::accumulate(s.heads.begin(), s.heads.end(), int64_t{0});
+    if (s.arrival) return arrive(s, in.view({in.size(0), heads, s.unit}), out);
     // One slab of every rank's rows of this rank's heads [rows, heads[me], unit] into `out`,
     // token-major or head-major: its real ones (the first m of the `chunk` each rank sent) at theirs.
     const int64_t slab = f_.token / s.chunk;
@@ -452,6 +453,23 @@ class Interpreter {
     inflight_[s.received.buf] = {work, [place, recv, total, mine, unit = s.unit] {
                                    place(recv.narrow(0, 0, total * mine * unit).view({total, mine, unit}));
                                  }};
+  }
+  // ExchangeStep::arrival: this slab's real rows of every rank straight into `out` [every row,
+  // heads[me] * unit] after the slabs before, in rank order.
+  void arrive(const ExchangeStep& s, const at::Tensor& x, const at::Tensor& out) {
+    const int64_t slab = f_.token / s.chunk, me = group_->getRank(), unit = out.numel() / std::max<int64_t>(out.size(0), 1);
+    std::vector<int64_t> real;  // each rank's rows in this slab
+    int64_t before = 0;         // every rank's rows in the slabs before
+    for (int64_t held : s.held) {
+      real.push_back(std::clamp<int64_t>(held - slab * s.chunk, 0, s.chunk));
+      before += std::clamp<int64_t>(held, 0, slab * s.chunk);
+    }
+    const int64_t rows = std::accumulate(real.begin(), real.end(), int64_t{0});
+    complete(s.received.buf);  // the exchange before through the same buffers
+    const at::Tensor recv = out.view({-1}).narrow(0, before * unit, rows * unit);
+    auto work = dist::start_rows_to_heads(group_, x.narrow(0, 0, real[size_t(me)]), real, s.heads,
+                                          operand(s.sent).view({-1}), recv);
+    inflight_[s.received.buf] = {work, [] {}};
   }
   // Waits for the exchange in flight through buffer `received` (if any) and places its rows.
   void complete(int received) {
