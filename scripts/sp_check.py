@@ -21,7 +21,8 @@ weights (kept, streamed from host memory, or on more than one rank sharded) and 
     .venv/bin/python scripts/sp_check.py [--model wan|minimax] [--tiny] [--layers N]
         [--frames F --height H --width W] [--ranks 1,2] [--mode ulysses|ring] [--cfg-parallel]
         [--weights replicated,sharded | --device-memory SIZE] [--device cuda|cpu] [--one-gpu]
-        [--consumer NAME] [--kv-budget F] [--budget SIZE] [--reps 2] [--comm-time] [--kernels] [--vs-comfy] [--solo]
+        [--consumer NAME] [--kv-budget F] [--budget SIZE] [--split-budget SIZE] [--reps 2] [--comm-time]
+        [--kernels] [--vs-comfy] [--solo]
         [--link-rate GB/s] [--out FILE]
 
 --one-gpu puts every rank on cuda:0 and exchanges over gloo (through host memory): what a split
@@ -90,6 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "measured; with --solo 200)")
     ap.add_argument("--consumer", default="sdpa", help="the attention consumer (default sdpa; int8, sparse: CUDA)")
     ap.add_argument("--budget", help="each rank's activation budget (e.g. 1.3GiB; default: the planner's default policy)")
+    ap.add_argument("--split-budget",
+                    help="each rank's activation budget at the rank counts above one, instead of --budget (e.g. "
+                         "1.25GiB: one rank under the default policy, a split under a share of its memory)")
     ap.add_argument("--kv-budget", type=float, default=1.0, help="with --consumer sparse: the video KV budget")
     ap.add_argument("--reps", type=int, default=2, help="timed forwards after the warm-up (default 2)")
     ap.add_argument("--vs-comfy", action="store_true",
@@ -188,6 +192,11 @@ def _model(a: argparse.Namespace, device: torch.device, weights_on: torch.device
     return dm.eval().requires_grad_(False), (x, t, context), kwargs, what
 
 
+def _budget(a: argparse.Namespace, world: int) -> str | None:
+    """Each rank's activation budget at `world` ranks: --split-budget above one rank, else --budget."""
+    return a.split_budget if world > 1 and a.split_budget else a.budget
+
+
 def _flat(out) -> torch.Tensor:
     """A forward's output as one fp32 tensor on the CPU (H3's video and audio one after another)."""
     if isinstance(out, (list, tuple)):
@@ -233,7 +242,7 @@ def _rank(rank: int, world: int, weights: str, a: argparse.Namespace, work: str)
             if cuda:
                 torch.cuda.empty_cache()
         group = dist.group.WORLD if world > 1 else None
-        handle = streamplan.apply(dm, process_group=group, sequence_parallel=a.mode, budget=a.budget,
+        handle = streamplan.apply(dm, process_group=group, sequence_parallel=a.mode, budget=_budget(a, world),
                                   cfg_parallel=a.cfg_parallel and world > 1,
                                   shard_weights=shard if world > 1 and not a.device_memory else None,
                                   device_memory=a.device_memory, device=str(device) if host else None,
@@ -396,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             out = torch.load(os.path.join(work, f"out-{world}-{weights}.pt"))
             ref = torch.load(os.path.join(work, f"out-{first[0]}-{first[1]}.pt"))
             row = {"ranks": world, "weights": weights, "mode": a.mode, "cfg_parallel": a.cfg_parallel,
-                   "consumer": a.consumer, "kv_budget": a.kv_budget, "budget": a.budget, "one_gpu": a.one_gpu, "solo": a.solo,
+                   "consumer": a.consumer, "kv_budget": a.kv_budget, "budget": _budget(a, world), "one_gpu": a.one_gpu,
+                   "solo": a.solo,
                    "device_memory": a.device_memory, "ms": max(r["ms"] for r in ranks),
                    "estimated_ms": max(r["estimated_ms"] for r in ranks), "per_rank": ranks,
                    # a solo rank's output holds rows it never received

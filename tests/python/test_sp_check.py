@@ -78,6 +78,16 @@ def test_solo_runs_the_first_rank_of_each_count_alone(tmp_path: Path) -> None:
         assert r["per_rank"][0]["fallbacks"] == [] and r["estimated_ms"] > 0, r["per_rank"]
 
 
+def test_split_budget_binds_the_split_alone(tmp_path: Path) -> None:
+    """--split-budget: one rank plans under the default policy, each rank of a split under the
+    budget given (a row says which)."""
+    rows = _sp_check(tmp_path, "--frames", "5", "--height", "32", "--width", "48", "--ranks", "1,2", "--solo",
+                     "--split-budget", "1GiB")
+    assert [r["budget"] for r in rows] == [None, "1GiB"], rows
+    assert "budget none" in rows[0]["per_rank"][0]["explain"], rows[0]["per_rank"][0]["explain"]
+    assert "budget 1GiB" in rows[1]["per_rank"][0]["explain"], rows[1]["per_rank"][0]["explain"]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--weights", "replicated,sharded"], "--solo: runs one rank without the others' data, so not with --weights sharded"),
     (["--vs-comfy", "--cfg-parallel"], "not with --cfg-parallel, --vs-comfy"),
