@@ -174,9 +174,9 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
     // Ulysses, slab by slab: each exchange trades a slab of `chunk` rows of every rank (padded
     // where a rank holds fewer) for this rank's share of the K/V head groups, each with its
     // query heads; every rank runs as many slabs as the rank with the most rows. The K/V slabs
-    // land at their rows of this rank's K and V (or where they arrive: `arrival` below); each Q slab goes out to the ranks piece by
-    // piece, each piece attended as it arrives and its output sent back at once, then projected
-    // into the residual rows.
+    // land at their rows of this rank's K and V (or as they arrive: `arrival` below); each Q slab
+    // goes out to the ranks piece by piece, each piece attended as it arrives and its output sent
+    // back at once, then projected into the residual rows.
     const int64_t P = c.seq().ranks, most = most_rows(c.seq(), m.tokens(), rr);
     const auto& cc = c.reg().consumer(a.consumer);
     // A consumer that reads its rows' places gets each rank's rows in slabs at its Q alignment.
@@ -201,8 +201,8 @@ void compile_attention(Compiler& c, const ir::Block& b, const ir::Sublayer& s, c
       // into and received through buffers that live across the slab loops, completed after them.
       const Operand ksent = c.whole(c.buffer(BufRole::SeqRows, "K sent", {kc, wkv}, dt)),
                     vsent = c.whole(c.buffer(BufRole::SeqRows, "V sent", {kc, wkv}, dt)),
-                    krecv = arrival ? c.whole(K) : c.whole(c.buffer(BufRole::SeqHeads, "K received", {P * kc, Gr * hd}, dt)),
-                    vrecv = arrival ? c.whole(V) : c.whole(c.buffer(BufRole::SeqHeads, "V received", {P * kc, Gr * hd}, dt));
+                    krecv = c.whole(arrival ? K : c.buffer(BufRole::SeqHeads, "K received", {P * kc, Gr * hd}, dt)),
+                    vrecv = c.whole(arrival ? V : c.buffer(BufRole::SeqHeads, "V received", {P * kc, Gr * hd}, dt));
       const Held wk = hold(c, a, k_of), wv = hold(c, a, v_of);
       auto slab = [&](int64_t n, int64_t pieces) {
         const int ks = c.buffer(BufRole::SeqRows, "K slab", {kc, wkv}, dt);
