@@ -165,6 +165,15 @@ ct::Registry registry_with_test_contracts() {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// The plan's exchange steps of `kind`, part by part in program order, each with its step.
+std::vector<std::pair<const pl::Step*, const pl::ExchangeStep*>> exchange_steps(const pl::Plan& p, pl::Exchange kind) {
+  std::vector<std::pair<const pl::Step*, const pl::ExchangeStep*>> out;
+  for (const pl::Part* part : pl::parts(p))
+    for (const pl::Step& st : part->program.steps)
+      if (const auto* x = std::get_if<pl::ExchangeStep>(&st.body); x && x->kind == kind) out.emplace_back(&st, x);
+  return out;
+}
+
 using lg::Check;
 using lg::ComponentKind;
 

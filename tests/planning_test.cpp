@@ -476,14 +476,9 @@ TEST_F(Planning, SequenceSplitPlansEachRanksRowsWithTheSameExchanges) {
   const ir::Model nm = build(nk);
   for (const auto& [model, consumer] : {std::pair<const ir::Model*, std::string>{&m, "sdpa"}, {&nm, "math"}}) {
     const pl::Plan p = plan(*model, {.token_chunk = 64, .sequence = {1, 2, pl::SeqMode::Ring}});
-    int rings = 0;
-    for (const pl::Part* part : pl::parts(p))
-      for (const pl::Step& st : part->program.steps)
-        if (const auto* x = std::get_if<pl::ExchangeStep>(&st.body); x && x->kind == pl::Exchange::Ring) {
-          EXPECT_EQ(x->consumer, consumer);
-          ++rings;
-        }
-    EXPECT_EQ(rings, int(model->blocks.size()));
+    const auto rings = exchange_steps(p, pl::Exchange::Ring);
+    for (const auto& [st, x] : rings) EXPECT_EQ(x->consumer, consumer) << st->what;
+    EXPECT_EQ(int(rings.size()), int(model->blocks.size()));
     const std::string text = pl::explain(p);
     EXPECT_EQ(contains(text, "[consumer.lse]"), consumer == "math") << text;
   }
@@ -567,18 +562,14 @@ TEST_F(Planning, UlyssesReceivesKvInPlaceWhereTheirOrderIsNothingToTheConsumer) 
       const ir::Model m = build(k);
       const pl::Plan p = plan(m, {.token_chunk = 40, .sequence = {r, 3, pl::SeqMode::Ulysses}});
       const bool arrival = consumer == "sdpa";
-      int exchanges = 0;
-      for (const pl::Part* part : pl::parts(p))
-        for (const pl::Step& st : part->program.steps) {
-          const auto* x = std::get_if<pl::ExchangeStep>(&st.body);
-          if (!x || x->kind != pl::Exchange::RowsToHeads) continue;
-          ++exchanges;
-          EXPECT_EQ(x->arrival, arrival) << st.what;
-          EXPECT_EQ(x->received.buf == x->out.buf, arrival) << st.what;
-          EXPECT_EQ(contains(st.what, "in the order they arrive"), arrival) << st.what;
-          EXPECT_EQ(st.terms.launches, arrival ? 1 : 2) << st.what;
-        }
-      EXPECT_GE(exchanges, 2 * int(m.blocks.size()));  // K and V, in the slab loop and its padding
+      const auto kv = exchange_steps(p, pl::Exchange::RowsToHeads);
+      for (const auto& [st, x] : kv) {
+        EXPECT_EQ(x->arrival, arrival) << st->what;
+        EXPECT_EQ(x->received.buf == x->out.buf, arrival) << st->what;
+        EXPECT_EQ(contains(st->what, "in the order they arrive"), arrival) << st->what;
+        EXPECT_EQ(st->terms.launches, arrival ? 1 : 2) << st->what;
+      }
+      EXPECT_GE(int(kv.size()), 2 * int(m.blocks.size()));  // K and V, in the slab loop and its padding
       int received = 0;  // buffers the exchanges receive through
       for (const pl::Part* part : pl::parts(p))
         for (const pl::Buffer& b : part->program.buffers) received += contains(b.label, "received");
@@ -645,24 +636,20 @@ TEST_F(Planning, UlyssesQPiecesTravelBesideTheirAttention) {
     d.rates.link_bytes_per_s = 1e6;  // slow enough that the link outweighs the attention
     const pl::Plan p = pl::make_plan(m, reg, d, {.token_chunk = 64, .sequence = {0, ranks, pl::SeqMode::Ulysses}});
     const pl::Rates r = pl::rates_of(d);
-    int found = 0;
-    for (const pl::Part* part : pl::parts(p))
-      for (const pl::Step& st : part->program.steps) {
-        const auto* x = std::get_if<pl::ExchangeStep>(&st.body);
-        if (!x || x->kind != pl::Exchange::Ulysses) continue;
-        ++found;
-        ASSERT_TRUE(x->attend.has_value()) << st.what;
-        EXPECT_TRUE(contains(st.what, "piece by piece")) << st.what;
-        EXPECT_GT(st.terms.link_bytes, 0) << st.what;
-        EXPECT_DOUBLE_EQ(st.terms.link_beside, 1.0 - 1.0 / double(2 * (ranks - 1)));
-        pl::Terms serial = st.terms;
-        serial.link_beside = 0;
-        const double link = st.terms.link_bytes / r.link_bytes_per_s;
-        EXPECT_LT(pl::step_seconds(st.terms, r), pl::step_seconds(serial, r)) << st.what;
-        EXPECT_GE(pl::step_seconds(st.terms, r), link) << "never below the link time itself";
-        EXPECT_GE(pl::step_seconds(st.terms, r), pl::step_seconds(serial, r) - link * st.terms.link_beside);
-      }
-    EXPECT_GT(found, 0) << "a Ulysses exchange per Q slab";
+    const auto found = exchange_steps(p, pl::Exchange::Ulysses);
+    for (const auto& [st, x] : found) {
+      ASSERT_TRUE(x->attend.has_value()) << st->what;
+      EXPECT_TRUE(contains(st->what, "piece by piece")) << st->what;
+      EXPECT_GT(st->terms.link_bytes, 0) << st->what;
+      EXPECT_DOUBLE_EQ(st->terms.link_beside, 1.0 - 1.0 / double(2 * (ranks - 1)));
+      pl::Terms serial = st->terms;
+      serial.link_beside = 0;
+      const double link = st->terms.link_bytes / r.link_bytes_per_s;
+      EXPECT_LT(pl::step_seconds(st->terms, r), pl::step_seconds(serial, r)) << st->what;
+      EXPECT_GE(pl::step_seconds(st->terms, r), link) << "never below the link time itself";
+      EXPECT_GE(pl::step_seconds(st->terms, r), pl::step_seconds(serial, r) - link * st->terms.link_beside);
+    }
+    EXPECT_GT(found.size(), 0u) << "a Ulysses exchange per Q slab";
     for (const pl::Part* part : pl::parts(p)) EXPECT_NO_THROW(pl::check_placement(part->program, part->placement));
   }
 }
@@ -722,16 +709,14 @@ TEST_F(Planning, UlyssesPiecesFillTheWavesCallByCall) {
   std::map<int64_t, double> per_flop;
   for (int64_t each : {32, 64}) {
     const pl::Plan p = pl::make_plan(m, reg, d, {.sequence = {0, 2, pl::SeqMode::Ulysses}, .slabs = {64, each}});
-    for (const pl::Part* part : pl::parts(p))
-      for (const pl::Step& st : part->program.steps) {
-        const auto* x = std::get_if<pl::ExchangeStep>(&st.body);
-        if (!x || x->kind != pl::Exchange::Ulysses || per_flop.count(each)) continue;
-        EXPECT_EQ(st.terms.gemm_rows, (k.heads / k.kv_heads) * each) << "one piece's rows";
-        pl::Terms compute = st.terms;
-        compute.bytes = compute.link_bytes = 0;
-        compute.launches = 0;
-        per_flop[each] = pl::step_seconds(compute, pl::rates_of(d)) / st.terms.flops;
-      }
+    for (const auto& [st, x] : exchange_steps(p, pl::Exchange::Ulysses)) {
+      if (per_flop.count(each)) continue;
+      EXPECT_EQ(st->terms.gemm_rows, (k.heads / k.kv_heads) * each) << "one piece's rows";
+      pl::Terms compute = st->terms;
+      compute.bytes = compute.link_bytes = 0;
+      compute.launches = 0;
+      per_flop[each] = pl::step_seconds(compute, pl::rates_of(d)) / st->terms.flops;
+    }
   }
   ASSERT_EQ(per_flop.size(), 2u);
   EXPECT_NEAR(per_flop[32] / per_flop[64], 2.0, 1e-9) << "one tile per call on two multiprocessors: half a wave";

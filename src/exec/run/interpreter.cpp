@@ -430,23 +430,23 @@ class Interpreter {
       return;
     }
     const int64_t heads = std::accumulate(s.heads.begin(), s.heads.end(), int64_t{0});
-    if (s.arrival) return arrive(s, in.view({in.size(0), heads, s.unit}), out);
-    // One slab of every rank's rows of this rank's heads [rows, heads[me], unit] into `out`,
-    // token-major or head-major: its real ones (the first m of the `chunk` each rank sent) at theirs.
+    const at::Tensor x = in.view({in.size(0), heads, s.unit});
     const int64_t slab = f_.token / s.chunk;
-    auto place = [&s, out, slab](const at::Tensor& t) {
+    std::vector<int64_t> real;  // each rank's real rows of this slab: the first of the `chunk` it sends
+    for (int64_t held : s.held) real.push_back(std::clamp<int64_t>(held - slab * s.chunk, 0, s.chunk));
+    complete(s.received.buf);  // the exchange before through the same buffers
+    if (s.arrival) return arrive(s, x, out, slab, real);
+    // One slab of every rank's rows of this rank's heads [rows, heads[me], unit] into `out`,
+    // token-major or head-major: its real ones at theirs.
+    auto place = [&s, out, slab, real](const at::Tensor& t) {
       auto put = [&](const at::Tensor& block, int64_t first) {
         const int64_t m = block.size(0);
         if (s.out_layout == Layout::HeadMajor) out.narrow(1, first, m).copy_(block.transpose(0, 1));
         else out.narrow(0, first, m).view(block.sizes()).copy_(block);
       };
-      for (size_t i = 0, first = 0, at = 0; i < s.held.size(); first += size_t(s.held[i]), at += size_t(s.rows[i]), ++i) {
-        const int64_t m = std::clamp<int64_t>(s.held[i] - slab * s.chunk, 0, s.chunk);
-        if (m > 0) put(t.narrow(0, int64_t(at), m), int64_t(first) + slab * s.chunk);
-      }
+      for (size_t i = 0, first = 0, at = 0; i < s.held.size(); first += size_t(s.held[i]), at += size_t(s.rows[i]), ++i)
+        if (real[i] > 0) put(t.narrow(0, int64_t(at), real[i]), int64_t(first) + slab * s.chunk);
     };
-    const at::Tensor x = in.view({in.size(0), heads, s.unit});
-    complete(s.received.buf);  // the exchange before through the same buffers
     const at::Tensor recv = operand(s.received).view({-1});
     const int64_t total = std::accumulate(s.rows.begin(), s.rows.end(), int64_t{0}), mine = s.heads[size_t(me)];
     auto work = dist::start_rows_to_heads(group_, x, s.rows, s.heads, operand(s.sent).view({-1}), recv);
@@ -454,22 +454,18 @@ class Interpreter {
                                    place(recv.narrow(0, 0, total * mine * unit).view({total, mine, unit}));
                                  }};
   }
-  // ExchangeStep::arrival: this slab's real rows of every rank straight into `out` [every row,
-  // heads[me] * unit] after the slabs before, in rank order.
-  void arrive(const ExchangeStep& s, const at::Tensor& x, const at::Tensor& out) {
-    const int64_t slab = f_.token / s.chunk, me = group_->getRank(), unit = out.numel() / std::max<int64_t>(out.size(0), 1);
-    std::vector<int64_t> real;  // each rank's rows in this slab
-    int64_t before = 0;         // every rank's rows in the slabs before
-    for (int64_t held : s.held) {
-      real.push_back(std::clamp<int64_t>(held - slab * s.chunk, 0, s.chunk));
-      before += std::clamp<int64_t>(held, 0, slab * s.chunk);
-    }
+  // ExchangeStep::arrival: slab `slab`'s real rows of every rank (`real`) straight into `out`
+  // [every row, heads[me] * unit] after the slabs before, in rank order.
+  void arrive(const ExchangeStep& s, const at::Tensor& x, const at::Tensor& out, int64_t slab,
+              const std::vector<int64_t>& real) {
+    const int64_t me = group_->getRank(), width = s.heads[size_t(me)] * s.unit;
+    int64_t before = 0;  // every rank's rows in the slabs before
+    for (int64_t held : s.held) before += std::clamp<int64_t>(held, 0, slab * s.chunk);
     const int64_t rows = std::accumulate(real.begin(), real.end(), int64_t{0});
-    complete(s.received.buf);  // the exchange before through the same buffers
-    const at::Tensor recv = out.view({-1}).narrow(0, before * unit, rows * unit);
+    const at::Tensor recv = out.view({-1}).narrow(0, before * width, rows * width);
     auto work = dist::start_rows_to_heads(group_, x.narrow(0, 0, real[size_t(me)]), real, s.heads,
                                           operand(s.sent).view({-1}), recv);
-    inflight_[s.received.buf] = {work, [] {}};
+    inflight_[s.received.buf] = {work, [] {}};  // nothing to place
   }
   // Waits for the exchange in flight through buffer `received` (if any) and places its rows.
   void complete(int received) {
